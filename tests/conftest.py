@@ -1,0 +1,1 @@
+"""Shared pytest configuration (pytest-trio in trio_mode; see pyproject)."""
