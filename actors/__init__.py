@@ -1,1 +1,36 @@
-"""actors package."""
+"""The actor runtime: bounded-inbox actors and OTP-style supervisors on trio.
+
+Knows nothing of HTTP or ACP. Public surface:
+
+* :class:`Actor` with ``tell`` / ``tell_nowait`` / ``ask`` and a ``run()`` loop;
+* :class:`Supervisor`, :class:`ChildSpec`, :class:`Restart`, :class:`SupervisorEvent`;
+* the error tree rooted at :class:`ActorError`, plus :class:`Crash`.
+"""
+
+from actors.actor import Actor
+from actors.errors import (
+    ActorCrashed,
+    ActorError,
+    ActorStopped,
+    AskTimeout,
+    Crash,
+    InboxFull,
+    SupervisorGaveUp,
+)
+from actors.supervisor import ChildSpec, EventKind, Restart, Supervisor, SupervisorEvent
+
+__all__ = [
+    "Actor",
+    "ActorCrashed",
+    "ActorError",
+    "ActorStopped",
+    "AskTimeout",
+    "ChildSpec",
+    "Crash",
+    "EventKind",
+    "InboxFull",
+    "Restart",
+    "Supervisor",
+    "SupervisorEvent",
+    "SupervisorGaveUp",
+]

@@ -1,0 +1,215 @@
+"""The actor: a bounded inbox, one ``run()`` loop, ``tell`` and ``ask``.
+
+Theory of operation
+-------------------
+An :class:`Actor` owns a trio memory channel (its inbox, bounded to ``inbox_size``
+messages) and handles one message at a time in :meth:`Actor.run`. Messages are frozen
+``msgspec.Struct`` values; the envelope around each one carries an optional one-shot
+:class:`_Reply` slot.
+
+* ``tell(msg)`` enqueues and returns; it waits while the inbox is full (back-pressure).
+  ``tell_nowait`` raises :class:`InboxFull` instead.
+* ``ask(msg, timeout_s=...)`` enqueues with a reply slot and waits for the answer. The
+  handler's return value is the answer. An exception raised by the handler is re-raised
+  in the caller (the same object, so callers catch their own domain types) and the actor
+  keeps running. If the handler raises :class:`Crash` (or a ``BaseException`` other than
+  cancellation), the actor stops: the asking caller gets :class:`ActorCrashed` and the
+  exception propagates out of ``run()`` for the supervisor to classify.
+* The inbox outlives a single ``run()``: when a supervisor restarts the actor, messages
+  queued during the crash are handled by the new incarnation, and references held by
+  callers stay valid. :meth:`close` ends the actor for good; queued and later asks then
+  fail with :class:`ActorStopped`.
+
+Ownership and cancellation: ``run()`` is the only task that receives from the inbox and
+must run in a nursery owned by a supervisor. Cancelling ``run()`` fails the in-flight ask
+with :class:`ActorStopped` and leaves queued messages for the next incarnation. An asking
+caller that is cancelled (or times out) simply abandons its slot; a late answer is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from actors.errors import ActorCrashed, ActorStopped, AskTimeout, Crash, InboxFull
+
+log = logging.getLogger(__name__)
+
+
+class _Reply:
+    """A one-shot reply slot: set once, awaited once."""
+
+    __slots__ = ("_error", "_event", "_value")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def set(self, value: Any) -> None:
+        if not self._event.is_set():
+            self._value = value
+            self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._event.is_set():
+            self._error = error
+            self._event.set()
+
+    async def wait(self) -> Any:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class _Envelope:
+    __slots__ = ("msg", "reply")
+
+    def __init__(self, msg: Any, reply: _Reply | None) -> None:
+        self.msg = msg
+        self.reply = reply
+
+
+class Actor[M]:
+    """Base class of every actor. Subclasses implement :meth:`handle`.
+
+    ``on_start`` runs at the beginning of every incarnation (first start and each
+    restart) before readiness is reported; ``on_stop`` runs when ``run()`` leaves for any
+    reason, inside a shielded scope, and must be quick and bounded.
+    """
+
+    def __init__(self, name: str, *, inbox_size: int = 64) -> None:
+        self.name = name
+        self.inbox_size = inbox_size
+        self._send, self._recv = trio.open_memory_channel[_Envelope](inbox_size)
+        self._closed = False
+        self.handled = 0
+
+    # ---- subclass hooks ----------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        """Prepare state for a new incarnation."""
+
+    async def handle(self, msg: M) -> Any:
+        """Handle one message; the return value answers an ask."""
+        raise NotImplementedError
+
+    async def on_stop(self) -> None:
+        """Release resources; runs shielded when ``run()`` exits."""
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Actor[M]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve the inbox until :meth:`close` is called or a handler crashes."""
+        current: _Envelope | None = None
+        try:
+            await self.on_start()
+            task_status.started(self)
+            async for envelope in self._recv:
+                current = envelope
+                await self._dispatch(envelope)
+                current = None
+        except BaseException as exc:
+            if current is not None and current.reply is not None:
+                if isinstance(exc, trio.Cancelled):
+                    current.reply.fail(ActorStopped(self.name, "was stopped while handling"))
+                else:
+                    current.reply.fail(ActorCrashed(self.name, exc))
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.on_stop()
+            if self._closed:
+                self._fail_queued()
+
+    async def _dispatch(self, envelope: _Envelope) -> None:
+        self.handled += 1
+        reply = envelope.reply
+        if reply is None:
+            try:
+                await self.handle(envelope.msg)
+            except Crash:
+                raise
+            except Exception:
+                # A tell has nobody to answer: log it, keep the actor alive.
+                log.exception("actor %s failed handling %s", self.name, type(envelope.msg).__name__)
+            return
+        try:
+            result = await self.handle(envelope.msg)
+        except Crash:
+            raise
+        except Exception as exc:
+            reply.fail(exc)
+        else:
+            reply.set(result)
+
+    def _fail_queued(self) -> None:
+        while True:
+            try:
+                envelope = self._recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            if envelope.reply is not None:
+                envelope.reply.fail(ActorStopped(self.name))
+
+    # ---- the public surface ------------------------------------------------------------
+
+    async def tell(self, msg: M) -> None:
+        """Enqueue ``msg``, waiting while the inbox is full."""
+        try:
+            await self._send.send(_Envelope(msg, None))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(self.name) from None
+
+    def tell_nowait(self, msg: M) -> None:
+        """Enqueue ``msg`` or raise :class:`InboxFull` at once."""
+        try:
+            self._send.send_nowait(_Envelope(msg, None))
+        except trio.WouldBlock:
+            raise InboxFull(self.name, self.inbox_size) from None
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(self.name) from None
+
+    async def ask(self, msg: M, *, timeout_s: float = 30.0) -> Any:
+        """Send ``msg`` and wait for the handler's answer (or its exception).
+
+        ``timeout_s`` bounds the whole exchange, queueing included; ``math.inf`` waits
+        forever. Raises :class:`AskTimeout`, :class:`ActorStopped`, :class:`ActorCrashed`
+        or whatever the handler raised.
+        """
+        reply = _Reply()
+        with trio.move_on_after(timeout_s) as scope:
+            try:
+                await self._send.send(_Envelope(msg, reply))
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                raise ActorStopped(self.name) from None
+            return await reply.wait()
+        assert scope.cancelled_caught
+        raise AskTimeout(self.name, type(msg).__name__, timeout_s)
+
+    def close(self) -> None:
+        """End the actor for good: ``run()`` returns once the inbox is drained."""
+        self._closed = True
+        self._send.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def statistics(self) -> dict[str, int]:
+        """Inbox fill level, for status pages."""
+        stats = self._send.statistics()
+        return {
+            "queued": stats.current_buffer_used,
+            "capacity": self.inbox_size,
+            "handled": self.handled,
+        }
