@@ -157,6 +157,8 @@ class Supervisor:
         self._shutdown = trio.Event()
         self._gave_up: SupervisorGaveUp | None = None
         self.running = False
+        #: Set when :meth:`run` has returned (or raised) and every child is gone.
+        self.finished = trio.Event()
 
     # ---- observation -------------------------------------------------------------------
 
@@ -207,6 +209,7 @@ class Supervisor:
         finally:
             self.running = False
             self._nursery = None
+            self.finished.set()
         if self._gave_up is not None:
             raise self._gave_up
 

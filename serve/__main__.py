@@ -1,0 +1,59 @@
+"""``acp-serve`` / ``python -m serve``: parse settings, print the ready line, run."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from serve.settings import SettingsError, parse_settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(argv)
+    except SettingsError as exc:
+        print(f"acp-serve: {exc}", file=sys.stderr)
+        return 1
+    from serve.logs import setup_logging
+
+    setup_logging(settings.log_format)
+    log = logging.getLogger("serve")
+    if settings.token_from_argv:
+        log.warning("--token on the command line is visible in ps; prefer QWEN_SERVER_TOKEN")
+    if settings.token_generated:
+        print(f"acp-serve: generated bearer token: {settings.token}", file=sys.stderr, flush=True)
+    for flag in settings.inert_flags:
+        log.warning("%s is accepted for compatibility and has no effect in acp-serve", flag)
+
+    from serve.daemon import Daemon
+
+    daemon = Daemon(settings)
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(daemon.run)
+            mode = f"mode=http-bridge, workspace={settings.primary_workspace}"
+            print(f"acp-serve listening on {urls[0]} ({mode})", flush=True)
+            if settings.trusted_loopback:
+                log.warning(
+                    "no bearer token: local callers on this loopback listener have full API access"
+                )
+
+    try:
+        trio.run(run)
+    except OSError as exc:
+        print(
+            f"acp-serve: cannot listen on {settings.hostname}:{settings.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

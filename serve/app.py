@@ -1,0 +1,68 @@
+"""The Quart-Trio app: a thin front that parses, asks an actor, and encodes.
+
+Error handling lives here and in :mod:`serve.errors` only: an :class:`ApiError` becomes
+its JSON body and status; werkzeug's 404/405/413 become the reference's envelopes; any
+other exception is logged and answered ``500 {"error":"Internal server error"}`` (a bug
+of ours, never a client's fault).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from quart import Response
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from serve.errors import ApiError, to_api_error
+from serve.wire import json_response
+
+if TYPE_CHECKING:
+    from serve.daemon import Daemon
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 10 * 1024 * 1024
+
+
+def create_app(daemon: Daemon) -> QuartTrio:
+    app = QuartTrio("acp_serve")
+    app.config.update(
+        RESPONSE_TIMEOUT=None,
+        MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
+        BODY_TIMEOUT=60,
+        JSON_SORT_KEYS=False,
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+    )
+    app.extensions["acp_serve"] = daemon
+
+    from serve.routes import health
+
+    for module in (health,):
+        app.register_blueprint(module.blueprint)
+
+    @app.errorhandler(ApiError)
+    async def _api_error(exc: ApiError) -> Response:
+        return json_response(exc.body, exc.status, exc.headers)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        if status == 413:
+            return json_response({"error": "Request body too large (max 10 MB)"}, 413)
+        if status == 404:
+            return json_response({"error": "Not found"}, 404)
+        if status == 405:
+            return json_response({"error": "Method not allowed"}, 405)
+        return json_response({"error": exc.description or exc.name}, status)
+
+    @app.errorhandler(Exception)
+    async def _unexpected(exc: Exception) -> Response:
+        mapped = to_api_error(exc)
+        if mapped is not None:
+            return json_response(mapped.body, mapped.status, mapped.headers)
+        log.exception("unhandled error", exc_info=exc)
+        return json_response({"error": "Internal server error"}, 500)
+
+    return app

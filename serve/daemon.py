@@ -1,0 +1,201 @@
+"""The daemon: the root supervisor and its children, signals, start-up and shutdown.
+
+Tree (see docs/architecture.md)::
+
+    Daemon.run (trio)
+    ├── signal watcher                     first SIGINT/SIGTERM drains, a second forces exit
+    └── root Supervisor
+        ├── sessions  SessionRegistry      (permanent)
+        └── http      HttpFront            (permanent; started last, stopped first)
+
+Shutdown order: stop accepting (``draining``), end every session (each publishes
+``session_died {reason: "daemon_shutdown"}`` and closes its event log, so SSE streams end
+cleanly instead of being cut by hypercorn's graceful timeout), then the root supervisor
+stops its children in reverse start order: the HTTP listener first, the session actors
+(and their agent processes, stopped by escalation) after it. The whole drain is bounded by
+:data:`SHUTDOWN_FORCE_S`; past it the remaining tasks are cancelled.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import hypercorn.config
+import hypercorn.trio
+import trio
+
+from actors import ChildSpec, Restart, Supervisor, SupervisorEvent
+from serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_FORCE_S = 5.0
+PORT_ATTEMPTS = 10
+
+
+class Daemon:
+    """Owns the settings, the supervisor tree and the HTTP front of one daemon process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.started_monotonic = time.monotonic()
+        self.root = Supervisor("root", intensity=5, period_s=30.0, history=512)
+        self.permission_policy = "first-responder"
+        self.urls: list[str] = []
+        self.port: int = settings.port
+        self.draining = False
+        self._http_stop = trio.Event()
+        self._stopped = trio.Event()
+        self._app: Any = None
+
+    # ---- read models -------------------------------------------------------------------
+
+    def workspace_descriptors(self) -> list[dict[str, Any]]:
+        return [
+            {"id": workspace_id(path), "cwd": path, "primary": i == 0, "trusted": True}
+            for i, path in enumerate(self.settings.workspaces)
+        ] + [
+            {"id": workspace_id(path), "cwd": path, "primary": False, "trusted": False}
+            for path in self.settings.untrusted_workspaces
+        ]
+
+    def deep_health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "workspaceCount": len(self.settings.workspaces)
+            + len(self.settings.untrusted_workspaces),
+            "sessions": 0,
+            "pendingPermissions": 0,
+            "activePrompts": 0,
+            "connectedClients": 0,
+        }
+
+    def supervisor_events(self) -> list[SupervisorEvent]:
+        return list(self.root.events)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run until shut down; readiness value is the list of bound URLs."""
+        from serve.app import create_app
+
+        self._app = create_app(self)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_signals, nursery.cancel_scope)
+            await nursery.start(
+                self.root.run,
+                [
+                    ChildSpec(
+                        "http",
+                        self._serve_http,
+                        Restart.PERMANENT,
+                        shutdown_grace_s=SHUTDOWN_FORCE_S,
+                        stop=lambda: self._http_stop.set(),
+                    )
+                ],
+            )
+            task_status.started(self.urls)
+            await self._stopped.wait()
+            nursery.cancel_scope.cancel()
+
+    async def shutdown(self) -> None:
+        """Drain and stop everything; bounded by :data:`SHUTDOWN_FORCE_S`."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("shutting down")
+        with trio.move_on_after(SHUTDOWN_FORCE_S):
+            await self._close_sessions("daemon_shutdown")
+            self.root.shutdown()
+            await self.root.finished.wait()
+        self._stopped.set()
+
+    async def _close_sessions(self, reason: str) -> None:
+        """Hook for the session registry (issue 4); nothing to close yet."""
+
+    async def _watch_signals(self, cancel_scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                if not self.draining:
+                    log.info("received %s, draining", signal.Signals(signum).name)
+                    trio.lowlevel.spawn_system_task(self.shutdown)
+                else:
+                    log.warning("second signal: forcing exit")
+                    cancel_scope.cancel()
+                    self._stopped.set()
+                    return
+
+    # ---- the HTTP front ----------------------------------------------------------------
+
+    async def _serve_http(self, *, task_status: trio.TaskStatus[list[str]]) -> None:
+        self._http_stop = trio.Event()
+        config = hypercorn.config.Config()
+        config.accesslog = None
+        config.errorlog = logging.getLogger("hypercorn.error")
+        config.graceful_timeout = 2.0
+        config.keep_alive_timeout = 5.0
+        config.include_server_header = False
+        if self.settings.tls_cert and self.settings.tls_key:
+            config.certfile = self.settings.tls_cert
+            config.keyfile = self.settings.tls_key
+        fd, port = bind_listener(self.settings.hostname, self.port)
+        self.port = port
+        config.bind = [f"fd://{fd}"]
+        scheme = "https" if config.ssl_enabled else "http"
+        host = self.settings.hostname
+        display_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        self.urls = [f"{scheme}://{display_host}:{port}"]
+        self._app.config["ACP_SERVE_PORT"] = port
+        await hypercorn.trio.serve(
+            self._app, config, shutdown_trigger=self._http_stop.wait, task_status=task_status
+        )
+
+
+def bind_listener(host: str, port: int) -> tuple[int, int]:
+    """Bind a listening TCP socket; on EADDRINUSE try the next port (10 attempts).
+
+    Returns the detached file descriptor (hypercorn takes ownership) and the real port.
+    """
+    bind_host = host.strip("[]")
+    if bind_host == "localhost":
+        bind_host = "127.0.0.1"
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    attempts = 1 if port == 0 else PORT_ATTEMPTS
+    last_error: OSError | None = None
+    for offset in range(attempts):
+        candidate = port + offset
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind((bind_host, candidate))
+        except OSError as exc:
+            sock.close()
+            last_error = exc
+            if exc.errno == errno.EADDRINUSE and offset + 1 < attempts:
+                print(
+                    f"acp-serve: port {candidate} is in use, trying {candidate + 1}...",
+                    file=sys.stderr,
+                )
+                continue
+            raise
+        real_port = sock.getsockname()[1]
+        return sock.detach(), real_port
+    assert last_error is not None
+    raise last_error
+
+
+def workspace_id(path: str) -> str:
+    """A stable id per canonical workspace path."""
+    import hashlib
+
+    return "ws_" + hashlib.sha256(os.fsencode(path)).hexdigest()[:16]

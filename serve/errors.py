@@ -1,0 +1,88 @@
+"""The error envelope, in one place.
+
+Every failure a client can see is an :class:`ApiError` carrying the HTTP status, the JSON
+body and extra headers. Domain layers raise their own exception types (an agent that
+crashed, a session that is gone, a limit that was hit); :func:`to_api_error` maps them to
+the wire, so the mapping lives here and nowhere else. The app's error handlers turn any
+``ApiError`` into a response; anything unexpected becomes
+``500 {"error":"Internal server error"}`` and is logged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from acp.errors import ChannelClosed, RemoteError, RequestTimeout
+
+
+class ApiError(Exception):
+    """An HTTP error response: ``status``, JSON ``body``, extra ``headers``."""
+
+    def __init__(
+        self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(body.get("error", "error"))
+        self.status = status
+        self.body = body
+        self.headers = headers or {}
+
+
+def bad_request(message: str, code: str | None = None, **extra: Any) -> ApiError:
+    body: dict[str, Any] = {"error": message}
+    if code is not None:
+        body["code"] = code
+    body.update(extra)
+    return ApiError(400, body)
+
+
+def session_not_found(session_id: str) -> ApiError:
+    return ApiError(
+        404,
+        {
+            "error": f'No session with id "{session_id}"',
+            "code": "session_not_found",
+            "sessionId": session_id,
+        },
+    )
+
+
+def invalid_json() -> ApiError:
+    return ApiError(400, {"error": "Invalid JSON in request body"})
+
+
+def service_unavailable(message: str, code: str, retry_after_s: int = 5, **extra: Any) -> ApiError:
+    return ApiError(
+        503, {"error": message, "code": code, **extra}, {"Retry-After": str(retry_after_s)}
+    )
+
+
+def to_api_error(exc: BaseException) -> ApiError | None:
+    """Map a domain exception to the wire, or None when it is unexpected (a 500)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, RemoteError):
+        body: dict[str, Any] = {"error": exc.message, "code": exc.code}
+        if exc.data is not None:
+            body["data"] = exc.data
+        return ApiError(500, body)
+    if isinstance(exc, RequestTimeout):
+        return ApiError(
+            504,
+            {
+                "error": f"agent did not answer {exc.method} in time",
+                "code": "agent_timeout",
+                "retryable": True,
+            },
+            {"Retry-After": "5"},
+        )
+    if isinstance(exc, ChannelClosed):
+        return ApiError(
+            503,
+            {
+                "error": f"agent channel closed: {exc}",
+                "code": "acp_channel_unavailable",
+                "retryable": True,
+            },
+            {"Retry-After": "5"},
+        )
+    return None

@@ -1,0 +1,1 @@
+"""HTTP routes grouped by domain; each module exposes ``blueprint``."""

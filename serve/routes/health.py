@@ -1,0 +1,26 @@
+"""``GET /health`` and ``GET /capabilities``."""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response, request
+
+from serve import capabilities
+from serve.context import daemon
+from serve.wire import json_response, raw_json_response
+
+blueprint = Blueprint("health", __name__)
+
+_SHALLOW = b'{"status":"ok"}'
+
+
+@blueprint.get("/health")
+async def health() -> Response:
+    deep = request.args.get("deep")
+    if deep is None or deep not in ("", "1", "true"):
+        return raw_json_response(_SHALLOW)
+    return json_response(daemon().deep_health())
+
+
+@blueprint.get("/capabilities")
+async def get_capabilities() -> Response:
+    return json_response(capabilities.envelope(daemon()))

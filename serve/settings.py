@@ -1,0 +1,544 @@
+"""Command line and environment → one frozen :class:`Settings` struct.
+
+Every flag of ``qwen serve`` 0.24.4 (qwen-serve-spec §2.1) is accepted under the same
+name with the same default, plus acp-serve's own (``--agent``, ``--state-dir``,
+``--config``, ...). Values are parsed as strings by argparse and validated here so each
+refusal names the flag and the bad value, the way the reference does (§2.4). A bad value
+raises :class:`SettingsError`; ``serve.__main__`` prints ``acp-serve: <message>`` to stderr
+and exits 1.
+
+Flags for subsystems acp-serve does not have (the Web Shell, channels, LAN pairing,
+memory-pressure modelling, ...) are accepted so existing launch scripts keep working, and
+listed in :data:`INERT_FLAGS`; using one prints a warning at start. Their capability tags
+are never advertised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import msgspec
+
+MAX_TIMER_MS = 2_147_483_647
+DEFAULT_PORT = 4170
+
+
+class SettingsError(Exception):
+    """A flag or environment variable has a value the daemon refuses to start with."""
+
+
+class RateLimitSettings(msgspec.Struct, frozen=True):
+    enabled: bool = False
+    prompt: int = 10
+    mutation: int = 30
+    read: int = 120
+    window_ms: int = 60_000
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """The daemon's settings; bounds carry their unit in the name."""
+
+    hostname: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    token_from_argv: bool = False
+    token_generated: bool = False
+    require_auth: bool = False
+    workspaces: tuple[str, ...] = ()
+    untrusted_workspaces: tuple[str, ...] = ()
+    agent_argv: tuple[str, ...] = ()
+    agent_is_default: bool = True
+    state_dir: str = ""
+    config_file: str | None = None
+    journal: bool = True
+    max_sessions: int = 32
+    max_total_sessions: int | None = None
+    max_pending_prompts_per_session: int = 5
+    max_connections: int = 256
+    event_ring_size: int = 8000
+    allow_origins: tuple[str, ...] = ()
+    enable_session_shell: bool = False
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    mcp_client_budget: int | None = None
+    mcp_budget_mode: str = "off"
+    prompt_deadline_ms: int | None = None
+    writer_idle_timeout_ms: int | None = None
+    channel_idle_timeout_ms: int = 0
+    initialize_timeout_ms: int = 10_000
+    session_restore_timeout_ms: int = 60_000
+    session_reap_interval_ms: int = 60_000
+    session_idle_timeout_ms: int = 1_800_000
+    session_prompt_settled_close_grace_ms: int = 0
+    permission_response_timeout_ms: int = 0
+    drain_timeout_ms: int = 10_000
+    rate_limit: RateLimitSettings = RateLimitSettings()
+    memory_project_scope: str = "workspace"
+    memory_file_name: str = "QWEN.md"
+    log_format: str = "text"
+    inert_flags: tuple[str, ...] = ()
+
+    @property
+    def primary_workspace(self) -> str:
+        return self.workspaces[0]
+
+    @property
+    def is_loopback(self) -> bool:
+        return is_loopback_hostname(self.hostname)
+
+    @property
+    def trusted_loopback(self) -> bool:
+        return self.is_loopback and self.token is None and not self.require_auth
+
+
+#: Accepted for compatibility with qwen serve launch scripts; no behaviour behind them.
+INERT_FLAGS = (
+    "--experimental-lsp",
+    "--restore-ask-user-question",
+    "--channel",
+    "--open",
+    "--open-with-auth",
+    "--token-qr",
+    "--local-control",
+    "--local-control-address",
+    "--compacted-replay-max-bytes",
+    "--max-journal-events",
+    "--max-journal-bytes",
+    "--memory-budget-mb",
+    "--memory-pressure-mode",
+    "--child-heap-mode",
+    "--allow-private-auth-base-url",
+    "--external-tool-guard-mode",
+    "--external-tool-guard-endpoint",
+    "--external-tool-guard-timeout-ms",
+)
+
+
+def is_loopback_hostname(host: str) -> bool:
+    """Loopback set of the reference: 127.0.0.0/8 dotted quads, localhost, ::1, [::1]."""
+    h = host.strip().lower()
+    if h in ("localhost", "::1", "[::1]"):
+        return True
+    parts = h.split(".")
+    if len(parts) == 4 and all(p.isdigit() and 0 <= int(p) <= 255 for p in parts):
+        return parts[0] == "127"
+    return False
+
+
+def default_state_dir(env: Mapping[str, str]) -> str:
+    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "/tmp"), ".local", "state")
+    return os.path.join(base, "acp-serve")
+
+
+def default_agent_argv() -> tuple[str, ...]:
+    return (sys.executable, "-m", "acp.agents.scripted")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="acp-serve",
+        description="Serve ACP agents over the qwen serve v1 HTTP + SSE protocol.",
+    )
+    add = p.add_argument
+    add("--hostname", default="127.0.0.1", help="bind interface (default 127.0.0.1)")
+    add("--port", default=str(DEFAULT_PORT), help="TCP port; 0 = ephemeral (default 4170)")
+    add("--token", default=None, help="bearer token (else $QWEN_SERVER_TOKEN)")
+    add("--require-auth", action="store_true", help="refuse to start without a token")
+    add(
+        "--workspace",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="workspace directory (repeatable; first is primary; default: cwd)",
+    )
+    add(
+        "--untrusted-workspace",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="an extra read-only workspace (writes refused with untrusted_workspace)",
+    )
+    add(
+        "--agent",
+        default=None,
+        metavar="CMD",
+        help='ACP agent command line, e.g. "qwen --acp" (default: the built-in scripted agent)',
+    )
+    add(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="state directory: event journal, scripted agent sessions, credentials",
+    )
+    add("--config", default=None, metavar="FILE", help="daemon config file (YAML)")
+    add("--no-journal", action="store_true", help="do not persist session events")
+    add("--max-sessions", default="32", help="live sessions per workspace; 0 = unlimited")
+    add("--max-total-sessions", default=None, help="daemon-wide session cap; 0 = unlimited")
+    add(
+        "--max-pending-prompts-per-session",
+        default="5",
+        help="accepted prompts waiting-or-running per session; 0 = unlimited",
+    )
+    add("--max-connections", default="256", help="max concurrent HTTP connections; 0 = off")
+    add("--event-ring-size", default="8000", help="per-session SSE replay ring depth")
+    add(
+        "--allow-origin",
+        action="append",
+        default=None,
+        metavar="ORIGIN",
+        help="CORS allowlist entry: * or scheme://host[:port] (repeatable)",
+    )
+    add("--enable-session-shell", action="store_true", help="enable POST /session/:id/shell")
+    add("--tls-cert", default=None, metavar="FILE", help="serve HTTPS with this certificate")
+    add("--tls-key", default=None, metavar="FILE", help="private key for --tls-cert")
+    add("--mcp-client-budget", default=None, help="cap on live MCP clients")
+    add("--mcp-budget-mode", default=None, choices=None, help="enforce|warn|off")
+    add("--prompt-deadline-ms", default=None, help="wall-clock cap per prompt")
+    add("--writer-idle-timeout-ms", default=None, help="evict SSE writers idle this long")
+    add("--channel-idle-timeout-ms", default="0", help="delay before reaping an idle agent")
+    add("--initialize-timeout-ms", default=None, help="ACP initialize/session-new timeout")
+    add("--session-restore-timeout-ms", default=None, help="ACP load/resume timeout")
+    add("--session-reap-interval-ms", default="60000", help="idle reaper interval; 0 = off")
+    add("--session-idle-timeout-ms", default="1800000", help="idle time before reaping")
+    add("--session-prompt-settled-close-grace-ms", default="0", help="grace after a prompt")
+    add(
+        "--permission-response-timeout-ms",
+        default=None,
+        help="permission answer timeout; 0 = wait forever (default 300000)",
+    )
+    add("--drain-timeout-ms", default="10000", help="graceful drain budget on SIGTERM")
+    add("--memory-project-scope", default="workspace", help="workspace|git-root")
+    add("--memory-file-name", default="QWEN.md", help="memory file for /workspace/init")
+    add("--rate-limit", action="store_true", default=None, help="enable rate limiting")
+    add("--rate-limit-prompt", default=None, help="prompt tier max per window (10)")
+    add("--rate-limit-mutation", default=None, help="mutation tier max per window (30)")
+    add("--rate-limit-read", default=None, help="read tier max per window (120)")
+    add("--rate-limit-window-ms", default=None, help="rate-limit window (60000, >= 1000)")
+    add("--log-format", default="text", help="text|json")
+    add(
+        "--http-bridge",
+        dest="http_bridge",
+        action="store_true",
+        default=True,
+        help="the only mode (default)",
+    )
+    add("--no-http-bridge", dest="http_bridge", action="store_false", help=argparse.SUPPRESS)
+    add("--web", dest="web", action="store_true", default=None, help=argparse.SUPPRESS)
+    add("--no-web", dest="web", action="store_false", help=argparse.SUPPRESS)
+    for flag in INERT_FLAGS:
+        if flag in ("--channel",):
+            add(flag, action="append", default=None, help=argparse.SUPPRESS)
+        elif flag in (
+            "--experimental-lsp",
+            "--restore-ask-user-question",
+            "--open",
+            "--open-with-auth",
+            "--local-control",
+            "--allow-private-auth-base-url",
+        ):
+            add(flag, action="store_true", default=None, help=argparse.SUPPRESS)
+        elif flag == "--token-qr":
+            add(flag, dest="token_qr", action="store_true", default=None, help=argparse.SUPPRESS)
+            add("--no-token-qr", dest="token_qr", action="store_false", help=argparse.SUPPRESS)
+        else:
+            add(flag, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _int(flag: str, raw: str, *, minimum: int, maximum: int | None = None, what: str) -> int:
+    text = raw.strip()
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise SettingsError(f'Invalid {flag} "{raw}": must be {what}') from None
+    if value < minimum or (maximum is not None and value > maximum):
+        raise SettingsError(f'Invalid {flag} "{raw}": must be {what}')
+    return value
+
+
+def _nonneg(flag: str, raw: str, maximum: int | None = None) -> int:
+    return _int(flag, raw, minimum=0, maximum=maximum, what="a non-negative integer")
+
+
+def _positive(flag: str, raw: str, maximum: int | None = None) -> int:
+    return _int(flag, raw, minimum=1, maximum=maximum, what="a positive integer")
+
+
+def _timer(flag: str, raw: str, *, positive: bool) -> int:
+    value = _positive(flag, raw) if positive else _nonneg(flag, raw)
+    if value > MAX_TIMER_MS:
+        raise SettingsError(f'Invalid {flag} "{raw}": must be at most {MAX_TIMER_MS} ms')
+    return value
+
+
+def _env_ms(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        value = 0
+    if value <= 0 or value > MAX_TIMER_MS:
+        raise SettingsError(f'Invalid {name}="{raw}": must be a positive integer (milliseconds).')
+    return value
+
+
+def _canonical_dir(flag: str, raw: str) -> str:
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    if not path.exists():
+        raise SettingsError(f'Invalid {flag} "{raw}": directory does not exist')
+    if not path.is_dir():
+        raise SettingsError(f'Invalid {flag} "{raw}": not a directory')
+    return str(path.resolve())
+
+
+def parse_settings(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Parse and validate; raises :class:`SettingsError` naming the bad value."""
+    env = os.environ if env is None else env
+    ns = build_parser().parse_args(argv)
+
+    hostname = ns.hostname
+    if not hostname.strip():
+        raise SettingsError(
+            "Invalid --hostname: empty value binds every interface; pass an explicit address"
+        )
+    hostname = hostname.strip()
+    if hostname.count(":") == 1 and not hostname.startswith("["):
+        raise SettingsError(
+            f'Invalid --hostname "{hostname}": looks like a "host:port" combination; '
+            "pass the port with --port"
+        )
+    port = _int("--port", ns.port, minimum=0, maximum=65535, what="an integer in [0, 65535]")
+
+    # Token: flag wins over env; trimmed; empty = none (§2.3).
+    token_from_argv = ns.token is not None
+    raw_token = ns.token if ns.token is not None else env.get("QWEN_SERVER_TOKEN")
+    token = raw_token.strip() if raw_token is not None else None
+    token = token or None
+    generated = False
+    if token is None and not is_loopback_hostname(hostname):
+        if raw_token is not None:
+            raise SettingsError(
+                f"Refusing to bind {hostname}:{port} without a bearer token "
+                "(an empty token was given); set QWEN_SERVER_TOKEN or pass --token"
+            )
+        from serve.security.bearer import generate_token
+
+        token = generate_token()
+        generated = True
+    if ns.require_auth and token is None:
+        raise SettingsError(
+            "Refusing to start with --require-auth set but no bearer token configured; "
+            "set QWEN_SERVER_TOKEN or pass --token"
+        )
+
+    workspaces = tuple(_canonical_dir("--workspace", w) for w in (ns.workspace or [os.getcwd()]))
+    untrusted = tuple(
+        _canonical_dir("--untrusted-workspace", w) for w in ns.untrusted_workspace or []
+    )
+    seen: set[str] = set()
+    for w in workspaces + untrusted:
+        if w in seen:
+            raise SettingsError(f'Invalid --workspace "{w}": given more than once')
+        seen.add(w)
+
+    if ns.agent is None:
+        agent_argv = default_agent_argv()
+    else:
+        try:
+            agent_argv = tuple(shlex.split(ns.agent))
+        except ValueError as exc:
+            raise SettingsError(f'Invalid --agent "{ns.agent}": {exc}') from None
+        if not agent_argv:
+            raise SettingsError('Invalid --agent "": empty command')
+
+    state_dir = ns.state_dir or env.get("ACP_SERVE_STATE_DIR") or default_state_dir(env)
+    state_dir = str(Path(state_dir).expanduser().absolute())
+    if ns.config is not None and not Path(ns.config).is_file():
+        raise SettingsError(f'Invalid --config "{ns.config}": file does not exist')
+
+    max_sessions = _nonneg("--max-sessions", ns.max_sessions)
+    max_total = (
+        _nonneg("--max-total-sessions", ns.max_total_sessions)
+        if ns.max_total_sessions is not None
+        else None
+    )
+    max_pending = _nonneg("--max-pending-prompts-per-session", ns.max_pending_prompts_per_session)
+    max_connections = _nonneg("--max-connections", ns.max_connections)
+    ring = _int(
+        "--event-ring-size",
+        ns.event_ring_size,
+        minimum=1,
+        maximum=1_000_000,
+        what="an integer in [1, 1000000]",
+    )
+
+    origins: list[str] = []
+    for pattern in ns.allow_origin or []:
+        from serve.security.cors import InvalidAllowOriginPattern, parse_allow_origin
+
+        try:
+            origins.append(parse_allow_origin(pattern))
+        except InvalidAllowOriginPattern as exc:
+            raise SettingsError(str(exc)) from None
+    if "*" in origins and token is None:
+        raise SettingsError(
+            "Refusing --allow-origin '*' without a bearer token; set QWEN_SERVER_TOKEN or --token"
+        )
+
+    if (ns.tls_cert is None) != (ns.tls_key is None):
+        raise SettingsError("--tls-cert and --tls-key must be given together")
+    for flag, value in (("--tls-cert", ns.tls_cert), ("--tls-key", ns.tls_key)):
+        if value is not None and not Path(value).is_file():
+            raise SettingsError(f'Invalid {flag} "{value}": file does not exist')
+
+    budget = (
+        _positive("--mcp-client-budget", ns.mcp_client_budget) if ns.mcp_client_budget else None
+    )
+    if ns.mcp_client_budget is not None and ns.mcp_client_budget.strip() == "":
+        raise SettingsError('Invalid --mcp-client-budget "": must be a positive integer')
+    mode = ns.mcp_budget_mode if ns.mcp_budget_mode is not None else ("warn" if budget else "off")
+    if mode not in ("enforce", "warn", "off"):
+        raise SettingsError(
+            f'Invalid --mcp-budget-mode "{mode}": must be one of enforce, warn, off'
+        )
+    if mode == "enforce" and budget is None:
+        raise SettingsError("--mcp-budget-mode=enforce requires --mcp-client-budget")
+
+    prompt_deadline = (
+        _timer("--prompt-deadline-ms", ns.prompt_deadline_ms, positive=True)
+        if ns.prompt_deadline_ms is not None
+        else _env_ms(env, "QWEN_SERVE_PROMPT_DEADLINE_MS")
+    )
+    writer_idle = (
+        _timer("--writer-idle-timeout-ms", ns.writer_idle_timeout_ms, positive=True)
+        if ns.writer_idle_timeout_ms is not None
+        else _env_ms(env, "QWEN_SERVE_WRITER_IDLE_TIMEOUT_MS")
+    )
+    init_timeout = (
+        _timer("--initialize-timeout-ms", ns.initialize_timeout_ms, positive=True)
+        if ns.initialize_timeout_ms is not None
+        else 10_000
+    )
+    restore_timeout = (
+        _timer("--session-restore-timeout-ms", ns.session_restore_timeout_ms, positive=True)
+        if ns.session_restore_timeout_ms is not None
+        else max(60_000, init_timeout)
+    )
+    permission_timeout = (
+        _timer(
+            "--permission-response-timeout-ms", ns.permission_response_timeout_ms, positive=False
+        )
+        if ns.permission_response_timeout_ms is not None
+        else 300_000
+    )
+
+    scope = ns.memory_project_scope
+    if scope not in ("workspace", "git-root"):
+        raise SettingsError(
+            f'Invalid --memory-project-scope "{scope}": must be one of workspace, git-root'
+        )
+    log_format = ns.log_format
+    if log_format not in ("text", "json"):
+        raise SettingsError(f'Invalid --log-format "{log_format}": must be one of text, json')
+    memory_file = ns.memory_file_name
+    if not memory_file or "/" in memory_file or memory_file in (".", ".."):
+        raise SettingsError(f'Invalid --memory-file-name "{memory_file}": must be a file name')
+
+    rate = _rate_limit(ns, env)
+    inert = tuple(
+        flag
+        for flag in INERT_FLAGS
+        if getattr(ns, flag.lstrip("-").replace("-", "_"), None) not in (None, False, [])
+    )
+
+    return Settings(
+        hostname=hostname,
+        port=port,
+        token=token,
+        token_from_argv=token_from_argv,
+        token_generated=generated,
+        require_auth=ns.require_auth,
+        workspaces=workspaces,
+        untrusted_workspaces=untrusted,
+        agent_argv=agent_argv,
+        agent_is_default=ns.agent is None,
+        state_dir=state_dir,
+        config_file=ns.config,
+        journal=not ns.no_journal,
+        max_sessions=max_sessions,
+        max_total_sessions=max_total,
+        max_pending_prompts_per_session=max_pending,
+        max_connections=max_connections,
+        event_ring_size=ring,
+        allow_origins=tuple(origins),
+        enable_session_shell=ns.enable_session_shell,
+        tls_cert=ns.tls_cert,
+        tls_key=ns.tls_key,
+        mcp_client_budget=budget,
+        mcp_budget_mode=mode,
+        prompt_deadline_ms=prompt_deadline,
+        writer_idle_timeout_ms=writer_idle,
+        channel_idle_timeout_ms=_timer(
+            "--channel-idle-timeout-ms", ns.channel_idle_timeout_ms, positive=False
+        ),
+        initialize_timeout_ms=init_timeout,
+        session_restore_timeout_ms=restore_timeout,
+        session_reap_interval_ms=_timer(
+            "--session-reap-interval-ms", ns.session_reap_interval_ms, positive=False
+        ),
+        session_idle_timeout_ms=_timer(
+            "--session-idle-timeout-ms", ns.session_idle_timeout_ms, positive=False
+        ),
+        session_prompt_settled_close_grace_ms=_timer(
+            "--session-prompt-settled-close-grace-ms",
+            ns.session_prompt_settled_close_grace_ms,
+            positive=False,
+        ),
+        permission_response_timeout_ms=permission_timeout,
+        drain_timeout_ms=_timer("--drain-timeout-ms", ns.drain_timeout_ms, positive=False),
+        rate_limit=rate,
+        memory_project_scope=scope,
+        memory_file_name=memory_file,
+        log_format=log_format,
+        inert_flags=inert,
+    )
+
+
+def _rate_limit(ns: argparse.Namespace, env: Mapping[str, str]) -> RateLimitSettings:
+    enabled = bool(ns.rate_limit) or env.get("QWEN_SERVE_RATE_LIMIT", "").lower() in ("1", "true")
+
+    def tier(flag: str, value: str | None, env_name: str, default: int) -> int:
+        if value is not None:
+            return _positive(flag, value)
+        raw = env.get(env_name)
+        if raw:
+            return _int(env_name, raw, minimum=1, what="a positive integer")
+        return default
+
+    window = tier(
+        "--rate-limit-window-ms", ns.rate_limit_window_ms, "QWEN_SERVE_RATE_LIMIT_WINDOW_MS", 60_000
+    )
+    if window < 1000:
+        raise SettingsError(f'Invalid --rate-limit-window-ms "{window}": must be >= 1000')
+    return RateLimitSettings(
+        enabled=enabled,
+        prompt=tier(
+            "--rate-limit-prompt", ns.rate_limit_prompt, "QWEN_SERVE_RATE_LIMIT_PROMPT", 10
+        ),
+        mutation=tier(
+            "--rate-limit-mutation", ns.rate_limit_mutation, "QWEN_SERVE_RATE_LIMIT_MUTATION", 30
+        ),
+        read=tier("--rate-limit-read", ns.rate_limit_read, "QWEN_SERVE_RATE_LIMIT_READ", 120),
+        window_ms=window,
+    )

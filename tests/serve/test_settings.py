@@ -1,0 +1,130 @@
+"""CLI parsing and every start-up refusal that applies to the flags we parse."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serve.settings import Settings, SettingsError, parse_settings
+from tests.support.daemon import ROOT
+
+
+def parse(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Settings:
+    return parse_settings(["--workspace", str(tmp_path), *args], env or {"HOME": str(tmp_path)})
+
+
+def test_defaults_match_the_reference(tmp_path: Path) -> None:
+    s = parse(tmp_path)
+    assert (s.hostname, s.port) == ("127.0.0.1", 4170)
+    assert s.max_sessions == 32
+    assert s.max_pending_prompts_per_session == 5
+    assert s.event_ring_size == 8000
+    assert s.session_idle_timeout_ms == 1_800_000
+    assert s.initialize_timeout_ms == 10_000
+    assert s.session_restore_timeout_ms == 60_000
+    assert s.rate_limit.enabled is False
+    assert (s.rate_limit.prompt, s.rate_limit.mutation, s.rate_limit.read) == (10, 30, 120)
+    assert s.mcp_budget_mode == "off"
+    assert s.token is None and s.trusted_loopback
+    assert s.workspaces == (str(tmp_path.resolve()),)
+    assert s.agent_argv[1:] == ("-m", "acp.agents.scripted")
+
+
+def test_workspace_defaults_to_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert parse_settings([], {}).workspaces == (str(tmp_path.resolve()),)
+
+
+def test_token_flag_wins_and_is_trimmed(tmp_path: Path) -> None:
+    s = parse(tmp_path, "--token", "  abc  ", env={"QWEN_SERVER_TOKEN": "env"})
+    assert s.token == "abc" and s.token_from_argv
+    assert parse(tmp_path, env={"QWEN_SERVER_TOKEN": " env "}).token == "env"
+    assert parse(tmp_path, env={"QWEN_SERVER_TOKEN": "   "}).token is None
+
+
+def test_agent_command_is_split_like_a_shell(tmp_path: Path) -> None:
+    s = parse(tmp_path, "--agent", "qwen --acp --model 'a b'")
+    assert s.agent_argv == ("qwen", "--acp", "--model", "a b")
+    assert not s.agent_is_default
+
+
+def test_rate_limit_from_env(tmp_path: Path) -> None:
+    s = parse(tmp_path, env={"QWEN_SERVE_RATE_LIMIT": "true", "QWEN_SERVE_RATE_LIMIT_READ": "7"})
+    assert s.rate_limit.enabled and s.rate_limit.read == 7
+
+
+def test_budget_mode_defaults_to_warn_with_a_budget(tmp_path: Path) -> None:
+    assert parse(tmp_path, "--mcp-client-budget", "4").mcp_budget_mode == "warn"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--hostname", ""], {}, "Invalid --hostname"),
+        (["--hostname", "127.0.0.1:8080"], {}, '"127.0.0.1:8080"'),
+        (["--port", "http"], {}, '--port "http"'),
+        (["--port", "70000"], {}, '--port "70000"'),
+        (["--max-sessions", "-1"], {}, '--max-sessions "-1"'),
+        (["--max-sessions", "lots"], {}, '--max-sessions "lots"'),
+        (["--max-total-sessions", "x"], {}, '--max-total-sessions "x"'),
+        (["--max-pending-prompts-per-session", "1.5"], {}, '"1.5"'),
+        (["--event-ring-size", "0"], {}, '--event-ring-size "0"'),
+        (["--event-ring-size", "1000001"], {}, '"1000001"'),
+        (["--prompt-deadline-ms", "0"], {}, '--prompt-deadline-ms "0"'),
+        (["--writer-idle-timeout-ms", "-5"], {}, '--writer-idle-timeout-ms "-5"'),
+        (["--initialize-timeout-ms", "9999999999"], {}, "at most 2147483647"),
+        (["--session-idle-timeout-ms", "soon"], {}, '"soon"'),
+        (["--permission-response-timeout-ms", "-1"], {}, '"-1"'),
+        (["--mcp-budget-mode", "enforce"], {}, "requires --mcp-client-budget"),
+        (["--mcp-budget-mode", "strict"], {}, '"strict"'),
+        (["--mcp-client-budget", "0"], {}, '--mcp-client-budget "0"'),
+        (["--require-auth"], {}, "--require-auth"),
+        (["--tls-cert", "/nonexistent.pem"], {}, "--tls-key"),
+        (["--rate-limit-window-ms", "999"], {}, ">= 1000"),
+        (["--rate-limit-prompt", "0"], {}, '--rate-limit-prompt "0"'),
+        (["--memory-project-scope", "repo"], {}, '"repo"'),
+        (["--log-format", "xml"], {}, '"xml"'),
+        (["--config", "/nonexistent.yaml"], {}, '"/nonexistent.yaml"'),
+        (["--agent", "'unbalanced"], {}, "Invalid --agent"),
+        (["--workspace", "/nonexistent/dir"], {}, '"/nonexistent/dir"'),
+        ([], {"QWEN_SERVE_PROMPT_DEADLINE_MS": "abc"}, 'QWEN_SERVE_PROMPT_DEADLINE_MS="abc"'),
+        ([], {"QWEN_SERVE_WRITER_IDLE_TIMEOUT_MS": "0"}, "QWEN_SERVE_WRITER_IDLE_TIMEOUT_MS"),
+    ],
+)
+def test_refusals_name_the_bad_value(
+    tmp_path: Path, args: list[str], env: dict[str, str], needle: str
+) -> None:
+    with pytest.raises(SettingsError) as info:
+        parse(tmp_path, *args, env=env)
+    assert needle in str(info.value)
+
+
+def test_duplicate_workspaces_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="more than once"):
+        parse(tmp_path, "--workspace", str(tmp_path / "."))
+
+
+def test_workspace_must_be_a_directory(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(SettingsError, match="not a directory"):
+        parse_settings(["--workspace", str(f)], {})
+
+
+def test_cli_exits_nonzero_with_the_message(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "serve", "--workspace", str(tmp_path), "--port", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip()
+        == 'acp-serve: Invalid --port "nope": must be an integer in [0, 65535]'
+    )
+    assert result.stdout == ""
