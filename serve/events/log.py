@@ -1,0 +1,420 @@
+"""The per-session event log: a ring of pre-encoded SSE frames read through cursors.
+
+Theory of operation
+-------------------
+Every event a client may care about is published once: it gets the next id (monotonic
+from 1 per log, never reused, never burnt by a rejected event), is encoded once into its
+complete SSE frame (``id: N`` / ``event: T`` / ``data: <envelope JSON>``) and stored in a
+ring of ``ring_size`` frames addressed by id (``frames[id % ring_size]``). Publishing is
+O(1) in the number of subscribers: it stores the frame and sets one shared wake-up event.
+
+A :class:`Subscriber` is a cursor (the next id it will send) plus its own bounds. It wakes
+on the shared event and takes everything between its cursor and the head in one chunk, so
+a fast writer sends large batches and a slow one falls behind. Its *lag* (head − cursor,
+live frames only: replay does not count) plays the role of the reference's per-subscriber
+queue:
+
+* lag ≥ 75 % of ``max_queued`` → one ``slow_client_warning`` frame (no id) before the
+  batch; re-armed when the lag falls to 37.5 % or below;
+* lag > ``max_queued`` (or the cursor fell out of the ring) → a terminal
+  ``client_evicted`` frame and the end of that stream; the client reconnects with
+  ``Last-Event-ID``.
+
+Subscribing with ``Last-Event-ID`` replays from the ring (qwen-serve-spec §5.3):
+``state_resync_required`` when the epoch differs or the id is in the future
+(``epoch_reset``, whole ring replayed), when the ring is empty but the id is behind
+(``seeded_replay_not_in_ring``), or when the ring no longer holds the next id
+(``ring_evicted``); replay is cut at 8 MiB (``replay_budget_exceeded``); a
+``replay_complete`` frame always follows a replay. Synthetic frames carry no id.
+
+Closing the log (after a terminal ``session_died`` / ``session_closed``) lets every
+subscriber drain what is left and then end.
+
+A ``sink`` callback (the durable journal) sees every frame after it is encoded and before
+subscribers are woken.
+
+Everything here runs on the trio thread; nothing blocks.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import trio
+
+RETRY_FRAME = b"retry: 3000\n\n"
+HEARTBEAT_FRAME = b": heartbeat\n\n"
+REPLAY_BUDGET_BYTES = 8 * 1024 * 1024
+MAX_SUBSCRIBERS = 64
+DEFAULT_MAX_QUEUED = 256
+MIN_MAX_QUEUED, MAX_MAX_QUEUED = 16, 2048
+#: Frames handed to a writer in one chunk at most (keeps one write bounded).
+MAX_BATCH_FRAMES = 1024
+
+_encoder = msgspec.json.Encoder()
+
+Sink = Callable[[int, str, bytes], None]
+
+
+class SubscriberLimitExceeded(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"EventBus subscriber limit reached ({limit})")
+        self.limit = limit
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def encode_envelope(
+    event_id: int | None,
+    event_type: str,
+    data: Any,
+    *,
+    prompt_id: str | None = None,
+    originator: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> bytes:
+    """The envelope JSON ``{id?, v, type, data, promptId?, originatorClientId?, _meta}``.
+
+    ``data`` may be ``msgspec.Raw`` (agent bytes relayed untouched) or any encodable value.
+    """
+    parts = [b"{"]
+    if event_id is not None:
+        parts.append(b'"id":%d,' % event_id)
+    parts.append(b'"v":1,"type":')
+    parts.append(_encoder.encode(event_type))
+    parts.append(b',"data":')
+    parts.append(bytes(data) if isinstance(data, msgspec.Raw) else _encoder.encode(data))
+    if prompt_id is not None:
+        parts.append(b',"promptId":')
+        parts.append(_encoder.encode(prompt_id))
+    if originator is not None:
+        parts.append(b',"originatorClientId":')
+        parts.append(_encoder.encode(originator))
+    meta_obj = {"serverTimestamp": _now_ms(), **(meta or {})}
+    parts.append(b',"_meta":')
+    parts.append(_encoder.encode(meta_obj))
+    parts.append(b"}")
+    return b"".join(parts)
+
+
+def sse_frame(event_id: int | None, event_type: str, envelope: bytes) -> bytes:
+    head = b"id: %d\n" % event_id if event_id is not None else b""
+    return head + b"event: " + event_type.encode() + b"\ndata: " + envelope + b"\n\n"
+
+
+def synthetic(event_type: str, data: dict[str, Any]) -> bytes:
+    """A frame without an id (stream lifecycle: warnings, evictions, replay markers)."""
+    return sse_frame(None, event_type, encode_envelope(None, event_type, data))
+
+
+class EventLog:
+    """One session's log. See the module docstring."""
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        ring_size: int = 8000,
+        epoch: str | None = None,
+        next_id: int = 1,
+        sink: Sink | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.ring_size = ring_size
+        self.epoch = epoch or str(uuid.uuid4())
+        self.next_id = next_id
+        self._frames: list[bytes | None] = [None] * ring_size
+        self._sizes: list[int] = [0] * ring_size
+        self._lowest = next_id  # lowest id ever stored in this incarnation of the ring
+        self._wake = trio.Event()
+        self._closed = False
+        self.subscribers: set[Subscriber] = set()
+        self.sink = sink
+        self.published = 0
+        self.evictions = 0
+        self.warnings = 0
+
+    # ---- publishing --------------------------------------------------------------------
+
+    @property
+    def last_id(self) -> int:
+        return self.next_id - 1
+
+    @property
+    def first_id(self) -> int | None:
+        """Oldest id still in the ring, or None when the ring is empty."""
+        if self.next_id == self._lowest:
+            return None
+        return max(self._lowest, self.next_id - self.ring_size)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def publish(
+        self,
+        event_type: str,
+        data: Any,
+        *,
+        prompt_id: str | None = None,
+        originator: str | None = None,
+    ) -> int | None:
+        """Append one event; returns its id (None when the log is closed or unencodable)."""
+        if self._closed:
+            return None
+        event_id = self.next_id
+        try:
+            envelope = encode_envelope(
+                event_id, event_type, data, prompt_id=prompt_id, originator=originator
+            )
+        except (TypeError, msgspec.EncodeError):
+            return None
+        frame = sse_frame(event_id, event_type, envelope)
+        self.next_id = event_id + 1
+        slot = event_id % self.ring_size
+        self._frames[slot] = frame
+        self._sizes[slot] = len(frame)
+        self.published += 1
+        if self.sink is not None:
+            self.sink(event_id, event_type, frame)
+        self._wake.set()
+        return event_id
+
+    def restore(self, event_id: int, frame: bytes) -> None:
+        """Put an already-encoded frame back (journal replay after a daemon restart)."""
+        if event_id < self.next_id:
+            return
+        if self.next_id == self._lowest:
+            self._lowest = event_id
+        self.next_id = event_id + 1
+        slot = event_id % self.ring_size
+        self._frames[slot] = frame
+        self._sizes[slot] = len(frame)
+
+    def close(self) -> None:
+        """No more events; subscribers drain what is left and end."""
+        self._closed = True
+        self._wake.set()
+
+    def frame(self, event_id: int) -> bytes | None:
+        first = self.first_id
+        if first is None or event_id < first or event_id >= self.next_id:
+            return None
+        return self._frames[event_id % self.ring_size]
+
+    def _take_wake(self) -> trio.Event:
+        if self._wake.is_set() and not self._closed:
+            self._wake = trio.Event()
+        return self._wake
+
+    # ---- subscribing -------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        *,
+        last_event_id: int | None = None,
+        epoch: str | None = None,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+    ) -> Subscriber:
+        """Register a cursor; replay is computed now, so nothing slips between."""
+        if len(self.subscribers) >= MAX_SUBSCRIBERS:
+            raise SubscriberLimitExceeded(MAX_SUBSCRIBERS)
+        sub = Subscriber(self, max_queued)
+        sub._pending = self._replay_frames(last_event_id, epoch)
+        sub.cursor = self.next_id
+        self.subscribers.add(sub)
+        return sub
+
+    def _replay_frames(self, last: int | None, epoch: str | None) -> list[bytes]:
+        if last is None:
+            return []
+        frames: list[bytes] = []
+        first = self.first_id
+        start = last + 1
+        if (epoch is not None and epoch != self.epoch) or last >= self.next_id:
+            data: dict[str, Any] = {"reason": "epoch_reset"}
+            if epoch is not None and epoch != self.epoch:
+                data["detail"] = "epoch_mismatch"
+            data.update(lastDeliveredId=last, earliestAvailableId=first or self.next_id)
+            frames.append(synthetic("state_resync_required", data))
+            start = first or self.next_id
+        elif first is None:
+            if last < self.next_id - 1:
+                frames.append(
+                    synthetic(
+                        "state_resync_required",
+                        {
+                            "reason": "seeded_replay_not_in_ring",
+                            "lastDeliveredId": last,
+                            "earliestAvailableId": self.next_id,
+                        },
+                    )
+                )
+        elif first > start:
+            frames.append(
+                synthetic(
+                    "state_resync_required",
+                    {
+                        "reason": "ring_evicted",
+                        "lastDeliveredId": last,
+                        "earliestAvailableId": first,
+                    },
+                )
+            )
+            start = first
+        replayed = 0
+        budget = 0
+        last_replayed: int | None = None
+        event_id = max(start, first or self.next_id)
+        while event_id < self.next_id:
+            frame = self._frames[event_id % self.ring_size]
+            assert frame is not None
+            if replayed and budget + len(frame) > REPLAY_BUDGET_BYTES:
+                frames.append(
+                    synthetic(
+                        "state_resync_required",
+                        {
+                            "reason": "replay_budget_exceeded",
+                            "lastDeliveredId": last_replayed if last_replayed is not None else last,
+                            "earliestAvailableId": event_id,
+                        },
+                    )
+                )
+                break
+            frames.append(frame)
+            budget += len(frame)
+            replayed += 1
+            last_replayed = event_id
+            event_id += 1
+        done: dict[str, Any] = {"replayedCount": replayed}
+        if last_replayed is not None:
+            done["lastReplayedEventId"] = last_replayed
+            done["lastEventId"] = last_replayed
+        frames.append(synthetic("replay_complete", done))
+        return frames
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "lastEventId": self.last_id,
+            "epoch": self.epoch,
+            "ringSize": self.ring_size,
+            "subscribers": len(self.subscribers),
+            "published": self.published,
+            "evictions": self.evictions,
+            "slowClientWarnings": self.warnings,
+        }
+
+
+class Subscriber:
+    """A cursor over an :class:`EventLog`; one per SSE connection.
+
+    Overflow is judged on *pressure*: frames that arrived while this subscriber was away
+    writing its previous chunk. Frames that arrived while it was parked, caught up and
+    waiting, are backlog it has not had a chance to read yet, not slowness, so a burst
+    published in one scheduling round never evicts a reader that keeps up; the backlog is
+    handed over in batches of :data:`MAX_BATCH_FRAMES`. A cursor that falls out of the
+    ring is evicted whatever the pressure.
+    """
+
+    def __init__(self, log: EventLog, max_queued: int) -> None:
+        self.log = log
+        self.max_queued = max_queued
+        self.cursor = log.next_id
+        self._mark = log.next_id
+        self._pending: list[bytes] = []
+        self._warned = False
+        self._done = False
+        self.sent_frames = 0
+
+    @property
+    def lag(self) -> int:
+        return self.log.next_id - self.cursor
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    def close(self) -> None:
+        self._done = True
+        self.log.subscribers.discard(self)
+
+    def evict(self, reason: str, **extra: Any) -> bytes:
+        """Terminal ``client_evicted`` frame; the subscriber is finished afterwards."""
+        self.log.evictions += 1
+        frame = synthetic(
+            "client_evicted",
+            {
+                "reason": reason,
+                "droppedAfter": self.cursor - 1,
+                "queueSize": self.lag,
+                "maxQueued": self.max_queued,
+                **extra,
+            },
+        )
+        self.close()
+        return frame
+
+    def take_nowait(self) -> bytes | None:
+        """Everything available now (b"" when nothing); None when the stream is over."""
+        if self._done:
+            return None
+        log = self.log
+        out = self._pending
+        self._pending = []
+        head = log.next_id
+        backlog = head - self.cursor
+        pressure = head - self._mark
+        first = log.first_id
+        if pressure > self.max_queued or (backlog and first is not None and self.cursor < first):
+            out.append(self.evict("queue_overflow"))
+            return b"".join(out)
+        if not self._warned and pressure >= self.max_queued * 0.75:
+            self._warned = True
+            log.warnings += 1
+            out.append(
+                synthetic(
+                    "slow_client_warning",
+                    {
+                        "queueSize": pressure,
+                        "maxQueued": self.max_queued,
+                        "lastEventId": log.last_id,
+                        "threshold": "frames",
+                    },
+                )
+            )
+        elif self._warned and pressure <= self.max_queued * 0.375:
+            self._warned = False
+        if backlog:
+            end = min(head, self.cursor + MAX_BATCH_FRAMES)
+            size = log.ring_size
+            frames = log._frames
+            for event_id in range(self.cursor, end):
+                frame = frames[event_id % size]
+                assert frame is not None
+                out.append(frame)
+            self.sent_frames += end - self.cursor
+            self.cursor = end
+        self._mark = head
+        if not out and log.closed and self.cursor >= head:
+            self.close()
+            return None
+        return b"".join(out)
+
+    async def next_chunk(self, timeout_s: float = float("inf")) -> bytes | None:
+        """Wait for frames; b"" on timeout (time for a heartbeat); None at the end."""
+        with trio.move_on_after(timeout_s):
+            while True:
+                wake = self.log._take_wake()
+                chunk = self.take_nowait()
+                if chunk is None or chunk:
+                    return chunk
+                await wake.wait()
+                # Parked and caught up: what arrived meanwhile is backlog, not pressure.
+                self._mark = self.log.next_id
+        return b""
