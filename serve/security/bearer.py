@@ -245,11 +245,8 @@ class RedactingFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a bad format string must not break the caller; drop the args
             message = f"{record.msg} [log arguments dropped: format failed]"
-            record.args = None
-        cleaned = redact(message, self._secrets)
-        if cleaned != message or record.args:
-            record.msg = cleaned
-            record.args = None
+        record.msg = redact(message, self._secrets)
+        record.args = None
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
         if record.exc_text:

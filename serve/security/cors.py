@@ -321,7 +321,10 @@ def parse_allow_origin(pattern: str) -> str:
     canonical, reasons = _analyse(pattern)
     if canonical is not None and canonical == pattern:
         return canonical
-    reason = reasons[0] if reasons else "it does not round-trip as a URL origin"
+    if not reasons:
+        reason = "it does not round-trip as a URL origin"
+    else:  # the fatal problem (always recorded last) or the first difference
+        reason = reasons[-1] if canonical is None else reasons[0]
     raise InvalidAllowOriginPattern(pattern, reason, canonical)
 
 
