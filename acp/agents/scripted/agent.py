@@ -1,0 +1,781 @@
+"""The scripted reference agent: a real ACP v1 agent over stdio, driven by the prompt text.
+
+Theory of operation
+-------------------
+Threads, stdlib + msgspec only (it must start fast: it is the child of every test).
+
+* The **main thread** reads stdin line by line. It answers the quick methods inline
+  (``initialize``, ``session/new|load|resume|list|close``, ``set_mode``/``set_model``/
+  ``set_config_option``), resolves responses to the requests the agent itself sent, and turns
+  ``session/cancel`` / ``$/cancel_request`` into the session's cancel event. stdin EOF ends the
+  process (status 0), as ACP's shutdown asks.
+* Each ``session/prompt`` runs in its own daemon **prompt thread**, which executes the script
+  (see :mod:`.script` and DESIGN.md), emitting ``session/update`` notifications and calling the
+  client (``session/request_permission``, ``fs/*``, ``terminal/*``) and waiting for the answers.
+* All writes go through one lock; one line per message, flushed per message (``[flood]``
+  writes in large batches).
+
+Directives (besides DESIGN.md's table): ``[write PATH TEXT]`` offers ``allow`` (allow_once),
+``allow_always`` and ``reject`` (reject_once); in modes ``auto-edit`` and ``yolo``, or after
+``allow_always`` in the session, it writes without asking. ``[spawn-grandchild]`` starts a
+``sleep 1000`` in the agent's own process group (for the group-kill tests) and reports its pid.
+Model ``scripted-slow`` pauses 50 ms (cancellably) before each update.
+
+Sessions live in :class:`.store.Store` (one JSON file each), so ``session/load`` replays the
+history (user / thought / agent chunks) and ``session/resume`` restores without replay, also
+after the agent restarts. ``--legacy`` mimics older agents: no ``configOptions`` (models via
+``session/set_model`` only) and ``session/resume`` unknown (only
+``session/unstable_resumeSession``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+from typing import IO, Any, Final
+
+import msgspec
+
+from acp import jsonrpc
+from acp.agents.scripted import script
+from acp.agents.scripted.store import SessionRecord, Store, now_iso, valid_session_id
+from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
+from acp.schema import (
+    AgentMessageChunk,
+    AgentThoughtChunk,
+    AvailableCommand,
+    AvailableCommandInput,
+    AvailableCommandsUpdate,
+    ContentToolCallContent,
+    DiffToolCallContent,
+    Plan,
+    PlanEntry,
+    SessionNotification,
+    SessionUpdate,
+    TerminalToolCallContent,
+    TextContent,
+    ToolCall,
+    ToolCallLocation,
+    ToolCallUpdate,
+    UserMessageChunk,
+)
+
+AGENT_NAME: Final = "acp-scripted"
+AGENT_VERSION: Final = "0.1.0"
+MODES: Final = (
+    ("default", "Default", "Ask before every edit"),
+    ("auto-edit", "Auto edit", "Edit files without asking"),
+    ("plan", "Plan", "Plan only"),
+    ("yolo", "YOLO", "Never ask"),
+)
+MODELS: Final = (
+    ("scripted-fast", "Scripted fast", "Answers at once"),
+    ("scripted-slow", "Scripted slow", "Pauses 50 ms before each update"),
+)
+SLOW_DELAY_S: Final = 0.05
+FLOOD_MAX: Final = 10_000_000
+FLOOD_BATCH: Final = 1024
+LIST_PAGE_SIZE: Final = 50
+
+
+class RpcFailure(Exception):
+    """Answer the current request with this JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data: object = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class Cancelled(Exception):
+    """The turn was cancelled by the client."""
+
+
+class _Turn:
+    def __init__(self, request_id: jsonrpc.RequestId) -> None:
+        self.request_id = request_id
+        self.cancel = threading.Event()
+
+
+class _Session:
+    def __init__(self, record: SessionRecord) -> None:
+        self.record = record
+        self.lock = threading.Lock()
+        self.turn: _Turn | None = None
+        self.always_allow_write = False
+
+
+class _Pending:
+    __slots__ = ("done", "error", "result")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: jsonrpc.ErrorObject | None = None
+
+
+class ScriptedAgent:
+    def __init__(self, state_dir: str, *, legacy: bool = False, out: IO[bytes] | None = None):
+        self.store = Store(state_dir)
+        self.legacy = legacy
+        self.out = out if out is not None else sys.stdout.buffer
+        self.write_lock = threading.Lock()
+        self.sessions: dict[str, _Session] = {}
+        self.sessions_lock = threading.Lock()
+        self.pending: dict[int, _Pending] = {}
+        self.ids = itertools.count(1)
+        self.hung = threading.Event()
+        self.turns = itertools.count(1)
+
+    # -- output -------------------------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        if self.hung.is_set():
+            threading.Event().wait()  # [hang]: never answer again
+        with self.write_lock:
+            self.out.write(data)
+            self.out.flush()
+
+    def reply(self, request_id: jsonrpc.RequestId, result: object) -> None:
+        self._write(jsonrpc.encode_result(request_id, result))
+
+    def reply_error(
+        self, request_id: jsonrpc.RequestId, code: int, message: str, data: object = None
+    ) -> None:
+        self._write(jsonrpc.encode_error(request_id, code, message, data))
+
+    def update(self, session_id: str, update: SessionUpdate) -> None:
+        self._write(
+            jsonrpc.encode_notification(
+                "session/update", SessionNotification(session_id=session_id, update=update)
+            )
+        )
+
+    def call(self, method: str, params: object, turn: _Turn | None = None) -> Any:
+        """Send a request to the client and wait for the answer (cancellable via ``turn``)."""
+        request_id = next(self.ids)
+        pending = _Pending()
+        self.pending[request_id] = pending
+        self._write(jsonrpc.encode_request(request_id, method, params))
+        try:
+            while not pending.done.wait(0.05):
+                if (
+                    turn is not None
+                    and turn.cancel.is_set()
+                    and method != "session/request_permission"
+                ):
+                    self._write(
+                        jsonrpc.encode_notification("$/cancel_request", {"requestId": request_id})
+                    )
+                    raise Cancelled()
+        finally:
+            self.pending.pop(request_id, None)
+        if pending.error is not None:
+            raise RpcFailure(pending.error.code, pending.error.message, pending.error.data)
+        return pending.result
+
+    # -- main loop ----------------------------------------------------------------------------
+
+    def serve(self, stdin: IO[bytes]) -> None:
+        for line in stdin:
+            if self.hung.is_set():
+                threading.Event().wait()
+            line = line.strip()
+            if not line:
+                continue
+            msg = jsonrpc.parse_line(line)
+            if isinstance(msg, jsonrpc.Request):
+                self._on_request(msg)
+            elif isinstance(msg, jsonrpc.Notification):
+                self._on_notification(msg)
+            elif isinstance(msg, jsonrpc.Response):
+                self._on_response(msg)
+            else:
+                print(f"scripted agent: invalid message: {msg.reason}", file=sys.stderr)
+
+    def _on_response(self, msg: jsonrpc.Response) -> None:
+        pending = self.pending.get(msg.id) if isinstance(msg.id, int) else None
+        if pending is None:
+            return
+        if msg.error is not None:
+            pending.error = msg.error
+        else:
+            pending.result = msgspec.json.decode(msg.result)
+        pending.done.set()
+
+    def _on_notification(self, msg: jsonrpc.Notification) -> None:
+        params = _decode_params(msg.params)
+        if msg.method == "session/cancel":
+            session = self.sessions.get(str(params.get("sessionId")))
+            if session is not None and session.turn is not None:
+                session.turn.cancel.set()
+        elif msg.method == "$/cancel_request":
+            rid = params.get("requestId")
+            for session in list(self.sessions.values()):
+                if session.turn is not None and session.turn.request_id == rid:
+                    session.turn.cancel.set()
+
+    def _on_request(self, msg: jsonrpc.Request) -> None:
+        handler = self.METHODS.get(msg.method)
+        if handler is None or (self.legacy and msg.method == "session/resume"):
+            self.reply_error(msg.id, METHOD_NOT_FOUND, "Method not found", {"method": msg.method})
+            return
+        try:
+            params = _decode_params(msg.params)
+            result = handler(self, msg.id, params)
+        except RpcFailure as exc:
+            self.reply_error(msg.id, exc.code, exc.message, exc.data)
+            return
+        except (KeyError, TypeError, ValueError) as exc:
+            self.reply_error(msg.id, INVALID_PARAMS, f"Invalid params: {exc!r}")
+            return
+        if result is not _DEFERRED:
+            self.reply(msg.id, result)
+
+    # -- lifecycle methods --------------------------------------------------------------------
+
+    def initialize(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        return {
+            "protocolVersion": 1,
+            "agentCapabilities": {
+                "loadSession": True,
+                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+                "mcpCapabilities": {"http": False, "sse": False},
+                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
+            },
+            "authMethods": [],
+            "agentInfo": {"name": AGENT_NAME, "title": "Scripted agent", "version": AGENT_VERSION},
+        }
+
+    def authenticate(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        return {}
+
+    def _setup_result(self, record: SessionRecord, *, with_id: bool) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "modes": {
+                "currentModeId": record.mode_id,
+                "availableModes": [{"id": i, "name": n, "description": d} for i, n, d in MODES],
+            },
+            "models": {
+                "currentModelId": record.model_id,
+                "availableModels": [
+                    {"modelId": i, "name": n, "description": d} for i, n, d in MODELS
+                ],
+            },
+        }
+        if not self.legacy:
+            result["configOptions"] = self._config_options(record)
+        if with_id:
+            result["sessionId"] = record.session_id
+        return result
+
+    def _config_options(self, record: SessionRecord) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": "model",
+                "name": "Model",
+                "category": "model",
+                "type": "select",
+                "currentValue": record.model_id,
+                "options": [{"value": i, "name": n, "description": d} for i, n, d in MODELS],
+            }
+        ]
+
+    def _session(self, params: dict[str, Any]) -> _Session:
+        session_id = str(params["sessionId"])
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise RpcFailure(RESOURCE_NOT_FOUND, "Resource not found", {"sessionId": session_id})
+        return session
+
+    def _save(self, session: _Session) -> None:
+        session.record.updated_at = now_iso()
+        self.store.save(session.record)
+
+    def new_session(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        cwd = str(params["cwd"])
+        if not os.path.isabs(cwd):
+            raise RpcFailure(INVALID_PARAMS, f"cwd must be absolute: {cwd!r}")
+        now = now_iso()
+        record = SessionRecord(
+            session_id="sess_" + os.urandom(8).hex(), cwd=cwd, created_at=now, updated_at=now
+        )
+        session = _Session(record)
+        with self.sessions_lock:
+            self.sessions[record.session_id] = session
+        self.store.save(record)
+        self.reply(rid, self._setup_result(record, with_id=True))
+        self.update(
+            record.session_id,
+            AvailableCommandsUpdate(
+                available_commands=[
+                    AvailableCommand(
+                        name="echo",
+                        description="Echo the text back",
+                        input=AvailableCommandInput(hint="text"),
+                    ),
+                    AvailableCommand(
+                        name="flood",
+                        description="Stream N message chunks",
+                        input=AvailableCommandInput(hint="N"),
+                    ),
+                ]
+            ),
+        )
+        return _DEFERRED
+
+    def _restore(self, params: dict[str, Any]) -> _Session:
+        session_id = str(params["sessionId"])
+        existing = self.sessions.get(session_id)
+        if existing is not None:
+            return existing
+        record = self.store.load(session_id) if valid_session_id(session_id) else None
+        if record is None:
+            raise RpcFailure(RESOURCE_NOT_FOUND, "Resource not found", {"sessionId": session_id})
+        cwd = params.get("cwd")
+        if isinstance(cwd, str) and cwd:
+            record.cwd = cwd
+        session = _Session(record)
+        with self.sessions_lock:
+            self.sessions[session_id] = session
+        return session
+
+    def load_session(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        session = self._restore(params)
+        record = session.record
+        for entry in record.history:
+            block = TextContent(text=entry.text)
+            update: SessionUpdate
+            if entry.role == "user":
+                update = UserMessageChunk(content=block)
+            elif entry.role == "thought":
+                update = AgentThoughtChunk(content=block)
+            else:
+                update = AgentMessageChunk(content=block)
+            self.update(record.session_id, update)
+        return self._setup_result(record, with_id=False)
+
+    def resume_session(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        return self._setup_result(self._restore(params).record, with_id=False)
+
+    def list_sessions(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        cwd = params.get("cwd")
+        records = [r for r in self.store.list() if not cwd or r.cwd == cwd]
+        start = int(params.get("cursor") or 0)
+        page = records[start : start + LIST_PAGE_SIZE]
+        result: dict[str, Any] = {
+            "sessions": [
+                {
+                    "sessionId": r.session_id,
+                    "cwd": r.cwd,
+                    "title": r.title,
+                    "updatedAt": r.updated_at,
+                }
+                for r in page
+            ]
+        }
+        if start + LIST_PAGE_SIZE < len(records):
+            result["nextCursor"] = str(start + LIST_PAGE_SIZE)
+        return result
+
+    def close_session(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        session = self._session(params)
+        if session.turn is not None:
+            session.turn.cancel.set()
+        with self.sessions_lock:
+            self.sessions.pop(session.record.session_id, None)
+        return {}
+
+    def set_mode(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        session = self._session(params)
+        mode_id = str(params["modeId"])
+        if mode_id not in {m[0] for m in MODES}:
+            raise RpcFailure(INVALID_PARAMS, f"unknown mode {mode_id!r}", {"modeId": mode_id})
+        with session.lock:
+            session.record.mode_id = mode_id
+            self._save(session)
+        return {}
+
+    def _set_model(self, session: _Session, model_id: str) -> None:
+        if model_id not in {m[0] for m in MODELS}:
+            raise RpcFailure(INVALID_PARAMS, f"unknown model {model_id!r}", {"modelId": model_id})
+        with session.lock:
+            session.record.model_id = model_id
+            self._save(session)
+
+    def set_model(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        self._set_model(self._session(params), str(params["modelId"]))
+        return {}
+
+    def set_config_option(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        session = self._session(params)
+        if self.legacy or params.get("configId") != "model":
+            raise RpcFailure(INVALID_PARAMS, f"unknown config option {params.get('configId')!r}")
+        self._set_model(session, str(params["value"]))
+        return {"configOptions": self._config_options(session.record)}
+
+    def ping(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        return {}
+
+    # -- prompt -------------------------------------------------------------------------------
+
+    def prompt(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        session = self._session(params)
+        blocks = params.get("prompt") or []
+        if not isinstance(blocks, list):
+            raise RpcFailure(INVALID_PARAMS, "prompt must be a list of content blocks")
+        texts = [
+            str(b.get("text", ""))
+            for b in blocks
+            if isinstance(b, dict) and b.get("type") == "text"
+        ]
+        turn = _Turn(rid)
+        session.turn = turn
+        threading.Thread(
+            target=self._run_turn,
+            args=(session, turn, "\n".join(texts)),
+            name=f"prompt-{rid}",
+            daemon=True,
+        ).start()
+        return _DEFERRED
+
+    def _run_turn(self, session: _Session, turn: _Turn, text: str) -> None:
+        run = _TurnRunner(self, session, turn)
+        session.record.add("user", text)
+        if session.record.title is None and text.strip():
+            session.record.title = text.strip().splitlines()[0][:80]
+        try:
+            stop_reason = run.execute(script.parse(text))
+        except RpcFailure as exc:
+            self._finish(session, turn)
+            self.reply_error(turn.request_id, exc.code, exc.message, exc.data)
+            return
+        except Exception as exc:  # a bug in the agent: report it as the prompt's error
+            self._finish(session, turn)
+            self.reply_error(
+                turn.request_id, INTERNAL_ERROR, f"scripted agent failed: {exc!r}", None
+            )
+            return
+        self._finish(session, turn)
+        self.reply(
+            turn.request_id,
+            {
+                "stopReason": stop_reason,
+                "_meta": {"scripted": {"turn": next(self.turns), "updates": run.updates}},
+            },
+        )
+
+    def _finish(self, session: _Session, turn: _Turn) -> None:
+        with session.lock:
+            if session.turn is turn:
+                session.turn = None
+            self._save(session)
+
+    METHODS: Final = {
+        "initialize": initialize,
+        "authenticate": authenticate,
+        "session/new": new_session,
+        "session/load": load_session,
+        "session/resume": resume_session,
+        "session/unstable_resumeSession": resume_session,
+        "session/list": list_sessions,
+        "session/close": close_session,
+        "session/set_mode": set_mode,
+        "session/set_model": set_model,
+        "session/set_config_option": set_config_option,
+        "session/prompt": prompt,
+        "_scripted/ping": ping,
+    }
+
+
+_DEFERRED: Final = object()
+
+
+def _decode_params(raw: msgspec.Raw) -> dict[str, Any]:
+    value = msgspec.json.decode(raw) if raw else {}
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RpcFailure(INVALID_PARAMS, "params must be an object")
+    return value
+
+
+class _TurnRunner:
+    """Executes one prompt's script in a prompt thread."""
+
+    def __init__(self, agent: ScriptedAgent, session: _Session, turn: _Turn) -> None:
+        self.agent = agent
+        self.session = session
+        self.record = session.record
+        self.sid = session.record.session_id
+        self.turn = turn
+        self.updates = 0
+        self.tool_ids = itertools.count(1)
+
+    # helpers
+
+    def check_cancel(self) -> None:
+        if self.turn.cancel.is_set():
+            raise Cancelled()
+
+    def emit(self, update: SessionUpdate) -> None:
+        if self.record.model_id == "scripted-slow" and self.turn.cancel.wait(SLOW_DELAY_S):
+            raise Cancelled()
+        self.agent.update(self.sid, update)
+        self.updates += 1
+
+    def say(self, text: str) -> None:
+        self.emit(AgentMessageChunk(content=TextContent(text=text)))
+        self.record.add("agent", text)
+
+    def abs_path(self, path: str) -> str:
+        return os.path.normpath(os.path.join(self.record.cwd, path))
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        return self.agent.call(method, {"sessionId": self.sid, **params}, self.turn)
+
+    # the script
+
+    def execute(self, steps: list[script.Step]) -> str:
+        try:
+            for step in steps:
+                self.check_cancel()
+                if isinstance(step, script.Text):
+                    self.say("echo: " + step.text)
+                else:
+                    getattr(self, "do_" + step.name.replace("-", "_"))(step.arg)
+            return "end_turn"
+        except Cancelled:
+            return "cancelled"
+
+    def do_think(self, arg: str) -> None:
+        self.emit(AgentThoughtChunk(content=TextContent(text=arg)))
+        self.record.add("thought", arg)
+
+    def do_plan(self, arg: str) -> None:
+        entries = [e.strip() for e in arg.split("|") if e.strip()]
+        self.emit(
+            Plan(
+                entries=[PlanEntry(content=e, priority="medium", status="pending") for e in entries]
+            )
+        )
+
+    def do_sleep(self, arg: str) -> None:
+        try:
+            ms = max(0, int(arg or "0"))
+        except ValueError:
+            ms = 0
+        if self.turn.cancel.wait(ms / 1000):
+            raise Cancelled()
+
+    def do_flood(self, arg: str) -> None:
+        try:
+            n = min(FLOOD_MAX, max(0, int(arg or "0")))
+        except ValueError:
+            n = 0
+        batch: list[bytes] = []
+        for i in range(n):
+            note = SessionNotification(
+                session_id=self.sid, update=AgentMessageChunk(content=TextContent(text=f"{i} "))
+            )
+            batch.append(jsonrpc.encode_notification("session/update", note))
+            if len(batch) >= FLOOD_BATCH:
+                self.agent._write(b"".join(batch))
+                batch.clear()
+                self.check_cancel()
+        if batch:
+            self.agent._write(b"".join(batch))
+        self.updates += n
+        self.record.add("agent", f"[flood {n}]")
+
+    def do_error(self, arg: str) -> None:
+        raise RpcFailure(
+            INTERNAL_ERROR,
+            "Internal error: scripted failure",
+            {"directive": "error", "sessionId": self.sid, "detail": arg or None},
+        )
+
+    def do_crash(self, arg: str) -> None:
+        with self.agent.write_lock:
+            self.agent.out.flush()
+        print("scripted agent: [crash] directive, exiting with status 17", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(17)
+
+    def do_hang(self, arg: str) -> None:
+        self.agent.hung.set()
+        threading.Event().wait()
+
+    def do_spawn_grandchild(self, arg: str) -> None:
+        import subprocess
+
+        child = subprocess.Popen(["sleep", "1000"])
+        self.say(f"grandchild: {child.pid}")
+
+    def do_write(self, arg: str) -> None:
+        path, text = script.split_path_arg(arg)
+        if not path:
+            raise RpcFailure(INVALID_PARAMS, "[write PATH TEXT] needs a path")
+        target = self.abs_path(path)
+        tool_id = f"write_{next(self.tool_ids)}"
+        self.emit(
+            ToolCall(
+                tool_call_id=tool_id,
+                title=f"Write {path}",
+                kind="edit",
+                status="pending",
+                locations=[ToolCallLocation(path=target)],
+                raw_input={"path": target, "content": text},
+                content=[DiffToolCallContent(path=target, new_text=text)],
+            )
+        )
+        allowed = self.session.always_allow_write or self.record.mode_id in ("auto-edit", "yolo")
+        if not allowed:
+            try:
+                answer = self.call(
+                    "session/request_permission",
+                    {
+                        "toolCall": {
+                            "toolCallId": tool_id,
+                            "title": f"Write {path}",
+                            "kind": "edit",
+                            "status": "pending",
+                            "locations": [{"path": target}],
+                            "rawInput": {"path": target, "content": text},
+                        },
+                        "options": [
+                            {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                            {
+                                "optionId": "allow_always",
+                                "name": "Always allow",
+                                "kind": "allow_always",
+                            },
+                            {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+                        ],
+                    },
+                )
+            except RpcFailure as exc:
+                self._tool_failed(tool_id, f"permission request failed: {exc.message}")
+                return
+            outcome = (answer or {}).get("outcome") or {}
+            if outcome.get("outcome") != "selected":
+                self._tool_failed(tool_id, "cancelled")
+                raise Cancelled()
+            option = outcome.get("optionId")
+            if option == "allow_always":
+                self.session.always_allow_write = True
+            elif option != "allow":
+                self._tool_failed(tool_id, "rejected")
+                return
+        self.emit(ToolCallUpdate(tool_call_id=tool_id, status="in_progress"))
+        try:
+            self.call("fs/write_text_file", {"path": target, "content": text})
+        except RpcFailure as exc:
+            self._tool_failed(tool_id, f"write failed: {exc.message}")
+            return
+        self.emit(
+            ToolCallUpdate(
+                tool_call_id=tool_id,
+                status="completed",
+                content=[
+                    ContentToolCallContent(content=TextContent(text=f"wrote {len(text)} chars"))
+                ],
+            )
+        )
+
+    def _tool_failed(self, tool_id: str, why: str) -> None:
+        self.emit(
+            ToolCallUpdate(
+                tool_call_id=tool_id,
+                status="failed",
+                content=[ContentToolCallContent(content=TextContent(text=why))],
+            )
+        )
+
+    def do_read(self, arg: str) -> None:
+        path = arg.strip()
+        target = self.abs_path(path)
+        tool_id = f"read_{next(self.tool_ids)}"
+        self.emit(
+            ToolCall(
+                tool_call_id=tool_id,
+                title=f"Read {path}",
+                kind="read",
+                status="in_progress",
+                locations=[ToolCallLocation(path=target)],
+                raw_input={"path": target},
+            )
+        )
+        try:
+            result = self.call("fs/read_text_file", {"path": target})
+        except RpcFailure as exc:
+            self._tool_failed(tool_id, f"read failed: {exc.message}")
+            self.say(f"read failed: {exc.message}")
+            return
+        content = str((result or {}).get("content", ""))
+        self.emit(ToolCallUpdate(tool_call_id=tool_id, status="completed"))
+        self.say(content)
+
+    def do_shell(self, arg: str) -> None:
+        tool_id = f"shell_{next(self.tool_ids)}"
+        self.emit(
+            ToolCall(
+                tool_call_id=tool_id,
+                title=arg,
+                kind="execute",
+                status="in_progress",
+                raw_input={"command": arg},
+            )
+        )
+        try:
+            created = self.call(
+                "terminal/create",
+                {"command": "/bin/sh", "args": ["-c", arg], "cwd": self.record.cwd},
+            )
+        except RpcFailure as exc:
+            self._tool_failed(tool_id, f"terminal failed: {exc.message}")
+            self.say(f"shell failed: {exc.message}")
+            return
+        tid = created["terminalId"]
+        self.emit(
+            ToolCallUpdate(tool_call_id=tool_id, content=[TerminalToolCallContent(terminal_id=tid)])
+        )
+        try:
+            status = self.call("terminal/wait_for_exit", {"terminalId": tid})
+            output = self.call("terminal/output", {"terminalId": tid})
+        except Cancelled:
+            self.agent.call("terminal/kill", {"sessionId": self.sid, "terminalId": tid})
+            self.agent.call("terminal/release", {"sessionId": self.sid, "terminalId": tid})
+            self._tool_failed(tool_id, "cancelled")
+            raise
+        self.call("terminal/release", {"terminalId": tid})
+        self.emit(ToolCallUpdate(tool_call_id=tool_id, status="completed", raw_output=status))
+        self.say(str(output.get("output", "")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    from acp.agents.scripted.store import default_state_dir
+
+    state_dir = default_state_dir()
+    legacy = False
+    while args:
+        arg = args.pop(0)
+        if arg == "--state-dir" and args:
+            state_dir = args.pop(0)
+        elif arg.startswith("--state-dir="):
+            state_dir = arg.split("=", 1)[1]
+        elif arg == "--legacy":
+            legacy = True
+        elif arg in ("-h", "--help"):
+            print("usage: python -m acp.agents.scripted [--state-dir DIR] [--legacy]")
+            return 0
+        else:
+            print(f"scripted agent: unknown argument {arg!r}", file=sys.stderr)
+            return 2
+    agent = ScriptedAgent(os.path.abspath(state_dir), legacy=legacy)
+    agent.serve(sys.stdin.buffer)
+    return 0

@@ -1,0 +1,249 @@
+"""JSON-RPC 2.0 over newline-delimited JSON: framing, envelopes, encoders (sans-IO).
+
+Theory of operation
+-------------------
+ACP's stdio transport carries one JSON object per ``\\n``-terminated line. This module is the
+pure half of that: no I/O, no trio, table-testable.
+
+* :class:`LineFramer` turns arbitrary byte chunks into complete lines. It never holds more than
+  ``max_line_bytes`` of an unfinished line: a longer line is discarded as it streams in and
+  reported once, as an :class:`OversizedLine`, when its newline finally arrives. Empty lines and
+  a trailing ``\\r`` are ignored.
+* :func:`parse_line` decodes one line into an :class:`Envelope` whose ``params`` / ``result`` /
+  ``error`` stay ``msgspec.Raw`` (the bytes are forwarded, never re-encoded) and classifies it
+  as a request, notification or response; malformed input comes back as :class:`Invalid` with
+  the JSON-RPC code to answer with (and the id, when one could be read).
+* ``encode_*`` build outgoing lines (terminated by ``\\n``). :func:`encode_error` is the one
+  place where an exception becomes a wire error object.
+
+Ids: we number our own requests with ints; the peer's ids (int, str or null) are echoed back
+exactly as received.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import msgspec
+from msgspec import UNSET, Raw, UnsetType
+
+from acp.errors import INVALID_REQUEST, PARSE_ERROR, RemoteError
+
+log = logging.getLogger(__name__)
+
+RequestId = int | str | None
+EMPTY: Final = Raw(b"")
+NULL: Final = Raw(b"null")
+DEFAULT_MAX_LINE_BYTES: Final = 50 * 2**20
+
+
+# --------------------------------------------------------------------------- framing
+
+
+class OversizedLine(msgspec.Struct, frozen=True):
+    """A line longer than the cap was dropped; ``size`` is its length in bytes."""
+
+    size: int
+
+
+class LineFramer:
+    """Split a byte stream into lines of at most ``max_line_bytes`` bytes (without the ``\\n``)."""
+
+    __slots__ = ("_buf", "_discarded", "_discarding", "max_line_bytes")
+
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        if max_line_bytes <= 0:
+            raise ValueError("max_line_bytes must be positive")
+        self.max_line_bytes = max_line_bytes
+        self._buf = bytearray()
+        self._discarding = False
+        self._discarded = 0
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of an unfinished line currently held (always <= ``max_line_bytes``)."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray) -> list[bytes | OversizedLine]:
+        """Add ``data``; return every line it completes, in order."""
+        parts = bytes(data).split(b"\n") if isinstance(data, bytearray) else data.split(b"\n")
+        out: list[bytes | OversizedLine] = []
+        limit = self.max_line_bytes
+        last = len(parts) - 1
+        for i, part in enumerate(parts):
+            if i == last:
+                self._keep(part)
+                break
+            if self._discarding:
+                out.append(OversizedLine(self._discarded + len(part)))
+                self._discarding = False
+                self._discarded = 0
+                continue
+            if self._buf:
+                self._buf += part
+                line = bytes(self._buf)
+                self._buf.clear()
+            else:
+                line = part
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if len(line) > limit:
+                out.append(OversizedLine(len(line)))
+            elif line and not line.isspace():
+                out.append(line)
+        return out
+
+    def _keep(self, rest: bytes) -> None:
+        if self._discarding:
+            self._discarded += len(rest)
+            return
+        if len(self._buf) + len(rest) > self.max_line_bytes:
+            self._discarding = True
+            self._discarded = len(self._buf) + len(rest)
+            self._buf.clear()
+        else:
+            self._buf += rest
+
+
+# --------------------------------------------------------------------------- envelopes
+
+
+class Envelope(msgspec.Struct, frozen=True):
+    """One JSON-RPC message with its payload left raw. ``jsonrpc`` is not checked (lenient)."""
+
+    id: int | str | UnsetType | None = UNSET
+    method: str | UnsetType = UNSET
+    params: Raw = EMPTY
+    result: Raw = EMPTY
+    error: Raw = EMPTY
+
+
+class ErrorObject(msgspec.Struct, frozen=True):
+    code: int
+    message: str = ""
+    data: Any = None
+
+
+class Request(msgspec.Struct, frozen=True):
+    id: RequestId
+    method: str
+    params: Raw
+
+
+class Notification(msgspec.Struct, frozen=True):
+    method: str
+    params: Raw
+
+
+class Response(msgspec.Struct, frozen=True):
+    """A reply to one of our requests: ``error`` is set, or ``result`` is (possibly ``null``)."""
+
+    id: RequestId
+    result: Raw
+    error: ErrorObject | None
+
+
+class Invalid(msgspec.Struct, frozen=True):
+    """Not a valid JSON-RPC message. ``code`` is the error to answer with when ``id`` is known."""
+
+    code: int
+    reason: str
+    id: RequestId | UnsetType = UNSET
+
+
+Message = Request | Notification | Response | Invalid
+
+_envelope_decoder: Final = msgspec.json.Decoder(Envelope)
+_error_decoder: Final = msgspec.json.Decoder(ErrorObject)
+
+
+def parse_line(line: bytes) -> Message:
+    """Classify one line. Never raises."""
+    try:
+        env = _envelope_decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        return Invalid(INVALID_REQUEST, f"not a JSON-RPC message: {exc}")
+    except msgspec.DecodeError as exc:
+        return Invalid(PARSE_ERROR, f"invalid JSON: {exc}")
+    method = env.method
+    if method is not UNSET:
+        if env.id is UNSET:
+            return Notification(method, env.params or NULL)
+        return Request(env.id, method, env.params or NULL)
+    if env.id is UNSET:
+        return Invalid(INVALID_REQUEST, "message has neither method nor id")
+    if env.error:
+        try:
+            err: ErrorObject | None = _error_decoder.decode(env.error)
+        except msgspec.DecodeError:
+            err = ErrorObject(code=-32603, message="agent sent a malformed error object")
+        return Response(env.id, EMPTY, err)
+    if env.result:
+        return Response(env.id, env.result, None)
+    return Invalid(INVALID_REQUEST, "response has neither result nor error", env.id)
+
+
+def remote_error(err: ErrorObject, method: str = "") -> RemoteError:
+    return RemoteError(err.code, err.message, err.data, method=method)
+
+
+# --------------------------------------------------------------------------- encoders
+
+
+class _OutRequest(msgspec.Struct, frozen=True):
+    jsonrpc: str
+    id: RequestId
+    method: str
+    params: Any
+
+
+class _OutNotification(msgspec.Struct, frozen=True):
+    jsonrpc: str
+    method: str
+    params: Any
+
+
+class _OutResult(msgspec.Struct, frozen=True):
+    jsonrpc: str
+    id: RequestId
+    result: Any
+
+
+class _OutErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
+    code: int
+    message: str
+    data: Any = None
+
+
+class _OutError(msgspec.Struct, frozen=True):
+    jsonrpc: str
+    id: RequestId
+    error: _OutErrorBody
+
+
+_encoder: Final = msgspec.json.Encoder()
+
+
+def _line(msg: object) -> bytes:
+    buf = bytearray()
+    _encoder.encode_into(msg, buf)
+    buf += b"\n"
+    return bytes(buf)
+
+
+def encode_request(id: RequestId, method: str, params: object) -> bytes:
+    """``params`` may be a Struct, dict, list, ``msgspec.Raw`` or ``None`` (sent as ``{}``)."""
+    return _line(_OutRequest("2.0", id, method, {} if params is None else params))
+
+
+def encode_notification(method: str, params: object) -> bytes:
+    return _line(_OutNotification("2.0", method, {} if params is None else params))
+
+
+def encode_result(id: RequestId, result: object) -> bytes:
+    return _line(_OutResult("2.0", id, result))
+
+
+def encode_error(id: RequestId, code: int, message: str, data: object = None) -> bytes:
+    return _line(_OutError("2.0", id, _OutErrorBody(code, message, data)))

@@ -1,0 +1,422 @@
+"""A JSON-RPC 2.0 peer over a pair of byte streams (the I/O half of :mod:`acp.jsonrpc`).
+
+Theory of operation
+-------------------
+An :class:`RpcChannel` has two long-lived tasks, started with :meth:`RpcChannel.start` in a
+nursery its owner provides:
+
+* the **reader** frames the receive stream into lines (bounded by ``max_line_bytes``), and for
+  each line, in order: resolves the pending call a *response* answers; hands a *notification* to
+  ``dispatcher.on_notification`` synchronously (so ordering is exactly the wire order: the
+  updates ``session/load`` replays are delivered before its response resolves the call); starts
+  a *request* in its own task in the nursery. It never awaits a handler. Garbage, oversized
+  lines and unknown response ids are logged and dropped (counted in :meth:`statistics`); a
+  request that is not valid JSON-RPC but has an id is answered ``-32600``.
+* the **writer** owns the send stream: every outgoing line goes through a bounded memory
+  channel (``write_queue_messages``) and the writer sends whatever is queued in one write.
+  Callers never touch the stream, so a cancelled caller cannot leave half a line behind.
+
+Calls: :meth:`call` registers a slot in the pending table, queues the request and waits for the
+slot (optionally with a deadline -> :class:`~acp.errors.RequestTimeout`). On timeout or
+cancellation the slot is dropped and ``$/cancel_request`` is sent best-effort; a late answer is
+then ignored.
+
+Incoming requests run in handler tasks (at most ``max_concurrent_requests``; beyond that the
+request is answered ``-32603`` at once rather than blocking the reader). ``$/cancel_request``
+from the peer cancels the matching task, which then answers ``-32800``. A handler raising
+:class:`~acp.errors.HandlerError` answers with its code; ``msgspec.ValidationError`` gives
+``-32602``; anything else ``-32603`` (and is logged).
+
+Closing: :meth:`close` (idempotent, synchronous) fails every pending call with the given
+:class:`~acp.errors.ChannelClosed`, makes every later call fail the same way at once, cancels
+handler tasks, and lets the writer flush what is queued and stop. The reader ends on EOF or a
+broken stream and then calls ``on_read_closed`` (the owner decides when to :meth:`close`,
+typically after learning the child's exit status).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final, Protocol
+
+import msgspec
+import trio
+from msgspec import Raw
+
+from acp import jsonrpc
+from acp.errors import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    REQUEST_CANCELLED,
+    ChannelClosed,
+    HandlerError,
+    RemoteError,
+    RequestTimeout,
+)
+from acp.jsonrpc import (
+    Invalid,
+    LineFramer,
+    Notification,
+    OversizedLine,
+    Request,
+    RequestId,
+    Response,
+)
+
+log = logging.getLogger(__name__)
+
+CANCEL_REQUEST: Final = "$/cancel_request"
+DEFAULT_MAX_CONCURRENT_REQUESTS: Final = 64
+DEFAULT_WRITE_QUEUE_MESSAGES: Final = 1024
+READ_CHUNK_BYTES: Final = 256 * 1024
+
+
+class Dispatcher(Protocol):
+    """What the channel needs from its owner."""
+
+    def on_notification(self, method: str, params: Raw) -> None:
+        """Called from the reader, in wire order; must not block or raise."""
+
+    async def on_request(self, method: str, params: Raw) -> object:
+        """Answer a peer request; return the result (anything msgspec encodes)."""
+
+
+class RpcStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    pending_calls: int
+    inflight_requests: int
+    queued_writes: int
+    max_queued_writes: int
+    lines_in: int
+    bytes_in: int
+    lines_out: int
+    dropped_oversized: int
+    dropped_invalid: int
+    unknown_responses: int
+
+
+class _Slot:
+    __slots__ = ("error", "event", "method", "result")
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.event = trio.Event()
+        self.result: Raw | None = None
+        self.error: Exception | None = None
+
+
+class _Inflight:
+    __slots__ = ("cancelled_by_peer", "scope")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.cancelled_by_peer = False
+
+
+class RpcChannel:
+    """One JSON-RPC connection; see the module docstring."""
+
+    def __init__(
+        self,
+        send_stream: trio.abc.SendStream,
+        receive_stream: trio.abc.ReceiveStream,
+        dispatcher: Dispatcher,
+        *,
+        name: str = "agent",
+        max_line_bytes: int = jsonrpc.DEFAULT_MAX_LINE_BYTES,
+        max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
+        write_queue_messages: int = DEFAULT_WRITE_QUEUE_MESSAGES,
+        on_read_closed: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.name = name
+        self._send_stream = send_stream
+        self._receive_stream = receive_stream
+        self._dispatcher = dispatcher
+        self._framer = LineFramer(max_line_bytes)
+        self._max_inflight = max_concurrent_requests
+        self._out_send, self._out_recv = trio.open_memory_channel[bytes](write_queue_messages)
+        self._max_queued = write_queue_messages
+        self._on_read_closed = on_read_closed
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Slot] = {}
+        self._inflight: dict[RequestId, _Inflight] = {}
+        self._nursery: trio.Nursery | None = None
+        self._closed: ChannelClosed | None = None
+        self._reader_scope = trio.CancelScope()
+        self.reader_done = trio.Event()
+        self.writer_done = trio.Event()
+        self._lines_in = 0
+        self._bytes_in = 0
+        self._lines_out = 0
+        self._dropped_oversized = 0
+        self._dropped_invalid = 0
+        self._unknown_responses = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start the reader and writer in ``nursery`` (which also hosts the handler tasks)."""
+        self._nursery = nursery
+        nursery.start_soon(self._reader, name=f"acp-reader-{self.name}")
+        nursery.start_soon(self._writer, name=f"acp-writer-{self.name}")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    @property
+    def close_reason(self) -> ChannelClosed | None:
+        return self._closed
+
+    def close(self, exc: ChannelClosed) -> None:
+        """Fail pending calls with ``exc``, refuse new ones, stop handlers; flush, then stop the
+        writer. Idempotent (the first reason wins)."""
+        if self._closed is not None:
+            return
+        self._closed = exc
+        pending, self._pending = self._pending, {}
+        for slot in pending.values():
+            slot.error = exc
+            slot.event.set()
+        for inflight in self._inflight.values():
+            inflight.scope.cancel()
+        self._out_send.close()
+
+    def cancel_reader(self) -> None:
+        """Stop reading (used when the peer is gone but something still holds its pipe)."""
+        self._reader_scope.cancel()
+
+    def statistics(self) -> RpcStatistics:
+        return RpcStatistics(
+            pending_calls=len(self._pending),
+            inflight_requests=len(self._inflight),
+            queued_writes=self._out_send.statistics().current_buffer_used,
+            max_queued_writes=self._max_queued,
+            lines_in=self._lines_in,
+            bytes_in=self._bytes_in,
+            lines_out=self._lines_out,
+            dropped_oversized=self._dropped_oversized,
+            dropped_invalid=self._dropped_invalid,
+            unknown_responses=self._unknown_responses,
+        )
+
+    # -- outgoing -----------------------------------------------------------------------------
+
+    async def _send(self, line: bytes) -> None:
+        if self._closed is not None:
+            raise self._closed
+        try:
+            await self._out_send.send(line)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise self._closed or ChannelClosed("writer stopped")
+
+    def _send_nowait(self, line: bytes) -> bool:
+        if self._closed is not None:
+            return False
+        try:
+            self._out_send.send_nowait(line)
+            return True
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+
+    async def notify(self, method: str, params: object) -> None:
+        """Send a notification (queued; raises ChannelClosed when the channel is closed)."""
+        await self._send(jsonrpc.encode_notification(method, params))
+
+    async def call(self, method: str, params: object, timeout_s: float | None = None) -> Raw:
+        """Send a request and wait for its result (raw bytes).
+
+        Raises RemoteError (the peer answered with an error), RequestTimeout, ChannelClosed."""
+        if self._closed is not None:
+            raise self._closed
+        request_id = next(self._ids)
+        line = jsonrpc.encode_request(request_id, method, params)
+        slot = _Slot(method)
+        self._pending[request_id] = slot
+        answered = False
+        try:
+            await self._send(line)
+            if timeout_s is None:
+                await slot.event.wait()
+            else:
+                with trio.move_on_after(timeout_s):
+                    await slot.event.wait()
+            answered = slot.event.is_set()
+        finally:
+            self._pending.pop(request_id, None)
+            if not answered and self._closed is None:
+                self._send_nowait(
+                    jsonrpc.encode_notification(CANCEL_REQUEST, {"requestId": request_id})
+                )
+        if slot.error is not None:
+            raise slot.error
+        if not answered:
+            assert timeout_s is not None
+            raise RequestTimeout(method, timeout_s)
+        assert slot.result is not None
+        return slot.result
+
+    # -- reader -------------------------------------------------------------------------------
+
+    async def _reader(self) -> None:
+        reason = f"{self.name} closed its stdout"
+        try:
+            with self._reader_scope:
+                while True:
+                    data = await self._receive_stream.receive_some(READ_CHUNK_BYTES)
+                    if not data:
+                        break
+                    self._bytes_in += len(data)
+                    for line in self._framer.feed(data):
+                        self._dispatch_line(line)
+            if self._reader_scope.cancelled_caught:
+                reason = f"stopped reading from {self.name}"
+        except trio.BrokenResourceError as exc:
+            reason = f"{self.name} stdout broke: {exc}"
+        except trio.ClosedResourceError:
+            reason = f"{self.name} stdout was closed"
+        finally:
+            self.reader_done.set()
+        if self._on_read_closed is not None:
+            await self._on_read_closed(reason)
+        else:
+            self.close(ChannelClosed(reason))
+
+    def _dispatch_line(self, line: bytes | OversizedLine) -> None:
+        if isinstance(line, OversizedLine):
+            self._dropped_oversized += 1
+            log.warning(
+                "%s sent a %d-byte line over the %d-byte cap; dropped",
+                self.name,
+                line.size,
+                self._framer.max_line_bytes,
+            )
+            return
+        self._lines_in += 1
+        msg = jsonrpc.parse_line(line)
+        try:
+            if isinstance(msg, Notification):
+                if msg.method == CANCEL_REQUEST:
+                    self._on_cancel_request(msg.params)
+                else:
+                    self._dispatcher.on_notification(msg.method, msg.params)
+            elif isinstance(msg, Response):
+                self._on_response(msg)
+            elif isinstance(msg, Request):
+                self._on_request(msg)
+            else:
+                self._on_invalid(msg, line)
+        except Exception:
+            log.exception("error handling a message from %s; dropped: %.200r", self.name, line)
+
+    def _on_response(self, msg: Response) -> None:
+        rid = msg.id
+        if isinstance(rid, str) and rid.isdigit():
+            rid = int(rid)
+        slot = self._pending.pop(rid, None) if isinstance(rid, int) else None
+        if slot is None:
+            self._unknown_responses += 1
+            log.debug("%s answered unknown or abandoned request id %r", self.name, msg.id)
+            return
+        if msg.error is not None:
+            slot.error = jsonrpc.remote_error(msg.error, slot.method)
+        else:
+            slot.result = msg.result
+        slot.event.set()
+
+    def _on_invalid(self, msg: Invalid, line: bytes) -> None:
+        self._dropped_invalid += 1
+        log.warning("%s sent an invalid message (%s); dropped: %.200r", self.name, msg.reason, line)
+        if msg.id is not msgspec.UNSET and msg.code == INVALID_REQUEST:
+            self._send_nowait(jsonrpc.encode_error(msg.id, INVALID_REQUEST, msg.reason))
+
+    def _on_cancel_request(self, params: Raw) -> None:
+        try:
+            request_id = msgspec.json.decode(params, type=dict[str, int | str])["requestId"]
+        except (msgspec.DecodeError, KeyError):
+            log.debug("%s sent a malformed %s: %r", self.name, CANCEL_REQUEST, bytes(params))
+            return
+        inflight = self._inflight.get(request_id)
+        if inflight is not None:
+            inflight.cancelled_by_peer = True
+            inflight.scope.cancel()
+
+    def _on_request(self, msg: Request) -> None:
+        if self._closed is not None or self._nursery is None:
+            return
+        if msg.id in self._inflight:
+            self._send_nowait(
+                jsonrpc.encode_error(msg.id, INVALID_REQUEST, "duplicate request id in flight")
+            )
+            return
+        if len(self._inflight) >= self._max_inflight:
+            log.warning("%s: too many concurrent requests; refusing %s", self.name, msg.method)
+            self._send_nowait(
+                jsonrpc.encode_error(
+                    msg.id,
+                    INTERNAL_ERROR,
+                    f"client busy: more than {self._max_inflight} concurrent requests",
+                )
+            )
+            return
+        inflight = _Inflight()
+        self._inflight[msg.id] = inflight
+        self._nursery.start_soon(self._serve, msg, inflight, name=f"acp-handler-{msg.method}")
+
+    async def _serve(self, msg: Request, inflight: _Inflight) -> None:
+        reply: bytes | None = None
+        try:
+            with inflight.scope:
+                try:
+                    result = await self._dispatcher.on_request(msg.method, msg.params)
+                    reply = jsonrpc.encode_result(msg.id, result)
+                except HandlerError as exc:
+                    reply = jsonrpc.encode_error(msg.id, exc.code, exc.message, exc.data)
+                except RemoteError as exc:  # a handler relaying another peer's error
+                    reply = jsonrpc.encode_error(msg.id, exc.code, exc.message, exc.data)
+                except msgspec.ValidationError as exc:
+                    reply = jsonrpc.encode_error(
+                        msg.id, INVALID_PARAMS, f"Invalid params: {exc}", {"method": msg.method}
+                    )
+                except Exception as exc:
+                    log.exception("client handler for %s failed", msg.method)
+                    reply = jsonrpc.encode_error(
+                        msg.id,
+                        INTERNAL_ERROR,
+                        f"client handler failed: {type(exc).__name__}: {exc}",
+                        {"method": msg.method},
+                    )
+            if inflight.scope.cancelled_caught and inflight.cancelled_by_peer:
+                reply = jsonrpc.encode_error(msg.id, REQUEST_CANCELLED, "Request cancelled")
+        finally:
+            self._inflight.pop(msg.id, None)
+        if reply is not None and self._closed is None:
+            try:
+                await self._send(reply)
+            except ChannelClosed:
+                pass
+
+    # -- writer -------------------------------------------------------------------------------
+
+    async def _writer(self) -> None:
+        try:
+            async with self._out_recv:
+                async for line in self._out_recv:
+                    batch = [line]
+                    while len(batch) < 256:
+                        try:
+                            batch.append(self._out_recv.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    await self._send_stream.send_all(
+                        batch[0] if len(batch) == 1 else b"".join(batch)
+                    )
+                    self._lines_out += len(batch)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            # The peer is going away; the owner learns why from the reader / the exit and
+            # closes the channel with that reason. Later sends fail with "writer stopped".
+            log.debug("%s: writer stopped: %s", self.name, type(exc).__name__)
+        finally:
+            self.writer_done.set()
