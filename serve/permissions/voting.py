@@ -342,7 +342,11 @@ class Mediator:
 
     def next_deadline_ms(self) -> int | None:
         """The earliest deadline among pending requests (the actor sleeps until then)."""
-        deadlines = [e.request.deadline_ms for e in self._pending.values() if e.request.deadline_ms]
+        deadlines = [
+            e.request.deadline_ms
+            for e in self._pending.values()
+            if e.request.deadline_ms is not None
+        ]
         return min(deadlines) if deadlines else None
 
     def snapshot(self) -> dict[str, Any]:
