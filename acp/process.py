@@ -69,7 +69,7 @@ _CREDENTIAL_PATTERNS: Final = re.compile(
     | \bAKIA[0-9A-Z]{16}\b
     | \beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*
     | (?P<kv>\b[\w.-]*(?:api[_-]?key|token|secret|passw(?:or)?d|authorization)[\w.-]*
-         ["']?\s*[:=]\s*["']?)[^\s"',;]{4,}
+         ["']?\s*[:=]\s*["']?(?:(?:Bearer|Basic|Token)\s+)?)[^\s"',;]{4,}
     """,
     re.I | re.X,
 )
@@ -239,6 +239,7 @@ class AgentProcess:
         self._stdin_closed = False
         self._stderr_eof = trio.Event()
         self._stopping = False
+        self._cancel_grace_s = DEFAULT_GRACE_S
 
     # -- construction -------------------------------------------------------------------------
 
@@ -251,11 +252,14 @@ class AgentProcess:
         cwd: str,
         env: Mapping[str, str] | None = None,
         stderr_tail_bytes: int = STDERR_TAIL_BYTES,
+        cancel_grace_s: float = DEFAULT_GRACE_S,
     ) -> AgentProcess:
         """Start ``argv`` and its supervising task in ``nursery``.
 
         ``env=None`` means this process's environment; either way it goes through
-        :func:`scrub_env`. Raises ``OSError`` (e.g. ``FileNotFoundError``) if it cannot start."""
+        :func:`scrub_env`. ``cancel_grace_s`` is the grace per escalation step used when the
+        nursery is cancelled. Raises ``OSError`` (e.g. ``FileNotFoundError``) if it cannot
+        start."""
         if not argv:
             raise ValueError("empty agent command")
         child_env = scrub_env(os.environ if env is None else env)
@@ -270,6 +274,7 @@ class AgentProcess:
             start_new_session=True,
         )
         self = cls(proc, argv=argv, secrets=secrets, tail_bytes=stderr_tail_bytes)
+        self._cancel_grace_s = cancel_grace_s
         nursery.start_soon(self._supervise, name=f"acp-process-{self.pid}")
         return self
 
@@ -355,7 +360,7 @@ class AgentProcess:
                 if self._proc.returncode is None:
                     # Cancelled while the child runs: escalate ourselves (stop() needs us, so
                     # do the signalling inline), then reap.
-                    await self._escalate_inline()
+                    await self._escalate_inline(self._cancel_grace_s)
                 with trio.move_on_after(0.5):
                     await self._stderr.aclose()
                 self._exit = ExitInfo.from_returncode(self._proc.returncode, self.stderr_tail())

@@ -469,13 +469,13 @@ class McpServerStdio(Wire, frozen=True):
 class McpServerHttp(Wire, frozen=True, tag="http", tag_field="type"):
     name: str
     url: str
-    headers: list[HttpHeader] = []
+    headers: list[HttpHeader]
 
 
 class McpServerSse(Wire, frozen=True, tag="sse", tag_field="type"):
     name: str
     url: str
-    headers: list[HttpHeader] = []
+    headers: list[HttpHeader]
 
 
 class SessionMode(Wire, frozen=True):
