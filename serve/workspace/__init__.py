@@ -1,0 +1,63 @@
+"""The workspace file system boundary shared by the HTTP file routes and ACP ``fs/*``.
+
+Layering (no HTTP, no ACP, no trio here; callers run the file functions in worker threads
+with ``trio.to_thread.run_sync``):
+
+* :mod:`.errors`    ``WorkspaceFsError`` and the errorKind → HTTP status table;
+* :mod:`.textio`    pure text decoding/encoding (BOM, encoding, line endings, binary);
+* :mod:`.gitignore` the ignore matcher behind ``matchedIgnore`` and glob translation;
+* :mod:`.locks`     per-path ``threading.Lock`` table for writers;
+* :mod:`.paths`     ``Workspace``: canonical root, ``resolve``, safe opens beneath the root;
+* :mod:`.results`   the wire response Structs, hashes and argument checks;
+* :mod:`.listing`   stat, list_dir, glob;
+* :mod:`.files`     read_text, read_bytes, write_text, overwrite_text, edit_text.
+"""
+
+from serve.workspace.errors import ERROR_STATUS, ErrorKind, WorkspaceFsError
+from serve.workspace.files import (
+    edit_text,
+    overwrite_text,
+    read_bytes,
+    read_text,
+    write_text,
+)
+from serve.workspace.listing import glob, list_dir, stat
+from serve.workspace.paths import ResolvedPath, Workspace
+from serve.workspace.results import (
+    EditResult,
+    GlobResult,
+    ListEntry,
+    ListResult,
+    ReadBytesResult,
+    ReadTextResult,
+    StatResult,
+    WriteResult,
+    hash_bytes,
+    is_content_hash,
+)
+
+__all__ = [
+    "ERROR_STATUS",
+    "EditResult",
+    "ErrorKind",
+    "GlobResult",
+    "ListEntry",
+    "ListResult",
+    "ReadBytesResult",
+    "ReadTextResult",
+    "ResolvedPath",
+    "StatResult",
+    "Workspace",
+    "WorkspaceFsError",
+    "WriteResult",
+    "edit_text",
+    "glob",
+    "hash_bytes",
+    "is_content_hash",
+    "list_dir",
+    "overwrite_text",
+    "read_bytes",
+    "read_text",
+    "stat",
+    "write_text",
+]
