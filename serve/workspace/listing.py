@@ -219,6 +219,7 @@ def glob(
     else:
         base = ws.resolve(str_arg("cwd", cwd))
         cwd_echo = base.relative
+        os.close(ws.open_dir(base.parts))  # cwd must be a directory (else parse_error)
     matches: list[str] = []
     truncated = False
     start_rel = "/".join(literal)

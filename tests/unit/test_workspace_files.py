@@ -228,6 +228,8 @@ def test_glob(tree: Workspace) -> None:
     for bad in ("../x", "src/../../x", "/etc/*", "C:\\x", "", "a\nb"):
         assert kind_of(partial(glob, tree, bad)) == "parse_error", bad
     assert kind_of(lambda: glob(tree, "*", max_results=50_001)) == "parse_error"
+    assert kind_of(lambda: glob(tree, "*", cwd="README.md")) == "parse_error"
+    assert kind_of(lambda: glob(tree, "*", cwd="nope")) == "path_not_found"
     body = msgspec.json.decode(msgspec.json.encode(glob(tree, "*.md")))
     assert body["kind"] == "glob" and body["cwd"] == "" and body["count"] == 1
 
