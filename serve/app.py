@@ -8,7 +8,10 @@ of ours, never a client's fault).
 
 from __future__ import annotations
 
+import importlib
 import logging
+import pkgutil
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from quart import Response
@@ -26,6 +29,14 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 10 * 1024 * 1024
 
 
+def route_modules() -> list[ModuleType]:
+    """Every module of :mod:`serve.routes` (each exposes ``blueprint``), imported once."""
+    import serve.routes as package
+
+    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.ispkg)
+    return [importlib.import_module(f"serve.routes.{name}") for name in names]
+
+
 def create_app(daemon: Daemon) -> QuartTrio:
     app = QuartTrio("acp_serve")
     app.config.update(
@@ -36,10 +47,11 @@ def create_app(daemon: Daemon) -> QuartTrio:
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
     app.extensions["acp_serve"] = daemon
+    # Workspace paths travel URL-encoded in route segments (%2Fwork%2Fproj): keep "//".
+    app.url_map.merge_slashes = False
+    app.url_map.strict_slashes = False
 
-    from serve.routes import health
-
-    for module in (health,):
+    for module in route_modules():
         app.register_blueprint(module.blueprint)
 
     @app.errorhandler(ApiError)

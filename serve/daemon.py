@@ -32,6 +32,8 @@ import hypercorn.trio
 import trio
 
 from actors import ChildSpec, Restart, Supervisor, SupervisorEvent
+from serve.mediator import PermissionMediator
+from serve.sessions.registry import SessionRegistry
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,12 @@ class Daemon:
         self.urls: list[str] = []
         self.port: int = settings.port
         self.draining = False
+        self.sse_streams = 0
+        self.mediator = PermissionMediator(
+            policy=self.permission_policy,
+            response_timeout_ms=settings.permission_response_timeout_ms,
+        )
+        self.registry = SessionRegistry(settings, self.mediator)
         self._http_stop = trio.Event()
         self._stopped = trio.Event()
         self._app: Any = None
@@ -67,14 +75,15 @@ class Daemon:
         ]
 
     def deep_health(self) -> dict[str, Any]:
+        live = self.registry.live()
         return {
             "status": "ok",
             "workspaceCount": len(self.settings.workspaces)
             + len(self.settings.untrusted_workspaces),
-            "sessions": 0,
-            "pendingPermissions": 0,
-            "activePrompts": 0,
-            "connectedClients": 0,
+            "sessions": len(live),
+            "pendingPermissions": self.mediator.pending_count(),
+            "activePrompts": sum(1 for s in live if s.has_active_prompt),
+            "connectedClients": self.sse_streams,
         }
 
     def supervisor_events(self) -> list[SupervisorEvent]:
@@ -95,12 +104,26 @@ class Daemon:
                 self.root.run,
                 [
                     ChildSpec(
+                        "permission-mediator",
+                        self.mediator.run,
+                        Restart.PERMANENT,
+                        shutdown_grace_s=1.0,
+                        stop=self.mediator.close,
+                    ),
+                    ChildSpec(
+                        "sessions",
+                        self.registry.run,
+                        Restart.PERMANENT,
+                        shutdown_grace_s=SHUTDOWN_FORCE_S,
+                        stop=self.registry.close,
+                    ),
+                    ChildSpec(
                         "http",
                         self._serve_http,
                         Restart.PERMANENT,
                         shutdown_grace_s=SHUTDOWN_FORCE_S,
                         stop=lambda: self._http_stop.set(),
-                    )
+                    ),
                 ],
             )
             task_status.started(self.urls)
@@ -120,7 +143,9 @@ class Daemon:
         self._stopped.set()
 
     async def _close_sessions(self, reason: str) -> None:
-        """Hook for the session registry (issue 4); nothing to close yet."""
+        """End every session: ``session_died {reason}``, logs closed, SSE streams end."""
+        with trio.move_on_after(SHUTDOWN_FORCE_S - 1):
+            await self.registry.close_all(reason)
 
     async def _watch_signals(self, cancel_scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -1,0 +1,817 @@
+"""The SessionActor: one ACP agent child, one prompt FIFO, one EventLog.
+
+Theory of operation
+-------------------
+A session is an actor under the SessionSupervisor. ``run()`` opens a private nursery,
+spawns the agent child (:class:`acp.client.AgentConnection`), performs the handshake
+(``initialize`` then ``session/new``, ``session/load`` or ``session/resume``) and reports
+readiness; then three tasks share the nursery:
+
+* the actor loop (inbox): admissions, cancel, close, model/mode switches, metadata,
+  client registration. Every handler is quick; nothing waits for a turn here, so a cancel
+  is never stuck behind a running prompt;
+* the prompt worker: takes admitted prompts in FIFO order and runs each turn
+  (``session/prompt``); every admitted prompt ends with exactly one ``turn_complete`` or
+  ``turn_error`` event (:meth:`_finish` is idempotent);
+* the child watcher: when the agent exits without being asked to, the running and queued
+  prompts end with ``turn_error {code:"channel_closed"}``, pending permissions resolve
+  cancelled, ``session_died {reason:"channel_closed", exitCode, signalCode}`` is published,
+  the log is closed and :class:`AgentExited` is raised so the supervisor records a crash.
+
+The actor is also the connection's :class:`acp.handler.ClientHandler`: ``session/update``
+notifications are relayed untouched into the log as ``session_update`` events
+(``{sessionId, update}``), stamped with the running prompt's id and originator; permission
+requests go to the PermissionMediator actor and wait for its answer.
+
+Closing (DELETE, idle reaping, daemon shutdown) publishes terminal events for unfinished
+prompts, then ``session_closed`` or ``session_died``, closes the log (SSE streams drain and
+end), and stops the child by escalation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from acp.client import AgentConnection
+from acp.errors import AcpError, ChannelClosed, RemoteError, RequestTimeout
+from acp.handler import BaseClientHandler
+from acp.process import ExitInfo, scrub_env
+from acp.schema import (
+    CancelledPermissionOutcome,
+    PermissionOutcome,
+    RequestPermissionParams,
+    SelectedPermissionOutcome,
+    SessionSetup,
+)
+from actors import Actor, ActorError
+from serve.errors import ApiError, bad_request
+from serve.events import EventLog
+from serve.mediator import CancelSessionPermissions, OpenPermission, PermissionMediator
+from serve.permissions.voting import PermissionOption
+
+if TYPE_CHECKING:
+    from serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+APPROVAL_MODES = ("plan", "default", "auto-edit", "auto", "yolo")
+_encoder = msgspec.json.Encoder()
+
+
+def iso_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class AgentExited(Exception):
+    """The session's agent child exited without being asked to (a crash for the supervisor)."""
+
+    def __init__(self, exit_info: ExitInfo) -> None:
+        super().__init__(f"agent exited (code {exit_info.exit_code}, signal {exit_info.signal})")
+        self.exit_info = exit_info
+
+
+class SessionGone(Exception):
+    """The session is closing or closed; maps to 404."""
+
+
+class PromptQueueFull(Exception):
+    def __init__(self, limit: int, pending: int) -> None:
+        super().__init__(f"prompt queue full ({pending}/{limit})")
+        self.limit = limit
+        self.pending = pending
+
+
+# ---- messages ---------------------------------------------------------------------------
+
+
+class SubmitPrompt(msgspec.Struct, frozen=True):
+    prompt: msgspec.Raw
+    text: str
+    client_id: str | None
+    extra: dict[str, Any] | None = None
+    prompt_id: str | None = None
+
+
+class CancelTurn(msgspec.Struct, frozen=True):
+    client_id: str | None
+    prompt_id: str | None = None  # only this prompt (its blocking caller went away)
+
+
+class CloseSession(msgspec.Struct, frozen=True):
+    reason: str = "client_close"
+    closed_by: str | None = None
+    died: bool = False  # daemon shutdown: session_died instead of session_closed
+
+
+class SetModel(msgspec.Struct, frozen=True):
+    model_id: str
+    client_id: str | None
+
+
+class SetApprovalMode(msgspec.Struct, frozen=True):
+    mode: str
+    persist: bool
+    client_id: str | None
+
+
+class UpdateMetadata(msgspec.Struct, frozen=True):
+    display_name: str
+    client_id: str | None
+
+
+class Attach(msgspec.Struct, frozen=True):
+    client_id: str | None
+
+
+class Heartbeat(msgspec.Struct, frozen=True):
+    client_id: str | None
+
+
+SessionMsg = (
+    SubmitPrompt
+    | CancelTurn
+    | CloseSession
+    | SetModel
+    | SetApprovalMode
+    | UpdateMetadata
+    | Attach
+    | Heartbeat
+)
+
+
+class PromptJob:
+    """One admitted prompt; ``done`` fires once its terminal event is published."""
+
+    __slots__ = (
+        "client_id",
+        "done",
+        "extra",
+        "prompt",
+        "prompt_id",
+        "queued",
+        "result",
+        "started",
+        "text",
+    )
+
+    def __init__(self, msg: SubmitPrompt, prompt_id: str, queued: bool) -> None:
+        self.prompt_id = prompt_id
+        self.prompt = msg.prompt
+        self.text = msg.text
+        self.client_id = msg.client_id
+        self.extra = msg.extra
+        self.queued = queued
+        self.started = False
+        self.done = trio.Event()
+        self.result: tuple[str, dict[str, Any]] | None = None
+
+
+class Admission(msgspec.Struct, frozen=True):
+    prompt_id: str
+    last_event_id: int
+    epoch: str
+    job: Any  # PromptJob
+
+
+class _PermissionHead(msgspec.Struct, frozen=True, rename="camel"):
+    tool_call: msgspec.Raw
+    options: msgspec.Raw
+
+
+_permission_head = msgspec.json.Decoder(_PermissionHead)
+
+
+class SessionActor(Actor[SessionMsg], BaseClientHandler):
+    """One session; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        mediator: PermissionMediator,
+        workspace: str,
+        action: str = "new",
+        session_id: str | None = None,
+        on_gone: Callable[[SessionActor], None] | None = None,
+        ring_size: int | None = None,
+    ) -> None:
+        Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
+        BaseClientHandler.__init__(self)
+        self.settings = settings
+        self.mediator = mediator
+        self.workspace = workspace
+        self.action = action
+        self.session_id: str = session_id or ""
+        self.on_gone = on_gone
+        self.created_at = iso_now()
+        self.created_monotonic = time.monotonic()
+        self.last_seen_ms = int(time.time() * 1000)
+        self.display_name: str | None = None
+        self.clients: dict[str, int] = {}
+        self.client_last_seen: dict[str, int] = {}
+        self.log = EventLog(self.session_id, ring_size=ring_size or settings.event_ring_size)
+        self._early: list[tuple[str, msgspec.Raw]] = []
+        self.conn: AgentConnection | None = None
+        self.setup: SessionSetup | None = None
+        self.current_model: str | None = None
+        self.current_mode: str | None = None
+        self.available_commands: msgspec.Raw | None = None
+        self._send_job, self._recv_job = trio.open_memory_channel[PromptJob](10_000)
+        self.queue: deque[PromptJob] = deque()
+        self.active: PromptJob | None = None
+        self.closing = False
+        self.ended = trio.Event()
+        self._stopping = False
+        self._worker_scope: trio.CancelScope | None = None
+        self._turn_scope: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+        self.exit_info: ExitInfo | None = None
+        self.subscribers = 0
+
+    # ---- read models -------------------------------------------------------------------
+
+    @property
+    def pending_count(self) -> int:
+        return len(self.queue) + (1 if self.active is not None else 0)
+
+    @property
+    def has_active_prompt(self) -> bool:
+        return self.active is not None
+
+    def state_snapshot(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        if self.setup is not None:
+            raw = msgspec.json.decode(bytes(self.setup.raw)) if self.setup.raw else {}
+            if isinstance(raw, dict):
+                for key in ("models", "modes", "configOptions", "_meta"):
+                    if raw.get(key) is not None:
+                        state[key] = raw[key]
+        return state
+
+    def summary(self) -> dict[str, Any]:
+        pending = self.mediator.pending_count(self.session_id)
+        out: dict[str, Any] = {
+            "sessionId": self.session_id,
+            "workspaceCwd": self.workspace,
+            "createdAt": self.created_at,
+            "displayName": self.display_name or self.session_id,
+            "clientCount": len(self.clients),
+            "hasActivePrompt": self.has_active_prompt,
+            "activeWorkState": "prompt" if self.has_active_prompt else "idle",
+            "hasRunningBackgroundTasks": False,
+            "isWaitingForPermission": pending > 0,
+            "isWaitingForUserQuestion": False,
+            "pendingInteractionCount": pending,
+            "pendingPromptCount": self.pending_count,
+            "hasTurnError": False,
+            "pendingInteractions": [],
+        }
+        return out
+
+    def knows_client(self, client_id: str) -> bool:
+        return client_id in self.clients
+
+    def register_client(self, requested: str | None) -> str:
+        """Reuse ``requested`` if already registered here, else mint a fresh id."""
+        client_id = (
+            requested
+            if requested is not None and requested in self.clients
+            else f"client_{uuid.uuid4()}"
+        )
+        self.clients[client_id] = self.clients.get(client_id, 0) + 1
+        self.client_last_seen[client_id] = int(time.time() * 1000)
+        return client_id
+
+    def release_client(self, client_id: str) -> None:
+        count = self.clients.get(client_id, 0) - 1
+        if count <= 0:
+            self.clients.pop(client_id, None)
+            self.client_last_seen.pop(client_id, None)
+        else:
+            self.clients[client_id] = count
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def _agent_env(self) -> dict[str, str]:
+        import os
+
+        env = scrub_env(os.environ)
+        if self.settings.agent_is_default:
+            env["ACP_SCRIPTED_STATE_DIR"] = os.path.join(self.settings.state_dir, "scripted")
+        env["QWEN_CODE_NO_RELAUNCH"] = "true"
+        if self.settings.mcp_client_budget is not None:
+            env["QWEN_SERVE_MCP_CLIENT_BUDGET"] = str(self.settings.mcp_client_budget)
+            env["QWEN_SERVE_MCP_BUDGET_MODE"] = self.settings.mcp_budget_mode
+        return env
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Actor[SessionMsg]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await self._start_agent(nursery)
+                nursery.start_soon(self._prompt_worker)
+                nursery.start_soon(self._watch_child)
+                await Actor.run(self, task_status=task_status)
+                nursery.cancel_scope.cancel()
+        finally:
+            self._nursery = None
+            if not self.ended.is_set():
+                with trio.CancelScope(shield=True):
+                    await self._abort_everything("channel_closed", died=True)
+            if self.on_gone is not None:
+                self.on_gone(self)
+
+    async def _start_agent(self, nursery: trio.Nursery) -> None:
+        settings = self.settings
+        init_timeout = settings.initialize_timeout_ms / 1000
+        self.conn = await AgentConnection.spawn(
+            nursery,
+            settings.agent_argv,
+            cwd=self.workspace,
+            env=self._agent_env(),
+            handler=self,
+            request_timeout_s=init_timeout,
+        )
+        try:
+            await self.conn.initialize(timeout_s=init_timeout)
+            if self.action == "new":
+                setup = await self.conn.new_session(self.workspace, [], timeout_s=init_timeout)
+                self.session_id = setup.session_id
+                self.log.session_id = setup.session_id
+                self.name = f"session-{setup.session_id}"
+                for kind, update in self._early:
+                    self._relay(kind, update)
+                self._early.clear()
+            else:
+                restore_timeout = settings.session_restore_timeout_ms / 1000
+                info = self.conn.info
+                if self.action == "load":
+                    if info is None or not info.load_session:
+                        raise ApiError(
+                            501,
+                            {
+                                "error": "The agent does not support session/load",
+                                "code": "not_supported_by_agent",
+                            },
+                        )
+                    setup = await self.conn.load_session(
+                        self.session_id, self.workspace, [], timeout_s=restore_timeout
+                    )
+                else:
+                    setup = await self.conn.resume_session(
+                        self.session_id, self.workspace, [], timeout_s=restore_timeout
+                    )
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.conn.aclose(grace_s=1.0)
+            raise
+        self.setup = setup
+        if setup.models is not None:
+            self.current_model = getattr(setup.models, "current_model_id", None)
+        if setup.modes is not None:
+            self.current_mode = getattr(setup.modes, "current_mode_id", None)
+
+    async def _watch_child(self) -> None:
+        assert self.conn is not None
+        exit_info = await self.conn.wait_closed()
+        if self._stopping or self.ended.is_set():
+            return
+        self.exit_info = exit_info
+        log.warning(
+            "agent of session %s exited (code %s, signal %s)",
+            self.session_id,
+            exit_info.exit_code,
+            exit_info.signal,
+        )
+        await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
+        raise AgentExited(exit_info)
+
+    async def on_stop(self) -> None:
+        self._stopping = True
+        if self.conn is not None and not self.conn.closed:
+            with trio.move_on_after(5):
+                await self.conn.aclose(grace_s=1.0)
+
+    # ---- the ClientHandler side --------------------------------------------------------
+
+    def on_session_update(self, session_id: str, kind: str, update: msgspec.Raw) -> None:
+        if not self.session_id:
+            self._early.append((kind, update))
+            return
+        if session_id != self.session_id:
+            return
+        self._relay(kind, update)
+
+    def _relay(self, kind: str, update: msgspec.Raw) -> None:
+        if kind == "available_commands_update":
+            self.available_commands = update
+        elif kind == "current_mode_update":
+            try:
+                self.current_mode = msgspec.json.decode(bytes(update)).get("currentModeId")
+            except (msgspec.DecodeError, AttributeError):
+                pass
+        sid = _encoder.encode(self.session_id)
+        data = msgspec.Raw(b'{"sessionId":' + sid + b',"update":' + bytes(update) + b"}")
+        active = self.active
+        self.log.publish(
+            "session_update",
+            data,
+            prompt_id=active.prompt_id if active else None,
+            originator=active.client_id if active else None,
+        )
+
+    async def request_permission(
+        self, params: RequestPermissionParams, raw: msgspec.Raw
+    ) -> PermissionOutcome:
+        if params.session_id != self.session_id or self.closing:
+            return CancelledPermissionOutcome()
+        head = _permission_head.decode(bytes(raw))
+        active = self.active
+        options = tuple(
+            PermissionOption(option_id=o.option_id, kind=o.kind, name=o.name)
+            for o in params.options
+        )
+        try:
+            waiter = await self.mediator.ask(
+                OpenPermission(
+                    session_id=self.session_id,
+                    log=self.log,
+                    tool_call=head.tool_call,
+                    options=head.options,
+                    option_list=options,
+                    prompt_id=active.prompt_id if active else None,
+                    originator=active.client_id if active else None,
+                    session_clients=frozenset(self.clients),
+                ),
+                timeout_s=10,
+            )
+            response = await waiter.wait()
+        except ActorError:
+            return CancelledPermissionOutcome()
+        outcome = response.get("outcome", {})
+        if outcome.get("outcome") == "selected":
+            return SelectedPermissionOutcome(option_id=outcome["optionId"])
+        return CancelledPermissionOutcome()
+
+    # ---- the actor loop ----------------------------------------------------------------
+
+    async def handle(self, msg: SessionMsg) -> Any:
+        if self.closing and not isinstance(msg, CloseSession):
+            raise SessionGone(self.session_id)
+        match msg:
+            case SubmitPrompt():
+                return self._admit(msg)
+            case CancelTurn(client_id=cid, prompt_id=pid):
+                if pid is not None:
+                    return await self._cancel_prompt(pid, cid)
+                return await self._cancel_turn(cid)
+            case CloseSession():
+                return await self._close(msg)
+            case SetModel():
+                return await self._set_model(msg)
+            case SetApprovalMode():
+                return await self._set_approval_mode(msg)
+            case UpdateMetadata(display_name=name, client_id=cid):
+                self.display_name = name
+                self.log.publish(
+                    "session_metadata_updated",
+                    {"sessionId": self.session_id, "displayName": name, "titleSource": "manual"},
+                    originator=cid,
+                )
+                return {"sessionId": self.session_id, "displayName": name}
+            case Attach(client_id=cid):
+                return self.register_client(cid)
+            case Heartbeat(client_id=cid):
+                now = int(time.time() * 1000)
+                self.last_seen_ms = now
+                if cid is not None:
+                    self.client_last_seen[cid] = now
+                return now
+
+    def _admit(self, msg: SubmitPrompt) -> Admission:
+        limit = self.settings.max_pending_prompts_per_session
+        if limit and self.pending_count >= limit:
+            raise PromptQueueFull(limit, self.pending_count)
+        prompt_id = msg.prompt_id or str(uuid.uuid4())
+        queued = self.pending_count > 0
+        job = PromptJob(msg, prompt_id, queued)
+        watermark = self.log.last_id
+        if queued:
+            self.log.publish(
+                "pending_prompt_added",
+                {
+                    "sessionId": self.session_id,
+                    "promptId": prompt_id,
+                    "text": msg.text,
+                    "queuedAt": iso_now(),
+                },
+                prompt_id=prompt_id,
+                originator=msg.client_id,
+            )
+        self.queue.append(job)
+        self._send_job.send_nowait(job)
+        return Admission(prompt_id, watermark, self.log.epoch, job)
+
+    async def _cancel_turn(self, client_id: str | None) -> None:
+        active = self.active
+        self.log.publish(
+            "prompt_cancelled",
+            {"sessionId": self.session_id, "reason": "client_cancel"},
+            prompt_id=active.prompt_id if active else None,
+            originator=client_id,
+        )
+        await self.mediator.ask(CancelSessionPermissions(self.session_id, "session_closed"))
+        if self.conn is not None and not self.conn.closed:
+            try:
+                await self.conn.cancel(self.session_id)
+            except AcpError:
+                pass
+
+    async def _cancel_prompt(self, prompt_id: str, client_id: str | None) -> None:
+        """Cancel one prompt: the running one through the agent, a queued one at once."""
+        if self.active is not None and self.active.prompt_id == prompt_id:
+            await self._cancel_turn(client_id)
+            return
+        for job in self.queue:
+            if job.prompt_id == prompt_id and not job.started:
+                self.log.publish(
+                    "prompt_cancelled",
+                    {"sessionId": self.session_id, "reason": "client_disconnected"},
+                    prompt_id=prompt_id,
+                    originator=client_id,
+                )
+                self._finish(
+                    job,
+                    "turn_complete",
+                    {"sessionId": self.session_id, "stopReason": "cancelled"},
+                )
+                self.queue.remove(job)
+                return
+
+    async def _set_model(self, msg: SetModel) -> dict[str, Any]:
+        assert self.conn is not None
+        try:
+            await self.conn.set_model(self.session_id, msg.model_id)
+        except (RemoteError, RequestTimeout) as exc:
+            error = exc.message if isinstance(exc, RemoteError) else str(exc)
+            self.log.publish(
+                "model_switch_failed",
+                {"sessionId": self.session_id, "requestedModelId": msg.model_id, "error": error},
+                originator=msg.client_id,
+            )
+            raise bad_request(
+                f"Model switch failed: {error}",
+                "model_switch_failed",
+                requestedModelId=msg.model_id,
+            ) from None
+        self.current_model = msg.model_id
+        self.log.publish(
+            "model_switched",
+            {"sessionId": self.session_id, "modelId": msg.model_id},
+            originator=msg.client_id,
+        )
+        return {"modelId": msg.model_id}
+
+    async def _set_approval_mode(self, msg: SetApprovalMode) -> dict[str, Any]:
+        assert self.conn is not None
+        available = self._agent_modes()
+        if available and msg.mode not in available:
+            raise bad_request(
+                f"The agent does not offer approval mode {msg.mode!r}",
+                "invalid_approval_mode",
+                allowed=available,
+            )
+        previous = self.current_mode
+        try:
+            await self.conn.set_mode(self.session_id, msg.mode)
+        except RemoteError as exc:
+            raise bad_request(f"Approval mode change failed: {exc.message}", "approval_mode_failed")
+        self.current_mode = msg.mode
+        self.log.publish(
+            "approval_mode_changed",
+            {
+                "sessionId": self.session_id,
+                "previous": previous,
+                "next": msg.mode,
+                "persisted": False,
+            },
+            originator=msg.client_id,
+        )
+        return {
+            "sessionId": self.session_id,
+            "mode": msg.mode,
+            "previous": previous,
+            "persisted": False,
+        }
+
+    def _agent_modes(self) -> list[str]:
+        modes = self.setup.modes if self.setup is not None else None
+        if modes is None:
+            return []
+        return [m.id for m in getattr(modes, "available_modes", []) or []]
+
+    # ---- turns -------------------------------------------------------------------------
+
+    async def _prompt_worker(self) -> None:
+        async for job in self._recv_job:
+            if job.done.is_set():
+                continue  # removed or aborted before it started
+            self.active = job
+            job.started = True
+            try:
+                await self._run_turn(job)
+            finally:
+                if self.queue and self.queue[0] is job:
+                    self.queue.popleft()
+                elif job in self.queue:
+                    self.queue.remove(job)
+                self.active = None
+
+    async def _run_turn(self, job: PromptJob) -> None:
+        assert self.conn is not None
+        if job.queued:
+            self.log.publish(
+                "pending_prompt_started",
+                {"sessionId": self.session_id, "promptId": job.prompt_id, "text": job.text},
+                prompt_id=job.prompt_id,
+                originator=job.client_id,
+            )
+        # Echo the submitted prompt onto the log, as the reference does.
+        for block in _text_blocks(job.prompt):
+            self._relay(
+                "user_message_chunk",
+                msgspec.Raw(b'{"sessionUpdate":"user_message_chunk","content":' + block + b"}"),
+            )
+        extra = dict(job.extra or {})
+        meta = dict(extra.pop("_meta", None) or {})
+        meta["qwen.daemon.invocation"] = {
+            "version": 1,
+            "sessionId": self.session_id,
+            "promptId": job.prompt_id,
+            **({"originatorClientId": job.client_id} if job.client_id else {}),
+        }
+        extra["_meta"] = meta
+        try:
+            with trio.CancelScope() as scope:
+                self._turn_scope = scope
+                result = await self.conn.prompt(self.session_id, job.prompt, extra=extra)
+            self._turn_scope = None
+            if scope.cancelled_caught:
+                return
+        except RemoteError as exc:
+            data: dict[str, Any] = {
+                "sessionId": self.session_id,
+                "message": exc.message,
+                "code": exc.code,
+            }
+            if exc.data is not None:
+                data["data"] = exc.data
+            self._finish(job, "turn_error", data)
+            return
+        except ChannelClosed:
+            # The watcher publishes session_died; this prompt ends here.
+            self._finish(job, "turn_error", _channel_closed_error(self.session_id))
+            return
+        except AcpError as exc:
+            self._finish(
+                job,
+                "turn_error",
+                {"sessionId": self.session_id, "message": str(exc), "code": "protocol_error"},
+            )
+            return
+        data = {"sessionId": self.session_id, "stopReason": result.stop_reason}
+        meta_raw = result.meta
+        if meta_raw:
+            try:
+                decoded = msgspec.json.decode(bytes(meta_raw))
+            except msgspec.DecodeError:
+                decoded = None
+            if isinstance(decoded, dict) and "qwen.branchPoint" in decoded:
+                data["branchPoint"] = decoded["qwen.branchPoint"]
+        self._finish(job, "turn_complete", data)
+
+    def _finish(self, job: PromptJob, event_type: str, data: dict[str, Any]) -> None:
+        """Publish the one terminal event of ``job`` (idempotent)."""
+        if job.done.is_set():
+            return
+        data.setdefault("promptId", job.prompt_id)
+        self.log.publish(event_type, data, prompt_id=job.prompt_id, originator=job.client_id)
+        if job.queued and not job.started:
+            self.log.publish(
+                "pending_prompt_completed",
+                {"sessionId": self.session_id, "promptId": job.prompt_id, "state": "removed"},
+                prompt_id=job.prompt_id,
+            )
+        job.result = (event_type, data)
+        job.done.set()
+
+    # ---- endings -----------------------------------------------------------------------
+
+    async def _close(self, msg: CloseSession) -> None:
+        if self.closing:
+            return
+        if msg.died:
+            await self._abort_everything(msg.reason, died=True)
+        else:
+            await self._abort_everything(msg.reason, died=False, closed_by=msg.closed_by)
+        self._stopping = True
+        self.close()  # ends the actor loop; run() then stops the child
+
+    async def _abort_everything(
+        self,
+        reason: str,
+        *,
+        died: bool,
+        exit_info: ExitInfo | None = None,
+        closed_by: str | None = None,
+    ) -> None:
+        """Terminal events for every unfinished prompt, cancel permissions, final event."""
+        if self.ended.is_set():
+            return
+        self.closing = True
+        if self._turn_scope is not None:
+            self._turn_scope.cancel()
+        if died and reason == "channel_closed":
+            terminal: tuple[str, dict[str, Any]] = (
+                "turn_error",
+                _channel_closed_error(self.session_id),
+            )
+        elif died:
+            terminal = (
+                "turn_error",
+                {"sessionId": self.session_id, "message": "daemon shutting down", "code": reason},
+            )
+        else:
+            terminal = (
+                "turn_complete",
+                {"sessionId": self.session_id, "stopReason": "cancelled", "promptCancelled": True},
+            )
+        jobs = ([self.active] if self.active is not None else []) + list(self.queue)
+        for job in jobs:
+            self._finish(job, terminal[0], dict(terminal[1]))
+        try:
+            with trio.move_on_after(2):
+                await self.mediator.ask(
+                    CancelSessionPermissions(self.session_id, "session_closed", forget=True),
+                    timeout_s=2,
+                )
+        except ActorError:
+            pass
+        if self.conn is not None and not self.conn.closed and not died:
+            try:
+                with trio.move_on_after(1):
+                    await self.conn.cancel(self.session_id)
+            except AcpError:
+                pass
+        if died:
+            data: dict[str, Any] = {"sessionId": self.session_id, "reason": reason}
+            if exit_info is not None:
+                data["exitCode"] = exit_info.exit_code
+                data["signalCode"] = _signal_name(exit_info.signal)
+            self.log.publish("session_died", data)
+        else:
+            data = {"sessionId": self.session_id, "reason": reason}
+            if closed_by is not None:
+                data["closedBy"] = closed_by
+            self.log.publish("session_closed", data, originator=closed_by)
+        self.log.close()
+        self.ended.set()
+
+
+def _channel_closed_error(session_id: str) -> dict[str, Any]:
+    return {
+        "sessionId": session_id,
+        "message": "agent channel exited before the prompt completed",
+        "code": "channel_closed",
+    }
+
+
+def _signal_name(signum: int | None) -> str | None:
+    if signum is None:
+        return None
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+def _text_blocks(prompt: msgspec.Raw) -> list[bytes]:
+    """The raw JSON of each content block (echoed as user_message_chunk updates)."""
+    try:
+        blocks = msgspec.json.decode(bytes(prompt), type=list[msgspec.Raw])
+    except msgspec.DecodeError:
+        return []
+    return [bytes(b) for b in blocks]

@@ -1,0 +1,324 @@
+"""The SessionRegistry actor: creation, attach, coalescing, limits, lookup, idle reaping.
+
+Theory of operation
+-------------------
+The registry owns the table of live sessions and of *in-flight* spawns and restores. Its
+inbox handles :class:`CreateSession` and :class:`RestoreSession` quickly, without waiting
+for an agent to start:
+
+* ``single`` scope (the default): one shared session per workspace. If it is live, the
+  caller attaches (``attached: true``). If its spawn is in flight, the caller joins that
+  spawn: every coalesced caller gets the same session, exactly one reports
+  ``attached: false``, and a failed spawn fails all of them and clears the slot so the
+  next call starts afresh.
+* ``thread`` scope: always a fresh session.
+* ``load``/``resume`` of an id: live → attach; the same action in flight → join;
+  the other action in flight → ``409 restore_in_progress``.
+* Limits count live sessions plus in-flight spawns and restores (``--max-sessions`` per
+  workspace, ``--max-total-sessions``) → ``503 session_limit_exceeded``.
+
+The spawn itself runs as a task of the registry's nursery: it asks the SessionSupervisor
+to start a :class:`~serve.sessions.actor.SessionActor` (``temporary``: a crashed agent is
+reported by the supervisor, and the session ends with ``session_died``), then resolves the
+:class:`Pending` slot every caller awaits. Sessions tell the registry when they are gone.
+
+A reaper task closes idle sessions (no SSE subscribers, no prompt, no pending permission,
+no heartbeat for ``--session-idle-timeout-ms``) every ``--session-reap-interval-ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from actors import Actor, ChildSpec, Restart, Supervisor
+from serve.errors import ApiError, service_unavailable
+from serve.sessions.actor import CloseSession, SessionActor
+
+if TYPE_CHECKING:
+    from serve.mediator import PermissionMediator
+    from serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Pending:
+    """An in-flight spawn/restore that several callers may await."""
+
+    __slots__ = ("_event", "action", "error", "joined", "key", "session", "workspace")
+
+    def __init__(self, key: str, action: str, workspace: str = "") -> None:
+        self.key = key
+        self.action = action
+        self.workspace = workspace
+        self._event = trio.Event()
+        self.session: SessionActor | None = None
+        self.error: BaseException | None = None
+        self.joined = 0
+
+    def resolve(self, session: SessionActor | None, error: BaseException | None) -> None:
+        self.session = session
+        self.error = error
+        self._event.set()
+
+    async def wait(self) -> SessionActor:
+        await self._event.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.session is not None
+        return self.session
+
+
+class CreateSession(msgspec.Struct, frozen=True):
+    workspace: str
+    scope: str = "single"
+
+
+class RestoreSession(msgspec.Struct, frozen=True):
+    session_id: str
+    workspace: str
+    action: str  # "load" | "resume"
+
+
+class Ticket(msgspec.Struct, frozen=True):
+    """What a creating caller awaits: ``attached`` is decided at admission."""
+
+    pending: Any  # Pending
+    attached: bool
+
+
+RegistryMsg = CreateSession | RestoreSession
+
+
+class SessionRegistry(Actor[RegistryMsg]):
+    def __init__(self, settings: Settings, mediator: PermissionMediator) -> None:
+        super().__init__("session-registry", inbox_size=1024)
+        self.settings = settings
+        self.mediator = mediator
+        self.sessions: dict[str, SessionActor] = {}
+        self.single: dict[str, str] = {}  # workspace -> session id (single scope)
+        self.inflight: dict[str, Pending] = {}  # "single:<ws>", "thread:<n>", "restore:<id>"
+        self.supervisor = Supervisor("sessions", intensity=1_000_000, period_s=1.0)
+        self._nursery: trio.Nursery | None = None
+        self._counter = 0
+        self.accepting = True
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Actor[RegistryMsg]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        # A fresh session supervisor per incarnation; in-flight slots of a crashed
+        # incarnation were failed in on_stop.
+        self.supervisor = Supervisor("sessions", intensity=1_000_000, period_s=1.0)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.supervisor.run)
+            nursery.start_soon(self._reaper)
+            await super().run(task_status=task_status)
+            nursery.cancel_scope.cancel()
+
+    async def on_stop(self) -> None:
+        for pending in list(self.inflight.values()):
+            error = service_unavailable("Session registry restarted", "daemon_draining")
+            pending.resolve(None, error)
+        self.inflight.clear()
+
+    async def close_all(self, reason: str = "daemon_shutdown", *, died: bool = True) -> None:
+        """End every session (daemon shutdown); bounded by the caller's deadline."""
+        self.accepting = False
+        for pending in list(self.inflight.values()):
+            pending.resolve(None, service_unavailable("Daemon is shutting down", "daemon_draining"))
+        async with trio.open_nursery() as nursery:
+            for session in list(self.sessions.values()):
+                nursery.start_soon(self._close_one, session, reason, died)
+        self.supervisor.shutdown()
+
+    async def _close_one(self, session: SessionActor, reason: str, died: bool) -> None:
+        try:
+            await session.ask(CloseSession(reason=reason, died=died), timeout_s=3)
+        except Exception:
+            log.exception("closing session %s failed", session.session_id)
+
+    # ---- read models -------------------------------------------------------------------
+
+    def get(self, session_id: str) -> SessionActor | None:
+        session = self.sessions.get(session_id)
+        if session is None or session.closing:
+            return None
+        return session
+
+    def live(self, workspace: str | None = None) -> list[SessionActor]:
+        return [
+            s
+            for s in self.sessions.values()
+            if not s.closing and (workspace is None or s.workspace == workspace)
+        ]
+
+    def _count(self, workspace: str | None) -> int:
+        live = len(
+            [s for s in self.sessions.values() if workspace is None or s.workspace == workspace]
+        )
+        inflight = len(
+            [p for p in self.inflight.values() if workspace is None or p.workspace == workspace]
+        )
+        return live + inflight
+
+    def known_client_ids(self) -> set[str]:
+        out: set[str] = set()
+        for session in self.sessions.values():
+            out.update(session.clients)
+        return out
+
+    # ---- handling ----------------------------------------------------------------------
+
+    async def handle(self, msg: RegistryMsg) -> Ticket:
+        if not self.accepting:
+            raise service_unavailable("Daemon is draining", "daemon_draining")
+        match msg:
+            case CreateSession(workspace=ws, scope=scope):
+                if scope == "single":
+                    existing = self.single.get(ws)
+                    session = self.get(existing) if existing else None
+                    if session is not None:
+                        done = Pending(f"single:{ws}", "attach")
+                        done.resolve(session, None)
+                        return Ticket(done, True)
+                    key = f"single:{ws}"
+                    if key in self.inflight:
+                        pending = self.inflight[key]
+                        pending.joined += 1
+                        return Ticket(pending, True)
+                else:
+                    self._counter += 1
+                    key = f"thread:{self._counter}:{ws}"
+                self._check_limits(ws)
+                pending = Pending(key, "new", ws)
+                self.inflight[key] = pending
+                self._spawn(pending, ws, "new", None)
+                return Ticket(pending, False)
+            case RestoreSession(session_id=sid, workspace=ws, action=action):
+                session = self.get(sid)
+                if session is not None:
+                    done = Pending(f"restore:{sid}", "attach")
+                    done.resolve(session, None)
+                    return Ticket(done, True)
+                key = f"restore:{sid}"
+                pending = self.inflight.get(key)
+                if pending is not None:
+                    if pending.action != action:
+                        raise ApiError(
+                            409,
+                            {
+                                "error": f"A session/{pending.action} of this session "
+                                "is in progress",
+                                "code": "restore_in_progress",
+                                "reason": "conflicting_restore",
+                                "retryable": True,
+                                "sessionId": sid,
+                                "activeAction": pending.action,
+                                "requestedAction": action,
+                            },
+                            {"Retry-After": "5"},
+                        )
+                    pending.joined += 1
+                    return Ticket(pending, True)
+                self._check_limits(ws)
+                pending = Pending(key, action, ws)
+                self.inflight[key] = pending
+                self._spawn(pending, ws, action, sid)
+                return Ticket(pending, False)
+        raise TypeError(msg)
+
+    def _check_limits(self, workspace: str) -> None:
+        limit = self.settings.max_sessions
+        if limit and self._count(workspace) >= limit:
+            raise _limit_error(limit, "workspace")
+        total = self.settings.max_total_sessions
+        if total and self._count(None) >= total:
+            raise _limit_error(total, "total")
+
+    def _spawn(self, pending: Pending, workspace: str, action: str, session_id: str | None) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._do_spawn, pending, workspace, action, session_id)
+
+    async def _do_spawn(
+        self, pending: Pending, workspace: str, action: str, session_id: str | None
+    ) -> None:
+        self._counter += 1
+        spec_name = f"session-{self._counter}"
+        try:
+            session = SessionActor(
+                settings=self.settings,
+                mediator=self.mediator,
+                workspace=workspace,
+                action=action,
+                session_id=session_id,
+                on_gone=self._forget,
+            )
+            await self.supervisor.start_child(
+                ChildSpec(spec_name, session.run, Restart.TEMPORARY, shutdown_grace_s=5.0)
+            )
+        except BaseException as exc:
+            error = _unwrap(exc)
+            self.inflight.pop(pending.key, None)
+            if not isinstance(error, Exception):
+                pending.resolve(None, RuntimeError(str(error)))
+                raise
+            log.warning("session %s failed: %r", action, error)
+            pending.resolve(None, error)
+            return
+        sid = session.session_id
+        if sid in self.sessions and self.sessions[sid] is not session:
+            log.error("agent reused session id %s", sid)
+        self.sessions[sid] = session
+        if pending.key.startswith("single:"):
+            self.single[workspace] = sid
+        self.inflight.pop(pending.key, None)
+        pending.resolve(session, None)
+
+    def _forget(self, session: SessionActor) -> None:
+        if self.sessions.get(session.session_id) is session:
+            del self.sessions[session.session_id]
+        if self.single.get(session.workspace) == session.session_id:
+            del self.single[session.workspace]
+
+    # ---- idle reaping ------------------------------------------------------------------
+
+    async def _reaper(self) -> None:
+        interval_ms = self.settings.session_reap_interval_ms
+        timeout_ms = self.settings.session_idle_timeout_ms
+        if not interval_ms or not timeout_ms:
+            return
+        while True:
+            await trio.sleep(interval_ms / 1000)
+            now = int(time.time() * 1000)
+            for session in self.live():
+                if (
+                    session.subscribers == 0
+                    and session.pending_count == 0
+                    and self.mediator.pending_count(session.session_id) == 0
+                    and now - session.last_seen_ms >= timeout_ms
+                ):
+                    log.info("reaping idle session %s", session.session_id)
+                    self._nursery_close(session, "idle_timeout")
+
+    def _nursery_close(self, session: SessionActor, reason: str) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._close_one, session, reason, False)
+
+
+def _limit_error(limit: int, scope: str) -> ApiError:
+    return service_unavailable(
+        f"Session limit reached ({limit})", "session_limit_exceeded", limit=limit, scope=scope
+    )
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
