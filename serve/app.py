@@ -54,6 +54,10 @@ def create_app(daemon: Daemon) -> QuartTrio:
     for module in route_modules():
         app.register_blueprint(module.blueprint)
 
+    from serve.middleware import install_middleware
+
+    install_middleware(app, daemon)
+
     @app.errorhandler(ApiError)
     async def _api_error(exc: ApiError) -> Response:
         return json_response(exc.body, exc.status, exc.headers)

@@ -59,6 +59,7 @@ class Daemon:
             response_timeout_ms=settings.permission_response_timeout_ms,
         )
         self.registry = SessionRegistry(settings, self.mediator)
+        self.services: dict[str, Any] = {}
         self._http_stop = trio.Event()
         self._stopped = trio.Event()
         self._app: Any = None
@@ -98,6 +99,13 @@ class Daemon:
         from serve.app import create_app
 
         self._app = create_app(self)
+        from serve.services import SERVICES
+
+        service_specs: list[ChildSpec] = []
+        for service in SERVICES:
+            obj, spec = service.build(self)
+            self.services[service.name] = obj
+            service_specs.append(spec)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_signals, nursery.cancel_scope)
             await nursery.start(
@@ -117,6 +125,7 @@ class Daemon:
                         shutdown_grace_s=SHUTDOWN_FORCE_S,
                         stop=self.registry.close,
                     ),
+                    *service_specs,
                     ChildSpec(
                         "http",
                         self._serve_http,
