@@ -187,11 +187,14 @@ class AgentConnection:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        # Opened outside the nursery so that a failure to start (OSError) reaches spawn()'s
+        # caller as itself, not wrapped in an ExceptionGroup.
+        self.process = await AgentProcess.open(
+            argv, cwd=cwd, env=env, stderr_tail_bytes=stderr_tail_bytes
+        )
         try:
             async with trio.open_nursery() as nursery:
-                self.process = await AgentProcess.spawn(
-                    nursery, argv, cwd=cwd, env=env, stderr_tail_bytes=stderr_tail_bytes
-                )
+                self.process.start(nursery)
                 if isinstance(self.handler, BaseClientHandler) and self.handler.terminals is None:
                     self._terminals = TerminalManager(nursery, cwd=cwd, env=env)
                     self.handler.terminals = self._terminals
@@ -220,8 +223,7 @@ class AgentConnection:
             with trio.CancelScope(shield=True):
                 if self._channel is not None:
                     self._close(ChannelClosed("connection task ended", self.process.exit_info))
-                if hasattr(self, "process"):
-                    await self.process.stop(DEFAULT_GRACE_S)
+                await self.process.stop(DEFAULT_GRACE_S)
                 if self._terminals is not None:
                     await self._terminals.aclose()
             self._done.set()

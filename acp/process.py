@@ -240,6 +240,7 @@ class AgentProcess:
         self._stderr_eof = trio.Event()
         self._stopping = False
         self._cancel_grace_s = DEFAULT_GRACE_S
+        self._started = False
 
     # -- construction -------------------------------------------------------------------------
 
@@ -254,12 +255,34 @@ class AgentProcess:
         stderr_tail_bytes: int = STDERR_TAIL_BYTES,
         cancel_grace_s: float = DEFAULT_GRACE_S,
     ) -> AgentProcess:
-        """Start ``argv`` and its supervising task in ``nursery``.
+        """Start ``argv`` and its supervising task in ``nursery`` (:meth:`open` + :meth:`start`).
 
         ``env=None`` means this process's environment; either way it goes through
         :func:`scrub_env`. ``cancel_grace_s`` is the grace per escalation step used when the
         nursery is cancelled. Raises ``OSError`` (e.g. ``FileNotFoundError``) if it cannot
         start."""
+        self = await cls.open(
+            argv,
+            cwd=cwd,
+            env=env,
+            stderr_tail_bytes=stderr_tail_bytes,
+            cancel_grace_s=cancel_grace_s,
+        )
+        self.start(nursery)
+        return self
+
+    @classmethod
+    async def open(
+        cls,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str] | None = None,
+        stderr_tail_bytes: int = STDERR_TAIL_BYTES,
+        cancel_grace_s: float = DEFAULT_GRACE_S,
+    ) -> AgentProcess:
+        """Start the child without its supervising task; the caller must call :meth:`start`
+        right away (or :meth:`stop`, which then reaps it inline)."""
         if not argv:
             raise ValueError("empty agent command")
         child_env = scrub_env(os.environ if env is None else env)
@@ -275,8 +298,14 @@ class AgentProcess:
         )
         self = cls(proc, argv=argv, secrets=secrets, tail_bytes=stderr_tail_bytes)
         self._cancel_grace_s = cancel_grace_s
-        nursery.start_soon(self._supervise, name=f"acp-process-{self.pid}")
         return self
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start the supervising task (stderr drain, exit watch, group kill) in ``nursery``."""
+        if self._started:
+            raise RuntimeError("AgentProcess.start() called twice")
+        self._started = True
+        nursery.start_soon(self._supervise, name=f"acp-process-{self.pid}")
 
     # -- observation --------------------------------------------------------------------------
 
@@ -317,6 +346,13 @@ class AgentProcess:
     async def stop(self, grace_s: float = DEFAULT_GRACE_S) -> ExitInfo:
         """Stop by escalation (close stdin, SIGTERM group, SIGKILL group), reap, return how it
         ended. Shielded, bounded by about ``2 * grace_s + 5`` s, idempotent."""
+        if not self._started:  # never supervised: escalate and reap inline
+            with trio.CancelScope(shield=True):
+                await self._escalate_inline(grace_s)
+                info = ExitInfo.from_returncode(self._proc.returncode, self.stderr_tail())
+                self._exit = info
+                self._exited.set()
+            return info
         with trio.CancelScope(shield=True):
             if self._stopping:  # another task is escalating: just wait for it (bounded)
                 with trio.move_on_after(2 * grace_s + KILL_REAP_TIMEOUT_S):

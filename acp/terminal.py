@@ -78,7 +78,8 @@ class Terminal:
         self.truncated = False
         self.exit_status: TerminalExitStatus | None = None
         self.exited = trio.Event()
-        self.done = trio.Event()
+        self.drained = trio.Event()  # output reached EOF
+        self.done = trio.Event()  # reaped and drained: the task is over
 
     def result(self) -> TerminalOutputResult:
         return TerminalOutputResult(
@@ -88,7 +89,7 @@ class Terminal:
         )
 
     def kill(self) -> None:
-        if self.exit_status is not None and self.done.is_set():
+        if self.done.is_set():
             return
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -142,7 +143,7 @@ class Terminal:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
-            self.done.set()
+            self.drained.set()
 
 
 class TerminalManager:

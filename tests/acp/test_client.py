@@ -254,3 +254,8 @@ async def test_cancelling_the_owning_nursery_reaps_the_agent(tmp_path: Path) -> 
     assert conn.closed and conn.process.exited
     with pytest.raises(ChannelClosed):
         await conn.initialize()
+
+
+async def test_spawn_of_a_missing_command_raises(nursery: trio.Nursery, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        await AgentConnection.spawn(nursery, ["/no/such/agent", "--acp"], cwd=str(tmp_path))

@@ -282,6 +282,13 @@ async def test_crash(agent: Agent, nursery: trio.Nursery) -> None:
         await agent.conn.cancel(agent.session_id)
 
 
+async def test_hang_then_stdin_eof_still_needs_a_signal(agent: Agent) -> None:
+    with pytest.raises(RequestTimeout):
+        await agent.prompt("[hang]", timeout_s=0.3)
+    exit_info = await agent.conn.aclose(grace_s=0.2)
+    assert exit_info.signal == signal.SIGTERM
+
+
 async def test_hang(agent: Agent) -> None:
     with pytest.raises(RequestTimeout):
         await agent.prompt("[hang]", timeout_s=0.3)

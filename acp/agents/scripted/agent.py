@@ -195,6 +195,8 @@ class ScriptedAgent:
                 self._on_response(msg)
             else:
                 print(f"scripted agent: invalid message: {msg.reason}", file=sys.stderr)
+        if self.hung.is_set():  # [hang] outlives stdin EOF: only a signal ends it
+            threading.Event().wait()
 
     def _on_response(self, msg: jsonrpc.Response) -> None:
         pending = self.pending.get(msg.id) if isinstance(msg.id, int) else None
