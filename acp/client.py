@@ -350,7 +350,8 @@ class AgentConnection:
         return await self._chan().call(method, params, None if math.isinf(timeout) else timeout)
 
     async def notify(self, method: str, params: object) -> None:
-        await self._chan().notify(method, params)
+        """Send a notification; queueing is bounded by ``request_timeout_s``."""
+        await self._chan().notify(method, params, self.request_timeout_s)
 
     # -- ACP ----------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
 
@@ -221,9 +222,17 @@ class RpcChannel:
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
             return False
 
-    async def notify(self, method: str, params: object) -> None:
-        """Send a notification (queued; raises ChannelClosed when the channel is closed)."""
-        await self._send(jsonrpc.encode_notification(method, params))
+    async def notify(self, method: str, params: object, timeout_s: float | None = None) -> None:
+        """Queue a notification. Raises ChannelClosed when the channel is closed, and
+        RequestTimeout if the write queue stays full (peer not reading) for ``timeout_s``."""
+        line = jsonrpc.encode_notification(method, params)
+        if timeout_s is None:
+            await self._send(line)
+            return
+        with trio.move_on_after(timeout_s):
+            await self._send(line)
+            return
+        raise RequestTimeout(method, timeout_s)
 
     async def call(self, method: str, params: object, timeout_s: float | None = None) -> Raw:
         """Send a request and wait for its result (raw bytes).
@@ -237,12 +246,11 @@ class RpcChannel:
         self._pending[request_id] = slot
         answered = False
         try:
-            await self._send(line)
-            if timeout_s is None:
+            # The deadline covers queueing too: a peer that stops reading fills the pipe and
+            # then the write queue.
+            with trio.move_on_after(math.inf if timeout_s is None else timeout_s):
+                await self._send(line)
                 await slot.event.wait()
-            else:
-                with trio.move_on_after(timeout_s):
-                    await slot.event.wait()
             answered = slot.event.is_set()
         finally:
             self._pending.pop(request_id, None)

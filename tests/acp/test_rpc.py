@@ -309,3 +309,25 @@ async def test_eof_fails_pending_and_later_calls(
         await chan.call("after", {})
     with pytest.raises(ChannelClosed):
         await chan.notify("after", {})
+
+
+async def test_deadline_covers_a_peer_that_stops_reading(nursery: trio.Nursery) -> None:
+    to_peer_r, to_peer_w = os.pipe()
+    to_chan_r, to_chan_w = os.pipe()
+    chan = RpcChannel(
+        trio.lowlevel.FdStream(to_peer_w),
+        trio.lowlevel.FdStream(to_chan_r),
+        Recorder(),
+        write_queue_messages=1,
+    )
+    chan.start(nursery)
+    big = {"blob": "x" * 2**20}  # far more than a pipe buffer; nobody reads the other end
+    with pytest.raises(RequestTimeout):
+        await chan.call("a", big, timeout_s=0.2)
+    with pytest.raises(RequestTimeout):
+        await chan.call("b", big, timeout_s=0.2)
+    with pytest.raises(RequestTimeout):
+        await chan.notify("c", big, timeout_s=0.2)
+    chan.close(ChannelClosed("test over"))
+    for fd in (to_peer_r, to_chan_w):
+        os.close(fd)
