@@ -19,7 +19,10 @@ Directives (besides DESIGN.md's table): ``[write PATH TEXT]`` offers ``allow`` (
 ``allow_always`` and ``reject`` (reject_once); in modes ``auto-edit`` and ``yolo``, or after
 ``allow_always`` in the session, it writes without asking. ``[spawn-grandchild]`` starts a
 ``sleep 1000`` in the agent's own process group (for the group-kill tests) and reports its pid.
-Model ``scripted-slow`` pauses 50 ms (cancellably) before each update.
+Model ``scripted-slow`` pauses 50 ms (cancellably) before each update. ``[flood N]`` is kept
+in the history as the text ``[flood N]``, not N chunks. The extension request
+``_scripted/ping`` answers ``{}`` at once (for round-trip benchmarks); other unknown requests
+get -32601.
 
 Sessions live in :class:`.store.Store` (one JSON file each), so ``session/load`` replays the
 history (user / thought / agent chunks) and ``session/resume`` restores without replay, also
