@@ -250,6 +250,8 @@ class PermissionMediator(Actor[MediatorMsg]):
         session_id = getattr(result, "session_id", None)
         if isinstance(result, Resolved):
             session_id = result.request.session_id
+        elif session_id is None and events:
+            session_id = self.state.session_of(getattr(result, "request_id", ""))
         if session_id is not None and events:
             self._publish(session_id, events)
         if isinstance(result, Resolved):

@@ -551,12 +551,12 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                     prompt_id=prompt_id,
                     originator=client_id,
                 )
+                self.queue.remove(job)
                 self._finish(
                     job,
                     "turn_complete",
                     {"sessionId": self.session_id, "stopReason": "cancelled"},
                 )
-                self.queue.remove(job)
                 return
 
     async def _set_model(self, msg: SetModel) -> dict[str, Any]:
@@ -627,15 +627,13 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         async for job in self._recv_job:
             if job.done.is_set():
                 continue  # removed or aborted before it started
+            if job in self.queue:
+                self.queue.remove(job)
             self.active = job
             job.started = True
             try:
                 await self._run_turn(job)
             finally:
-                if self.queue and self.queue[0] is job:
-                    self.queue.popleft()
-                elif job in self.queue:
-                    self.queue.remove(job)
                 self.active = None
 
     async def _run_turn(self, job: PromptJob) -> None:
