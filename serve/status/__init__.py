@@ -1,0 +1,23 @@
+"""Workspace status snapshots and workspace-wide helpers behind the workspace routes.
+
+Sans-HTTP where it can be (the routes in :mod:`serve.routes.files`,
+:mod:`serve.routes.workspace` and :mod:`serve.routes.status` parse, call, encode):
+
+* :mod:`.shared`        the daemon's shared :class:`~serve.workspace.Workspace` objects
+                        (one per canonical root, also for the ACP ``fs/*`` handlers), the
+                        live-session picker, and workspace-wide event fan-out;
+* :mod:`.env`           ``GET /workspace/env`` cells from an environment mapping (pure;
+                        secrets as presence only, proxies stripped to ``host:port``);
+* :mod:`.preflight`     ``GET /workspace/preflight`` cells (daemon-local probes, cached);
+* :mod:`.agent`         snapshots of what a live agent advertised (providers, context,
+                        supported commands, agent-local preflight cells);
+* :mod:`.settings_file` ``<workspace>/.qwen/settings.json`` read and ``tools.disabled``
+                        update, through the workspace boundary;
+* :mod:`.mcp`           ``GET /workspace/mcp`` from the configured ``mcpServers`` (pure);
+* :mod:`.skills`        project skills under ``.qwen/skills`` (names and descriptions);
+* :mod:`.init`          ``POST /workspace/init`` (the memory file);
+* :mod:`.daemon_status` ``GET /daemon/status``.
+
+Nothing here spawns an agent: with no live session the agent-derived parts say
+``initialized: false`` / ``not_started``.
+"""

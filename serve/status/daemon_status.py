@@ -1,0 +1,246 @@
+"""``GET /daemon/status``: the operator's read-only snapshot (seed shape, reduced subset).
+
+Theory of operation
+-------------------
+:func:`daemon_status` reads in-memory state only: settings, the capability registry, the
+session registry, the permission mediator's snapshot, the supervisors' bounded event
+histories. It makes no agent request, starts nothing and does no file I/O, so it is
+cheap, and it answers even while sessions are wedged. ``detail="full"`` adds, per live
+session, its summary and its event log's fill level; ``summary`` leaves out the
+mediator's per-request internals and keeps the newest :data:`SUMMARY_EVENTS` supervisor
+events.
+
+Issues roll up into ``status`` (any ``error`` → error, else any ``warning`` → warning,
+else ok): ``session_capacity_high`` and ``connection_capacity_high`` at
+:data:`CAPACITY_WARNING_RATIO` of a limit, ``pending_permissions`` (info),
+``rate_limit_hits`` (info), ``supervisor_restarts`` (warning: a crash, restart or
+give-up within :data:`RESTART_WINDOW_S`) and ``daemon_draining`` (warning).
+
+Secrets: the body is built from an allowlist of fields. It never contains the bearer
+token (only ``tokenConfigured``), client ids (only counts), environment values, agent
+command lines, or request/permission payloads. Supervisor ``reason`` strings are
+truncated to :data:`MAX_REASON_CHARS` and scrubbed of the token if one appears.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from serve import capabilities
+
+if TYPE_CHECKING:
+    from serve.daemon import Daemon
+
+__all__ = [
+    "CAPACITY_WARNING_RATIO",
+    "DETAILS",
+    "MAX_REASON_CHARS",
+    "RESTART_WINDOW_S",
+    "SUMMARY_EVENTS",
+    "daemon_status",
+    "supervisor_history",
+]
+
+Detail = Literal["summary", "full"]
+DETAILS: Final = ("summary", "full")
+CAPACITY_WARNING_RATIO: Final = 0.8
+RESTART_WINDOW_S: Final = 300.0
+SUMMARY_EVENTS: Final = 50
+MAX_REASON_CHARS: Final = 512
+_TROUBLE_KINDS: Final = frozenset({"crash", "restart", "give_up"})
+
+
+def _iso(epoch_s: float) -> str:
+    moment = datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _scrub(text: str, token: str | None) -> str:
+    if token:
+        text = text.replace(token, "[redacted]")
+    return text[:MAX_REASON_CHARS]
+
+
+def _raw_history(daemon: Daemon) -> list[Any]:
+    events: list[Any] = list(getattr(getattr(daemon, "root", None), "events", ()))
+    registry_supervisor = getattr(getattr(daemon, "registry", None), "supervisor", None)
+    events.extend(getattr(registry_supervisor, "events", ()))
+    events.sort(key=lambda e: e.at)
+    return events
+
+
+def supervisor_history(daemon: Daemon) -> list[dict[str, Any]]:
+    """Root + session-supervisor events, oldest first, as wire dicts."""
+    token = daemon.settings.token
+    return [
+        {
+            "supervisor": e.supervisor,
+            "child": e.child,
+            "kind": str(e.kind),
+            "reason": _scrub(str(e.reason), token),
+            "at": _iso(e.at),
+            "attempt": e.attempt,
+        }
+        for e in _raw_history(daemon)
+    ]
+
+
+def _issue(code: str, severity: str, message: str, section: str) -> dict[str, Any]:
+    return {"code": code, "severity": severity, "message": message, "section": section}
+
+
+def _rollup(issues: list[dict[str, Any]]) -> str:
+    severities = {i["severity"] for i in issues}
+    return "error" if "error" in severities else "warning" if "warning" in severities else "ok"
+
+
+def _rate_limit(daemon: Daemon) -> dict[str, Any] | None:
+    limiter = getattr(daemon, "rate_limiter", None)
+    statistics = getattr(limiter, "statistics", None)
+    if not callable(statistics):
+        return None
+    stats = statistics()
+    hits = getattr(stats, "hits", None)
+    return {
+        "enabled": bool(getattr(stats, "enabled", False)),
+        "hits": dict(hits) if isinstance(hits, dict) else {},
+    }
+
+
+def daemon_status(daemon: Daemon, detail: Detail) -> dict[str, Any]:
+    """The body of ``GET /daemon/status?detail=…``."""
+    settings = daemon.settings
+    now = time.time()
+    features = capabilities.advertised(daemon)
+    tags = [f.tag for f in features]
+    live = list(daemon.registry.live())
+    inflight = len(getattr(daemon.registry, "inflight", {}))
+    permissions = dict(daemon.mediator.snapshot())
+    requests = permissions.pop("requests", [])
+    raw_history = _raw_history(daemon)
+    history = supervisor_history(daemon)
+    allow = settings.allow_origins
+    issues: list[dict[str, Any]] = []
+
+    if settings.max_sessions and len(live) >= CAPACITY_WARNING_RATIO * settings.max_sessions:
+        issues.append(
+            _issue(
+                "session_capacity_high",
+                "warning",
+                f"{len(live)} of {settings.max_sessions} sessions in use",
+                "runtime",
+            )
+        )
+    if (
+        settings.max_connections
+        and daemon.sse_streams >= CAPACITY_WARNING_RATIO * settings.max_connections
+    ):
+        issues.append(
+            _issue(
+                "connection_capacity_high",
+                "warning",
+                f"{daemon.sse_streams} event streams of {settings.max_connections} connections",
+                "runtime",
+            )
+        )
+    if permissions.get("pending"):
+        issues.append(
+            _issue(
+                "pending_permissions",
+                "info",
+                f"{permissions['pending']} permission request(s) awaiting a vote",
+                "runtime",
+            )
+        )
+    rate_limit = _rate_limit(daemon)
+    if rate_limit is not None and any(rate_limit["hits"].values()):
+        issues.append(_issue("rate_limit_hits", "info", "requests were rate limited", "runtime"))
+    recent = [
+        e for e in raw_history if str(e.kind) in _TROUBLE_KINDS and now - e.at <= RESTART_WINDOW_S
+    ]
+    if recent:
+        issues.append(
+            _issue(
+                "supervisor_restarts",
+                "warning",
+                f"{len(recent)} daemon actor crash/restart event(s) in the last "
+                f"{int(RESTART_WINDOW_S)} s",
+                "supervisor",
+            )
+        )
+    if daemon.draining:
+        issues.append(_issue("daemon_draining", "warning", "the daemon is shutting down", "daemon"))
+
+    counts: dict[str, int] = {}
+    for event in history:
+        counts[event["kind"]] = counts.get(event["kind"], 0) + 1
+
+    body: dict[str, Any] = {
+        "v": 1,
+        "detail": detail,
+        "generatedAt": _iso(now),
+        "status": _rollup(issues),
+        "issues": issues,
+        "daemon": {
+            "pid": os.getpid(),
+            "uptimeMs": int((time.monotonic() - daemon.started_monotonic) * 1000),
+            "mode": "http-bridge",
+            "workspaceCwd": settings.primary_workspace,
+            "draining": daemon.draining,
+        },
+        "security": {
+            "tokenConfigured": settings.token is not None,
+            "requireAuth": settings.require_auth,
+            "loopbackBind": settings.is_loopback,
+            "allowOriginConfigured": bool(allow),
+            "allowOriginMode": "none" if not allow else "any" if "*" in allow else "list",
+            "sessionShellCommandEnabled": "session_shell_command" in tags,
+        },
+        "limits": {
+            "maxRegisteredWorkspaces": len(settings.workspaces)
+            + len(settings.untrusted_workspaces),
+            "maxSessions": settings.max_sessions or None,
+            "maxTotalSessions": settings.max_total_sessions or None,
+            "maxPendingPromptsPerSession": settings.max_pending_prompts_per_session or None,
+            "listenerMaxConnections": settings.max_connections or None,
+            "eventRingSize": settings.event_ring_size,
+            "promptDeadlineMs": settings.prompt_deadline_ms,
+            "writerIdleTimeoutMs": settings.writer_idle_timeout_ms,
+            "channelIdleTimeoutMs": settings.channel_idle_timeout_ms,
+            "sessionIdleTimeoutMs": settings.session_idle_timeout_ms,
+            "sessionPromptSettledCloseGraceMs": settings.session_prompt_settled_close_grace_ms,
+            "permissionResponseTimeoutMs": settings.permission_response_timeout_ms or None,
+        },
+        "capabilities": {
+            "protocolVersions": capabilities.PROTOCOL_VERSIONS,
+            "features": tags,
+        },
+        "runtime": {
+            "sessions": {"active": len(live), "admissionInFlight": inflight},
+            "permissions": permissions,
+            "channel": {"live": any(not getattr(s.conn, "closed", True) for s in live)},
+            "transport": {"restSseActive": daemon.sse_streams},
+            "activity": {
+                "activePrompts": sum(1 for s in live if s.has_active_prompt),
+                "pendingPrompts": sum(s.pending_count for s in live),
+                "queuedPrompts": sum(len(getattr(s, "queue", ())) for s in live),
+                "sseSubscribers": sum(getattr(s, "subscribers", 0) for s in live),
+            },
+        },
+        "supervisor": {
+            "counts": counts,
+            "events": history if detail == "full" else history[-SUMMARY_EVENTS:],
+        },
+    }
+    if rate_limit is not None:
+        body["runtime"]["rateLimit"] = rate_limit
+    if detail == "full":
+        body["runtime"]["permissions"] = {**permissions, "requests": requests}
+        body["full"] = {
+            "sessions": [{**s.summary(), "eventLog": s.log.statistics()} for s in live],
+            "services": sorted(getattr(daemon, "services", {})),
+        }
+    return body

@@ -1,0 +1,129 @@
+"""Daemon-wide workspace objects, live-session picking, and workspace-wide events.
+
+Ownership
+---------
+:func:`shared_workspace` keeps one :class:`~serve.workspace.Workspace` per canonical root
+for the whole process, so the HTTP file routes and the ACP ``fs/*`` handlers (which know a
+session's workspace path, not the daemon) share one boundary and, above all, one per-path
+writer lock table: a client's ``POST /file/write`` and an agent's ``fs/write_text_file``
+on the same file serialise. The cache is guarded by a ``threading.Lock`` (it may be
+reached from worker threads) and bounded by the number of configured workspaces.
+
+Sessions: :func:`agent_session` picks the live session whose agent answers status
+questions (the most recently created one in the primary workspace that finished its
+handshake); status snapshots never start one. :func:`publish_workspace_event` appends a
+workspace-scoped event to every live session's log (the reference's "workspace-wide"
+fan-out); with no live session there is nobody to tell and nothing is stored.
+
+Errors: a workspace root that has vanished raises ``io_error`` (a
+:class:`~serve.workspace.WorkspaceFsError`), never a bare ``ValueError``; an unregistered
+client id raises the ``400 invalid_client_id`` :class:`~serve.errors.ApiError`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Final
+
+from serve.errors import ApiError
+from serve.workspace import Workspace
+from serve.workspace.errors import make_error
+
+if TYPE_CHECKING:
+    from serve.daemon import Daemon
+    from serve.sessions.actor import SessionActor
+
+__all__ = [
+    "agent_session",
+    "check_workspace_client",
+    "live_sessions",
+    "primary_workspace",
+    "publish_workspace_event",
+    "shared_workspace",
+]
+
+#: Distinct workspace objects kept (one per configured root in practice).
+MAX_SHARED_WORKSPACES: Final = 256
+
+_lock = threading.Lock()
+_by_spelling: dict[tuple[str, bool], Workspace] = {}
+_by_root: dict[tuple[str, bool], Workspace] = {}
+
+
+def shared_workspace(root: str, *, trusted: bool = True) -> Workspace:
+    """The process-wide :class:`Workspace` for ``root`` (any spelling of one directory)."""
+    key = (root, trusted)
+    with _lock:
+        found = _by_spelling.get(key)
+        if found is not None:
+            return found
+        canonical = (os.path.realpath(root), trusted)
+        found = _by_root.get(canonical)
+        if found is None:
+            if len(_by_root) >= MAX_SHARED_WORKSPACES:
+                raise make_error("internal_error", "too many distinct workspaces")
+            try:
+                found = Workspace(root, trusted=trusted)
+            except ValueError:
+                raise make_error(
+                    "io_error",
+                    "the workspace directory is not available",
+                    "the bound workspace was removed or unmounted; restart the daemon",
+                ) from None
+            _by_root[canonical] = found
+        _by_spelling[key] = found
+        return found
+
+
+def primary_workspace(daemon: Daemon) -> Workspace:
+    """The daemon's bound (primary, trusted) workspace."""
+    return shared_workspace(daemon.settings.primary_workspace, trusted=True)
+
+
+def live_sessions(daemon: Daemon, workspace: str | None = None) -> list[SessionActor]:
+    registry = getattr(daemon, "registry", None)
+    if registry is None:
+        return []
+    return list(registry.live(workspace))
+
+
+def agent_session(daemon: Daemon) -> SessionActor | None:
+    """The newest live session of the primary workspace whose agent finished set-up."""
+    best: SessionActor | None = None
+    for session in live_sessions(daemon, daemon.settings.primary_workspace):
+        conn = getattr(session, "conn", None)
+        if conn is None or getattr(conn, "closed", True) or getattr(session, "setup", None) is None:
+            continue
+        if best is None or session.created_monotonic > best.created_monotonic:
+            best = session
+    return best
+
+
+def publish_workspace_event(
+    daemon: Daemon, event_type: str, data: dict[str, Any], originator: str | None
+) -> int:
+    """Publish ``event_type`` on every live session's log; returns how many logs took it."""
+    published = 0
+    for session in live_sessions(daemon):
+        if session.log.publish(event_type, data, originator=originator) is not None:
+            published += 1
+    return published
+
+
+def check_workspace_client(daemon: Daemon, client_id: str | None) -> str | None:
+    """A present client id must be registered on some live session of the daemon."""
+    if client_id is None:
+        return None
+    registry = getattr(daemon, "registry", None)
+    known = registry.known_client_ids() if registry is not None else set()
+    if client_id not in known:
+        raise ApiError(
+            400,
+            {
+                "error": f'Client id "{client_id}" is not registered for this workspace',
+                "code": "invalid_client_id",
+                "clientId": client_id,
+            },
+        )
+    return client_id
