@@ -9,11 +9,15 @@ import pytest
 
 from tests.support.daemon import DaemonProcess, spawn_daemon
 
+#: The bearer token of the shared test daemon (strict routes need one configured).
+TOKEN = "test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
 
 @pytest.fixture(scope="module")
 def daemon_proc() -> Iterator[DaemonProcess]:
-    """One daemon (scripted agent, no token) shared by a test module."""
-    d = spawn_daemon()
+    """One daemon (scripted agent, bearer token ``TOKEN``) shared by a test module."""
+    d = spawn_daemon(env={"QWEN_SERVER_TOKEN": TOKEN})
     try:
         yield d
     finally:
@@ -22,5 +26,5 @@ def daemon_proc() -> Iterator[DaemonProcess]:
 
 @pytest.fixture
 async def client(daemon_proc: DaemonProcess) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=daemon_proc.url, timeout=30) as c:
+    async with httpx.AsyncClient(base_url=daemon_proc.url, timeout=30, headers=AUTH) as c:
         yield c

@@ -1,11 +1,11 @@
 // Drive acp-serve with the published @qwen-code/sdk DaemonClient, unchanged.
 // Usage: node sdk_flow.mjs <sdk daemon module path> <baseUrl>. Prints one JSON line of findings.
-const [sdkPath, baseUrl] = process.argv.slice(2);
+const [sdkPath, baseUrl, token] = process.argv.slice(2);
 const sdk = await import(sdkPath);
 const { DaemonClient, reduceDaemonSessionEvent, createDaemonSessionViewState, asKnownDaemonEvent } = sdk;
 
 const out = {};
-const client = new DaemonClient({ baseUrl });
+const client = new DaemonClient({ baseUrl, token });
 out.health = await client.health();
 const caps = await client.capabilities();
 out.features = caps.features;

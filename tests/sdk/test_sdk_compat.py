@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TOKEN
 from tests.support.daemon import DaemonProcess
 from tests.support.node import INSTALL_SCRIPT, NODE_PREFIX, missing_node_reason
 
@@ -31,7 +32,7 @@ def test_daemon_client_full_flow(sdk_module: Path, daemon_proc: DaemonProcess) -
     node = shutil.which("node")
     assert node is not None
     result = subprocess.run(
-        [node, str(SCRIPT), sdk_module.as_uri(), daemon_proc.url],
+        [node, str(SCRIPT), sdk_module.as_uri(), daemon_proc.url, TOKEN],
         capture_output=True,
         text=True,
         timeout=120,

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import trio
 
+from tests.conftest import AUTH
 from tests.support.daemon import DaemonProcess
 from tests.support.sse import collect_until, iter_events
 
@@ -230,7 +231,7 @@ async def test_crash_is_isolated_to_its_session(client: httpx.AsyncClient) -> No
 async def test_single_scope_attaches_and_concurrent_creates_coalesce(
     daemon_proc: DaemonProcess,
 ) -> None:
-    async with httpx.AsyncClient(base_url=daemon_proc.url, timeout=30) as c:
+    async with httpx.AsyncClient(base_url=daemon_proc.url, timeout=30, headers=AUTH) as c:
         results: list[dict[str, Any]] = []
 
         async def create() -> None:
