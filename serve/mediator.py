@@ -194,9 +194,9 @@ class PermissionMediator(Actor[MediatorMsg]):
                     self._logs.pop(sid, None)
                 return None
             case CancelRequest(request_id=rid):
-                resolved = self.state.cancel(rid, "agent_cancelled")
-                if resolved is not None:
-                    self._apply(resolved)
+                cancelled = self.state.cancel(rid, "agent_cancelled")
+                if cancelled is not None:
+                    self._apply(cancelled)
                 return None
             case Expire():
                 for resolved in self.state.expire(_now_ms()):

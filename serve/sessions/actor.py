@@ -47,10 +47,13 @@ from acp.handler import BaseClientHandler
 from acp.process import ExitInfo, scrub_env
 from acp.schema import (
     CancelledPermissionOutcome,
+    CreateTerminalParams,
     PermissionOutcome,
+    ReadTextFileParams,
     RequestPermissionParams,
     SelectedPermissionOutcome,
     SessionSetup,
+    WriteTextFileParams,
 )
 from actors import Actor, ActorError
 from serve.errors import ApiError, bad_request
@@ -236,6 +239,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self._nursery: trio.Nursery | None = None
         self.exit_info: ExitInfo | None = None
         self.subscribers = 0
+        #: The Host's effect gate (grants, approvals, workspace boundary); set by the registry.
+        self.effects: Any = None
 
     # ---- read models -------------------------------------------------------------------
 
@@ -430,6 +435,27 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             prompt_id=active.prompt_id if active else None,
             originator=active.client_id if active else None,
         )
+
+    # Effects the agent asks of the Host go through the daemon's EffectGate (grants,
+    # approval policy, the workspace boundary) when one is installed.
+
+    async def read_text_file(self, params: ReadTextFileParams) -> str:
+        gate = _effect_gate(self)
+        if gate is None:
+            return await BaseClientHandler.read_text_file(self, params)
+        return await gate.read_text_file(self, params)  # type: ignore[no-any-return]
+
+    async def write_text_file(self, params: WriteTextFileParams) -> None:
+        gate = _effect_gate(self)
+        if gate is None:
+            return await BaseClientHandler.write_text_file(self, params)
+        await gate.write_text_file(self, params)
+
+    async def terminal_create(self, params: CreateTerminalParams) -> str:
+        gate = _effect_gate(self)
+        if gate is not None:
+            await gate.check_terminal(self, params)
+        return await BaseClientHandler.terminal_create(self, params)
 
     async def request_permission(
         self, params: RequestPermissionParams, raw: msgspec.Raw
@@ -785,6 +811,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             self.log.publish("session_closed", data, originator=closed_by)
         self.log.close()
         self.ended.set()
+
+
+def _effect_gate(session: SessionActor) -> Any:
+    """The daemon's EffectGate (``serve/effects.py``), when installed."""
+    return getattr(session, "effects", None)
 
 
 def _channel_closed_error(session_id: str) -> dict[str, Any]:

@@ -106,6 +106,8 @@ class SessionRegistry(Actor[RegistryMsg]):
         self._nursery: trio.Nursery | None = None
         self._counter = 0
         self.accepting = True
+        #: Installed by the daemon: the Host's EffectGate (serve/effects.py) or None.
+        self.effects: Any = None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -208,8 +210,9 @@ class SessionRegistry(Actor[RegistryMsg]):
                     done.resolve(session, None)
                     return Ticket(done, True)
                 key = f"restore:{sid}"
-                pending = self.inflight.get(key)
-                if pending is not None:
+                joining = self.inflight.get(key)
+                if joining is not None:
+                    pending = joining
                     if pending.action != action:
                         raise ApiError(
                             409,
@@ -260,6 +263,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 session_id=session_id,
                 on_gone=self._forget,
             )
+            session.effects = self.effects
             await self.supervisor.start_child(
                 ChildSpec(spec_name, session.run, Restart.TEMPORARY, shutdown_grace_s=5.0)
             )
