@@ -1,0 +1,101 @@
+"""The capability registry: every tag has its routes, every API route has its tag.
+
+"Tag present means behaviour present": a tag whose route is not registered fails here, and
+so does an API route no tag announces (unless it is listed below as deliberately untagged).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from serve import capabilities
+from serve.app import create_app
+from serve.daemon import Daemon
+from serve.settings import parse_settings
+from tests.conftest import AUTH
+from tests.support.daemon import DaemonProcess
+
+#: Routes that exist without a feature tag of their own (the reference has none for them).
+UNTAGGED = {
+    ("POST", "/session/<session_id>/detach"),
+    ("GET", "/workspace//<path:workspace>/sessions"),
+    ("GET", "/openapi.json"),
+    ("GET", "/doc"),
+    ("GET", "/demo"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+}
+
+
+def _app_routes(tmp_path: Path, *args: str) -> set[tuple[str, str]]:
+    settings = parse_settings(["--workspace", str(tmp_path), *args], {"HOME": str(tmp_path)})
+    app = create_app(Daemon(settings))
+    routes = set()
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint == "static" or rule.rule.startswith("/static"):
+            continue
+        for method in rule.methods or ():
+            if method not in ("HEAD", "OPTIONS"):
+                routes.add((method, rule.rule))
+    return routes
+
+
+def test_every_tag_has_registered_routes(tmp_path: Path) -> None:
+    routes = _app_routes(tmp_path)
+    for feature in capabilities.FEATURES:
+        assert feature.routes, f"tag {feature.tag} names no route"
+        for route in feature.routes:
+            assert route in routes, f"tag {feature.tag}: route {route} is not registered"
+
+
+def test_every_api_route_has_a_tag(tmp_path: Path) -> None:
+    tagged = {route for f in capabilities.FEATURES for route in f.routes}
+    untagged = {
+        r for r in _app_routes(tmp_path) - tagged - UNTAGGED if not r[1].startswith("/static")
+    }
+    assert not untagged, f"routes without a capability tag: {sorted(untagged)}"
+
+
+def test_tags_are_unique_and_versioned() -> None:
+    tags = [f.tag for f in capabilities.FEATURES]
+    assert len(tags) == len(set(tags))
+    assert all(f.since == "v1" for f in capabilities.FEATURES)
+
+
+async def test_envelope_shape(daemon_proc: DaemonProcess) -> None:
+    async with httpx.AsyncClient(base_url=daemon_proc.url, headers=AUTH) as client:
+        body = (await client.get("/capabilities")).json()
+    assert body["v"] == 1
+    assert body["protocolVersions"] == {"current": "v1", "supported": ["v1"]}
+    assert body["mode"] == "http-bridge"
+    assert body["modelServices"] == []
+    assert body["workspaceCwd"] == str(daemon_proc.workspace.resolve())
+    assert body["policy"]["permission"] == "first-responder"
+    assert set(body["features"]) == set(body["featureDetails"])
+    assert body["featureDetails"]["permission_mediation"]["modes"] == [
+        "first-responder",
+        "designated",
+        "consensus",
+        "local-only",
+    ]
+    # None of these toggles is on for the shared test daemon.
+    assert not ({"require_auth", "allow_origin", "rate_limit"} & set(body["features"]))
+
+
+@pytest.mark.parametrize(
+    ("args", "tag"),
+    [
+        (["--require-auth", "--token", "t0123456"], "require_auth"),
+        (["--allow-origin", "https://app.example.com", "--token", "t0123456"], "allow_origin"),
+        (["--rate-limit"], "rate_limit"),
+    ],
+)
+def test_conditional_tags_follow_their_toggles(tmp_path: Path, args: list[str], tag: str) -> None:
+    on = Daemon(parse_settings(["--workspace", str(tmp_path), *args], {"HOME": str(tmp_path)}))
+    off = Daemon(parse_settings(["--workspace", str(tmp_path)], {"HOME": str(tmp_path)}))
+    create_app(on)  # imports every route module, so every feature is registered
+    assert tag in {f.tag for f in capabilities.advertised(on)}
+    assert tag not in {f.tag for f in capabilities.advertised(off)}
