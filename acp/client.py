@@ -124,6 +124,7 @@ class AgentConnection:
         client_info: Implementation,
     ) -> None:
         self.handler = handler
+        self._flow_hook: Callable[[], Any] | None = getattr(handler, "flow_control", None)
         self.request_timeout_s = request_timeout_s
         self.client_capabilities = client_capabilities
         self.client_info = client_info
@@ -297,6 +298,12 @@ class AgentConnection:
             self.handler.on_session_update(head.session_id, kind, head.update)
         else:
             self.handler.on_notification(method, params)
+
+    async def flow_control(self) -> None:
+        """Let the handler pace the reader (see :class:`acp.rpc.FlowControlled`)."""
+        hook = self._flow_hook
+        if hook is not None:
+            await hook()
 
     async def on_request(self, method: str, params: Raw) -> object:
         h = self.handler

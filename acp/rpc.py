@@ -85,6 +85,14 @@ class Dispatcher(Protocol):
         """Answer a peer request; return the result (anything msgspec encodes)."""
 
 
+class FlowControlled(Protocol):
+    """A dispatcher may also pace the reader: ``flow_control()`` is awaited after each chunk
+    read from the peer has been dispatched. While it waits, nothing more is read, the pipe
+    fills and the peer blocks on its writes (bounded by what the owner decides)."""
+
+    async def flow_control(self) -> None: ...
+
+
 class RpcStatistics(msgspec.Struct, frozen=True, kw_only=True):
     pending_calls: int
     inflight_requests: int
@@ -135,6 +143,9 @@ class RpcChannel:
         self._send_stream = send_stream
         self._receive_stream = receive_stream
         self._dispatcher = dispatcher
+        self._flow_control: Callable[[], Awaitable[None]] | None = getattr(
+            dispatcher, "flow_control", None
+        )
         self._framer = LineFramer(max_line_bytes)
         self._max_inflight = max_concurrent_requests
         self._out_send, self._out_recv = trio.open_memory_channel[bytes](write_queue_messages)
@@ -279,6 +290,8 @@ class RpcChannel:
                     self._bytes_in += len(data)
                     for line in self._framer.feed(data):
                         self._dispatch_line(line)
+                    if self._flow_control is not None:
+                        await self._flow_control()
             if self._reader_scope.cancelled_caught:
                 reason = f"stopped reading from {self.name}"
         except trio.BrokenResourceError as exc:

@@ -133,6 +133,7 @@ class EventLog:
         self._sizes: list[int] = [0] * ring_size
         self._lowest = next_id  # lowest id ever stored in this incarnation of the ring
         self._wake = trio.Event()
+        self._drained = trio.Event()
         self._closed = False
         self.subscribers: set[Subscriber] = set()
         self.sink = sink
@@ -201,6 +202,36 @@ class EventLog:
         """No more events; subscribers drain what is left and end."""
         self._closed = True
         self._wake.set()
+
+    # ---- flow control ------------------------------------------------------------------
+
+    def max_pressure(self) -> float:
+        """Highest pressure / max_queued among subscribers busy writing (0.0 if none)."""
+        head = self.next_id
+        worst = 0.0
+        for sub in self.subscribers:
+            if not sub._parked:
+                ratio = (head - sub._mark) / sub.max_queued
+                if ratio > worst:
+                    worst = ratio
+        return worst
+
+    async def wait_drained(self, threshold: float = 0.5, max_wait_s: float = 0.25) -> None:
+        """Pace the publisher: wait (at most ``max_wait_s``) while a subscriber that is
+        busy writing has more than ``threshold`` of its ``max_queued`` pending.
+
+        Called by the agent reader between chunks: a reader that keeps up is never
+        evicted because the agent outran the daemon's own scheduling, while a stuck
+        one costs the publisher at most ``max_wait_s`` per chunk until it is evicted.
+        O(subscribers) per chunk read from the agent, never per event.
+        """
+        if not self.subscribers or self.max_pressure() <= threshold:
+            return
+        with trio.move_on_after(max_wait_s):
+            while self.max_pressure() > threshold:
+                if self._drained.is_set():
+                    self._drained = trio.Event()
+                await self._drained.wait()
 
     def frame(self, event_id: int) -> bytes | None:
         first = self.first_id
@@ -330,6 +361,7 @@ class Subscriber:
         self._pending: list[bytes] = []
         self._warned = False
         self._done = False
+        self._parked = False
         self.sent_frames = 0
 
     @property
@@ -343,6 +375,7 @@ class Subscriber:
     def close(self) -> None:
         self._done = True
         self.log.subscribers.discard(self)
+        self.log._drained.set()
 
     def evict(self, reason: str, **extra: Any) -> bytes:
         """Terminal ``client_evicted`` frame; the subscriber is finished afterwards."""
@@ -401,6 +434,7 @@ class Subscriber:
             self.sent_frames += end - self.cursor
             self.cursor = end
         self._mark = head
+        log._drained.set()
         if not out and log.closed and self.cursor >= head:
             self.close()
             return None
@@ -414,7 +448,11 @@ class Subscriber:
                 chunk = self.take_nowait()
                 if chunk is None or chunk:
                     return chunk
-                await wake.wait()
+                self._parked = True
+                try:
+                    await wake.wait()
+                finally:
+                    self._parked = False
                 # Parked and caught up: what arrived meanwhile is backlog, not pressure.
                 self._mark = self.log.next_id
         return b""

@@ -410,6 +410,10 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
 
     # ---- the ClientHandler side --------------------------------------------------------
 
+    async def flow_control(self) -> None:
+        """Between chunks read from the agent: let lagging SSE writers catch up."""
+        await self.log.wait_drained()
+
     def on_session_update(self, session_id: str, kind: str, update: msgspec.Raw) -> None:
         if not self.session_id:
             self._early.append((kind, update))
