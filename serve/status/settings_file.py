@@ -12,16 +12,19 @@ file does not exist, which reads as ``{}``). The file is strict JSON; anything e
 :class:`SettingsFileError` (the file is never rewritten then, so a hand-edited file with
 comments is not destroyed by a tool toggle).
 
-:func:`set_tool_enabled` is an optimistic read-modify-write of ``tools.disabled``: read
-with hash, change the list, write with ``expectedHash`` (or ``create`` when absent). A
-concurrent writer (another toggle, an editor) makes the write fail with
-``hash_mismatch``/``file_already_exists``; the update is then redone from a fresh read,
-at most :data:`MAX_UPDATE_ATTEMPTS` times. Other keys, their order, and the file's
+:func:`set_tool_enabled` is a read-modify-write of ``tools.disabled``. Updates from this
+process are serialised by a per-workspace ``threading.Lock`` (one thread waits while
+another updates; bounded by the number of concurrent requests). Against writers outside
+the daemon (an editor) it is optimistic: read with hash, change the list, write with
+``expectedHash`` (or ``create`` when absent); a concurrent change makes the write fail
+with ``hash_mismatch``/``file_already_exists`` and the update is redone from a fresh
+read, at most :data:`MAX_UPDATE_ATTEMPTS` times. Other keys, their order, and the file's
 encoding/BOM/line endings are preserved; the JSON is re-indented with two spaces.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Final
 
 import msgspec
@@ -39,6 +42,14 @@ __all__ = [
 SETTINGS_PATH: Final = ".qwen/settings.json"
 #: Read-modify-write rounds before giving up on a settings file that keeps changing.
 MAX_UPDATE_ATTEMPTS: Final = 5
+
+_update_locks: dict[str, threading.Lock] = {}
+_update_locks_guard = threading.Lock()
+
+
+def _update_lock(ws: Workspace) -> threading.Lock:
+    with _update_locks_guard:
+        return _update_locks.setdefault(ws.root, threading.Lock())
 
 
 class SettingsFileError(Exception):
@@ -99,6 +110,11 @@ def set_tool_enabled(ws: Workspace, name: str, enabled: bool) -> bool:
     file or a file that kept changing, and :class:`WorkspaceFsError` for a write refused
     by the workspace boundary.
     """
+    with _update_lock(ws):
+        return _set_tool_enabled(ws, name, enabled)
+
+
+def _set_tool_enabled(ws: Workspace, name: str, enabled: bool) -> bool:
     for _ in range(MAX_UPDATE_ATTEMPTS):
         data, current_hash = read_settings(ws)
         disabled = _disabled_list(data)
