@@ -213,3 +213,54 @@ def test_sink_sees_every_frame_in_order() -> None:
     log.publish("a", {})
     log.publish("b", {})
     assert seen == [(1, "a"), (2, "b")]
+
+
+async def test_wait_drained_paces_the_publisher_until_writers_catch_up(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    log = EventLog("s1")
+    sub = log.subscribe(max_queued=16)
+    sub.take_nowait()  # the writer is now "away" writing
+    for _ in range(10):
+        log.publish("a", {})
+    assert log.max_pressure() == 10 / 16
+    waited: list[float] = []
+
+    async def publisher() -> None:
+        t0 = trio.current_time()
+        await log.wait_drained(threshold=0.5, max_wait_s=5)
+        waited.append(trio.current_time() - t0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(publisher)
+        await trio.sleep(1)
+        assert waited == []  # still paced: the writer has not taken anything
+        sub.take_nowait()
+    assert waited == [1.0]
+
+
+async def test_wait_drained_gives_up_on_a_stuck_writer(autojump_clock: trio.abc.Clock) -> None:
+    log = EventLog("s1")
+    sub = log.subscribe(max_queued=16)
+    sub.take_nowait()
+    for _ in range(12):
+        log.publish("a", {})
+    t0 = trio.current_time()
+    await log.wait_drained(threshold=0.5, max_wait_s=0.25)
+    assert trio.current_time() - t0 == pytest.approx(0.25)
+
+
+async def test_parked_subscribers_never_pace_the_publisher() -> None:
+    log = EventLog("s1")
+    sub = log.subscribe(max_queued=16)
+
+    async def reader() -> None:
+        await sub.next_chunk()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(100):  # the parked reader has not run yet: backlog, not pressure
+            log.publish("a", {})
+        assert log.max_pressure() == 0.0
+        log.close()
