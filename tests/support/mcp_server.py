@@ -1,7 +1,7 @@
 """A small real MCP server over stdio, for tests (stdlib only).
 
 ``python tests/support/mcp_server.py [--name NAME] [--tools N] [--hang-initialize]
-[--exit-after-init CODE] [--log FILE]``
+[--init-delay-ms MS] [--exit-after-handshake CODE] [--log FILE]``
 
 Answers ``initialize`` (serverInfo.name = NAME, tools capability), ``ping``,
 ``tools/list`` (N tools ``tool0``..), and ``tools/call`` of:
@@ -11,8 +11,8 @@ Answers ``initialize`` (serverInfo.name = NAME, tools capability), ``ping``,
 * ``sleep {ms}`` → waits, then ``"slept"`` (for in-flight tests);
 * ``roots`` → asks the *client* ``roots/list`` and returns the JSON it got.
 
-``--hang-initialize`` never answers ``initialize``; ``--exit-after-init CODE`` exits with
-CODE right after the ``initialized`` notification; ``--log FILE`` appends every received
+``--hang-initialize`` never answers ``initialize``; ``--init-delay-ms MS`` answers it late; ``--exit-after-handshake CODE`` exits
+with CODE right after answering ``tools/list`` (a crash loop for the pool); ``--log FILE`` appends every received
 line (tests check what the pool forwarded). Exits on stdin EOF.
 """
 
@@ -86,7 +86,8 @@ def main() -> int:
     parser.add_argument("--name", default="test-mcp")
     parser.add_argument("--tools", type=int, default=3)
     parser.add_argument("--hang-initialize", action="store_true")
-    parser.add_argument("--exit-after-init", type=int, default=None)
+    parser.add_argument("--init-delay-ms", type=int, default=0)
+    parser.add_argument("--exit-after-handshake", type=int, default=None)
     parser.add_argument("--log", default=None)
     opts = parser.parse_args()
     while True:
@@ -97,12 +98,11 @@ def main() -> int:
         if method is None:
             continue  # a response we did not wait for
         if rid is None:
-            if method == "notifications/initialized" and opts.exit_after_init is not None:
-                return opts.exit_after_init
             continue  # notifications
         if method == "initialize":
             if opts.hang_initialize:
                 continue
+            time.sleep(opts.init_delay_ms / 1000)
             result: Any = {
                 "protocolVersion": msg.get("params", {}).get("protocolVersion", "2025-06-18"),
                 "capabilities": {"tools": {"listChanged": False}},
@@ -126,6 +126,8 @@ def main() -> int:
             send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": method}})
             continue
         send({"jsonrpc": "2.0", "id": rid, "result": result})
+        if method == "tools/list" and opts.exit_after_handshake is not None:
+            return opts.exit_after_handshake
 
 
 if __name__ == "__main__":
