@@ -17,7 +17,14 @@ from actors.errors import (
     InboxFull,
     SupervisorGaveUp,
 )
-from actors.supervisor import ChildSpec, EventKind, Restart, Supervisor, SupervisorEvent
+from actors.supervisor import (
+    ChildSpec,
+    EventKind,
+    Restart,
+    RestartWindow,
+    Supervisor,
+    SupervisorEvent,
+)
 
 __all__ = [
     "Actor",
@@ -30,6 +37,7 @@ __all__ = [
     "EventKind",
     "InboxFull",
     "Restart",
+    "RestartWindow",
     "Supervisor",
     "SupervisorEvent",
     "SupervisorGaveUp",

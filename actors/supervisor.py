@@ -85,6 +85,41 @@ Target = Callable[..., Awaitable[Any]]
 StopHook = Callable[[], Any]
 
 
+class RestartWindow:
+    """Restart intensity: at most ``intensity`` restarts within ``period_s`` seconds.
+
+    Pure bookkeeping on the trio clock; shared by :class:`Supervisor` and by actors that
+    restart a resource of their own (a session restarting its agent child).
+    """
+
+    __slots__ = ("_times", "intensity", "period_s")
+
+    def __init__(self, intensity: int, period_s: float) -> None:
+        self.intensity = intensity
+        self.period_s = period_s
+        self._times: deque[float] = deque()
+
+    def _trim(self, now: float) -> None:
+        while self._times and now - self._times[0] > self.period_s:
+            self._times.popleft()
+
+    def allows(self, now: float | None = None) -> bool:
+        """Would one more restart now stay within the intensity?"""
+        now = trio.current_time() if now is None else now
+        self._trim(now)
+        return len(self._times) < self.intensity
+
+    def count(self, now: float | None = None) -> bool:
+        """Record one restart; False when it exceeds the intensity."""
+        now = trio.current_time() if now is None else now
+        self._times.append(now)
+        self._trim(now)
+        return len(self._times) <= self.intensity
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+
 class ChildSpec(msgspec.Struct, frozen=True):
     """How to run, restart and stop one child.
 
@@ -150,7 +185,7 @@ class Supervisor:
         self.period_s = period_s
         self.events: deque[SupervisorEvent] = deque(maxlen=history)
         self._listener = listener
-        self._restart_times: deque[float] = deque()
+        self._restarts = RestartWindow(intensity, period_s)
         self._children: dict[str, _Child] = {}
         self._order: list[str] = []
         self._nursery: trio.Nursery | None = None
@@ -161,6 +196,11 @@ class Supervisor:
         self.finished = trio.Event()
 
     # ---- observation -------------------------------------------------------------------
+
+    def record(self, child: str, kind: EventKind, reason: str, attempt: int = 0) -> None:
+        """Append an event for a child that manages its own restarts (e.g. a session
+        restarting its agent process), so every restart is visible in one history."""
+        self._record(child, kind, reason, attempt)
 
     def _record(self, child: str, kind: EventKind, reason: str, attempt: int = 0) -> None:
         event = SupervisorEvent(self.name, child, kind, reason, time.time(), attempt)
@@ -341,12 +381,7 @@ class Supervisor:
 
     def _count_restart(self, name: str) -> bool:
         """Count one restart; True when the intensity is exceeded (we give up)."""
-        now = trio.current_time()
-        window = self._restart_times
-        window.append(now)
-        while window and now - window[0] > self.period_s:
-            window.popleft()
-        if len(window) <= self.intensity:
+        if self._restarts.count():
             return False
         self._record(
             name, EventKind.GIVE_UP, f"more than {self.intensity} restarts in {self.period_s:g} s"

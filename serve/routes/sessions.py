@@ -400,7 +400,8 @@ async def prompt(session_id: str) -> Response:
         if key in data:
             error_body[key] = data[key]
     error_body["promptId"] = admission.prompt_id
-    status = 503 if data.get("code") in ("channel_closed", "daemon_shutdown") else 500
+    retryable = ("channel_closed", "daemon_shutdown", "agent_restarted")
+    status = 503 if data.get("code") in retryable else 500
     return json_response(error_body, status)
 
 

@@ -55,7 +55,7 @@ from acp.schema import (
     SessionSetup,
     WriteTextFileParams,
 )
-from actors import Actor, ActorError
+from actors import Actor, ActorError, RestartWindow, Supervisor
 from serve.errors import ApiError, bad_request
 from serve.events import EventLog
 from serve.mediator import CancelSessionPermissions, OpenPermission, PermissionMediator
@@ -206,6 +206,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         session_id: str | None = None,
         on_gone: Callable[[SessionActor], None] | None = None,
         ring_size: int | None = None,
+        restart_intensity: int = 3,
+        restart_period_s: float = 60.0,
+        restart_backoff_s: float = 0.1,
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
         BaseClientHandler.__init__(self)
@@ -239,6 +242,13 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self._nursery: trio.Nursery | None = None
         self.exit_info: ExitInfo | None = None
         self.subscribers = 0
+        self._drop_updates = False
+        self._conn_ready = trio.Event()
+        self._restarts = RestartWindow(restart_intensity, restart_period_s)
+        self.restart_backoff_s = restart_backoff_s
+        self.restart_count = 0
+        #: The supervisor whose history records this session's agent restarts.
+        self.supervisor: Supervisor | None = None
         #: The Host's effect gate (grants, approvals, workspace boundary); set by the registry.
         self.effects: Any = None
 
@@ -324,9 +334,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                await self._start_agent(nursery)
+                await self._start_agent(nursery, self.action)
                 nursery.start_soon(self._prompt_worker)
-                nursery.start_soon(self._watch_child)
+                nursery.start_soon(self._supervise_child, nursery)
                 await Actor.run(self, task_status=task_status)
                 nursery.cancel_scope.cancel()
         finally:
@@ -337,10 +347,16 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             if self.on_gone is not None:
                 self.on_gone(self)
 
-    async def _start_agent(self, nursery: trio.Nursery) -> None:
+    async def _start_agent(self, nursery: trio.Nursery, action: str) -> None:
+        """Spawn the child and open (new), restore (load/resume) or re-attach the session.
+
+        ``action`` ``restart`` re-attaches to our own ACP session after the child died:
+        ``session/resume`` when offered (no replay), else ``session/load`` with the
+        replayed history dropped (the log already holds it).
+        """
         settings = self.settings
         init_timeout = settings.initialize_timeout_ms / 1000
-        self.conn = await AgentConnection.spawn(
+        conn = await AgentConnection.spawn(
             nursery,
             settings.agent_argv,
             cwd=self.workspace,
@@ -348,59 +364,124 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             handler=self,
             request_timeout_s=init_timeout,
         )
+        self.conn = conn
         try:
-            await self.conn.initialize(timeout_s=init_timeout)
-            if self.action == "new":
-                setup = await self.conn.new_session(self.workspace, [], timeout_s=init_timeout)
+            await conn.initialize(timeout_s=init_timeout)
+            info = conn.info
+            restore_timeout = settings.session_restore_timeout_ms / 1000
+            if action == "new":
+                setup = await conn.new_session(self.workspace, [], timeout_s=init_timeout)
                 self.session_id = setup.session_id
                 self.log.session_id = setup.session_id
                 self.name = f"session-{setup.session_id}"
                 for kind, update in self._early:
                     self._relay(kind, update)
                 self._early.clear()
+            elif action == "load" or (action == "restart" and not _can_resume(info)):
+                if info is None or not info.load_session:
+                    raise ApiError(
+                        501,
+                        {
+                            "error": "The agent does not support session/load",
+                            "code": "not_supported_by_agent",
+                        },
+                    )
+                self._drop_updates = action == "restart"
+                try:
+                    setup = await conn.load_session(
+                        self.session_id, self.workspace, [], timeout_s=restore_timeout
+                    )
+                finally:
+                    self._drop_updates = False
             else:
-                restore_timeout = settings.session_restore_timeout_ms / 1000
-                info = self.conn.info
-                if self.action == "load":
-                    if info is None or not info.load_session:
-                        raise ApiError(
-                            501,
-                            {
-                                "error": "The agent does not support session/load",
-                                "code": "not_supported_by_agent",
-                            },
-                        )
-                    setup = await self.conn.load_session(
-                        self.session_id, self.workspace, [], timeout_s=restore_timeout
-                    )
-                else:
-                    setup = await self.conn.resume_session(
-                        self.session_id, self.workspace, [], timeout_s=restore_timeout
-                    )
+                setup = await conn.resume_session(
+                    self.session_id, self.workspace, [], timeout_s=restore_timeout
+                )
         except BaseException:
             with trio.CancelScope(shield=True):
-                await self.conn.aclose(grace_s=1.0)
+                await conn.aclose(grace_s=1.0)
             raise
-        self.setup = setup
+        if action != "restart" or self.setup is None:
+            self.setup = setup
         if setup.models is not None:
             self.current_model = getattr(setup.models, "current_model_id", None)
         if setup.modes is not None:
             self.current_mode = getattr(setup.modes, "current_mode_id", None)
+        self._conn_ready.set()
 
-    async def _watch_child(self) -> None:
-        assert self.conn is not None
-        exit_info = await self.conn.wait_closed()
-        if self._stopping or self.ended.is_set():
-            return
-        self.exit_info = exit_info
-        log.warning(
-            "agent of session %s exited (code %s, signal %s)",
-            self.session_id,
-            exit_info.exit_code,
-            exit_info.signal,
-        )
-        await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
-        raise AgentExited(exit_info)
+    def _restorable(self) -> bool:
+        info = self.conn.info if self.conn is not None else None
+        return info is not None and (info.load_session or _can_resume(info))
+
+    async def _supervise_child(self, nursery: trio.Nursery) -> None:
+        """Watch the agent child; restart it in place while the intensity allows.
+
+        A restart keeps the session id, the event log (ids continue), the clients and
+        the queued prompts; the prompt that was running ends with ``turn_error
+        {errorKind: "agent_restarted"}`` and ``session_restarted`` tells clients what
+        happened. Without load/resume support, or past the intensity, the session dies.
+        """
+        while True:
+            assert self.conn is not None
+            exit_info = await self.conn.wait_closed()
+            if self._stopping or self.ended.is_set():
+                return
+            self.exit_info = exit_info
+            self._conn_ready = trio.Event()
+            log.warning(
+                "agent of session %s exited (code %s, signal %s)",
+                self.session_id,
+                exit_info.exit_code,
+                exit_info.signal,
+            )
+            if not (self._restorable() and self._restarts.allows()):
+                await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
+                raise AgentExited(exit_info)
+            self._restarts.count()
+            self.restart_count += 1
+            attempt = self.restart_count
+            reason = f"agent exited (code {exit_info.exit_code}, signal {exit_info.signal})"
+            self._record_supervision("crash", reason, attempt)
+            if self.active is not None:
+                self._finish(
+                    self.active,
+                    "turn_error",
+                    {
+                        "sessionId": self.session_id,
+                        "message": "the agent exited during the prompt and was restarted",
+                        "code": "agent_restarted",
+                        "errorKind": "agent_restarted",
+                    },
+                )
+            try:
+                await self.mediator.ask(
+                    CancelSessionPermissions(self.session_id, "session_closed"), timeout_s=2
+                )
+            except ActorError:
+                pass
+            await trio.sleep(min(5.0, self.restart_backoff_s * 2 ** (attempt - 1)))
+            try:
+                await self._start_agent(nursery, "restart")
+            except Exception as exc:
+                log.warning("restarting the agent of session %s failed: %r", self.session_id, exc)
+                await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
+                raise AgentExited(exit_info) from exc
+            self._record_supervision("restart", f"attempt {attempt}", attempt)
+            self.log.publish(
+                "session_restarted",
+                {
+                    "sessionId": self.session_id,
+                    "attempt": attempt,
+                    "exitCode": exit_info.exit_code,
+                    "signal": _signal_name(exit_info.signal),
+                },
+            )
+
+    def _record_supervision(self, kind: str, reason: str, attempt: int) -> None:
+        if self.supervisor is not None:
+            from actors import EventKind
+
+            self.supervisor.record(self.name, EventKind(kind), reason, attempt)
 
     async def on_stop(self) -> None:
         self._stopping = True
@@ -415,6 +496,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         await self.log.wait_drained()
 
     def on_session_update(self, session_id: str, kind: str, update: msgspec.Raw) -> None:
+        if self._drop_updates:
+            return  # history replayed by session/load after a restart: already in the log
         if not self.session_id:
             self._early.append((kind, update))
             return
@@ -491,7 +574,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             return CancelledPermissionOutcome()
         outcome = response.get("outcome", {})
         if outcome.get("outcome") == "selected":
-            return SelectedPermissionOutcome(option_id=outcome["optionId"])
+            selected = SelectedPermissionOutcome(option_id=outcome["optionId"])
+            gate = _effect_gate(self)
+            if gate is not None:  # an allowed tool call's own fs/terminal effect: ask once
+                gate.note_agent_permission(self, params, selected)
+            return selected
         return CancelledPermissionOutcome()
 
     # ---- the actor loop ----------------------------------------------------------------
@@ -657,6 +744,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         async for job in self._recv_job:
             if job.done.is_set():
                 continue  # removed or aborted before it started
+            await self._conn_ready.wait()  # an agent restart in progress
+            if job.done.is_set():
+                continue
             if job in self.queue:
                 self.queue.remove(job)
             self.active = job
@@ -708,7 +798,10 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             self._finish(job, "turn_error", data)
             return
         except ChannelClosed:
-            # The watcher publishes session_died; this prompt ends here.
+            # The child died: the supervising task ends this prompt (agent_restarted or,
+            # when the session dies, channel_closed); wait for its decision.
+            with trio.move_on_after(30):
+                await job.done.wait()
             self._finish(job, "turn_error", _channel_closed_error(self.session_id))
             return
         except AcpError as exc:
@@ -815,6 +908,10 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             self.log.publish("session_closed", data, originator=closed_by)
         self.log.close()
         self.ended.set()
+
+
+def _can_resume(info: Any) -> bool:
+    return info is not None and bool(getattr(info, "supports_resume", False))
 
 
 def _effect_gate(session: SessionActor) -> Any:

@@ -264,6 +264,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 on_gone=self._forget,
             )
             session.effects = self.effects
+            session.supervisor = self.supervisor
             await self.supervisor.start_child(
                 ChildSpec(spec_name, session.run, Restart.TEMPORARY, shutdown_grace_s=5.0)
             )

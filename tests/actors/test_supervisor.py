@@ -245,3 +245,14 @@ async def test_history_is_bounded(nursery: trio.Nursery) -> None:
     await trio.testing.wait_all_tasks_blocked()
     assert len(sup.events) == 5
     sup.shutdown()
+
+
+def test_restart_window_counts_within_the_period() -> None:
+    from actors import RestartWindow
+
+    window = RestartWindow(intensity=2, period_s=10)
+    assert window.allows(0.0)
+    assert window.count(0.0) and window.count(1.0)
+    assert not window.allows(2.0)
+    assert not window.count(2.0)  # the third restart within 10 s exceeds it
+    assert window.allows(12.5)  # the first two have aged out

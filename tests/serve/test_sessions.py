@@ -213,14 +213,24 @@ async def test_close_publishes_session_closed_ends_stream_then_404(
     assert (await client.post(f"/session/{sid}/prompt", json=text("x"))).status_code == 404
 
 
-async def test_crash_is_isolated_to_its_session(client: httpx.AsyncClient) -> None:
+async def test_crash_is_isolated_restarted_then_dies_past_the_intensity(
+    client: httpx.AsyncClient,
+) -> None:
     victim = (await new_session(client))["sessionId"]
     bystander = (await new_session(client))["sessionId"]
     async with client.stream("GET", f"/session/{victim}/events") as stream:
+        # Three crashes are restarted in place (intensity 3 per 60 s)...
+        for attempt in range(1, 4):
+            r = await client.post(f"/session/{victim}/prompt", json=text("[crash]"))
+            assert r.status_code == 503, r.text
+            assert r.json()["code"] == "agent_restarted"
+        # ...the fourth ends the session for good.
         r = await client.post(f"/session/{victim}/prompt", json=text("[crash]"))
         assert r.status_code == 503 and r.json()["code"] == "channel_closed"
         events = [e async for e in iter_events(stream) if "comment" not in e]
-    assert [e["type"] for e in events][-2:] == ["turn_error", "session_died"]
+    types = [e["type"] for e in events]
+    assert [e["data"]["attempt"] for e in events if e["type"] == "session_restarted"] == [1, 2, 3]
+    assert types[-2:] == ["turn_error", "session_died"]
     died = events[-1]["data"]
     assert died["reason"] == "channel_closed" and died["exitCode"] == 17
     assert (await client.post(f"/session/{victim}/prompt", json=text("x"))).status_code == 404
@@ -406,3 +416,56 @@ async def test_deep_health_counts(client: httpx.AsyncClient) -> None:
     assert body["status"] == "ok"
     assert body["sessions"] >= 1
     assert {"pendingPermissions", "activePrompts", "connectedClients"} <= set(body)
+
+
+async def test_killed_agent_is_restarted_in_place(
+    client: httpx.AsyncClient, daemon_proc: DaemonProcess
+) -> None:
+    """SIGKILL the agent child mid-prompt: same session id, ids continue, queue survives."""
+    sid = (await new_session(client))["sessionId"]
+    pid = _newest_child(daemon_proc.proc.pid)
+    first = await client.post(
+        f"/session/{sid}/prompt", json=text("[sleep 30000]"), headers={"Prefer": "respond-async"}
+    )
+    queued = await client.post(
+        f"/session/{sid}/prompt", json=text("after restart"), headers={"Prefer": "respond-async"}
+    )
+    await trio.sleep(0.3)
+    os.kill(pid, 9)
+    async with client.stream(
+        "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+    ) as stream:
+        done: list[dict[str, Any]] = []
+        events = await collect_until(
+            stream, lambda e: is_terminal(e) and done.append(e) is None and len(done) == 2
+        )
+    ids = [e["id"] for e in events if "id" in e]
+    assert ids == list(range(1, len(ids) + 1))
+    assert done[0]["promptId"] == first.json()["promptId"]
+    assert done[0]["type"] == "turn_error"
+    assert done[0]["data"]["errorKind"] == "agent_restarted"
+    restarted = next(e for e in events if e["type"] == "session_restarted")
+    assert restarted["data"]["attempt"] == 1 and restarted["data"]["signal"] == "SIGKILL"
+    assert done[1]["promptId"] == queued.json()["promptId"]
+    assert done[1]["type"] == "turn_complete"
+    assert "session_died" not in [e["type"] for e in events]
+    assert _newest_child(daemon_proc.proc.pid) != pid
+
+
+def _newest_child(parent: int) -> int:
+    """The most recently started child process of ``parent`` (the last spawned agent)."""
+    newest: tuple[int, int] | None = None
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z":
+            started = int(fields[19])
+            if newest is None or started >= newest[0]:
+                newest = (started, int(entry))
+    assert newest is not None, "no child process"
+    return newest[1]
