@@ -86,6 +86,10 @@ def _envelope(initialized: bool, **fields: Any) -> dict[str, Any]:
     }
 
 
+def _status_error(kind: str, err: WorkspaceFsError) -> dict[str, Any]:
+    return {"kind": kind, "status": "error", "error": err.message, "errorKind": "missing_file"}
+
+
 def _fs_failure(err: WorkspaceFsError) -> ApiError:
     return ApiError(err.status, {"error": err.message, "code": err.kind, "errorKind": err.kind})
 
@@ -149,7 +153,11 @@ async def workspace_skills() -> Response:
     d = daemon()
     if agent_session(d) is None:
         return json_response(_envelope(False, skills=[]), headers=NO_STORE)
-    skills = await trio.to_thread.run_sync(project_skills, primary_workspace(d))
+    try:
+        skills = await trio.to_thread.run_sync(project_skills, primary_workspace(d))
+    except WorkspaceFsError as err:
+        body = _envelope(True, skills=[], errors=[_status_error("skills", err)])
+        return json_response(body, headers=NO_STORE)
     return json_response(_envelope(True, skills=skills), headers=NO_STORE)
 
 
