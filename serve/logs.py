@@ -1,12 +1,23 @@
-"""Logging set-up: text or one JSON object per line on stderr."""
+"""Logging set-up: text or one JSON object per line on stderr, with secrets redacted.
+
+:func:`setup_logging` installs one stderr handler on the root logger. :func:`install_redaction`
+attaches a :class:`serve.security.bearer.RedactingFilter` to every root handler so a bearer
+token that reaches a log call (as text, an argument or in a traceback) is written as
+``[redacted]``; the security front calls it with the configured token at start-up. Filters
+sit on handlers, not loggers, so records propagated from child loggers (``hypercorn.error``,
+``serve.*``) are covered.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+from collections.abc import Iterable
 
 import msgspec
+
+from serve.security.bearer import RedactingFilter
 
 _encoder = msgspec.json.Encoder()
 
@@ -39,3 +50,17 @@ def setup_logging(fmt: str = "text", level: int = logging.INFO) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
+
+
+def install_redaction(secrets: Iterable[str | None]) -> None:
+    """Redact ``secrets`` in everything the root logger's handlers write.
+
+    Idempotent: a previous redacting filter installed here is replaced. ``None`` and empty
+    values are ignored; with nothing to hide, no filter is installed.
+    """
+    values = [s for s in secrets if s]
+    for handler in logging.getLogger().handlers:
+        for old in [f for f in handler.filters if isinstance(f, RedactingFilter)]:
+            handler.removeFilter(old)
+        if values:
+            handler.addFilter(RedactingFilter(values))

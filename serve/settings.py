@@ -95,6 +95,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     def trusted_loopback(self) -> bool:
         return self.is_loopback and self.token is None and not self.require_auth
 
+    def __repr__(self) -> str:
+        """Field by field, with the bearer token shown as ``[redacted]``."""
+        fields = ", ".join(
+            f"{name}={'[redacted]' if name == 'token' and value else repr(value)}"
+            for name, value in ((f, getattr(self, f)) for f in self.__struct_fields__)
+        )
+        return f"Settings({fields})"
+
 
 #: Accepted for compatibility with qwen serve launch scripts; no behaviour behind them.
 INERT_FLAGS = (
@@ -320,22 +328,24 @@ def parse_settings(
         )
     port = _int("--port", ns.port, minimum=0, maximum=65535, what="an integer in [0, 65535]")
 
-    # Token: flag wins over env; trimmed; empty = none (§2.3).
-    token_from_argv = ns.token is not None
-    raw_token = ns.token if ns.token is not None else env.get("QWEN_SERVER_TOKEN")
-    token = raw_token.strip() if raw_token is not None else None
-    token = token or None
-    generated = False
-    if token is None and not is_loopback_hostname(hostname):
-        if raw_token is not None:
-            raise SettingsError(
-                f"Refusing to bind {hostname}:{port} without a bearer token "
-                "(an empty token was given); set QWEN_SERVER_TOKEN or pass --token"
-            )
-        from serve.security.bearer import generate_token
+    # Token: flag wins over env; trimmed; empty = none; generated on a non-loopback bind
+    # when neither source is present (§2.3).
+    from serve.security.bearer import InvalidBearerToken, resolve_startup_token
 
-        token = generate_token()
-        generated = True
+    try:
+        resolution = resolve_startup_token(
+            ns.token, env, loopback_bind=is_loopback_hostname(hostname)
+        )
+    except InvalidBearerToken as exc:
+        raise SettingsError(str(exc)) from None
+    token = resolution.token
+    token_from_argv = resolution.argv_warning
+    generated = resolution.generated
+    if token is None and not is_loopback_hostname(hostname):
+        raise SettingsError(
+            f"Refusing to bind {hostname}:{port} without a bearer token "
+            "(an empty token was given); set QWEN_SERVER_TOKEN or pass --token"
+        )
     if ns.require_auth and token is None:
         raise SettingsError(
             "Refusing to start with --require-auth set but no bearer token configured; "
@@ -383,18 +393,17 @@ def parse_settings(
         what="an integer in [1, 1000000]",
     )
 
+    from serve.security.cors import CorsPolicy, InvalidAllowOriginPattern, parse_allow_origin
+
     origins: list[str] = []
     for pattern in ns.allow_origin or []:
-        from serve.security.cors import InvalidAllowOriginPattern, parse_allow_origin
-
         try:
             origins.append(parse_allow_origin(pattern))
         except InvalidAllowOriginPattern as exc:
             raise SettingsError(str(exc)) from None
-    if "*" in origins and token is None:
-        raise SettingsError(
-            "Refusing --allow-origin '*' without a bearer token; set QWEN_SERVER_TOKEN or --token"
-        )
+    problem = CorsPolicy.from_patterns(origins).startup_problem(has_token=token is not None)
+    if problem is not None:
+        raise SettingsError(problem)
 
     if (ns.tls_cert is None) != (ns.tls_key is None):
         raise SettingsError("--tls-cert and --tls-key must be given together")

@@ -69,6 +69,7 @@ __all__ = [
     "is_remote_same_origin",
     "is_self_origin",
     "parse_allow_origin",
+    "self_origins",
 ]
 
 ALLOW_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
@@ -339,6 +340,23 @@ def _self_names(bound_host: str) -> set[str]:
     return {"127.0.0.1", "localhost", "[::1]", "host.docker.internal", bound}
 
 
+def self_origins(bound_host: str, port: int) -> frozenset[str]:
+    """Every ``Origin`` value :func:`is_self_origin` accepts for this bind (empty if not loopback).
+
+    The middleware precomputes this once per listening port and tests membership, so the
+    per-request cost is one set lookup.
+    """
+    if not is_loopback_host(bound_host):
+        return frozenset()
+    found: set[str] = set()
+    for name in _self_names(bound_host):
+        for scheme, default in _DEFAULT_PORTS.items():
+            found.add(f"{scheme}://{name}:{port}")
+            if port == default:
+                found.add(f"{scheme}://{name}")
+    return frozenset(found)
+
+
 def is_self_origin(origin: str, bound_host: str, port: int) -> bool:
     """True iff ``origin`` is one of the daemon's own loopback origins (strip it).
 
@@ -346,15 +364,7 @@ def is_self_origin(origin: str, bound_host: str, port: int) -> bool:
     host.docker.internal,<bound host>}:<port>`` exactly, plus ``http://name`` when
     ``port == 80`` and ``https://name`` when ``port == 443``.
     """
-    if not is_loopback_host(bound_host) or len(origin) > MAX_ORIGIN_CHARS:
-        return False
-    for name in _self_names(bound_host):
-        for scheme, default in _DEFAULT_PORTS.items():
-            if origin == f"{scheme}://{name}:{port}":
-                return True
-            if port == default and origin == f"{scheme}://{name}":
-                return True
-    return False
+    return len(origin) <= MAX_ORIGIN_CHARS and origin in self_origins(bound_host, port)
 
 
 def _plain_ascii(value: str) -> bool:
