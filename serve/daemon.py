@@ -49,16 +49,24 @@ class Daemon:
         self.settings = settings
         self.started_monotonic = time.monotonic()
         self.root = Supervisor("root", intensity=5, period_s=30.0, history=512)
-        self.permission_policy = "first-responder"
+        # -- issue 6: the config file, the mediation policy and the Host's EffectGate --
+        from serve.config import load_daemon_config
+        from serve.effects import EffectGate
+
+        self.config = load_daemon_config(settings)  # SettingsError names a bad key
+        self.permission_policy: str = self.config.policy.permission_strategy
+        # -- end issue 6 --
         self.urls: list[str] = []
         self.port: int = settings.port
         self.draining = False
         self.sse_streams = 0
         self.mediator = PermissionMediator(
             policy=self.permission_policy,
+            consensus_quorum=self.config.policy.consensus_quorum,  # issue 6
             response_timeout_ms=settings.permission_response_timeout_ms,
         )
         self.registry = SessionRegistry(settings, self.mediator)
+        self.registry.effects = EffectGate(self, self.config)  # issue 6
         self.services: dict[str, Any] = {}
         self._http_stop = trio.Event()
         self._stopped = trio.Event()
@@ -144,12 +152,35 @@ class Daemon:
         if self.draining:
             return
         self.draining = True
+        log.info("draining: no new sessions or prompts")
+        await self._drain_prompts(self.settings.drain_timeout_ms / 1000)
         log.info("shutting down")
         with trio.move_on_after(SHUTDOWN_FORCE_S):
             await self._close_sessions("daemon_shutdown")
             self.root.shutdown()
             await self.root.finished.wait()
         self._stopped.set()
+
+    async def _drain_prompts(self, timeout_s: float) -> None:
+        """Let admitted prompts finish, up to ``timeout_s`` (then they are cancelled)."""
+        with trio.move_on_after(timeout_s):
+            while any(s.pending_count for s in self.registry.live()):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+
+    def readiness(self) -> tuple[bool, str]:
+        """For ``/readyz``: (ready, reason)."""
+        if self.draining:
+            return False, "draining"
+        states = {c["name"]: c["state"] for c in self.root.children()}
+        if not self.root.running or any(state != "running" for state in states.values()):
+            return False, "supervisor_not_running"
+        limit = self.settings.max_sessions
+        if limit and len(self.registry.live()) >= limit * len(self.settings.workspaces):
+            return False, "session_capacity_exhausted"
+        total = self.settings.max_total_sessions
+        if total and len(self.registry.live()) >= total:
+            return False, "session_capacity_exhausted"
+        return True, "ready"
 
     async def _close_sessions(self, reason: str) -> None:
         """End every session: ``session_died {reason}``, logs closed, SSE streams end."""

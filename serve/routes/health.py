@@ -21,6 +21,15 @@ async def health() -> Response:
     return json_response(daemon().deep_health())
 
 
+@blueprint.get("/readyz")
+async def readyz() -> Response:
+    """Readiness for orchestrators: 503 while draining, starting, or at capacity."""
+    ready, reason = daemon().readiness()
+    if ready:
+        return json_response({"status": "ready"})
+    return json_response({"status": "not_ready", "reason": reason}, 503, {"Retry-After": "5"})
+
+
 @blueprint.get("/capabilities")
 async def get_capabilities() -> Response:
     return json_response(capabilities.envelope(daemon()))

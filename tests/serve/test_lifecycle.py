@@ -1,0 +1,131 @@
+"""Graceful drain on SIGTERM, /readyz transitions, no process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import httpx
+import trio
+
+from tests.conftest import AUTH, TOKEN
+from tests.support.daemon import spawn_daemon
+from tests.support.sse import iter_events
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_drain_lets_the_running_prompt_finish_then_exits_cleanly() -> None:
+    daemon = spawn_daemon(env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            assert (await client.get("/readyz")).json() == {"status": "ready"}
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            agents = _children(daemon.proc.pid)
+            assert agents
+            r = await client.post(
+                f"/session/{sid}/prompt",
+                json={"prompt": [{"type": "text", "text": "[sleep 1500] finished"}]},
+                headers={"Prefer": "respond-async"},
+            )
+            prompt_id = r.json()["promptId"]
+            events: list[dict[str, Any]] = []
+            async with client.stream("GET", f"/session/{sid}/events") as stream:
+                await trio.sleep(0.2)
+                daemon.proc.send_signal(signal.SIGTERM)
+                await trio.sleep(0.2)
+                async with httpx.AsyncClient(
+                    base_url=daemon.url, headers=AUTH, timeout=10
+                ) as other:
+                    refused = await other.post("/session", json={"sessionScope": "thread"})
+                    assert refused.status_code == 503
+                    assert refused.json()["code"] == "daemon_draining"
+                    assert refused.headers["retry-after"]
+                    prompt = await other.post(
+                        f"/session/{sid}/prompt",
+                        json={"prompt": [{"type": "text", "text": "late"}]},
+                    )
+                    assert prompt.status_code == 503
+                    ready = await other.get("/readyz")
+                    assert ready.status_code == 503 and ready.json()["reason"] == "draining"
+                async for event in iter_events(stream):
+                    if "comment" not in event:
+                        events.append(event)
+        types = [e["type"] for e in events]
+        complete = next(e for e in events if e["type"] == "turn_complete")
+        assert complete["promptId"] == prompt_id
+        assert complete["data"]["stopReason"] == "end_turn"
+        assert types[-1] == "session_died"
+        assert events[-1]["data"]["reason"] == "daemon_shutdown"
+        assert daemon.proc.wait(10) == 0
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in agents):
+            assert time.monotonic() < deadline, "agent process survived the daemon"
+            time.sleep(0.05)
+    finally:
+        daemon.stop()
+
+
+async def test_drain_timeout_cancels_what_is_still_running() -> None:
+    daemon = spawn_daemon(["--drain-timeout-ms", "300"], env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            await client.post(
+                f"/session/{sid}/prompt",
+                json={"prompt": [{"type": "text", "text": "[sleep 60000]"}]},
+                headers={"Prefer": "respond-async"},
+            )
+            async with client.stream(
+                "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+            ) as stream:
+                started = time.monotonic()
+                daemon.proc.send_signal(signal.SIGTERM)
+                events = [e async for e in iter_events(stream) if "comment" not in e]
+        terminal = [e for e in events if e["type"] in ("turn_complete", "turn_error")]
+        assert len(terminal) == 1
+        assert terminal[0]["type"] == "turn_error"
+        assert terminal[0]["data"]["code"] == "daemon_shutdown"
+        assert events[-1]["type"] == "session_died"
+        assert daemon.proc.wait(10) == 0
+        assert time.monotonic() - started < 6
+    finally:
+        daemon.stop()
+
+
+async def test_readyz_reports_capacity() -> None:
+    daemon = spawn_daemon(["--max-sessions", "1"], env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            assert (await client.get("/readyz")).status_code == 200
+            await client.post("/session", json={})
+            r = await client.get("/readyz")
+            assert r.status_code == 503
+            assert r.json() == {"status": "not_ready", "reason": "session_capacity_exhausted"}
+            full = await client.post("/session", json={"sessionScope": "thread"})
+            assert full.status_code == 503 and full.json()["code"] == "session_limit_exceeded"
+            assert full.json()["limit"] == 1 and full.headers["retry-after"] == "5"
+    finally:
+        daemon.stop()
