@@ -1,0 +1,64 @@
+"""The durable event journal: every session's published SSE frames, on disk, replayable.
+
+Why append-only segment files and not SQLite
+--------------------------------------------
+The journal is a per-session append-only log read back only sequentially, after a
+restart. Plain segment files do exactly that with one ``write`` + one ``fdatasync`` per
+batch, rotation is "delete the oldest file" (space returned at once; SQLite needs
+``DELETE`` + vacuum and keeps a WAL beside it), a torn tail is found by a length and a
+CRC32 per record and cut with ``ftruncate``, and there is no connection/thread affinity
+to manage from trio's worker threads. SQLite would buy queries and transactions we do
+not need, and its failure mode on a damaged file ("database disk image is malformed")
+is all-or-nothing, where ours is "keep the valid prefix".
+
+Layout and format: ``store.py`` (directories, ``meta.json``, segments) and ``format.py``
+(records). Writer, flusher, overload policy and shutdown: ``journal.py``.
+
+Durability guarantee
+--------------------
+When ``SessionJournal.flush()`` or ``aclose()`` returns, every event the sink accepted
+before the call is written and fsynced; between flushes an event is on disk within
+about ``flush_interval_ms`` (50 ms) plus one write, and a crash loses at most that
+unsynced suffix: what survives is always a gap-free prefix of the ids. Events are
+dropped only when the disk falls behind by ``max_buffer_bytes`` (``degraded``).
+
+Use (the session actor)::
+
+    journal = Journal(settings.state_dir)                       # daemon-wide
+    replay = await journal.read(sid, tail=settings.event_ring_size)
+    epoch = replay.meta.epoch if replay.clean else None         # None: EventLog mints one
+    log = EventLog(sid, ring_size=settings.event_ring_size, epoch=epoch)
+    for event_id, _type, frame in replay:
+        log.restore(event_id, frame)
+    writer = await journal.open_writer(msgspec.structs.replace(replay.meta, epoch=log.epoch))
+    log.sink = writer.sink
+    await nursery.start(writer.run)
+    ...
+    await writer.aclose()                                       # on session end or drain
+"""
+
+from serve.journal.format import JournalRecord
+from serve.journal.journal import (
+    Journal,
+    JournalBusy,
+    JournalError,
+    JournalIOError,
+    JournalLimits,
+    JournalNotFound,
+    Replay,
+    SessionJournal,
+)
+from serve.journal.store import JournalMeta
+
+__all__ = [
+    "Journal",
+    "JournalBusy",
+    "JournalError",
+    "JournalIOError",
+    "JournalLimits",
+    "JournalMeta",
+    "JournalNotFound",
+    "JournalRecord",
+    "Replay",
+    "SessionJournal",
+]
