@@ -1,0 +1,53 @@
+"""Registers the DeviceFlowPoller as a root-supervised service (imported by the auth routes).
+
+Providers come from :func:`serve.deviceflow.providers.load_providers` (built-in
+``qwen-oauth``, ``ACP_SERVE_DEVICE_FLOW_PROVIDERS``, and ``settings.device_flow_providers``
+when the settings carry it). A malformed entry is logged and the daemon runs with the
+built-in provider only. Credentials go to ``<state-dir>/credentials/``; events go to every
+live session's log.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from actors import ChildSpec, Restart
+from serve.deviceflow.poller import DeviceFlowPoller
+from serve.deviceflow.providers import QWEN_OAUTH, ProviderConfigError, load_providers
+from serve.services import ServiceSpec, register_service
+
+if TYPE_CHECKING:
+    from serve.daemon import Daemon
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "device-flow-poller"
+
+
+def build(daemon: Daemon) -> tuple[DeviceFlowPoller, ChildSpec]:
+    try:
+        providers = load_providers(daemon.settings)
+    except ProviderConfigError as exc:
+        log.error("device-flow providers ignored: %s", exc)
+        providers = {QWEN_OAUTH.id: QWEN_OAUTH}
+
+    def fanout(event_type: str, data: dict[str, Any]) -> None:
+        for session in daemon.registry.live():
+            session.log.publish(event_type, data)
+
+    poller = DeviceFlowPoller(
+        providers=providers, state_dir=daemon.settings.state_dir, fanout=fanout
+    )
+    spec = ChildSpec(
+        SERVICE_NAME, poller.run, Restart.PERMANENT, shutdown_grace_s=5.0, stop=poller.close
+    )
+    return poller, spec
+
+
+def poller_of(daemon: Daemon) -> DeviceFlowPoller | None:
+    poller = daemon.services.get(SERVICE_NAME)
+    return poller if isinstance(poller, DeviceFlowPoller) else None
+
+
+register_service(ServiceSpec(SERVICE_NAME, build))
