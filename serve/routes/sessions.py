@@ -38,7 +38,10 @@ from serve.sessions.actor import (
     CancelTurn,
     CloseSession,
     Heartbeat,
+    ListPending,
     PromptQueueFull,
+    PromptRunning,
+    RemovePending,
     SessionActor,
     SessionGone,
     SetApprovalMode,
@@ -66,6 +69,18 @@ capabilities.register(
     Feature("session_prompt", (("POST", "/session/<session_id>/prompt"),)),
     Feature("non_blocking_prompt", (("POST", "/session/<session_id>/prompt"),)),
     Feature("session_cancel", (("POST", "/session/<session_id>/cancel"),)),
+    Feature(
+        "session_pending_prompts",
+        (
+            ("GET", "/session/<session_id>/pending-prompts"),
+            ("DELETE", "/session/<session_id>/pending-prompts/<prompt_id>"),
+        ),
+    ),
+    Feature(
+        "prompt_absolute_deadline",
+        (("POST", "/session/<session_id>/prompt"),),
+        when=lambda d: d.settings.prompt_deadline_ms is not None,
+    ),
     Feature("session_close", (("DELETE", "/session/<session_id>"),)),
     Feature("session_metadata", (("PATCH", "/session/<session_id>/metadata"),)),
     Feature("client_identity", (("POST", "/session"),)),
@@ -352,13 +367,23 @@ async def prompt(session_id: str) -> Response:
     client_id = header_client_id()
     blocks, text, extra = _validate_prompt(body)
     prompt_id = body.get("promptId")
-    if prompt_id is not None and (not isinstance(prompt_id, str) or not prompt_id):
-        raise bad_request("`promptId` must be a non-empty string", "invalid_prompt_id")
+    if prompt_id is not None and (not isinstance(prompt_id, str) or not 0 < len(prompt_id) <= 128):
+        raise bad_request(
+            "`promptId` must be a non-empty string of at most 128 characters", "invalid_prompt_id"
+        )
+    deadline_ms = body.get("deadlineMs")
+    if deadline_ms is not None and (
+        isinstance(deadline_ms, bool)
+        or not isinstance(deadline_ms, int)
+        or not 0 < deadline_ms <= 2_147_483_647
+    ):
+        raise bad_request("`deadlineMs` must be a positive integer", "invalid_deadline_ms")
     session = find_session(session_id)
     client_id = session_client(session)
     try:
         admission = await ask(
-            session, SubmitPrompt(blocks, text, client_id, extra or None, prompt_id)
+            session,
+            SubmitPrompt(blocks, text, client_id, extra or None, prompt_id, deadline_ms),
         )
     except PromptQueueFull as exc:
         raise service_unavailable(
@@ -403,6 +428,42 @@ async def prompt(session_id: str) -> Response:
     retryable = ("channel_closed", "daemon_shutdown", "agent_restarted")
     status = 503 if data.get("code") in retryable else 500
     return json_response(error_body, status)
+
+
+@blueprint.get("/session/<session_id>/pending-prompts")
+async def pending_prompts(session_id: str) -> Response:
+    session = find_session(session_id)
+    session_client(session)
+    return json_response(await ask(session, ListPending()))
+
+
+@blueprint.delete("/session/<session_id>/pending-prompts/<prompt_id>")
+async def remove_pending_prompt(session_id: str, prompt_id: str) -> Response:
+    session = find_session(session_id)
+    client_id = session_client(session)
+    try:
+        removed = await ask(session, RemovePending(prompt_id, client_id))
+    except PromptRunning:
+        raise ApiError(
+            409,
+            {
+                "error": "The prompt is running; cancel it with POST /session/:id/cancel",
+                "code": "prompt_running",
+                "sessionId": session_id,
+                "promptId": prompt_id,
+            },
+        ) from None
+    if not removed:
+        raise ApiError(
+            404,
+            {
+                "error": f'No pending prompt "{prompt_id}"',
+                "code": "prompt_not_found",
+                "sessionId": session_id,
+                "promptId": prompt_id,
+            },
+        )
+    return Response(b"", status=204)
 
 
 @blueprint.post("/session/<session_id>/cancel")
@@ -564,7 +625,7 @@ async def events(session_id: str) -> Response:
             "X-Qwen-SSE-Stream-Id": str(uuid.uuid4()),
         },
     )
-    response.timeout = None  # type: ignore[attr-defined]
+    response.timeout = None  # type: ignore[union-attr]
     return response  # type: ignore[return-value]
 
 

@@ -67,6 +67,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 APPROVAL_MODES = ("plan", "default", "auto-edit", "auto", "yolo")
+#: Client-chosen prompt ids remembered for idempotent re-submission.
+MAX_REMEMBERED_PROMPTS = 256
 _encoder = msgspec.json.Encoder()
 
 
@@ -86,6 +88,10 @@ class SessionGone(Exception):
     """The session is closing or closed; maps to 404."""
 
 
+class PromptRunning(Exception):
+    """The prompt is running; it can be cancelled, not removed from the queue."""
+
+
 class PromptQueueFull(Exception):
     def __init__(self, limit: int, pending: int) -> None:
         super().__init__(f"prompt queue full ({pending}/{limit})")
@@ -102,6 +108,16 @@ class SubmitPrompt(msgspec.Struct, frozen=True):
     client_id: str | None
     extra: dict[str, Any] | None = None
     prompt_id: str | None = None
+    deadline_ms: int | None = None  # per-request; can only shorten the daemon's
+
+
+class ListPending(msgspec.Struct, frozen=True):
+    pass
+
+
+class RemovePending(msgspec.Struct, frozen=True):
+    prompt_id: str
+    client_id: str | None
 
 
 class CancelTurn(msgspec.Struct, frozen=True):
@@ -148,6 +164,8 @@ SessionMsg = (
     | UpdateMetadata
     | Attach
     | Heartbeat
+    | ListPending
+    | RemovePending
 )
 
 
@@ -155,12 +173,15 @@ class PromptJob:
     """One admitted prompt; ``done`` fires once its terminal event is published."""
 
     __slots__ = (
+        "admission",
         "client_id",
+        "deadline",
         "done",
         "extra",
         "prompt",
         "prompt_id",
         "queued",
+        "queued_at",
         "result",
         "started",
         "text",
@@ -173,6 +194,9 @@ class PromptJob:
         self.client_id = msg.client_id
         self.extra = msg.extra
         self.queued = queued
+        self.queued_at = iso_now()
+        self.admission: Admission | None = None
+        self.deadline: float | None = None  # trio clock
         self.started = False
         self.done = trio.Event()
         self.result: tuple[str, dict[str, Any]] | None = None
@@ -243,6 +267,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.exit_info: ExitInfo | None = None
         self.subscribers = 0
         self._drop_updates = False
+        self._admitted: dict[str, PromptJob] = {}
         self._conn_ready = trio.Event()
         self._restarts = RestartWindow(restart_intensity, restart_period_s)
         self.restart_backoff_s = restart_backoff_s
@@ -609,6 +634,10 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 return {"sessionId": self.session_id, "displayName": name}
             case Attach(client_id=cid):
                 return self.register_client(cid)
+            case ListPending():
+                return self._pending_list()
+            case RemovePending(prompt_id=pid, client_id=cid):
+                return self._remove_pending(pid, cid)
             case Heartbeat(client_id=cid):
                 now = int(time.time() * 1000)
                 self.last_seen_ms = now
@@ -617,12 +646,22 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 return now
 
     def _admit(self, msg: SubmitPrompt) -> Admission:
+        if msg.prompt_id is not None:
+            earlier = self._admitted.get(msg.prompt_id)
+            if earlier is not None and earlier.admission is not None:
+                return earlier.admission  # idempotent: the same turn, not a second one
         limit = self.settings.max_pending_prompts_per_session
         if limit and self.pending_count >= limit:
             raise PromptQueueFull(limit, self.pending_count)
         prompt_id = msg.prompt_id or str(uuid.uuid4())
         queued = self.pending_count > 0
         job = PromptJob(msg, prompt_id, queued)
+        deadline_ms = self.settings.prompt_deadline_ms
+        if deadline_ms is not None and msg.deadline_ms is not None:
+            deadline_ms = min(deadline_ms, msg.deadline_ms)
+        if deadline_ms is not None:
+            # An absolute deadline: queueing time counts.
+            job.deadline = trio.current_time() + deadline_ms / 1000
         watermark = self.log.last_id
         if queued:
             self.log.publish(
@@ -638,7 +677,46 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             )
         self.queue.append(job)
         self._send_job.send_nowait(job)
-        return Admission(prompt_id, watermark, self.log.epoch, job)
+        job.admission = Admission(prompt_id, watermark, self.log.epoch, job)
+        self._admitted[prompt_id] = job
+        while len(self._admitted) > MAX_REMEMBERED_PROMPTS:
+            self._admitted.pop(next(iter(self._admitted)))
+        return job.admission
+
+    def _pending_list(self) -> dict[str, Any]:
+        jobs = ([self.active] if self.active is not None else []) + list(self.queue)
+        return {
+            "sessionId": self.session_id,
+            "pending": [
+                {
+                    "promptId": job.prompt_id,
+                    "text": job.text,
+                    "queuedAt": job.queued_at,
+                    "state": "running" if job is self.active else "queued",
+                    **({"originatorClientId": job.client_id} if job.client_id else {}),
+                }
+                for job in jobs
+            ],
+        }
+
+    def _remove_pending(self, prompt_id: str, client_id: str | None) -> bool:
+        """Remove a queued prompt (True), False when unknown; running ones are refused."""
+        if self.active is not None and self.active.prompt_id == prompt_id:
+            raise PromptRunning(prompt_id)
+        for job in self.queue:
+            if job.prompt_id == prompt_id:
+                self.queue.remove(job)
+                self.log.publish(
+                    "prompt_cancelled",
+                    {"sessionId": self.session_id, "reason": "removed_from_queue"},
+                    prompt_id=prompt_id,
+                    originator=client_id,
+                )
+                self._finish(
+                    job, "turn_complete", {"sessionId": self.session_id, "stopReason": "cancelled"}
+                )
+                return True
+        return False
 
     async def _cancel_turn(self, client_id: str | None) -> None:
         active = self.active
@@ -747,6 +825,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             await self._conn_ready.wait()  # an agent restart in progress
             if job.done.is_set():
                 continue
+            if job.deadline is not None and trio.current_time() >= job.deadline:
+                if job in self.queue:
+                    self.queue.remove(job)
+                await self._deadline_exceeded(job)
+                continue
             if job in self.queue:
                 self.queue.remove(job)
             self.active = job
@@ -783,9 +866,13 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         try:
             with trio.CancelScope() as scope:
                 self._turn_scope = scope
+                if job.deadline is not None:
+                    scope.deadline = job.deadline
                 result = await self.conn.prompt(self.session_id, job.prompt, extra=extra)
             self._turn_scope = None
             if scope.cancelled_caught:
+                if job.deadline is not None and trio.current_time() >= job.deadline:
+                    await self._deadline_exceeded(job)
                 return
         except RemoteError as exc:
             data: dict[str, Any] = {
@@ -822,16 +909,43 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 data["branchPoint"] = decoded["qwen.branchPoint"]
         self._finish(job, "turn_complete", data)
 
+    async def _deadline_exceeded(self, job: PromptJob) -> None:
+        """The absolute deadline fired: end the turn now (the FIFO moves on even if the
+        agent is wedged) and ask the agent to stop."""
+        self._finish(
+            job,
+            "turn_error",
+            {
+                "sessionId": self.session_id,
+                "message": "the prompt exceeded its deadline",
+                "code": "prompt_deadline_exceeded",
+                "errorKind": "prompt_deadline_exceeded",
+            },
+        )
+        try:
+            await self.mediator.ask(
+                CancelSessionPermissions(self.session_id, "session_closed"), timeout_s=2
+            )
+        except ActorError:
+            pass
+        if self.conn is not None and not self.conn.closed:
+            try:
+                with trio.move_on_after(1):
+                    await self.conn.cancel(self.session_id)
+            except AcpError:
+                pass
+
     def _finish(self, job: PromptJob, event_type: str, data: dict[str, Any]) -> None:
         """Publish the one terminal event of ``job`` (idempotent)."""
         if job.done.is_set():
             return
         data.setdefault("promptId", job.prompt_id)
         self.log.publish(event_type, data, prompt_id=job.prompt_id, originator=job.client_id)
-        if job.queued and not job.started:
+        if job.queued:
+            state = "completed" if job.started else "removed"
             self.log.publish(
                 "pending_prompt_completed",
-                {"sessionId": self.session_id, "promptId": job.prompt_id, "state": "removed"},
+                {"sessionId": self.session_id, "promptId": job.prompt_id, "state": state},
                 prompt_id=job.prompt_id,
             )
         job.result = (event_type, data)

@@ -469,3 +469,58 @@ def _newest_child(parent: int) -> int:
                 newest = (started, int(entry))
     assert newest is not None, "no child process"
     return newest[1]
+
+
+async def test_pending_prompts_listing_removal_and_idempotent_submission(
+    client: httpx.AsyncClient,
+) -> None:
+    sid = (await new_session(client))["sessionId"]
+    running = await client.post(
+        f"/session/{sid}/prompt", json=text("[sleep 3000]"), headers={"Prefer": "respond-async"}
+    )
+    body = {**text("queued one"), "promptId": "my-prompt-1"}
+    first = await client.post(
+        f"/session/{sid}/prompt", json=body, headers={"Prefer": "respond-async"}
+    )
+    again = await client.post(
+        f"/session/{sid}/prompt", json=body, headers={"Prefer": "respond-async"}
+    )
+    assert first.json() == again.json()  # the same admission, not a second turn
+    assert first.json()["promptId"] == "my-prompt-1"
+    listed = (await client.get(f"/session/{sid}/pending-prompts")).json()["pending"]
+    assert [(p["promptId"], p["state"]) for p in listed] == [
+        (running.json()["promptId"], "running"),
+        ("my-prompt-1", "queued"),
+    ]
+    r = await client.delete(f"/session/{sid}/pending-prompts/{running.json()['promptId']}")
+    assert r.status_code == 409 and r.json()["code"] == "prompt_running"
+    assert (await client.delete(f"/session/{sid}/pending-prompts/my-prompt-1")).status_code == 204
+    assert (await client.delete(f"/session/{sid}/pending-prompts/my-prompt-1")).status_code == 404
+    await client.post(f"/session/{sid}/cancel")
+    async with client.stream(
+        "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+    ) as stream:
+        done: list[str] = []
+        events = await collect_until(
+            stream,
+            lambda e: is_terminal(e) and done.append(e["promptId"]) is None and len(done) == 2,
+        )
+    removed = next(e for e in events if e["type"] == "pending_prompt_completed")
+    assert removed["data"] == {"sessionId": sid, "promptId": "my-prompt-1", "state": "removed"}
+    assert sorted(done) == sorted([running.json()["promptId"], "my-prompt-1"])
+
+
+async def test_invalid_deadline_is_400(client: httpx.AsyncClient) -> None:
+    sid = (await new_session(client))["sessionId"]
+    for bad in (0, -5, "10", 1.5, True):
+        r = await client.post(f"/session/{sid}/prompt", json={**text("x"), "deadlineMs": bad})
+        assert r.status_code == 400 and r.json()["code"] == "invalid_deadline_ms", bad
+
+
+async def test_detach_of_the_last_client_closes_the_session(client: httpx.AsyncClient) -> None:
+    created = await new_session(client)
+    sid, cid = created["sessionId"], created["clientId"]
+    r = await client.post(f"/session/{sid}/detach", headers={"X-Qwen-Client-Id": cid})
+    assert r.status_code == 204
+    assert (await client.post(f"/session/{sid}/heartbeat")).status_code == 404
+    assert (await client.post("/session/unknown/detach")).status_code == 204

@@ -1,0 +1,73 @@
+"""Prompt deadlines and idle-session reaping, against the real daemon."""
+
+from __future__ import annotations
+
+import httpx
+import trio
+
+from tests.conftest import AUTH, TOKEN
+from tests.support.daemon import spawn_daemon
+from tests.support.sse import collect_until
+
+
+async def test_prompt_deadline_ends_the_turn_and_unblocks_the_queue() -> None:
+    daemon = spawn_daemon(["--prompt-deadline-ms", "2000"], env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            assert (
+                "prompt_absolute_deadline" in (await client.get("/capabilities")).json()["features"]
+            )
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            # A long sleep with a shorter per-request deadline: the deadline ends the turn.
+            wedged = await client.post(
+                f"/session/{sid}/prompt",
+                json={"prompt": [{"type": "text", "text": "[sleep 60000]"}], "deadlineMs": 500},
+                headers={"Prefer": "respond-async"},
+            )
+            after = await client.post(
+                f"/session/{sid}/prompt",
+                json={"prompt": [{"type": "text", "text": "next"}]},
+                headers={"Prefer": "respond-async"},
+            )
+            async with client.stream(
+                "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+            ) as stream:
+                done: list[dict] = []
+                await collect_until(
+                    stream,
+                    lambda e: (
+                        e["type"] in ("turn_complete", "turn_error")
+                        and done.append(e) is None
+                        and len(done) == 2
+                    ),
+                )
+        assert done[0]["promptId"] == wedged.json()["promptId"]
+        assert done[0]["type"] == "turn_error"
+        assert done[0]["data"]["code"] == "prompt_deadline_exceeded"
+        assert done[1]["promptId"] == after.json()["promptId"]
+        assert done[1]["type"] == "turn_complete"
+    finally:
+        daemon.stop()
+
+
+async def test_idle_sessions_are_reaped_unless_kept_alive() -> None:
+    daemon = spawn_daemon(
+        ["--session-idle-timeout-ms", "600", "--session-reap-interval-ms", "100"],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            idle = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            kept = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            watched = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            async with client.stream("GET", f"/session/{watched['sessionId']}/events"):
+                for _ in range(12):  # 1.2 s: two idle timeouts
+                    r = await client.post(f"/session/{kept['sessionId']}/heartbeat")
+                    assert r.status_code == 200
+                    await trio.sleep(0.1)
+                r = await client.post(f"/session/{idle['sessionId']}/heartbeat")
+                assert r.status_code == 404  # reaped
+                r = await client.post(f"/session/{watched['sessionId']}/heartbeat")
+                assert r.status_code == 200  # an SSE subscriber keeps it alive
+    finally:
+        daemon.stop()
