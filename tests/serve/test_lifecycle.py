@@ -83,7 +83,7 @@ async def test_drain_lets_the_running_prompt_finish_then_exits_cleanly() -> None
         deadline = time.monotonic() + 5
         while any(_alive(p) for p in agents):
             assert time.monotonic() < deadline, "agent process survived the daemon"
-            time.sleep(0.05)
+            await trio.sleep(0.05)
     finally:
         daemon.stop()
 
