@@ -27,14 +27,20 @@ Use (the session actor)::
     journal = Journal(settings.state_dir)                       # daemon-wide
     replay = await journal.read(sid, tail=settings.event_ring_size)
     epoch = replay.meta.epoch if replay.clean else None         # None: EventLog mints one
-    log = EventLog(sid, ring_size=settings.event_ring_size, epoch=epoch)
+    first = replay.records[0].event_id if replay.records else replay.next_id
+    log = EventLog(sid, ring_size=settings.event_ring_size, epoch=epoch, next_id=first)
     for event_id, _type, frame in replay:
-        log.restore(event_id, frame)
+        log.restore(event_id, frame)                            # log.next_id == replay.next_id
     writer = await journal.open_writer(msgspec.structs.replace(replay.meta, epoch=log.epoch))
     log.sink = writer.sink
     await nursery.start(writer.run)
     ...
     await writer.aclose()                                       # on session end or drain
+
+A new session: ``open_writer(JournalMeta(...), fresh=True)`` with the new log's epoch.
+Errors: :class:`JournalNotFound` (nothing to restore), :class:`JournalBusy` (another
+writer holds it), :class:`JournalIOError` (the file system; journaling that session
+is then off, the session itself need not fail).
 """
 
 from serve.journal.format import JournalRecord

@@ -32,7 +32,9 @@ of a 200k-event flood was shed; with it, none, at ~270k durable events/s.
 
 Overload and disk failure
 -------------------------
-The buffer (buffered + in flight) is bounded by ``max_buffer_bytes``. The sink cannot
+The buffer (buffered + in flight) is bounded by ``max_buffer_bytes`` (plus one event
+larger than that, accepted only into an empty buffer, up to the format's 64 MiB record
+limit; its frame bytes are the ring's anyway). The sink cannot
 block (it would stall every session and the HTTP front on one slow disk), so past the
 bound it *sheds*: events are dropped, ``degraded`` is set (sticky) and ``dropped_events``
 counts them, until the flusher has emptied the buffer. The next accepted event does not
@@ -67,7 +69,12 @@ from typing import Any
 import msgspec
 import trio
 
-from serve.journal.format import RECORD_OVERHEAD_BYTES, JournalRecord, record_parts
+from serve.journal.format import (
+    MAX_RECORD_BYTES,
+    RECORD_OVERHEAD_BYTES,
+    JournalRecord,
+    record_parts,
+)
 from serve.journal.store import (
     JOURNAL_DIR,
     Appender,
@@ -210,14 +217,21 @@ class SessionJournal:
             return
         self._last_seen_id = event_id
         cost = len(frame) + len(event_type) + ENTRY_COST_BYTES
-        if self._shedding or self._buffered_bytes + self._inflight_bytes + cost > self._max_buffer:
+        if self._shedding or (
+            self._buffered_bytes + self._inflight_bytes + cost > self._max_buffer
+            # An event bigger than the bound still goes into an empty buffer.
+            and (self._buffered_bytes or cost > MAX_RECORD_BYTES)
+        ):
             self._shed()
             return
         run = self._run
         if run is None or event_id != run.first_id + run.count:
             run = self._run = Run(event_id)
             self._runs.append(run)
-        run.add(*record_parts(event_id, event_type, frame))
+        head, _, crc = record_parts(event_id, event_type, frame)
+        run.parts += (head, frame, crc)  # Run.add, inlined: this is the hot path
+        run.count += 1
+        run.nbytes += len(head) + len(frame) + len(crc)
         self._buffered_bytes += cost
         self.accepted_events += 1
         if not self._data.is_set():  # Event.set() is costly even when already set

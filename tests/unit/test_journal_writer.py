@@ -209,6 +209,36 @@ async def test_overload_sheds_and_the_journal_restarts_after_the_gap(tmp_path: P
     assert journal.statistics()["droppedEvents"] == stats["droppedEvents"]
 
 
+async def test_an_event_larger_than_the_buffer_bound_is_kept_when_the_buffer_is_empty(
+    tmp_path: Path,
+) -> None:
+    limits = JournalLimits(max_buffer_bytes=64 * 1024, flush_batch_bytes=16 * 1024)
+    journal = Journal(tmp_path, limits)
+    writer = await journal.open_writer(meta())
+    published: Published = []
+    log = EventLog("sess-1", epoch="epoch-1")
+    tee(log, writer, published)
+    log.publish("tool_call_update", {"content": "z" * 200_000})  # empty buffer: kept
+    log.publish("session_update", {"small": 1})  # fits beside it? no: over the bound
+    assert writer.dropped_events == 1 and writer.shedding
+    await writer.flush()
+    log.publish("session_update", {"small": 2})
+    await writer.aclose()
+    replay = await journal.read("sess-1")
+    assert [tuple(r) for r in replay] == published[2:]  # the gap reset the journal
+    # Without the second event in between, the big one stays in the journal.
+    writer = await journal.open_writer(meta("sess-2"))
+    published = []
+    log = EventLog("sess-2")
+    tee(log, writer, published)
+    log.publish("tool_call_update", {"content": "z" * 200_000})
+    await writer.flush()
+    log.publish("session_update", {"small": 1})
+    await writer.aclose()
+    replay = await journal.read("sess-2")
+    assert [tuple(r) for r in replay] == published and not writer.degraded
+
+
 async def test_closing_while_shedding_is_not_clean(tmp_path: Path) -> None:
     limits = JournalLimits(max_buffer_bytes=32 * 1024, flush_batch_bytes=8 * 1024)
     journal = Journal(tmp_path, limits)
