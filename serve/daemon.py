@@ -212,7 +212,9 @@ class Daemon:
         if self.settings.tls_cert and self.settings.tls_key:
             config.certfile = self.settings.tls_cert
             config.keyfile = self.settings.tls_key
-        fd, port = bind_listener(self.settings.hostname, self.port)
+        fd, port = bind_listener(
+            self.settings.hostname, self.port, user_timeout_ms=self.settings.writer_idle_timeout_ms
+        )
         self.port = port
         config.bind = [f"fd://{fd}"]
         scheme = "https" if config.ssl_enabled else "http"
@@ -225,8 +227,16 @@ class Daemon:
         )
 
 
-def bind_listener(host: str, port: int) -> tuple[int, int]:
+def bind_listener(host: str, port: int, *, user_timeout_ms: int | None = None) -> tuple[int, int]:
     """Bind a listening TCP socket; on EADDRINUSE try the next port (10 attempts).
+
+    ``user_timeout_ms`` (``--writer-idle-timeout-ms``) sets ``TCP_USER_TIMEOUT`` on the
+    listener, inherited by every accepted connection: when written data stays
+    unacknowledged, or the peer keeps its receive window closed (an SSE reader that stopped
+    reading), for that long, the kernel aborts the connection. The blocked write then
+    fails, hypercorn closes the stream and the SSE subscriber is released. This is done in
+    the kernel because hypercorn shields its socket writes from cancellation, so a write
+    stuck on a full socket cannot be timed out from the app.
 
     Returns the detached file descriptor (hypercorn takes ownership) and the real port.
     """
@@ -242,6 +252,8 @@ def bind_listener(host: str, port: int) -> tuple[int, int]:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if user_timeout_ms:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, user_timeout_ms)
             sock.bind((bind_host, candidate))
         except OSError as exc:
             sock.close()

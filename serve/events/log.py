@@ -206,13 +206,17 @@ class EventLog:
     # ---- flow control ------------------------------------------------------------------
 
     def max_pressure(self) -> float:
-        """Highest pressure / max_queued among subscribers busy writing (0.0 if none)."""
+        """Highest pressure / max_queued among subscribers busy writing (0.0 if none).
+
+        A subscriber already past its ``max_queued`` is ignored: it is evicted as soon as
+        its writer comes back, and a writer stuck on a dead socket must not slow the
+        session for everyone (``--writer-idle-timeout-ms`` cuts such connections)."""
         head = self.next_id
         worst = 0.0
         for sub in self.subscribers:
             if not sub._parked:
                 ratio = (head - sub._mark) / sub.max_queued
-                if ratio > worst:
+                if worst < ratio <= 1.0:
                     worst = ratio
         return worst
 

@@ -91,6 +91,11 @@ capabilities.register(
     Feature("slow_client_warning", (("GET", "/session/<session_id>/events"),)),
     Feature("typed_event_schema", (("GET", "/session/<session_id>/events"),)),
     Feature(
+        "writer_idle_timeout",
+        (("GET", "/session/<session_id>/events"),),
+        when=lambda d: d.settings.writer_idle_timeout_ms is not None,
+    ),
+    Feature(
         "session_permission_vote",
         (("POST", "/session/<session_id>/permission/<request_id>"),),
     ),
