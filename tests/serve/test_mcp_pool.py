@@ -100,6 +100,7 @@ async def snapshot(pool: McpPool, tmp_path: Path) -> dict[str, Any]:
 
 def cell(snap: dict[str, Any], name: str) -> dict[str, Any]:
     (found,) = [c for c in snap["servers"] if c["name"] == name]
+    assert isinstance(found, dict)
     return found
 
 
@@ -154,7 +155,9 @@ class BridgeClient:
                         return self.lines.pop(i)
                 data = await self.proc.stdout.receive_some(65536)
                 assert data, "bridge closed its stdout"
-                self.lines.extend(json.loads(line) for line in self.framer.feed(data))
+                self.lines.extend(
+                    json.loads(line) for line in self.framer.feed(data) if isinstance(line, bytes)
+                )
 
     async def call_tool(self, rid: Any, name: str, **arguments: Any) -> str:
         answer = await self.request(rid, "tools/call", {"name": name, "arguments": arguments})
@@ -281,7 +284,7 @@ async def test_crash_loop_gives_up_and_the_server_is_no_longer_handed_out(
         await pool.acp_servers_for(str(ws))
 
         async def gave_up() -> bool:
-            return cell(await snapshot(pool, tmp_path), "flaky")["status"] == "error"
+            return bool(cell(await snapshot(pool, tmp_path), "flaky")["status"] == "error")
 
         await eventually(gave_up)
         snap = await snapshot(pool, tmp_path)

@@ -127,7 +127,7 @@ def main() -> int:
             continue
         send({"jsonrpc": "2.0", "id": rid, "result": result})
         if method == "tools/list" and opts.exit_after_handshake is not None:
-            return opts.exit_after_handshake
+            return int(opts.exit_after_handshake)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,7 @@ def test_cancel_is_rewritten_and_unknown_cancels_are_dropped() -> None:
 def test_detach_cancels_in_flight_requests_upstream() -> None:
     mux = ready_mux()
     (up,) = mux.from_client(1, line({"id": 1, "method": "tools/call", "params": {}}))
+    assert isinstance(up, ToServer)
     mux.from_client(2, line({"id": 1, "method": "tools/call", "params": {}}))
     outs = mux.detach(1)
     assert [decode(o)["params"]["requestId"] for o in outs if isinstance(o, ToServer)] == [
