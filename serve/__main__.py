@@ -14,6 +14,9 @@ from serve.settings import SettingsError, parse_settings
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = parse_settings(argv)
+        from serve.config import config_warnings, load_daemon_config
+
+        config = load_daemon_config(settings)  # a bad --config file stops start-up here
     except SettingsError as exc:
         print(f"acp-serve: {exc}", file=sys.stderr)
         return 1
@@ -21,6 +24,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     setup_logging(settings.log_format)
     log = logging.getLogger("serve")
+    for warning in config_warnings(config):
+        log.warning("%s", warning)
     if settings.token_from_argv:
         log.warning("--token on the command line is visible in ps; prefer QWEN_SERVER_TOKEN")
     if settings.token_generated:

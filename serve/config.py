@@ -1,0 +1,100 @@
+"""The daemon config file (``--config FILE``): YAML decoded once into typed Structs.
+
+Theory of operation
+-------------------
+``load_daemon_config(settings)`` reads ``settings.config_file`` (no file: every section at
+its default) and decodes it with :func:`serve.permissions.config.decode_yaml` into the
+frozen :class:`DaemonConfig`. Every Struct in the tree forbids unknown fields and every
+enumerated value is a ``Literal``, so a misspelt key or a bad value stops start-up with a
+:class:`serve.settings.SettingsError` whose message names the file and the key path, e.g.
+``config /etc/acp.yaml at policy.permissionStrategy: Expected `str` matching one of …``
+or ``config … at policy: Object contains unknown field `permisionStrategy```.
+
+Sections (more are added here as features need them, e.g. restart policies):
+
+``policy``        multi-client permission mediation (``permissionStrategy``,
+                  ``consensusQuorum``);
+``capabilities``  Host capability grants (``defaults``, ``agents``, ``sessions``);
+``approval``      approval policy (``default``, ``tools``, ``capabilities``, ``risks``).
+
+Who calls it: ``serve/__main__.py`` calls :func:`load_daemon_config` before anything starts
+(so a bad file is a clean exit 1 with the message on stderr), and ``Daemon.__init__``
+calls it again to get the same value (the file is small and read synchronously, before the
+event loop runs). Non-fatal oddities come back from :func:`config_warnings` for one log
+line each. Nothing here holds state.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from serve.permissions.config import (
+    ApprovalConfig,
+    CapabilitiesConfig,
+    ConfigError,
+    PermissionsConfig,
+    PolicyConfig,
+    decode_yaml,
+)
+from serve.permissions.config import config_warnings as _permission_warnings
+from serve.settings import Settings, SettingsError
+
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "DaemonConfig",
+    "config_warnings",
+    "load_config_text",
+    "load_daemon_config",
+]
+
+#: A config file larger than this is refused (it is a few hundred bytes in practice).
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The whole config file. Absent sections take their defaults."""
+
+    policy: PolicyConfig = PolicyConfig()
+    capabilities: CapabilitiesConfig = CapabilitiesConfig()
+    approval: ApprovalConfig = ApprovalConfig()
+
+    def permissions(self) -> PermissionsConfig:
+        """The permission sections as the ``serve.permissions`` package's own Struct."""
+        return PermissionsConfig(
+            policy=self.policy, capabilities=self.capabilities, approval=self.approval
+        )
+
+
+def load_config_text(text: str | bytes, *, source: str = "<config>") -> DaemonConfig:
+    """Decode a config document; ``ConfigError`` names the bad key or value."""
+    return decode_yaml(text, DaemonConfig, source=source)
+
+
+def load_daemon_config(settings: Settings) -> DaemonConfig:
+    """The daemon's config: ``settings.config_file`` decoded, or the defaults without one.
+
+    Raises :class:`SettingsError` (the operator's file is at fault) when the file cannot be
+    read, is too large, is not YAML, or holds an unknown key or a bad value; the message
+    names the file and the key path.
+    """
+    path = settings.config_file
+    if path is None:
+        return DaemonConfig()
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise SettingsError(
+            f"cannot read config file {path}: {exc.strerror or type(exc).__name__}"
+        ) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise SettingsError(f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        return load_config_text(data, source=path)
+    except ConfigError as exc:
+        raise SettingsError(str(exc)) from None
+
+
+def config_warnings(config: DaemonConfig) -> list[str]:
+    """Non-fatal oddities worth one start-up log line each."""
+    return _permission_warnings(config.permissions())

@@ -1,0 +1,146 @@
+"""The daemon config file: typed decoding, and a bad file stopping start-up with its key named."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from serve.config import MAX_CONFIG_BYTES, DaemonConfig, load_daemon_config
+from serve.settings import SettingsError, parse_settings
+from tests.support.daemon import ROOT, running_daemon
+
+TOKEN = "config-test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def settings_with(tmp_path: Path, text: str | bytes) -> object:
+    path = tmp_path / "acp-serve.yaml"
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return parse_settings(
+        ["--workspace", str(tmp_path), "--config", str(path)], {"HOME": str(tmp_path)}
+    )
+
+
+def test_no_config_file_means_defaults(tmp_path: Path) -> None:
+    settings = parse_settings(["--workspace", str(tmp_path)], {"HOME": str(tmp_path)})
+    assert load_daemon_config(settings) == DaemonConfig()
+
+
+def test_a_full_config_decodes_into_typed_sections(tmp_path: Path) -> None:
+    text = """
+policy:
+  permissionStrategy: consensus
+  consensusQuorum: 2
+capabilities:
+  defaults:
+    fs.read: {scope: any}
+    fs.write:
+    mcp.connect:*: {scope: core}
+    secret.bind:GITHUB_TOKEN: true
+  agents:
+    acp-scripted:
+      terminal.exec: false
+approval:
+  default: prompt
+  tools: {terminal: prompt}
+  capabilities: {fs.write: prompt}
+  risks: {critical: deny}
+"""
+    config = load_daemon_config(settings_with(tmp_path, text))  # type: ignore[arg-type]
+    assert config.policy.permission_strategy == "consensus"
+    assert config.policy.consensus_quorum == 2
+    defaults = config.capabilities.defaults
+    assert defaults is not None and defaults["fs.read"].scope == "any"  # type: ignore[union-attr]
+    assert config.capabilities.agents["acp-scripted"]["terminal.exec"] is False
+    assert config.approval.risks == {"critical": "deny"}
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("policy:\n  permisionStrategy: designated\n", "permisionStrategy"),
+        ("policy:\n  permissionStrategy: majority\n", "policy.permissionStrategy"),
+        ("policy:\n  consensusQuorum: 0\n", "policy.consensusQuorum"),
+        ("polcy: {}\n", "polcy"),
+        ("capabilities:\n  defaults:\n    fs.read: {scope: everywhere}\n", "scope"),
+        ("capabilities:\n  defaults:\n    'Fs Read': true\n", "Fs Read"),
+        ("approval:\n  default: maybe\n", "approval.default"),
+        ("approval:\n  risks: {huge: deny}\n", "huge"),
+        ("approval:\n  tools: {terminal: allow}\n", "approval.tools"),
+        ("- just\n- a list\n", "Expected `object`"),
+        ("policy: [unclosed\n", "invalid YAML"),
+    ],
+)
+def test_a_bad_key_or_value_is_a_settings_error_naming_it(
+    tmp_path: Path, text: str, named: str
+) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_daemon_config(settings_with(tmp_path, text))  # type: ignore[arg-type]
+    assert named in str(info.value)
+    assert "acp-serve.yaml" in str(info.value)
+
+
+def test_unreadable_or_huge_files_are_refused(tmp_path: Path) -> None:
+    settings = settings_with(tmp_path, "policy: {}\n")
+    (tmp_path / "acp-serve.yaml").unlink()  # gone between the flag check and the load
+    with pytest.raises(SettingsError, match=r"cannot read config file .*acp-serve\.yaml"):
+        load_daemon_config(settings)  # type: ignore[arg-type]
+    with pytest.raises(SettingsError, match="larger than"):
+        load_daemon_config(settings_with(tmp_path, b"#" * (MAX_CONFIG_BYTES + 1)))  # type: ignore[arg-type]
+
+
+def _start(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "serve", "--port", "0", "--workspace", str(tmp_path)),
+            *("--state-dir", str(tmp_path / "state"), "--config", str(path)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("policy:\n  permissionStrategy: first-responder\n  retries: 3\n", "retries"),
+        ("policy:\n  permissionStrategy: anyone\n", "policy.permissionStrategy"),
+        ("restartPolicy: always\n", "restartPolicy"),
+    ],
+)
+def test_the_daemon_refuses_to_start_with_a_bad_config(
+    tmp_path: Path, text: str, named: str
+) -> None:
+    done = _start(tmp_path, text)
+    assert done.returncode == 1
+    assert done.stdout == ""  # never printed the ready line
+    assert done.stderr.startswith("acp-serve: config ")
+    assert named in done.stderr and "bad.yaml" in done.stderr
+
+
+def test_the_configured_policy_is_advertised(tmp_path: Path) -> None:
+    path = tmp_path / "ok.yaml"
+    path.write_text("policy:\n  permissionStrategy: designated\n  consensusQuorum: 2\n")
+    with running_daemon(["--config", str(path)], env={"QWEN_SERVER_TOKEN": TOKEN}) as d:
+        caps = httpx.get(f"{d.url}/capabilities", headers=AUTH, timeout=10).json()
+        assert caps["policy"]["permission"] == "designated"
+        assert "permission_mediation" in caps["features"]
+        assert caps["featureDetails"]["permission_mediation"]["modes"] == [
+            "first-responder",
+            "designated",
+            "consensus",
+            "local-only",
+        ]
+        assert "workspace_permissions" in caps["features"]
+        status = httpx.get(f"{d.url}/daemon/status", headers=AUTH, timeout=10).json()
+        assert status["runtime"]["permissions"]["policy"] == "designated"
+    # the quorum is ignored outside consensus, and the operator is told so at start-up
+    assert "consensusQuorum is only honoured" in d.stderr()
