@@ -260,3 +260,24 @@ async def test_persist_failure_through_the_daemon(idp: FakeIdp, tmp_path: Path) 
         assert str(state) not in json.dumps(view)
     finally:
         d.stop()
+
+
+STRICT = [
+    ("POST", "/workspace/auth/device-flow"),
+    ("GET", "/workspace/auth/device-flow/some-id"),
+    ("DELETE", "/workspace/auth/device-flow/some-id"),
+    ("POST", "/workspace/mcp/a/restart"),
+]
+
+
+def test_strict_routes_need_a_configured_token() -> None:
+    d = spawn_daemon([])
+    try:
+        for method, path in STRICT:
+            response = httpx.request(method, f"{d.url}{path}", json={"providerId": "qwen-oauth"})
+            assert response.status_code == 401, (method, path)
+            assert response.json()["code"] == "token_required"
+        # The read-only status route is not strict.
+        assert httpx.get(f"{d.url}/workspace/auth/status").status_code == 200
+    finally:
+        d.stop()
