@@ -57,7 +57,7 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from actors import Actor, ActorError
+from actors import Actor
 from serve.mcp.budget import (
     BUDGET_HINT,
     BudgetPolicy,
@@ -70,7 +70,7 @@ from serve.mcp.budget import (
 from serve.mcp.config import McpConfig, McpServerConfig, acp_server, load_config
 from serve.mcp.server import EntryState, McpStartFailed, PoolEntry
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 BRIDGE_SCRIPT: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bridge.py")
 HANDSHAKE_TIMEOUT_S: Final = 10.0
@@ -239,24 +239,33 @@ class McpPool(Actor[PoolMsg]):
     # ---- the public surface --------------------------------------------------------------
 
     async def acp_servers_for(
-        self, workspace: str, *, log: Any = None, timeout_s: float = PASS_TIMEOUT_S
+        self,
+        workspace: str,
+        *,
+        log: Any = None,
+        http: bool = True,
+        sse: bool = True,
+        timeout_s: float = PASS_TIMEOUT_S,
     ) -> list[dict[str, Any]]:
         """The ``mcpServers`` list for a new session of ``workspace`` (ACP ``McpServer``s).
 
         Runs a discovery pass (the first one of a workspace starts its pooled servers);
-        budget events of the pass also go to ``log`` (the new session's EventLog). Never
-        raises: when the pool is unavailable the session gets no MCP servers.
+        budget events of the pass also go to ``log`` (the new session's EventLog). ``http``
+        / ``sse``: the agent's ``mcpCapabilities`` (ACP forbids handing it a transport it
+        did not advertise; stdio is always allowed). Never raises: when the pool is
+        unavailable the session gets no MCP servers (logged).
         """
         if workspace not in self.workspaces:
             return []  # untrusted (read-only) workspaces never run their settings' commands
         try:
             ticket: Ticket = await self.ask(ServersFor(workspace, log), timeout_s=ASK_TIMEOUT_S)
             with trio.fail_after(timeout_s):
-                return await ticket.wait()  # type: ignore[no-any-return]
-        except (ActorError, trio.TooSlowError, Exception) as exc:
-            log_ = logging.getLogger(__name__)
-            log_.warning("MCP pool: no servers for a session of %s: %r", workspace, exc)
+                servers: list[dict[str, Any]] = await ticket.wait()
+        except Exception as exc:
+            logger.warning("MCP pool: no servers for a session of %s: %r", workspace, exc)
             return []
+        allowed = {"http": http, "sse": sse}
+        return [s for s in servers if allowed.get(s.get("type", "stdio"), True)]
 
     async def restart(
         self, workspace: str, name: str, *, originator: str | None = None
@@ -310,7 +319,7 @@ class McpPool(Actor[PoolMsg]):
             async with ws.lock:
                 ticket.set(await self._pass_locked(ws, requester))
         except Exception as exc:
-            log.exception("MCP discovery pass for %s failed", ws.path)
+            logger.exception("MCP discovery pass for %s failed", ws.path)
             ticket.fail(exc)
 
     async def _pass_locked(self, ws: _Workspace, requester: Any) -> list[dict[str, Any]]:
@@ -406,9 +415,9 @@ class McpPool(Actor[PoolMsg]):
             await entry.open()
             await entry.start()
         except McpStartFailed as exc:
-            log.warning("%s", exc)
+            logger.warning("%s", exc)
         except OSError as exc:
-            log.warning("MCP pool: cannot open the socket of %s: %r", entry.name, exc)
+            logger.warning("MCP pool: cannot open the socket of %s: %r", entry.name, exc)
             entry.state = EntryState.FAILED
             entry.error_kind, entry.error = "mcp_server_spawn_failed", str(exc)
 
@@ -423,7 +432,7 @@ class McpPool(Actor[PoolMsg]):
         except (McpServerNotFound, McpRestartFailed) as exc:
             ticket.fail(exc)
         except Exception as exc:
-            log.exception("MCP restart of %s failed", name)
+            logger.exception("MCP restart of %s failed", name)
             ticket.fail(exc)
         finally:
             ws.restarting.discard(name)
@@ -562,7 +571,7 @@ class McpPool(Actor[PoolMsg]):
             try:
                 event_log.publish(event_type, data, originator=originator)
             except Exception:
-                log.exception("publishing %s failed", event_type)
+                logger.exception("publishing %s failed", event_type)
 
     # ---- the snapshot --------------------------------------------------------------------
 
@@ -664,5 +673,5 @@ def _make_socket_dir(base: str) -> tuple[str, bool]:
             os.chmod(path, 0o700)
             return path, False
         except OSError as exc:
-            log.warning("MCP pool: cannot use %s for sockets (%s); using a temp dir", path, exc)
+            logger.warning("MCP pool: cannot use %s for sockets (%s); using a temp dir", path, exc)
     return tempfile.mkdtemp(prefix="acp-mcp-"), True

@@ -209,6 +209,9 @@ async def test_first_session_starts_pooled_servers_and_hands_out_bridges(tmp_pat
         # A second session shares the same process.
         again = await pool.acp_servers_for(str(ws), log=Log())
         assert again == servers
+        # An agent without mcpCapabilities.http gets no http server.
+        stdio_only = await pool.acp_servers_for(str(ws), http=False, sse=False)
+        assert [s["name"] for s in stdio_only] == ["a"]
         assert pool_pid(await snapshot(pool, tmp_path), "a") == pid
     assert not alive(pid)
 
