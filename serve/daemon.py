@@ -32,6 +32,7 @@ import hypercorn.trio
 import trio
 
 from actors import ChildSpec, Restart, Supervisor, SupervisorEvent
+from serve.journal import Journal
 from serve.mediator import PermissionMediator
 from serve.sessions.registry import SessionRegistry
 from serve.settings import Settings
@@ -66,6 +67,10 @@ class Daemon:
             response_timeout_ms=settings.permission_response_timeout_ms,
         )
         self.registry = SessionRegistry(settings, self.mediator)
+        self.journal: Journal | None = None
+        if settings.journal:
+            self.journal = Journal(settings.state_dir)
+            self.registry.journal = self.journal
         self.registry.effects = EffectGate(self, self.config)  # issue 6
         self.services: dict[str, Any] = {}
         self._http_stop = trio.Event()
@@ -159,6 +164,8 @@ class Daemon:
             await self._close_sessions("daemon_shutdown")
             self.root.shutdown()
             await self.root.finished.wait()
+            if self.journal is not None:
+                await self.journal.aclose()
         self._stopped.set()
 
     async def _drain_prompts(self, timeout_s: float) -> None:

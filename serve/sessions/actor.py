@@ -58,6 +58,7 @@ from acp.schema import (
 from actors import Actor, ActorError, RestartWindow, Supervisor
 from serve.errors import ApiError, bad_request
 from serve.events import EventLog
+from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
 from serve.mediator import CancelSessionPermissions, OpenPermission, PermissionMediator
 from serve.permissions.voting import PermissionOption
 
@@ -233,6 +234,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         restart_intensity: int = 3,
         restart_period_s: float = 60.0,
         restart_backoff_s: float = 0.1,
+        journal: Journal | None = None,
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
         BaseClientHandler.__init__(self)
@@ -267,6 +269,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.exit_info: ExitInfo | None = None
         self.subscribers = 0
         self._drop_updates = False
+        self.journal = journal
+        self.journal_writer: SessionJournal | None = None
+        self.restored_from_journal = False
         self._admitted: dict[str, PromptJob] = {}
         self._conn_ready = trio.Event()
         self._restarts = RestartWindow(restart_intensity, restart_period_s)
@@ -399,6 +404,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 self.session_id = setup.session_id
                 self.log.session_id = setup.session_id
                 self.name = f"session-{setup.session_id}"
+                await self._open_journal(nursery, fresh=True)
                 for kind, update in self._early:
                     self._relay(kind, update)
                 self._early.clear()
@@ -411,7 +417,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                             "code": "not_supported_by_agent",
                         },
                     )
-                self._drop_updates = action == "restart"
+                if action == "load":
+                    await self._restore_from_journal(nursery)
+                # After a restart, or when the journal already holds the history, the
+                # agent's replay of it would duplicate events: drop it.
+                self._drop_updates = action == "restart" or self.restored_from_journal
                 try:
                     setup = await conn.load_session(
                         self.session_id, self.workspace, [], timeout_s=restore_timeout
@@ -419,6 +429,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 finally:
                     self._drop_updates = False
             else:
+                if action == "resume":
+                    await self._restore_from_journal(nursery)
                 setup = await conn.resume_session(
                     self.session_id, self.workspace, [], timeout_s=restore_timeout
                 )
@@ -433,6 +445,58 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         if setup.modes is not None:
             self.current_mode = getattr(setup.modes, "current_mode_id", None)
         self._conn_ready.set()
+
+    # ---- the durable journal -----------------------------------------------------------
+
+    async def _open_journal(self, nursery: trio.Nursery, *, fresh: bool) -> None:
+        """Journal this session's events (``--no-journal`` or an I/O error: no journal)."""
+        if self.journal is None or self.journal_writer is not None:
+            return
+        meta = JournalMeta(
+            session_id=self.session_id,
+            epoch=self.log.epoch,
+            workspace=self.workspace,
+            acp_session_id=self.session_id,
+            origin="load"
+            if self.action == "load"
+            else "resume"
+            if self.action == "resume"
+            else "new",
+            created_at_ms=int(time.time() * 1000),
+        )
+        try:
+            writer = await self.journal.open_writer(meta, fresh=fresh)
+        except JournalError as exc:
+            log.warning("session %s runs without a journal: %s", self.session_id, exc)
+            return
+        self.journal_writer = writer
+        self.log.sink = writer.sink
+        await nursery.start(writer.run)
+
+    async def _restore_from_journal(self, nursery: trio.Nursery) -> None:
+        """After a daemon restart: rebuild the event log from the journal (same ids; the
+        same epoch when the journal was closed cleanly) and keep journaling."""
+        if self.journal is None:
+            return
+        try:
+            replay = await self.journal.read(self.session_id, tail=self.log.ring_size)
+        except JournalNotFound:
+            await self._open_journal(nursery, fresh=True)
+            return
+        except JournalError as exc:
+            log.warning("journal of session %s unreadable: %s", self.session_id, exc)
+            await self._open_journal(nursery, fresh=True)
+            return
+        epoch = replay.meta.epoch if replay.clean else None
+        first = replay.records[0].event_id if replay.records else replay.next_id
+        restored = EventLog(
+            self.session_id, ring_size=self.log.ring_size, epoch=epoch, next_id=first
+        )
+        for event_id, _type, frame in replay:
+            restored.restore(event_id, frame)
+        self.log = restored
+        self.restored_from_journal = bool(replay.records)
+        await self._open_journal(nursery, fresh=False)
 
     def _restorable(self) -> bool:
         info = self.conn.info if self.conn is not None else None
@@ -513,6 +577,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         if self.conn is not None and not self.conn.closed:
             with trio.move_on_after(5):
                 await self.conn.aclose(grace_s=1.0)
+        if self.journal_writer is not None:
+            with trio.move_on_after(5):
+                await self.journal_writer.aclose()
 
     # ---- the ClientHandler side --------------------------------------------------------
 

@@ -108,6 +108,8 @@ class SessionRegistry(Actor[RegistryMsg]):
         self.accepting = True
         #: Installed by the daemon: the Host's EffectGate (serve/effects.py) or None.
         self.effects: Any = None
+        #: The daemon's durable event journal (None with --no-journal).
+        self.journal: Any = None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -262,6 +264,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 action=action,
                 session_id=session_id,
                 on_gone=self._forget,
+                journal=self.journal,
             )
             session.effects = self.effects
             session.supervisor = self.supervisor
