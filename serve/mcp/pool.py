@@ -215,10 +215,14 @@ class McpPool(Actor[PoolMsg]):
 
     async def on_start(self) -> None:
         self._ws = {path: _Workspace(path, i) for i, path in enumerate(self.workspaces)}
-        if self.pooling:
-            self._socket_dir, self._socket_dir_is_temp = await trio.to_thread.run_sync(
-                _make_socket_dir, self._socket_base
-            )
+
+    async def _ensure_socket_dir(self) -> str:
+        """The private socket directory, created with the first pooled server."""
+        if self._socket_dir is None:
+            path, is_temp = await trio.to_thread.run_sync(_make_socket_dir, self._socket_base)
+            self._socket_dir, self._socket_dir_is_temp = path, is_temp
+            return path
+        return self._socket_dir
 
     def _remove_socket_dir(self) -> None:
         path = self._socket_dir
@@ -394,14 +398,15 @@ class McpPool(Actor[PoolMsg]):
         if not fresh:
             return
         nursery = self._nursery
-        assert nursery is not None and self._socket_dir is not None
+        assert nursery is not None
+        socket_dir = await self._ensure_socket_dir()
         async with trio.open_nursery() as starters:
             for server in fresh:
                 ws.serial += 1
                 entry = PoolEntry(
                     server,
                     workspace=ws.path,
-                    socket_path=os.path.join(self._socket_dir, f"{ws.index}-{ws.serial}.sock"),
+                    socket_path=os.path.join(socket_dir, f"{ws.index}-{ws.serial}.sock"),
                     nursery=nursery,
                     handshake_timeout_s=self.handshake_timeout_s,
                     on_change=functools.partial(self._on_entry_change, ws),
