@@ -872,6 +872,7 @@ class EffectGate:
                 "usesPerApproval": AGENT_APPROVAL_USES,
                 "entries": len(self.agent_approvals),
             },
+            "decisions": dict(self.counters),
             "sessions": sessions,
         }
 

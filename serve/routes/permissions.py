@@ -4,8 +4,10 @@ The body comes from :meth:`serve.effects.EffectGate.describe`: ``{v, workspaceCw
 {permissionStrategy, consensusQuorum, permissionResponseTimeoutMs}, grants {defaults,
 agents, sessions}, approval {default, tools, capabilities, risks}, verdictOrder,
 alwaysAllow {ttlMs, entries}, agentApprovals {windowMs, usesPerApproval, entries},
-sessions [{sessionId, agent, approvalMode, grants, approval, fingerprint}]}``, the
-``sessions`` list covering the live sessions of the primary workspace. Grants show
+decisions {auto, prompted, denied, allowedByCache, allowedByAgentApproval, rejected,
+cancelled}, sessions [{sessionId, agent, approvalMode, grants, approval, fingerprint}]}``;
+``decisions`` counts since start-up, ``sessions`` covers the live sessions of the primary
+workspace. Grants show
 capability keys and scopes only; secrets appear as ``secret.bind:<NAME>`` keys, never
 values. A present ``X-Qwen-Client-Id`` must be registered on a live session (``400
 invalid_client_id``). Nothing is started and nothing is written; ``Cache-Control:

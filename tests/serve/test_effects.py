@@ -199,6 +199,7 @@ async def test_an_agent_approved_write_is_not_asked_twice(
     client: httpx.AsyncClient, daemon_proc: DaemonProcess
 ) -> None:
     sid, cid = await new_session(client)
+    decisions = (await client.get("/workspace/permissions")).json()["decisions"]
     events = await turn(
         client,
         sid,
@@ -210,6 +211,9 @@ async def test_an_agent_approved_write_is_not_asked_twice(
     assert len(requests) == 1 and requests[0]["toolCall"]["kind"] == "edit"
     assert of_type(events, "effect_denied") == []
     assert (daemon_proc.workspace / "notes" / "once.txt").read_text() == "hello"
+    after = (await client.get("/workspace/permissions")).json()["decisions"]
+    assert after["allowedByAgentApproval"] == decisions["allowedByAgentApproval"] + 1
+    assert after["prompted"] == decisions["prompted"]
 
 
 async def test_a_rejected_agent_request_writes_nothing(
