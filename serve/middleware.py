@@ -281,7 +281,8 @@ class SecurityFront:
             elif name == b"transfer-encoding":
                 chunked = True
             elif name == b"x-qwen-client-id":
-                client_id = value
+                if client_id is None:  # the first one, as the routes read it
+                    client_id = value
             elif name in _PREFLIGHT_HEADERS:
                 preflight = True
         declared = 0
