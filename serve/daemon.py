@@ -115,6 +115,14 @@ class Daemon:
         from serve.services import SERVICES
 
         service_specs: list[ChildSpec] = []
+        if self.settings.chaos_kill_rate > 0:
+            from serve.chaos import ChaosMonkey
+
+            monkey = ChaosMonkey(self, self.settings.chaos_kill_rate)
+            self.services["chaos"] = monkey
+            service_specs.append(
+                ChildSpec("chaos", monkey.run, Restart.PERMANENT, stop=monkey.close)
+            )
         for service in SERVICES:
             obj, spec = service.build(self)
             self.services[service.name] = obj

@@ -81,6 +81,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     memory_project_scope: str = "workspace"
     memory_file_name: str = "QWEN.md"
     log_format: str = "text"
+    chaos_kill_rate: float = 0.0
     inert_flags: tuple[str, ...] = ()
 
     @property
@@ -228,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--rate-limit-read", default=None, help="read tier max per window (120)")
     add("--rate-limit-window-ms", default=None, help="rate-limit window (60000, >= 1000)")
     add("--log-format", default="text", help="text|json")
+    add(
+        "--chaos-kill-rate",
+        default="0",
+        metavar="N",
+        help="fault injection: SIGKILL a random session's agent N times a minute on average",
+    )
     add(
         "--http-bridge",
         dest="http_bridge",
@@ -464,6 +471,15 @@ def parse_settings(
     if not memory_file or "/" in memory_file or memory_file in (".", ".."):
         raise SettingsError(f'Invalid --memory-file-name "{memory_file}": must be a file name')
 
+    try:
+        chaos_rate = float(ns.chaos_kill_rate)
+    except ValueError:
+        chaos_rate = -1.0
+    if not 0 <= chaos_rate <= 6000 or chaos_rate != chaos_rate:
+        raise SettingsError(
+            f'Invalid --chaos-kill-rate "{ns.chaos_kill_rate}": must be a number in [0, 6000]'
+        )
+
     rate = _rate_limit(ns, env)
     inert = tuple(
         flag
@@ -520,6 +536,7 @@ def parse_settings(
         memory_project_scope=scope,
         memory_file_name=memory_file,
         log_format=log_format,
+        chaos_kill_rate=chaos_rate,
         inert_flags=inert,
     )
 

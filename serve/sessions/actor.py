@@ -322,6 +322,19 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         }
         return out
 
+    def diagnostics(self) -> dict[str, Any]:
+        """Operator detail for ``/daemon/status?detail=full`` (no client ids, no secrets)."""
+        conn = self.conn
+        out: dict[str, Any] = {
+            "agentPid": conn.process.pid if conn is not None and not conn.closed else None,
+            "agentRestarts": self.restart_count,
+            "subscribers": self.subscribers,
+            "queuedPrompts": len(self.queue),
+        }
+        if self.journal_writer is not None:
+            out["journal"] = self.journal_writer.statistics()
+        return out
+
     def knows_client(self, client_id: str) -> bool:
         return client_id in self.clients
 

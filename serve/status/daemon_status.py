@@ -237,10 +237,18 @@ def daemon_status(daemon: Daemon, detail: Detail) -> dict[str, Any]:
     }
     if rate_limit is not None:
         body["runtime"]["rateLimit"] = rate_limit
+    chaos = getattr(daemon, "services", {}).get("chaos")
+    if chaos is not None:
+        body["runtime"]["chaos"] = chaos.status()
+    journal = getattr(daemon, "journal", None)
+    if journal is not None:
+        body["runtime"]["journal"] = journal.statistics()
     if detail == "full":
         body["runtime"]["permissions"] = {**permissions, "requests": requests}
         body["full"] = {
-            "sessions": [{**s.summary(), "eventLog": s.log.statistics()} for s in live],
+            "sessions": [
+                {**s.summary(), "eventLog": s.log.statistics(), **s.diagnostics()} for s in live
+            ],
             "services": sorted(getattr(daemon, "services", {})),
         }
     return body
