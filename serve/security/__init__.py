@@ -9,8 +9,12 @@ answering before the next one is consulted:
 4. ``/health`` pre-auth   on loopback binds without ``--require-auth``
 5. bearer auth            :class:`BearerAuth` → 401 :data:`UNAUTHORIZED_BODY`
 6. rate limit             :class:`RateLimiter` → 429 :class:`RateLimitBody`
-7. client id syntax       :func:`validate_client_id` → 400 :data:`INVALID_CLIENT_ID_BODY`
+7. body limit, URL encoding (in :mod:`serve.middleware` itself)
 8. strict gate            :func:`is_strict` → 401 :data:`TOKEN_REQUIRED_BODY`
+
+Client id syntax (:func:`validate_client_id` → 400 :data:`INVALID_CLIENT_ID_BODY`) is checked
+by the routes that read ``X-Qwen-Client-Id``, as in the reference (a bad id on a route that
+ignores the header is not an error). The wiring lives in :mod:`serve.middleware`.
 
 Every module is sans-IO and owns no tasks; the only mutable object is the
 :class:`RateLimiter`, owned by the HTTP front. Operator mistakes found at start-up raise

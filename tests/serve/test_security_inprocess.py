@@ -191,9 +191,13 @@ async def test_draining_daemons_are_not_rate_limited() -> None:
 # ---- --allow-origin '*' ----------------------------------------------------------------------
 
 
-async def test_wildcard_echoes_the_origin_and_still_refuses_null() -> None:
+async def test_wildcard_echoes_the_origin_and_still_refuses_null(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     settings = Settings(workspaces=("/tmp",), token=TOKEN, allow_origins=("*",))
-    app, _ = make_app(settings, [])
+    with caplog.at_level(logging.WARNING, logger="serve.middleware"):
+        app, _ = make_app(settings, [])
+    assert any("--allow-origin '*'" in r.getMessage() for r in caplog.records)
     async with client(app) as c:
         for origin in ("http://a.example", "https://b.example:8443", "http://LOUD.example"):
             response = await c.get("/workspace/settings", headers={"Origin": origin, **AUTH})
