@@ -11,9 +11,10 @@ Answers ``initialize`` (serverInfo.name = NAME, tools capability), ``ping``,
 * ``sleep {ms}`` → waits, then ``"slept"`` (for in-flight tests);
 * ``roots`` → asks the *client* ``roots/list`` and returns the JSON it got.
 
-``--hang-initialize`` never answers ``initialize``; ``--init-delay-ms MS`` answers it late; ``--exit-after-handshake CODE`` exits
-with CODE right after answering ``tools/list`` (a crash loop for the pool); ``--log FILE`` appends every received
-line (tests check what the pool forwarded). Exits on stdin EOF.
+``--hang-initialize`` never answers ``initialize``; ``--init-delay-ms MS`` answers it
+late; ``--exit-after-handshake CODE`` exits with CODE right after answering ``tools/list``
+(a crash loop for the pool); ``--log FILE`` appends every received line (tests check what
+the pool forwarded). Exits on stdin EOF.
 """
 
 from __future__ import annotations
