@@ -5,9 +5,12 @@ Sources, later ones replacing earlier ones of the same name:
 1. built in: ``qwen-oauth`` (chat.qwen.ai's public device endpoints, with PKCE);
 2. the environment variable ``ACP_SERVE_DEVICE_FLOW_PROVIDERS``, a JSON object
    ``{name: {deviceAuthorizationEndpoint, tokenEndpoint, clientId, scope?, pkce?}}``;
-3. the daemon settings attribute ``device_flow_providers`` when present: either that same
-   mapping (the config file's ``deviceFlow.providers``) or a sequence of ``NAME=URL``
-   strings (``--device-flow-provider``), where ``URL`` is an OAuth base laid out like
+3. the config file's ``deviceFlow.providers`` (``daemon.config.device_flow.providers``
+   when the config Struct has that section): the same fields, as a dict or a Struct with
+   snake_case attributes;
+4. the daemon settings attribute ``device_flow_providers`` when present: either that same
+   mapping or a sequence of ``NAME=URL`` strings (``--device-flow-provider``), where
+   ``URL`` is an OAuth base laid out like
    qwen's (``URL/device/code``, ``URL/token``) carrying ``client_id``, optional
    ``scope`` and ``pkce=1`` as query parameters, e.g.
    ``corp=https://idp.example/oauth2?client_id=abc&scope=openid``.
@@ -136,16 +139,7 @@ def parse_providers_json(text: str) -> dict[str, ProviderConfig]:
     return {name: provider_from_mapping(name, raw) for name, raw in doc.items()}
 
 
-def load_providers(
-    settings: Any = None, environ: Mapping[str, str] | None = None
-) -> dict[str, ProviderConfig]:
-    """Built-in, then environment, then settings; raises :class:`ProviderConfigError`."""
-    environ = os.environ if environ is None else environ
-    providers: dict[str, ProviderConfig] = {QWEN_OAUTH.id: QWEN_OAUTH}
-    raw_env = environ.get(PROVIDERS_ENV, "").strip()
-    if raw_env:
-        providers.update(parse_providers_json(raw_env))
-    configured = getattr(settings, "device_flow_providers", None)
+def _apply(providers: dict[str, ProviderConfig], configured: Any) -> None:
     if isinstance(configured, Mapping):
         for name, raw in configured.items():
             providers[_check_name(name)] = provider_from_mapping(name, raw)
@@ -156,4 +150,22 @@ def load_providers(
                 providers[provider.id] = provider
             elif isinstance(item, ProviderConfig):
                 providers[item.id] = item
+
+
+def load_providers(
+    settings: Any = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    config_providers: Any = None,
+) -> dict[str, ProviderConfig]:
+    """Built-in, then the environment, then ``config_providers`` (the config file's
+    ``deviceFlow.providers``: a mapping of name → fields, as Structs or dicts), then
+    ``settings.device_flow_providers`` (flags). Raises :class:`ProviderConfigError`."""
+    environ = os.environ if environ is None else environ
+    providers: dict[str, ProviderConfig] = {QWEN_OAUTH.id: QWEN_OAUTH}
+    raw_env = environ.get(PROVIDERS_ENV, "").strip()
+    if raw_env:
+        providers.update(parse_providers_json(raw_env))
+    _apply(providers, config_providers)
+    _apply(providers, getattr(settings, "device_flow_providers", None))
     return providers

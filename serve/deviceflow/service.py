@@ -1,10 +1,10 @@
 """Registers the DeviceFlowPoller as a root-supervised service (imported by the auth routes).
 
 Providers come from :func:`serve.deviceflow.providers.load_providers` (built-in
-``qwen-oauth``, ``ACP_SERVE_DEVICE_FLOW_PROVIDERS``, and ``settings.device_flow_providers``
-when the settings carry it). A malformed entry is logged and the daemon runs with the
-built-in provider only. Credentials go to ``<state-dir>/credentials/``; events go to every
-live session's log.
+``qwen-oauth``, ``ACP_SERVE_DEVICE_FLOW_PROVIDERS``, ``daemon.config.device_flow.providers``
+and ``settings.device_flow_providers`` when those exist). A malformed entry is logged and
+the daemon runs with the built-in provider only. Credentials go to
+``<state-dir>/credentials/``; events go to every live session's log.
 """
 
 from __future__ import annotations
@@ -26,8 +26,11 @@ SERVICE_NAME = "device-flow-poller"
 
 
 def build(daemon: Daemon) -> tuple[DeviceFlowPoller, ChildSpec]:
+    section = getattr(getattr(daemon, "config", None), "device_flow", None)
     try:
-        providers = load_providers(daemon.settings)
+        providers = load_providers(
+            daemon.settings, config_providers=getattr(section, "providers", None)
+        )
     except ProviderConfigError as exc:
         log.error("device-flow providers ignored: %s", exc)
         providers = {QWEN_OAUTH.id: QWEN_OAUTH}

@@ -210,6 +210,23 @@ def test_settings_mapping_and_flags() -> None:
     assert load_providers(Mapped(), {})["m"].client_id == "x"
 
 
+def test_config_file_section_as_structs_then_flags_win() -> None:
+    class Entry:  # what a msgspec Struct of the config file looks like: snake_case attrs
+        device_authorization_endpoint = "https://cfg/d"
+        token_endpoint = "https://cfg/t"
+        client_id = "from-config"
+        scope = None
+        pkce = True
+
+    class Flags:
+        device_flow_providers = ("corp=https://flag.example?client_id=from-flag",)
+
+    providers = load_providers(None, {}, config_providers={"corp": Entry(), "other": Entry()})
+    assert providers["corp"].client_id == "from-config" and providers["corp"].pkce
+    providers = load_providers(Flags(), {}, config_providers={"corp": Entry()})
+    assert providers["corp"].client_id == "from-flag"
+
+
 @pytest.mark.parametrize(
     "raw",
     [
