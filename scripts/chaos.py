@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,7 @@ class Chaos:
         self.health_failures = 0
         self.counts: dict[str, int] = defaultdict(int)
         self.errors: list[str] = []
+        self.audit_client: httpx.AsyncClient | None = None
 
     # ---- streams -------------------------------------------------------------------------
 
@@ -187,9 +189,12 @@ class Chaos:
         self.counts["sessions_created" if not created["attached"] else "sessions_attached"] += 1
         if sid not in self.sessions:
             self.sessions.add(sid)
-            nursery.start_soon(self.follow, client, sid, audit=True, stop=trio.Event())
+            assert self.audit_client is not None
+            nursery.start_soon(
+                partial(self.follow, self.audit_client, sid, audit=True, stop=trio.Event())
+            )
         stop = trio.Event()
-        nursery.start_soon(self.follow, client, sid, audit=False, stop=stop)
+        nursery.start_soon(partial(self.follow, client, sid, audit=False, stop=stop))
         nursery.start_soon(self.voter, client, sid, cid, stop)
         try:
             for _ in range(self.rng.randint(2, 8)):
@@ -288,7 +293,8 @@ class Chaos:
 
     async def run(self) -> None:
         self.deadline = trio.current_time() + self.args.minutes * 60
-        async with trio.open_nursery() as nursery:
+        self.audit_client = httpx.AsyncClient(base_url=self.url, headers=AUTH, timeout=60)
+        async with self.audit_client, trio.open_nursery() as nursery:
             nursery.start_soon(self.prober)
             nursery.start_soon(self.injector)
             for n in range(self.args.clients):
@@ -313,14 +319,16 @@ class Chaos:
                 elif terminals[pid] > 1:
                     duplicated.append({"session": sid, "promptId": pid, "count": terminals[pid]})
         unexplained = []
+        racing_close = 0
         for kill in self.kills:
-            events = self.history.get(kill["sessionId"], {}).values()
-            if not any(
-                e["type"] in ("session_restarted", "session_died")
-                and e["_meta"]["serverTimestamp"] / 1000 >= kill["at"] - 1
-                for e in events
-            ):
-                unexplained.append(kill)
+            events = list(self.history.get(kill["sessionId"], {}).values())
+            after = [e for e in events if e["_meta"]["serverTimestamp"] / 1000 >= kill["at"] - 1]
+            if any(e["type"] in ("session_restarted", "session_died") for e in after):
+                continue
+            if any(e["type"] == "session_closed" for e in after):
+                racing_close += 1  # a client closed the session as the kill landed
+                continue
+            unexplained.append(kill)
         max_rss = max(self.rss) if self.rss else 0.0
         checks = {
             "daemonNeverDied": not self.errors and self.health_failures == 0 and exit_code == 0,
@@ -337,6 +345,7 @@ class Chaos:
             "clients": self.args.clients,
             "killsPerMinuteTarget": self.args.kills_per_minute,
             "kills": len(self.kills),
+            "killsRacingAClose": racing_close,
             "sessions": len(self.sessions),
             "promptsAdmitted": sum(len(p) for p in self.admitted.values()),
             "eventsAudited": sum(len(h) for h in self.history.values()),
