@@ -73,6 +73,8 @@ class Daemon:
             self.registry.journal = self.journal
         self.registry.effects = EffectGate(self, self.config)  # issue 6
         self.services: dict[str, Any] = {}
+        #: serve.security.RateLimiter when --rate-limit (set by the middleware).
+        self.rate_limiter: Any = None
         self._http_stop = trio.Event()
         self._stopped = trio.Event()
         self._app: Any = None
@@ -98,7 +100,15 @@ class Daemon:
             "pendingPermissions": self.mediator.pending_count(),
             "activePrompts": sum(1 for s in live if s.has_active_prompt),
             "connectedClients": self.sse_streams,
+            **({"rateLimitHits": hits} if (hits := self._rate_limit_hits()) else {}),
         }
+
+    def _rate_limit_hits(self) -> dict[str, int] | None:
+        if self.rate_limiter is None:
+            return None
+        from serve.middleware import rate_limit_hits
+
+        return rate_limit_hits(self)
 
     def supervisor_events(self) -> list[SupervisorEvent]:
         return list(self.root.events)
@@ -127,6 +137,7 @@ class Daemon:
             obj, spec = service.build(self)
             self.services[service.name] = obj
             service_specs.append(spec)
+        self.registry.mcp_pool = self.services.get("mcp-pool")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_signals, nursery.cancel_scope)
             await nursery.start(

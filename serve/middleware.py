@@ -138,7 +138,7 @@ _PREFLIGHT_HEADERS = frozenset(
     {b"access-control-request-method", b"access-control-request-headers"}
 )
 _BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
-_HEALTH_PATHS = frozenset({"/health", "/health/"})
+_HEALTH_PATHS = frozenset({"/health", "/health/", "/readyz", "/readyz/"})
 _NO_TIERS = {tier.value: 0 for tier in Tier}
 
 
@@ -224,6 +224,9 @@ class SecurityFront:
         self._loopback = is_loopback_host(settings.hostname)
         self._bearer = BearerAuth.from_token(settings.token) if settings.token else None
         self._health_preauth = self._loopback and not settings.require_auth
+        # --public-probes: orchestrator probes (shallow /health, /readyz) need no token on
+        # any bind; they reveal only "up" and "ready". /health?deep=1 still needs it.
+        self._public_probes = settings.public_probes
         self._remote_same_origin = not self._loopback and self._bearer is not None
         self._cors = CorsPolicy.from_patterns(settings.allow_origins)
         rl = settings.rate_limit
@@ -343,7 +346,12 @@ class SecurityFront:
         # 4–5. /health pre-auth, bearer
         path: str = scope["path"]
         if self._bearer is not None and not (
-            self._health_preauth and method in ("GET", "HEAD") and path in _HEALTH_PATHS
+            method in ("GET", "HEAD")
+            and path in _HEALTH_PATHS
+            and (
+                self._health_preauth
+                or (self._public_probes and b"deep" not in scope.get("query_string", b""))
+            )
         ):
             if not self._authorized(auths):
                 await refuse(401, _UNAUTHORIZED_401)
@@ -563,7 +571,7 @@ def install_middleware(app: QuartTrio, daemon: Daemon) -> None:
         max_body_bytes=int(app.config["MAX_CONTENT_LENGTH"]),
     )
     app.asgi_app = front  # type: ignore[assignment,method-assign]
-    daemon.rate_limiter = front.limiter  # type: ignore[attr-defined]
+    daemon.rate_limiter = front.limiter
     install_redaction([settings.token])
     if settings.token is None:
         app.before_request_funcs.setdefault(None, []).insert(0, _strict_gate())

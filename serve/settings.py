@@ -82,6 +82,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     memory_file_name: str = "QWEN.md"
     log_format: str = "text"
     chaos_kill_rate: float = 0.0
+    public_probes: bool = False
+    device_flow_providers: tuple[str, ...] = ()
     inert_flags: tuple[str, ...] = ()
 
     @property
@@ -158,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--port", default=str(DEFAULT_PORT), help="TCP port; 0 = ephemeral (default 4170)")
     add("--token", default=None, help="bearer token (else $QWEN_SERVER_TOKEN)")
     add("--require-auth", action="store_true", help="refuse to start without a token")
+    add("--public-probes", action="store_true",
+        help="GET /health (shallow) and /readyz answer without a token on any bind (k8s probes)")
     add(
         "--workspace",
         action="append",
@@ -229,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--rate-limit-read", default=None, help="read tier max per window (120)")
     add("--rate-limit-window-ms", default=None, help="rate-limit window (60000, >= 1000)")
     add("--log-format", default="text", help="text|json")
+    add("--device-flow-provider", action="append", default=None, metavar="NAME=URL",
+        help="an RFC 8628 device-flow provider (OAuth base URL; repeatable)")
     add(
         "--chaos-kill-rate",
         default="0",
@@ -537,8 +543,20 @@ def parse_settings(
         memory_file_name=memory_file,
         log_format=log_format,
         chaos_kill_rate=chaos_rate,
+        public_probes=ns.public_probes,
+        device_flow_providers=tuple(_device_flow_providers(ns.device_flow_provider or [])),
         inert_flags=inert,
     )
+
+
+def _device_flow_providers(values: Sequence[str]) -> list[str]:
+    for value in values:
+        name, sep, url = value.partition("=")
+        if not sep or not name.strip() or not url.startswith(("http://", "https://")):
+            raise SettingsError(
+                f'Invalid --device-flow-provider "{value}": expected NAME=http(s)://URL'
+            )
+    return list(values)
 
 
 def _rate_limit(ns: argparse.Namespace, env: Mapping[str, str]) -> RateLimitSettings:

@@ -145,6 +145,11 @@ async def workspace_mcp() -> Response:
         mode=d.settings.mcp_budget_mode,
         error=error,
     )
+    pool = d.services.get("mcp-pool")
+    if pool is not None and session is not None and error is None:
+        # The pool knows the live state: pids, restarts, connections, refusals.
+        body = {**body, **await pool.snapshot(d.settings.primary_workspace)}
+        body["initialized"] = True
     return json_response(body, headers=NO_STORE)
 
 

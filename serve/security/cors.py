@@ -73,8 +73,12 @@ __all__ = [
 ]
 
 ALLOW_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
-ALLOW_HEADERS = "Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID"
-EXPOSE_HEADERS = "Retry-After"
+ALLOW_HEADERS = (
+    "Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch, Prefer"
+)
+# The seed lists Retry-After; qwen serve 0.24.4 also exposes the SSE epoch and stream id,
+# which a browser client needs to resume a stream (the demo page does).
+EXPOSE_HEADERS = "Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id"
 MAX_AGE_SECONDS = 86400
 MAX_ORIGIN_CHARS = 2048
 """Longest ``Origin`` value ever matched or echoed; longer ones are refused."""

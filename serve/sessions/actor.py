@@ -270,6 +270,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.subscribers = 0
         self._drop_updates = False
         self.journal = journal
+        #: The workspace MCP pool (serve/mcp), set by the registry when it runs.
+        self.mcp_pool: Any = None
         self.journal_writer: SessionJournal | None = None
         self.restored_from_journal = False
         self._admitted: dict[str, PromptJob] = {}
@@ -412,8 +414,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             await conn.initialize(timeout_s=init_timeout)
             info = conn.info
             restore_timeout = settings.session_restore_timeout_ms / 1000
+            mcp_servers = await self._mcp_servers(info)
             if action == "new":
-                setup = await conn.new_session(self.workspace, [], timeout_s=init_timeout)
+                setup = await conn.new_session(self.workspace, mcp_servers, timeout_s=init_timeout)
                 self.session_id = setup.session_id
                 self.log.session_id = setup.session_id
                 self.name = f"session-{setup.session_id}"
@@ -437,7 +440,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 self._drop_updates = action == "restart" or self.restored_from_journal
                 try:
                     setup = await conn.load_session(
-                        self.session_id, self.workspace, [], timeout_s=restore_timeout
+                        self.session_id, self.workspace, mcp_servers, timeout_s=restore_timeout
                     )
                 finally:
                     self._drop_updates = False
@@ -445,7 +448,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 if action == "resume":
                     await self._restore_from_journal(nursery)
                 setup = await conn.resume_session(
-                    self.session_id, self.workspace, [], timeout_s=restore_timeout
+                    self.session_id, self.workspace, mcp_servers, timeout_s=restore_timeout
                 )
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -458,6 +461,20 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         if setup.modes is not None:
             self.current_mode = getattr(setup.modes, "current_mode_id", None)
         self._conn_ready.set()
+
+    async def _mcp_servers(self, info: Any) -> list[Any]:
+        """The workspace's MCP servers for the agent (pooled stdio servers are reached
+        through the pool's bridge; transports the agent did not advertise are left out)."""
+        if self.mcp_pool is None:
+            return []
+        caps = info.agent_capabilities.mcp_capabilities if info is not None else None
+        servers: list[Any] = await self.mcp_pool.acp_servers_for(
+            self.workspace,
+            log=self.log,
+            http=bool(caps and caps.http),
+            sse=bool(caps and caps.sse),
+        )
+        return servers
 
     # ---- the durable journal -----------------------------------------------------------
 

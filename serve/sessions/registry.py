@@ -110,6 +110,8 @@ class SessionRegistry(Actor[RegistryMsg]):
         self.effects: Any = None
         #: The daemon's durable event journal (None with --no-journal).
         self.journal: Any = None
+        #: The workspace MCP pool service (set by the daemon when it starts).
+        self.mcp_pool: Any = None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -267,6 +269,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 journal=self.journal,
             )
             session.effects = self.effects
+            session.mcp_pool = self.mcp_pool
             session.supervisor = self.supervisor
             await self.supervisor.start_child(
                 ChildSpec(spec_name, session.run, Restart.TEMPORARY, shutdown_grace_s=5.0)
