@@ -470,13 +470,16 @@ PAYLOAD_TYPES: Final[dict[str, type[msgspec.Struct]]] = {
 }
 
 
-class Event(_Wire, frozen=True):
-    """One SSE envelope (spec §5.1). ``id`` is None on synthetic lifecycle frames."""
+class Event(_Wire, frozen=True, kw_only=True, omit_defaults=True):
+    """One SSE envelope (spec §5.1). ``id`` is None on synthetic lifecycle frames.
 
+    Encoding an Event with msgspec gives back the wire envelope (absent fields omitted).
+    """
+
+    id: int | None = None
+    v: int
     type: str
     data: dict[str, Any]
-    v: int = 1
-    id: int | None = None
     prompt_id: str | None = None
     originator_client_id: str | None = None
     meta: dict[str, Any] = msgspec.field(default_factory=dict, name="_meta")
