@@ -43,6 +43,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
     "--no-first-run",
+    "--disable-quic",
 ]
 TOKEN = "demo-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -224,5 +225,34 @@ def test_doc_page_renders_every_operation(browser: Browser, demo_daemon: DaemonP
         expect(prompt).to_contain_text('"minItems": 1')  # the resolved PromptRequest schema
         expect(prompt).to_contain_text("session_prompt")
         assert all("401" in m for m in errors.messages), errors.messages
+    finally:
+        page.close()
+
+
+def test_demo_works_behind_a_path_prefix(browser: Browser, demo_daemon: DaemonProcess) -> None:
+    """Served as /w/alpha/demo (an ingress prefix), the page calls /w/alpha/<route>."""
+    prefix = demo_daemon.url + "/w/alpha"
+    seen: list[str] = []
+    page = browser.new_page()
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    errors = PageErrors(page)
+
+    def strip_prefix(route: Any) -> None:  # what the ingress rewrite does
+        target = demo_daemon.url + route.request.url[len(prefix) :]
+        seen.append(route.request.url[len(prefix) :])
+        headers = {**route.request.headers}
+        if target.endswith("/demo"):
+            headers["authorization"] = AUTH["Authorization"]
+        route.fulfill(response=route.fetch(url=target, headers=headers))
+
+    page.route(prefix + "/**", strip_prefix)
+    try:
+        page.goto(prefix + "/demo")
+        connect(page)
+        expect(page.get_by_test_id("status")).to_have_text("connected")
+        expect(page.get_by_test_id("sessions")).not_to_be_empty()
+        assert "/capabilities" in seen
+        assert any(p.startswith("/workspace/") and p.endswith("/sessions") for p in seen), seen
+        assert errors.messages == []
     finally:
         page.close()
