@@ -146,7 +146,7 @@ async def workspace_mcp() -> Response:
         error=error,
     )
     pool = d.services.get("mcp-pool")
-    if pool is not None and session is not None and error is None:
+    if pool is not None and pool.pooling and session is not None and error is None:
         # The pool knows the live state: pids, restarts, connections, refusals.
         body = {**body, **await pool.snapshot(d.settings.primary_workspace)}
         body["initialized"] = True

@@ -28,9 +28,11 @@ APP = "http://app.example.com"
 DEV = "http://localhost:5173"
 CORS_HEADERS = {
     "access-control-allow-methods": "GET, POST, PATCH, DELETE, OPTIONS",
-    "access-control-allow-headers": "Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID",
+    "access-control-allow-headers": (
+        "Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch, Prefer"
+    ),
     "access-control-max-age": "86400",
-    "access-control-expose-headers": "Retry-After",
+    "access-control-expose-headers": "Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id",
 }
 
 

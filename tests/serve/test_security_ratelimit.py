@@ -126,7 +126,9 @@ def test_429_carries_cors_headers_for_allowed_origins(http: httpx.Client) -> Non
     response = http.get("/capabilities", headers=who)
     assert_429(response, "read")
     assert response.headers["access-control-allow-origin"] == "http://app.example.com"
-    assert response.headers["access-control-expose-headers"] == "Retry-After"
+    assert response.headers["access-control-expose-headers"] == (
+        "Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id"
+    )
 
 
 def test_hits_are_counted_in_status_and_the_tag_is_advertised(http: httpx.Client) -> None:

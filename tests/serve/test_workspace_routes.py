@@ -94,7 +94,9 @@ def daemon_proc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProc
         ["--token", TOKEN, "--mcp-client-budget", "2", "--mcp-budget-mode", "enforce"],
         workspace=ws,
         state_dir=root / "state",
-        env=SECRETS,
+        # The configuration-derived snapshot (the shared pool's live view is tested in
+        # tests/serve/test_mcp_*.py).
+        env={**SECRETS, "QWEN_SERVE_NO_MCP_POOL": "1"},
     )
     try:
         yield d

@@ -156,9 +156,11 @@ ALLOW = {
     "Access-Control-Allow-Origin": "https://app.example.com",
     "Vary": "Origin",
     "Access-Control-Allow-Methods": "GET, POST, PATCH, DELETE, OPTIONS",
-    "Access-Control-Allow-Headers": "Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID",
+    "Access-Control-Allow-Headers": (
+        "Authorization, Content-Type, X-Qwen-Client-Id, Last-Event-ID, X-Qwen-Event-Epoch, Prefer"
+    ),
     "Access-Control-Max-Age": "86400",
-    "Access-Control-Expose-Headers": "Retry-After",
+    "Access-Control-Expose-Headers": "Retry-After, X-Qwen-Event-Epoch, X-Qwen-SSE-Stream-Id",
 }
 
 LISTED = CorsPolicy.from_patterns(["https://app.example.com", "http://localhost:5173"])
