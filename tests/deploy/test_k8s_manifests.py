@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -61,6 +62,7 @@ def _base() -> dict[str, dict[str, Any]]:
 
 def _container() -> dict[str, Any]:
     (container,) = _base()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert isinstance(container, dict)
     return container
 
 
@@ -218,3 +220,18 @@ def test_daemon_with_the_manifest_flags_serves_probes_without_token() -> None:
             assert api.get("/capabilities").status_code == 200
     finally:
         assert d.stop() == 0
+
+
+def test_resources_shown_in_the_docs_are_valid() -> None:
+    """Complete resources in docs/kubernetes.md's YAML blocks validate too."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL)
+    resources = [
+        doc
+        for block in blocks
+        for doc in yaml.safe_load_all(block)
+        if isinstance(doc, dict) and "kind" in doc and "apiVersion" in doc
+    ]
+    assert {r["kind"] for r in resources} >= {"NetworkPolicy"}
+    for resource in resources:
+        kubernetes_validate.validate(resource, VERSIONS[-1], strict=True)
