@@ -135,6 +135,7 @@ PATH_PARAMS: Final[dict[str, str]] = {
     "name": "The tool name.",
     "server": "The MCP server name (a key of `mcpServers`).",
     "flow_id": "The device flow id (`deviceFlowId`).",
+    "prompt_id": "The prompt id (`promptId` from the prompt's 202 answer).",
 }
 
 _RESTORE = Operation(
@@ -165,6 +166,14 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         "Liveness",
         (ok(t.HealthResponse), Reply(503, "Deep check failed (`status: degraded`).", OPEN_OBJECT)),
         params=(q("deep", FLAG, "`1`, `true` or empty: add counters (sessions, prompts, ...)."),),
+        public=True,
+    ),
+    ("GET", "/readyz"): Operation(
+        "Readiness (503 while starting, draining or at session capacity)",
+        (
+            ok(t.ReadyResponse, "Ready."),
+            Reply(503, "Not ready (`reason`; `Retry-After`).", t.ReadyResponse),
+        ),
         public=True,
     ),
     ("GET", "/capabilities"): Operation(
@@ -213,6 +222,21 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
             h("Prefer", {"type": "string", "enum": ["respond-async"]}, "Answer 202 at once."),
             CLIENT_ID,
         ),
+    ),
+    ("GET", "/session/<session_id>/pending-prompts"): Operation(
+        "The running prompt and the queued ones",
+        (ok(t.PendingPrompts), BAD_REQUEST, NO_SESSION),
+        params=(CLIENT_ID,),
+    ),
+    ("DELETE", "/session/<session_id>/pending-prompts/<prompt_id>"): Operation(
+        "Remove a queued prompt",
+        (
+            Reply(204, "Removed (`prompt_cancelled` is published)."),
+            BAD_REQUEST,
+            err(404, "`session_not_found` or `prompt_not_found`."),
+            err(409, "`prompt_running`: cancel it instead."),
+        ),
+        params=(CLIENT_ID,),
     ),
     ("POST", "/session/<session_id>/cancel"): Operation(
         "Cancel the running prompt (queued prompts still run)",
@@ -362,6 +386,11 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ("GET", "/workspace/mcp"): Operation("Configured MCP servers and budget cells", _SNAPSHOT),
     ("GET", "/workspace/skills"): Operation("Project skills", _SNAPSHOT),
     ("GET", "/workspace/providers"): Operation("The agent's models and auth methods", _SNAPSHOT),
+    ("GET", "/workspace/permissions"): Operation(
+        "Effective grants, approval policy and decision counters (read-only)",
+        (ok(OPEN_OBJECT), BAD_REQUEST),
+        params=(CLIENT_ID,),
+    ),
     ("POST", "/workspace/init"): Operation(
         "Create the workspace memory file (QWEN.md)",
         (ok(t.InitResponse), BAD_REQUEST, err(409, "`workspace_init_conflict`.")),

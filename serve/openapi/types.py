@@ -46,10 +46,13 @@ __all__ = [
     "McpRestartResponse",
     "MetadataRequest",
     "MetadataResponse",
+    "PendingPrompt",
+    "PendingPrompts",
     "PermissionVoteRequest",
     "PromptAccepted",
     "PromptRequest",
     "PromptResult",
+    "ReadyResponse",
     "RestoreRequest",
     "RestoreResponse",
     "SessionContext",
@@ -130,6 +133,13 @@ class CapabilitiesEnvelope(_Wire, frozen=True):
     policy: dict[str, Any]
     limits: dict[str, int | None]
     workspaces: list[dict[str, Any]]
+
+
+class ReadyResponse(_Wire, frozen=True):
+    """``GET /readyz``: ``ready`` (200) or ``not_ready`` with a ``reason`` (503)."""
+
+    status: Literal["ready", "not_ready"]
+    reason: str | UnsetType = UNSET
 
 
 # ---- sessions --------------------------------------------------------------------------------
@@ -217,6 +227,21 @@ class PromptResult(_Wire, frozen=True):
     stop_reason: str
     prompt_id: str
     branch_point: dict[str, Any] | UnsetType = UNSET
+
+
+class PendingPrompt(_Wire, frozen=True):
+    prompt_id: str
+    text: str
+    queued_at: str
+    state: Literal["running", "queued"]
+    originator_client_id: str | UnsetType = UNSET
+
+
+class PendingPrompts(_Wire, frozen=True):
+    """``GET /session/{id}/pending-prompts``: the running prompt, then the queue in order."""
+
+    session_id: str
+    pending: list[PendingPrompt]
 
 
 class MetadataRequest(_Wire, frozen=True):

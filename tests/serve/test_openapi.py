@@ -204,6 +204,7 @@ async def test_real_responses_conform_to_the_document(daemon_proc: DaemonProcess
 
         await check("GET", "/health", "/health")
         await check("GET", "/capabilities", "/capabilities")
+        await check("GET", "/readyz", "/readyz")
         created = await check("POST", "/session", "/session", json={"sessionScope": "thread"})
         assert created.status_code == 200
         sid, cid = created.json()["sessionId"], created.json()["clientId"]
@@ -237,6 +238,16 @@ async def test_real_responses_conform_to_the_document(daemon_proc: DaemonProcess
         )
         assert blocking.status_code == 200
         await check("POST", "/session/<session_id>/prompt", f"{base}/prompt", json={"prompt": []})
+        await check(
+            "GET", "/session/<session_id>/pending-prompts", f"{base}/pending-prompts", headers=who
+        )
+        await check(
+            "DELETE",
+            "/session/<session_id>/pending-prompts/<prompt_id>",
+            f"{base}/pending-prompts/nope",
+            headers=who,
+        )
+        await check("GET", "/workspace/permissions", "/workspace/permissions")
         await check(
             "GET",
             "/workspace/<path:workspace>/sessions",
