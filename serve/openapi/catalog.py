@@ -62,7 +62,8 @@ class Param(msgspec.Struct, frozen=True):
 
 
 class Reply(msgspec.Struct, frozen=True):
-    """One documented response: status, description, body type (``None``: no body)."""
+    """One documented response: status, description, body type (``None``: no body; a tuple
+    of types: any one of them)."""
 
     status: int
     description: str
@@ -96,7 +97,9 @@ def err(status: int, description: str) -> Reply:
 
 
 def file_err(status: int, description: str) -> Reply:
-    return Reply(status, description, t.FileErrorBody)
+    """A file-route error: the file envelope, or the daemon-wide one (malformed JSON or URL
+    encoding, an unregistered client id, the security front's refusals)."""
+    return Reply(status, description, (t.FileErrorBody, t.ErrorEnvelope))
 
 
 def q(name: str, schema: dict[str, Any], description: str = "", required: bool = False) -> Param:

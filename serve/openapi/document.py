@@ -134,6 +134,10 @@ class _Schemas:
             self._types.append(tp)
         return self._index[tp]
 
+    def slots(self, body: Any) -> tuple[int, ...]:
+        """Slots of a body type, or of each type of a tuple of alternatives (``anyOf``)."""
+        return tuple(self.slot(tp) for tp in (body if isinstance(body, tuple) else (body,)))
+
     def resolve(self) -> tuple[tuple[dict[str, Any], ...], dict[str, Any]]:
         return msgspec.json.schema_components(self._types, ref_template=_REF)
 
@@ -170,7 +174,7 @@ def build_document(
 
     # First pass: operations with integer placeholders where schemas go.
     paths: dict[str, dict[str, Any]] = {}
-    pending: list[tuple[dict[str, Any], str, int]] = []  # (holder, key, slot)
+    pending: list[tuple[dict[str, Any], tuple[int, ...]]] = []  # (media object, slots)
     for route in routes:
         documented = cat.CATALOG.get((route.method, route.rule))
         op = documented if documented is not None else _generic(route)
@@ -206,7 +210,7 @@ def build_document(
             operation["parameters"] = parameters
         if op.body is not None:
             media: dict[str, Any] = {}
-            pending.append((media, "schema", schemas.slot(op.body)))
+            pending.append((media, schemas.slots(op.body)))
             operation["requestBody"] = {
                 "required": op.body_required,
                 "content": {cat.JSON: media},
@@ -216,7 +220,7 @@ def build_document(
             entry: dict[str, Any] = {"description": reply.description}
             if reply.body is not None:
                 media = {}
-                pending.append((media, "schema", schemas.slot(reply.body)))
+                pending.append((media, schemas.slots(reply.body)))
                 entry["content"] = {reply.media: media}
             key = str(reply.status)
             if key in responses:  # two replies share a status: keep the first body
@@ -233,8 +237,11 @@ def build_document(
         paths.setdefault(template, {})[route.method.lower()] = operation
 
     resolved, components = schemas.resolve()
-    for holder, key, slot in pending:
-        holder[key] = resolved[slot]
+    for media_object, slots in pending:
+        alternatives = [resolved[slot] for slot in slots]
+        media_object["schema"] = (
+            alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+        )
 
     return {
         "openapi": OPENAPI_VERSION,

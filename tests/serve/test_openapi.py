@@ -268,6 +268,13 @@ async def test_real_responses_conform_to_the_document(daemon_proc: DaemonProcess
             headers=who,
         )
         assert written.status_code == 201
+        await check(
+            "POST",
+            "/file/write",
+            "/file/write",
+            content=b"\x00",
+            headers={"Content-Type": "application/json"},
+        )
         await check("GET", "/file", "/file", params={"path": "conform.txt"})
         await check("GET", "/file", "/file", params={"path": "missing.txt"})
         await check("GET", "/file/bytes", "/file/bytes", params={"path": "conform.txt"})
