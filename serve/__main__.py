@@ -28,6 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("%s", warning)
     if settings.token_from_argv:
         log.warning("--token on the command line is visible in ps; prefer QWEN_SERVER_TOKEN")
+    if settings.token is not None and len(settings.token) < 16:
+        log.warning(
+            "the bearer token is short (%d characters); use 16 or more", len(settings.token)
+        )
     if settings.token_generated:
         print(f"acp-serve: generated bearer token: {settings.token}", file=sys.stderr, flush=True)
     for flag in settings.inert_flags:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
+from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -38,6 +39,43 @@ def route_modules() -> list[ModuleType]:
     return [importlib.import_module(f"serve.routes.{name}") for name in names]
 
 
+def _register_plural_tag() -> None:
+    """Tags that span route modules, registered once every module is imported."""
+    from serve import capabilities, plural
+
+    known = {f.tag: f for f in capabilities.FEATURES}
+    if "workspace_qualified_rest_core" not in known:
+        capabilities.register(
+            capabilities.Feature("workspace_qualified_rest_core", tuple(plural.PLURAL_ROUTES))
+        )
+    # Multi-workspace tags: on when more than one workspace runtime is active (and, for
+    # rewind and shell, when the per-session feature itself is advertised).
+    if "multi_workspace_sessions" not in known:
+        capabilities.register(
+            capabilities.Feature(
+                "multi_workspace_sessions",
+                (("POST", "/session"), ("GET", "/workspaces/<path:workspace>/sessions")),
+                when=lambda d: len(d.registry) > 1,
+            )
+        )
+        for tag, base in (
+            ("multi_workspace_session_rewind", "session_rewind"),
+            ("multi_workspace_session_shell", "session_shell_command"),
+        ):
+            feature = known.get(base)
+            if feature is not None:
+                capabilities.register(
+                    capabilities.Feature(tag, feature.routes, when=_multi_and(feature))
+                )
+
+
+def _multi_and(feature: Any) -> Callable[[Daemon], bool]:
+    def predicate(d: Daemon) -> bool:
+        return len(d.registry) > 1 and bool(feature.enabled(d))
+
+    return predicate
+
+
 def create_app(daemon: Daemon) -> QuartTrio:
     app = QuartTrio("acp_serve")
     app.config.update(
@@ -54,6 +92,7 @@ def create_app(daemon: Daemon) -> QuartTrio:
 
     for module in route_modules():
         app.register_blueprint(module.blueprint)
+    _register_plural_tag()
 
     from serve.middleware import install_middleware
 

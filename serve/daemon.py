@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import signal
 import socket
 import sys
@@ -34,7 +33,7 @@ import trio
 from actors import ChildSpec, Restart, Supervisor, SupervisorEvent
 from serve.journal import Journal
 from serve.mediator import PermissionMediator
-from serve.sessions.registry import SessionRegistry
+from serve.sessions.runtimes import WorkspaceRuntimes, workspace_id
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -66,7 +65,7 @@ class Daemon:
             consensus_quorum=self.config.policy.consensus_quorum,  # issue 6
             response_timeout_ms=settings.permission_response_timeout_ms,
         )
-        self.registry = SessionRegistry(settings, self.mediator)
+        self.registry = WorkspaceRuntimes(settings, self.mediator)
         self.journal: Journal | None = None
         if settings.journal:
             self.journal = Journal(settings.state_dir)
@@ -82,13 +81,7 @@ class Daemon:
     # ---- read models -------------------------------------------------------------------
 
     def workspace_descriptors(self) -> list[dict[str, Any]]:
-        return [
-            {"id": workspace_id(path), "cwd": path, "primary": i == 0, "trusted": True}
-            for i, path in enumerate(self.settings.workspaces)
-        ] + [
-            {"id": workspace_id(path), "cwd": path, "primary": False, "trusted": False}
-            for path in self.settings.untrusted_workspaces
-        ]
+        return [rt.descriptor() for rt in self.registry]
 
     def deep_health(self) -> dict[str, Any]:
         live = self.registry.live()
@@ -150,13 +143,7 @@ class Daemon:
                         shutdown_grace_s=1.0,
                         stop=self.mediator.close,
                     ),
-                    ChildSpec(
-                        "sessions",
-                        self.registry.run,
-                        Restart.PERMANENT,
-                        shutdown_grace_s=SHUTDOWN_FORCE_S,
-                        stop=self.registry.close,
-                    ),
+                    *self.registry.child_specs(),
                     *service_specs,
                     ChildSpec(
                         "http",
@@ -297,8 +284,4 @@ def bind_listener(host: str, port: int, *, user_timeout_ms: int | None = None) -
     raise last_error
 
 
-def workspace_id(path: str) -> str:
-    """A stable id per canonical workspace path."""
-    import hashlib
-
-    return "ws_" + hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
+__all__ = ["Daemon", "bind_listener", "workspace_id"]

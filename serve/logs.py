@@ -58,7 +58,9 @@ def install_redaction(secrets: Iterable[str | None]) -> None:
     Idempotent: a previous redacting filter installed here is replaced. ``None`` and empty
     values are ignored; with nothing to hide, no filter is installed.
     """
-    values = [s for s in secrets if s]
+    # Values shorter than 6 characters are not redacted as substrings (a one-letter token
+    # would turn every log line to mush); the settings warn about such weak tokens.
+    values = [s for s in secrets if s and len(s) >= 6]
     for handler in logging.getLogger().handlers:
         for old in [f for f in handler.filters if isinstance(f, RedactingFilter)]:
             handler.removeFilter(old)

@@ -29,7 +29,7 @@ from typing import Any, Final
 import trio
 from quart import Blueprint, Response, request
 
-from serve import capabilities
+from serve import capabilities, plural
 from serve.capabilities import Feature
 from serve.context import daemon
 from serve.errors import ApiError
@@ -139,9 +139,9 @@ async def _run[T](fn: Callable[[], T]) -> T:
 # ---- reads ----------------------------------------------------------------------------------
 
 
-@blueprint.get("/file")
+@plural.route(blueprint, "GET", "/file")
 @file_route
-async def get_file() -> Response:
+async def get_file(workspace: str | None = None) -> Response:
     path = _required("path")
     if "cursor" in request.args:
         raise make_error(
@@ -159,9 +159,9 @@ async def get_file() -> Response:
     return json_response(result)
 
 
-@blueprint.get("/file/bytes")
+@plural.route(blueprint, "GET", "/file/bytes")
 @file_route
-async def get_file_bytes() -> Response:
+async def get_file_bytes(workspace: str | None = None) -> Response:
     path = _required("path")
     offset = _int_query("offset", 0, _MAX_OFFSET, 0)
     max_bytes = _int_query("maxBytes", 1, MAX_BYTES_WINDOW, DEFAULT_BYTES_WINDOW)
@@ -171,17 +171,17 @@ async def get_file_bytes() -> Response:
     return json_response(result)
 
 
-@blueprint.get("/stat")
+@plural.route(blueprint, "GET", "/stat")
 @file_route
-async def get_stat() -> Response:
+async def get_stat(workspace: str | None = None) -> Response:
     path = _required("path")
     ws = primary_workspace(daemon())
     return json_response(await _run(functools.partial(stat, ws, path)))
 
 
-@blueprint.get("/list")
+@plural.route(blueprint, "GET", "/list")
 @file_route
-async def get_list() -> Response:
+async def get_list(workspace: str | None = None) -> Response:
     path = request.args.get("path") or "."
     include_ignored = _flag_query("includeIgnored")
     ws = primary_workspace(daemon())
@@ -189,9 +189,9 @@ async def get_list() -> Response:
     return json_response(result)
 
 
-@blueprint.get("/glob")
+@plural.route(blueprint, "GET", "/glob")
 @file_route
-async def get_glob() -> Response:
+async def get_glob(workspace: str | None = None) -> Response:
     pattern = _required("pattern")
     cwd = request.args.get("cwd")
     include_ignored = _flag_query("includeIgnored")
@@ -235,9 +235,9 @@ async def _caller() -> tuple[dict[str, Any], str | None]:
     return body, client_id
 
 
-@blueprint.post("/file/write")
+@plural.route(blueprint, "POST", "/file/write")
 @file_route
-async def post_file_write() -> Response:
+async def post_file_write(workspace: str | None = None) -> Response:
     body, client_id = await _caller()
     ws = primary_workspace(daemon())
     result = await _run(
@@ -257,9 +257,9 @@ async def post_file_write() -> Response:
     return json_response(result, 201 if result.created else 200)
 
 
-@blueprint.post("/file/edit")
+@plural.route(blueprint, "POST", "/file/edit")
 @file_route
-async def post_file_edit() -> Response:
+async def post_file_edit(workspace: str | None = None) -> Response:
     body, client_id = await _caller()
     expected = body.get("expectedHash")
     if expected is None:

@@ -17,7 +17,7 @@ import trio
 from quart import Blueprint, Response, make_response, request
 
 from actors import ActorStopped
-from serve import capabilities
+from serve import capabilities, plural
 from serve.capabilities import Feature
 from serve.context import daemon
 from serve.errors import ApiError, bad_request, service_unavailable, session_not_found
@@ -59,6 +59,12 @@ MAX_SAFE_INTEGER = 2**53 - 1
 _EPOCH_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ASK_TIMEOUT_S = 30.0
 
+plural.PLURAL_ROUTES.extend(
+    [
+        ("GET", "/workspaces/<path:workspace>/sessions"),
+        ("GET", "/workspaces//<path:workspace>/sessions"),
+    ]
+)
 capabilities.register(
     Feature("session_create", (("POST", "/session"),)),
     Feature("session_scope_override", (("POST", "/session"),)),
@@ -168,14 +174,14 @@ def resolve_workspace(body: dict[str, Any]) -> str:
     if "cwd" not in body or body["cwd"] is None:
         return d.settings.primary_workspace
     cwd = canonical_cwd(body["cwd"])
-    if cwd in d.settings.workspaces:
+    if cwd in d.registry.runtimes:
         return cwd
     extra: dict[str, Any] = {
         "boundWorkspace": d.settings.primary_workspace,
         "requestedWorkspace": cwd,
     }
-    if len(d.settings.workspaces) > 1:
-        extra["workspaceCount"] = len(d.settings.workspaces)
+    if len(d.registry) > 1:
+        extra["workspaceCount"] = len(d.registry)
     raise bad_request(
         f"Requested workspace {cwd} does not match the daemon's workspace",
         "workspace_mismatch",
@@ -306,6 +312,8 @@ async def resume_session(session_id: str) -> Response:
 
 @blueprint.get("/workspace/<path:workspace>/sessions")
 @blueprint.get("/workspace//<path:workspace>/sessions")  # a %2F-encoded absolute path
+@blueprint.get("/workspaces/<path:workspace>/sessions")
+@blueprint.get("/workspaces//<path:workspace>/sessions")
 async def list_sessions(workspace: str) -> Response:
     d = daemon()
     wanted = _workspace_by_ref(workspace)
@@ -321,18 +329,8 @@ async def list_sessions(workspace: str) -> Response:
 
 
 def _workspace_by_ref(ref: str) -> str | None:
-    from serve.daemon import workspace_id
-
-    d = daemon()
-    for path in d.settings.workspaces:
-        if ref == workspace_id(path):
-            return path
-    candidate = ref if ref.startswith("/") else "/" + ref
-    try:
-        candidate = os.path.realpath(candidate)
-    except (OSError, ValueError):
-        return None
-    return candidate if candidate in d.settings.workspaces else None
+    runtime = daemon().registry.by_ref(ref)
+    return runtime.path if runtime is not None else None
 
 
 # ---- prompts ------------------------------------------------------------------------------

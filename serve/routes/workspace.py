@@ -39,7 +39,7 @@ import msgspec
 import trio
 from quart import Blueprint, Response
 
-from serve import capabilities
+from serve import capabilities, plural
 from serve.capabilities import Feature
 from serve.context import daemon
 from serve.errors import ApiError, bad_request
@@ -51,6 +51,7 @@ from serve.status.mcp import mcp_snapshot
 from serve.status.preflight import daemon_cells
 from serve.status.settings_file import SettingsFileError, read_settings, set_tool_enabled
 from serve.status.shared import (
+    addressed_path,
     agent_session,
     check_workspace_client,
     primary_workspace,
@@ -80,7 +81,7 @@ capabilities.register(
 def _envelope(initialized: bool, **fields: Any) -> dict[str, Any]:
     return {
         "v": 1,
-        "workspaceCwd": daemon().settings.primary_workspace,
+        "workspaceCwd": addressed_path(daemon()),
         "initialized": initialized,
         **fields,
     }
@@ -97,8 +98,8 @@ def _fs_failure(err: WorkspaceFsError) -> ApiError:
 # ---- read-only snapshots ------------------------------------------------------------------
 
 
-@blueprint.get("/workspace/env")
-async def workspace_env() -> Response:
+@plural.route(blueprint, "GET", "/workspace/env")
+async def workspace_env(workspace: str | None = None) -> Response:
     cells = env_cells(
         os.environ,
         python_version=platform.python_version(),
@@ -109,11 +110,11 @@ async def workspace_env() -> Response:
     return json_response(body, headers=NO_STORE)
 
 
-@blueprint.get("/workspace/preflight")
-async def workspace_preflight() -> Response:
+@plural.route(blueprint, "GET", "/workspace/preflight")
+async def workspace_preflight(workspace: str | None = None) -> Response:
     d = daemon()
     session = agent_session(d)
-    cells: list[Any] = await daemon_cells(d.settings.primary_workspace)
+    cells: list[Any] = await daemon_cells(addressed_path(d))
     skill_count: int | None = None
     if session is not None:
         try:
@@ -126,8 +127,8 @@ async def workspace_preflight() -> Response:
     return json_response(body, headers=NO_STORE)
 
 
-@blueprint.get("/workspace/mcp")
-async def workspace_mcp() -> Response:
+@plural.route(blueprint, "GET", "/workspace/mcp")
+async def workspace_mcp(workspace: str | None = None) -> Response:
     d = daemon()
     session = agent_session(d)
     settings: dict[str, Any] | None = None
@@ -139,7 +140,7 @@ async def workspace_mcp() -> Response:
             error = str(err)
     body = mcp_snapshot(
         settings,
-        workspace_cwd=d.settings.primary_workspace,
+        workspace_cwd=addressed_path(d),
         initialized=session is not None,
         budget=d.settings.mcp_client_budget,
         mode=d.settings.mcp_budget_mode,
@@ -148,13 +149,13 @@ async def workspace_mcp() -> Response:
     pool = d.services.get("mcp-pool")
     if pool is not None and pool.pooling and session is not None and error is None:
         # The pool knows the live state: pids, restarts, connections, refusals.
-        body = {**body, **await pool.snapshot(d.settings.primary_workspace)}
+        body = {**body, **await pool.snapshot(addressed_path(d))}
         body["initialized"] = True
     return json_response(body, headers=NO_STORE)
 
 
-@blueprint.get("/workspace/skills")
-async def workspace_skills() -> Response:
+@plural.route(blueprint, "GET", "/workspace/skills")
+async def workspace_skills(workspace: str | None = None) -> Response:
     d = daemon()
     if agent_session(d) is None:
         return json_response(_envelope(False, skills=[]), headers=NO_STORE)
@@ -166,8 +167,8 @@ async def workspace_skills() -> Response:
     return json_response(_envelope(True, skills=skills), headers=NO_STORE)
 
 
-@blueprint.get("/workspace/providers")
-async def workspace_providers() -> Response:
+@plural.route(blueprint, "GET", "/workspace/providers")
+async def workspace_providers(workspace: str | None = None) -> Response:
     session = agent_session(daemon())
     if session is None:
         body = _envelope(False, current=None, providers=[])
@@ -206,8 +207,8 @@ def _init_in_thread(ws: Workspace, flag_value: str, force: bool) -> Any:
     return init_memory_file(ws, memory_file_name(flag_value, settings), force=force)
 
 
-@blueprint.post("/workspace/init")
-async def workspace_init() -> Response:
+@plural.route(blueprint, "POST", "/workspace/init")
+async def workspace_init(workspace: str | None = None) -> Response:
     body = await json_body()
     force = body.get("force", False)
     if force is None:
@@ -240,8 +241,8 @@ async def workspace_init() -> Response:
     return json_response(out)
 
 
-@blueprint.post("/workspace/tools/<name>/enable")
-async def workspace_tool_enable(name: str) -> Response:
+@plural.route(blueprint, "POST", "/workspace/tools/<name>/enable")
+async def workspace_tool_enable(name: str, workspace: str | None = None) -> Response:
     if not name.strip() or len(name) > MAX_TOOL_NAME_CHARS:
         raise bad_request(
             f"tool name must be 1 to {MAX_TOOL_NAME_CHARS} characters", "invalid_tool_name"

@@ -89,9 +89,22 @@ _STRICT_SHAPES: frozenset[tuple[str, str]] = frozenset(
 
 
 def is_strict(method: str, rule: str) -> bool:
-    """True iff ``method`` + matched Quart ``rule`` is a strict-gate route."""
+    """True iff ``method`` + matched Quart ``rule`` is a strict-gate route.
+
+    A workspace-qualified form (``/workspaces/<workspace>/file/write``,
+    ``/workspaces/<workspace>/init``) is strict exactly when its singular form is."""
     gated_method = "GET" if method == "HEAD" else method
-    return (gated_method, _shape(rule)) in _STRICT_SHAPES
+    shape = _shape(rule)
+    if (gated_method, shape) in _STRICT_SHAPES:
+        return True
+    for prefix in ("/workspaces//<>", "/workspaces/<>"):
+        if shape.startswith(prefix + "/"):
+            suffix = shape[len(prefix) :]
+            return (gated_method, suffix) in _STRICT_SHAPES or (
+                gated_method,
+                "/workspace" + suffix,
+            ) in _STRICT_SHAPES
+    return False
 
 
 def strict_gate_allows(*, token_configured: bool) -> bool:

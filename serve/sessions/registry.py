@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -95,14 +96,19 @@ RegistryMsg = CreateSession | RestoreSession
 
 
 class SessionRegistry(Actor[RegistryMsg]):
-    def __init__(self, settings: Settings, mediator: PermissionMediator) -> None:
-        super().__init__("session-registry", inbox_size=1024)
+    def __init__(
+        self, settings: Settings, mediator: PermissionMediator, *, name: str = "sessions"
+    ) -> None:
+        super().__init__(name, inbox_size=1024)
+        self.supervisor_name = name
+        #: Sessions daemon-wide (all workspaces); the runtimes facade replaces this.
+        self.total_count: Callable[[], int] = self.local_count
         self.settings = settings
         self.mediator = mediator
         self.sessions: dict[str, SessionActor] = {}
         self.single: dict[str, str] = {}  # workspace -> session id (single scope)
         self.inflight: dict[str, Pending] = {}  # "single:<ws>", "thread:<n>", "restore:<id>"
-        self.supervisor = Supervisor("sessions", intensity=1_000_000, period_s=1.0)
+        self.supervisor = Supervisor(name, intensity=1_000_000, period_s=1.0)
         self._nursery: trio.Nursery | None = None
         self._counter = 0
         self.accepting = True
@@ -120,7 +126,7 @@ class SessionRegistry(Actor[RegistryMsg]):
     ) -> None:
         # A fresh session supervisor per incarnation; in-flight slots of a crashed
         # incarnation were failed in on_stop.
-        self.supervisor = Supervisor("sessions", intensity=1_000_000, period_s=1.0)
+        self.supervisor = Supervisor(self.supervisor_name, intensity=1_000_000, period_s=1.0)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.supervisor.run)
@@ -241,12 +247,16 @@ class SessionRegistry(Actor[RegistryMsg]):
                 return Ticket(pending, False)
         raise TypeError(msg)
 
+    def local_count(self) -> int:
+        """Live sessions plus in-flight spawns and restores of this registry."""
+        return self._count(None)
+
     def _check_limits(self, workspace: str) -> None:
         limit = self.settings.max_sessions
         if limit and self._count(workspace) >= limit:
             raise _limit_error(limit, "workspace")
         total = self.settings.max_total_sessions
-        if total and self._count(None) >= total:
+        if total and self.total_count() >= total:
             raise _limit_error(total, "total")
 
     def _spawn(self, pending: Pending, workspace: str, action: str, session_id: str | None) -> None:

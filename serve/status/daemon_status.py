@@ -66,8 +66,7 @@ def _scrub(text: str, token: str | None) -> str:
 
 def _raw_history(daemon: Daemon) -> list[Any]:
     events: list[Any] = list(getattr(getattr(daemon, "root", None), "events", ()))
-    registry_supervisor = getattr(getattr(daemon, "registry", None), "supervisor", None)
-    events.extend(getattr(registry_supervisor, "events", ()))
+    events.extend(getattr(getattr(daemon, "registry", None), "supervisor_events", ()))
     events.sort(key=lambda e: e.at)
     return events
 
@@ -237,6 +236,17 @@ def daemon_status(daemon: Daemon, detail: Detail) -> dict[str, Any]:
     }
     if rate_limit is not None:
         body["runtime"]["rateLimit"] = rate_limit
+    runtimes = getattr(daemon, "registry", None)
+    if runtimes is not None and hasattr(runtimes, "runtimes"):
+        body["workspaces"] = [
+            {
+                **rt.descriptor(),
+                "sessions": len(rt.registry.live()),
+                "activePrompts": sum(1 for s in rt.registry.live() if s.has_active_prompt),
+                "pendingPrompts": sum(s.pending_count for s in rt.registry.live()),
+            }
+            for rt in runtimes
+        ]
     chaos = getattr(daemon, "services", {}).get("chaos")
     if chaos is not None:
         body["runtime"]["chaos"] = chaos.status()

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from serve.sessions.actor import SessionActor
 
 __all__ = [
+    "addressed_path",
     "agent_session",
     "check_workspace_client",
     "live_sessions",
@@ -76,9 +77,42 @@ def shared_workspace(root: str, *, trusted: bool = True) -> Workspace:
         return found
 
 
+def addressed_path(daemon: Daemon) -> str:
+    """The workspace a request addresses: the ``<workspace>`` of a plural
+    ``/workspaces/<workspace>/...`` route (id or URL-encoded path; 404 when unknown),
+    else the primary workspace."""
+    ref = _route_workspace_ref()
+    if ref is None:
+        return daemon.settings.primary_workspace
+    runtime = daemon.registry.by_ref(ref)
+    if runtime is None:
+        raise ApiError(
+            404,
+            {
+                "error": f'No workspace "{ref}" is served by this daemon',
+                "code": "workspace_not_found",
+                "workspace": ref,
+            },
+        )
+    return runtime.path
+
+
+def _route_workspace_ref() -> str | None:
+    from quart import has_request_context, request
+
+    if not has_request_context():
+        return None
+    args = request.view_args or {}
+    ref = args.get("workspace")
+    return ref if isinstance(ref, str) and request.path.startswith("/workspaces/") else None
+
+
 def primary_workspace(daemon: Daemon) -> Workspace:
-    """The daemon's bound (primary, trusted) workspace."""
-    return shared_workspace(daemon.settings.primary_workspace, trusted=True)
+    """The workspace the request addresses (see :func:`addressed_path`), with its trust:
+    the primary for singular routes."""
+    path = addressed_path(daemon)
+    trusted = path not in tuple(getattr(daemon.settings, "untrusted_workspaces", ()))
+    return shared_workspace(path, trusted=trusted)
 
 
 def live_sessions(daemon: Daemon, workspace: str | None = None) -> list[SessionActor]:
@@ -91,7 +125,7 @@ def live_sessions(daemon: Daemon, workspace: str | None = None) -> list[SessionA
 def agent_session(daemon: Daemon) -> SessionActor | None:
     """The newest live session of the primary workspace whose agent finished set-up."""
     best: SessionActor | None = None
-    for session in live_sessions(daemon, daemon.settings.primary_workspace):
+    for session in live_sessions(daemon, addressed_path(daemon)):
         conn = getattr(session, "conn", None)
         if conn is None or getattr(conn, "closed", True) or getattr(session, "setup", None) is None:
             continue
@@ -103,9 +137,10 @@ def agent_session(daemon: Daemon) -> SessionActor | None:
 def publish_workspace_event(
     daemon: Daemon, event_type: str, data: dict[str, Any], originator: str | None
 ) -> int:
-    """Publish ``event_type`` on every live session's log; returns how many logs took it."""
+    """Publish ``event_type`` on every live session's log of the addressed workspace;
+    returns how many logs took it."""
     published = 0
-    for session in live_sessions(daemon):
+    for session in live_sessions(daemon, addressed_path(daemon)):
         if session.log.publish(event_type, data, originator=originator) is not None:
             published += 1
     return published
@@ -116,7 +151,7 @@ def check_workspace_client(daemon: Daemon, client_id: str | None) -> str | None:
     if client_id is None:
         return None
     registry = getattr(daemon, "registry", None)
-    known = registry.known_client_ids() if registry is not None else set()
+    known = registry.known_client_ids(addressed_path(daemon)) if registry is not None else set()
     if client_id not in known:
         raise ApiError(
             400,

@@ -1,0 +1,36 @@
+"""Workspace-qualified routes: ``/workspaces/<workspace>/...`` beside the singular forms.
+
+The singular routes (``/file``, ``/workspace/env``, ...) address the primary workspace; the
+plural forms address any served workspace by id or by URL-encoded absolute path. Hypercorn
+decodes ``%2F``, so a path reference arrives as several segments (and starts with a slash),
+hence two rules per plural form. Handlers find the addressed workspace with
+:func:`serve.status.shared.addressed_path`. Every plural rule is announced by the
+``workspace_qualified_rest_core`` capability tag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from quart import Blueprint
+
+#: (METHOD, rule) of every plural rule registered, for the capability tag.
+PLURAL_ROUTES: list[tuple[str, str]] = []
+
+
+def plural_rules(rule: str) -> tuple[str, str]:
+    suffix = rule.removeprefix("/workspace")
+    return (f"/workspaces/<path:workspace>{suffix}", f"/workspaces//<path:workspace>{suffix}")
+
+
+def route(blueprint: Blueprint, method: str, rule: str) -> Callable[[Any], Any]:
+    """Register ``rule`` and its two plural forms for ``method``."""
+
+    def decorate(handler: Any) -> Any:
+        for candidate in (rule, *plural_rules(rule)):
+            blueprint.add_url_rule(candidate, view_func=handler, methods=[method])
+        PLURAL_ROUTES.extend((method, r) for r in plural_rules(rule))
+        return handler
+
+    return decorate

@@ -1,0 +1,176 @@
+"""Workspace runtimes: one session registry per workspace, behind one facade.
+
+Every workspace given with ``--workspace`` (the first is the primary) or
+``--untrusted-workspace`` gets its own :class:`SessionRegistry` actor, with its own session
+supervisor, running as its own child of the root supervisor (``sessions:<workspace id>``,
+permanent). A registry that crashes, or a workspace whose agents crash-loop, is that
+workspace's trouble only: the other registries keep serving.
+
+:class:`WorkspaceRuntimes` is what the rest of the daemon calls ``daemon.registry``: it
+routes creations to the right workspace (by the message's ``workspace``), finds a session
+by id across all of them, and enforces the daemon-wide ``--max-total-sessions`` across
+registries (each registry enforces ``--max-sessions`` for its own workspace).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from actors import ChildSpec, Restart, SupervisorEvent
+from serve.sessions.registry import SessionRegistry
+
+if TYPE_CHECKING:
+    from serve.mediator import PermissionMediator
+    from serve.sessions.actor import SessionActor
+    from serve.settings import Settings
+
+
+def workspace_id(path: str) -> str:
+    """A stable id per canonical workspace path."""
+    return "ws_" + hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
+
+
+class WorkspaceRuntime:
+    """One workspace: its canonical path, id, trust, and session registry."""
+
+    def __init__(
+        self, path: str, *, primary: bool, trusted: bool, registry: SessionRegistry
+    ) -> None:
+        self.path = path
+        self.id = workspace_id(path)
+        self.primary = primary
+        self.trusted = trusted
+        self.registry = registry
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"id": self.id, "cwd": self.path, "primary": self.primary, "trusted": self.trusted}
+
+
+class WorkspaceRuntimes:
+    def __init__(self, settings: Settings, mediator: PermissionMediator) -> None:
+        self.settings = settings
+        self.runtimes: dict[str, WorkspaceRuntime] = {}
+        paths = [(p, True) for p in settings.workspaces] + [
+            (p, False) for p in settings.untrusted_workspaces
+        ]
+        for index, (path, trusted) in enumerate(paths):
+            registry = SessionRegistry(settings, mediator, name=f"sessions:{workspace_id(path)}")
+            registry.total_count = self.total_count
+            self.runtimes[path] = WorkspaceRuntime(
+                path, primary=index == 0, trusted=trusted, registry=registry
+            )
+        self._effects: Any = None
+        self._journal: Any = None
+        self._mcp_pool: Any = None
+
+    # ---- structure ---------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[WorkspaceRuntime]:
+        return iter(self.runtimes.values())
+
+    def __len__(self) -> int:
+        return len(self.runtimes)
+
+    @property
+    def primary(self) -> WorkspaceRuntime:
+        return next(iter(self.runtimes.values()))
+
+    def child_specs(self) -> list[ChildSpec]:
+        return [
+            ChildSpec(
+                f"sessions:{rt.id}",
+                rt.registry.run,
+                Restart.PERMANENT,
+                shutdown_grace_s=5.0,
+                stop=rt.registry.close,
+            )
+            for rt in self
+        ]
+
+    def by_ref(self, ref: str) -> WorkspaceRuntime | None:
+        """A workspace by id or by (canonical) absolute path."""
+        for rt in self:
+            if ref == rt.id:
+                return rt
+        candidate = ref if ref.startswith("/") else "/" + ref
+        try:
+            candidate = os.path.realpath(candidate)
+        except (OSError, ValueError):
+            return None
+        return self.runtimes.get(candidate)
+
+    def registry_for(self, workspace: str) -> SessionRegistry:
+        return self.runtimes[workspace].registry
+
+    # ---- shared wiring (set by the daemon, applied to every registry) ------------------
+
+    @property
+    def effects(self) -> Any:
+        return self._effects
+
+    @effects.setter
+    def effects(self, value: Any) -> None:
+        self._effects = value
+        for rt in self:
+            rt.registry.effects = value
+
+    @property
+    def journal(self) -> Any:
+        return self._journal
+
+    @journal.setter
+    def journal(self, value: Any) -> None:
+        self._journal = value
+        for rt in self:
+            rt.registry.journal = value
+
+    @property
+    def mcp_pool(self) -> Any:
+        return self._mcp_pool
+
+    @mcp_pool.setter
+    def mcp_pool(self, value: Any) -> None:
+        self._mcp_pool = value
+        for rt in self:
+            rt.registry.mcp_pool = value
+
+    # ---- the registry facade -----------------------------------------------------------
+
+    async def ask(self, msg: Any, *, timeout_s: float = 30.0) -> Any:
+        return await self.registry_for(msg.workspace).ask(msg, timeout_s=timeout_s)
+
+    def get(self, session_id: str) -> SessionActor | None:
+        for rt in self:
+            session = rt.registry.get(session_id)
+            if session is not None:
+                return session
+        return None
+
+    def live(self, workspace: str | None = None) -> list[SessionActor]:
+        if workspace is not None:
+            rt = self.runtimes.get(workspace)
+            return rt.registry.live() if rt is not None else []
+        return [s for rt in self for s in rt.registry.live()]
+
+    def known_client_ids(self, workspace: str | None = None) -> set[str]:
+        out: set[str] = set()
+        for session in self.live(workspace):
+            out.update(session.clients)
+        return out
+
+    def total_count(self) -> int:
+        return sum(rt.registry.local_count() for rt in self)
+
+    @property
+    def supervisor_events(self) -> list[SupervisorEvent]:
+        return [e for rt in self for e in rt.registry.supervisor.events]
+
+    async def close_all(self, reason: str = "daemon_shutdown") -> None:
+        async with trio.open_nursery() as nursery:
+            for rt in self:
+                nursery.start_soon(rt.registry.close_all, reason)
