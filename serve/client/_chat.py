@@ -20,7 +20,8 @@ nursery, all owned by :meth:`Chat.run`:
 
 EOF (Ctrl-D, or the end of piped input) stops reading, cancels permission requests that
 nobody can answer any more, waits for this client's running prompts to end, and exits 0.
-A spinner runs from a prompt's submission until its first output.
+A spinner runs from a prompt's submission until its first output. With piped (not a
+terminal) input no input prompts are printed.
 
 Exit codes: 0 normal end (EOF, ``/quit``, session closed), 1 the session died or was gone,
 3 the event stream was lost, 130 interrupted.
@@ -109,6 +110,7 @@ class Chat:
         self.pending: collections.OrderedDict[str, PermissionRequest] = collections.OrderedDict()
         self.renderer = EventRenderer(console, hide_prompt_ids=self.mine)
         self.eof = False
+        self.interactive = sys.stdin.isatty()  # piped input: no input prompts to print
         self.exit_code = 0
         self._changed = trio.Event()
         self._status: Status | None = None
@@ -131,7 +133,7 @@ class Chat:
             self._status = None
 
     def _show_prompt(self) -> None:
-        if self.eof:
+        if self.eof or not self.interactive:
             return
         self.renderer.newline()
         if self.pending:
@@ -150,7 +152,7 @@ class Chat:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_stdin, send)
             nursery.start_soon(self._pump, stream, nursery.cancel_scope)
-            nursery.start_soon(self._watch_interrupts, nursery.cancel_scope)
+            await nursery.start(self._watch_interrupts, nursery.cancel_scope)
             self._show_prompt()
             async with receive:
                 async for line in receive:
@@ -188,8 +190,11 @@ class Chat:
             self.exit_code = 3
         scope.cancel()
 
-    async def _watch_interrupts(self, scope: trio.CancelScope) -> None:
+    async def _watch_interrupts(
+        self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
+    ) -> None:
         with trio.open_signal_receiver(signal.SIGINT) as signals:
+            task_status.started()  # Ctrl-C is ours before the first input prompt shows
             async for _ in signals:
                 if self.active:
                     self._unspin()

@@ -35,6 +35,7 @@ leaving ``async with``) closes the connection; a closed stream ends iteration.
 from __future__ import annotations
 
 import collections
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import Self
 
@@ -194,7 +195,12 @@ class EventStream:
         except BaseException:
             await self._drop()  # cancelled mid-read: resumable from the cursor
             raise
-        for item in self._parser.feed(chunk):
+        try:
+            items = self._parser.feed(chunk)
+        except ProtocolError:
+            await self._drop()
+            raise
+        for item in items:
             self._productive = True
             if isinstance(item, SseComment):
                 self._heartbeats += 1
@@ -232,7 +238,7 @@ class EventStream:
             params["previousStreamId"] = self._stream_id
         return self._http.build_request(
             "GET",
-            f"/session/{self.session_id}/events",
+            f"/session/{urllib.parse.quote(self.session_id, safe='')}/events",
             headers=headers,
             params=params,
             timeout=self._timeout,

@@ -186,7 +186,7 @@ async def cmd_prompt(client: AcpServeClient, io: _Io, args: argparse.Namespace) 
     requests: set[str] = set()  # permission requests of this prompt (resolutions carry no id)
     code = EXIT_OK
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_cancel_on_interrupt, client, args.session, renderer, io)
+        await nursery.start(_cancel_on_interrupt, client, args.session, renderer, io)
         async with client.events(args.session, last_event_id=accepted.last_event_id) as stream:
             async for event in stream:
                 ours = (
@@ -223,9 +223,15 @@ async def cmd_prompt(client: AcpServeClient, io: _Io, args: argparse.Namespace) 
 
 
 async def _cancel_on_interrupt(
-    client: AcpServeClient, session_id: str, renderer: EventRenderer, io: _Io
+    client: AcpServeClient,
+    session_id: str,
+    renderer: EventRenderer,
+    io: _Io,
+    *,
+    task_status: trio.TaskStatus[None],
 ) -> None:
     with trio.open_signal_receiver(signal.SIGINT) as signals:
+        task_status.started()
         async for _ in signals:
             if not io.json:
                 renderer.note("^C cancelling the prompt…", "yellow")

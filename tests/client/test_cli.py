@@ -187,6 +187,16 @@ def test_chat_ends_when_the_session_is_closed_and_ctrl_c_twice_quits(
     assert finish(child) == 130
 
 
+def test_piped_chat_waits_for_its_turns_and_cancels_what_nobody_can_answer(
+    daemon_proc: DaemonProcess,
+) -> None:
+    code, out, _ = run(daemon_proc, "chat", "--new", stdin="piped hello\n[write piped.txt x]\n")
+    assert code == 0
+    assert "echo: piped hello" in out
+    assert "permission cancelled" in out and "connecting" not in out
+    assert not (daemon_proc.workspace / "piped.txt").exists()
+
+
 def test_one_shot_prompt_asks_for_permission_in_the_terminal(
     daemon_proc: DaemonProcess, rest: Rest
 ) -> None:
