@@ -212,10 +212,8 @@ def test_doc_page_renders_every_operation(browser: Browser, demo_daemon: DaemonP
     operations = sum(len(item) for item in doc["paths"].values())
     page, errors = open_page(browser, demo_daemon, "/doc")
     try:
-        page.wait_for_function(
-            "document.querySelector('details.op') || "
-            "document.getElementById('auth').style.display === 'flex'"
-        )
+        # Either the operations or the token field (when /openapi.json needs the token).
+        page.locator("details.op, #auth[style*='flex']").first.wait_for()
         if page.locator("#auth").is_visible():  # /openapi.json needs the token: paste it
             page.locator("#token").fill(TOKEN)
             page.locator("#load").click()
