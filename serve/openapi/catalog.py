@@ -18,6 +18,7 @@ Pure data; no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any, Final, Literal
 
@@ -43,6 +44,7 @@ __all__ = [
     "Operation",
     "Param",
     "Reply",
+    "lookup",
     "missing",
 ]
 
@@ -466,6 +468,32 @@ FRONT_ERROR: Final = ErrorBody
 EXTRA_SCHEMAS: Final = (t.DaemonEvent, EnvCell, PreflightCell)
 
 
+_PLURAL: Final = re.compile(r"^/workspaces//?<path:workspace>(?P<rest>/.*)$")
+
+
+def lookup(method: str, rule: str) -> Operation | None:
+    """The entry for a route; a workspace-qualified twin (``/workspaces/<workspace>/X``)
+    shares the entry of its primary-workspace route (``/X``, ``/workspace/X`` or
+    ``/workspace/<workspace>/X``)."""
+    found = CATALOG.get((method, rule))
+    if found is not None:
+        return found
+    match = _PLURAL.match(rule)
+    if match is None:
+        return None
+    rest = match["rest"]
+    for twin in (rest, "/workspace" + rest, "/workspace/<path:workspace>" + rest):
+        found = CATALOG.get((method, twin))
+        if found is not None:
+            return msgspec.structs.replace(
+                found,
+                summary=found.summary + " (in the named workspace)",
+                description=f"The workspace-qualified form of `{method} {twin}`."
+                + (" " + found.description if found.description else ""),
+            )
+    return None
+
+
 def missing(routes: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The registered ``routes`` with no :data:`CATALOG` entry (documented generically)."""
-    return sorted(r for r in routes if r not in CATALOG)
+    """The registered ``routes`` with no entry (documented generically)."""
+    return sorted(r for r in routes if lookup(*r) is None)

@@ -10,8 +10,9 @@ endpoint. :func:`build_document` turns each route into one operation:
   converter decides the parameter schema), and ``x-quart-rule`` keeps the rule, so a
   client or test can map an operation back to the ``(METHOD, rule)`` pairs that
   :class:`serve.capabilities.Feature` and :data:`serve.security.STRICT_ROUTES` use;
-* body, parameters and replies come from :data:`serve.openapi.catalog.CATALOG`, or a
-  generic open-JSON operation when the route has no entry;
+* body, parameters and replies come from :func:`serve.openapi.catalog.lookup` (the
+  workspace-qualified twins share their primary route's entry), or a generic open-JSON
+  operation when the route has no entry;
 * ``tags`` are the capability tags whose feature lists this route; the top-level ``tags``
   list every registered feature with ``x-advertised`` (does this daemon advertise it now);
 * ``security``: the bearer scheme on every route, optional on ``public`` ones; routes the
@@ -176,7 +177,7 @@ def build_document(
     paths: dict[str, dict[str, Any]] = {}
     pending: list[tuple[dict[str, Any], tuple[int, ...]]] = []  # (media object, slots)
     for route in routes:
-        documented = cat.CATALOG.get((route.method, route.rule))
+        documented = cat.lookup(route.method, route.rule)
         op = documented if documented is not None else _generic(route)
         template, path_params = path_template(route.rule)
         operation: dict[str, Any] = {

@@ -146,6 +146,19 @@ def test_path_template(rule: str, template: str, params: list[tuple[str, str]]) 
     assert path_template(rule) == (template, params)
 
 
+def test_workspace_qualified_twins_share_the_primary_entry() -> None:
+    from serve.openapi.catalog import lookup
+
+    for rule, twin in [
+        ("/workspaces/<path:workspace>/file", ("GET", "/file")),
+        ("/workspaces//<path:workspace>/env", ("GET", "/workspace/env")),
+        ("/workspaces/<path:workspace>/sessions", ("GET", "/workspace/<path:workspace>/sessions")),
+    ]:
+        found = lookup("GET", rule)
+        assert found is not None and found.replies == CATALOG[twin].replies
+    assert lookup("GET", "/workspaces/<path:workspace>/nothing-like-it") is None
+
+
 def test_approval_modes_match_the_session_actor() -> None:
     assert APPROVAL_MODES == ACTOR_APPROVAL_MODES
 
@@ -277,6 +290,13 @@ async def test_real_responses_conform_to_the_document(daemon_proc: DaemonProcess
         )
         await check("GET", "/file", "/file", params={"path": "conform.txt"})
         await check("GET", "/file", "/file", params={"path": "missing.txt"})
+        if ("GET", "/workspaces/<path:workspace>/file") in _operations(doc):
+            await check(
+                "GET",
+                "/workspaces/<path:workspace>/file",
+                "/workspaces/" + str(daemon_proc.workspace.resolve()).lstrip("/") + "/file",
+                params={"path": "conform.txt"},
+            )
         await check("GET", "/file/bytes", "/file/bytes", params={"path": "conform.txt"})
         await check("GET", "/stat", "/stat", params={"path": "conform.txt"})
         await check("GET", "/list", "/list")
