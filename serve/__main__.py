@@ -12,6 +12,13 @@ from serve.settings import SettingsError, parse_settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["client"]:
+        # `acp-serve client ...` is the CLI client (also `acp-serve-client`).
+        from serve.client.cli import main as client_main
+
+        return client_main(args[1:])
+    argv = args
     try:
         settings = parse_settings(argv)
         from serve.config import config_warnings, load_daemon_config
