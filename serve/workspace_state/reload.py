@@ -1,0 +1,165 @@
+"""``POST /workspace/reload`` state: the last loaded settings, and re-reading grants.
+
+Theory of operation
+-------------------
+Nothing in the daemon caches the workspace settings file: the MCP pool reads it at every
+session start, the memory routes read ``context.fileName`` per request, and agents read
+it when they start. What *can* be stale is what the running agents and the daemon last
+loaded. :class:`WorkspaceState` (the ``workspace-state`` root-supervised service) keeps,
+per configured workspace, the settings document as it was when the daemon started or
+last reloaded; a reload re-reads the file and reports the dotted keys that changed since
+(:func:`~serve.workspace_state.settings_edit.changed_keys`), then makes the new document
+the baseline. Writes through ``POST /workspace/settings`` do not move the baseline (the
+running agents have not loaded them), so a reload reports them too.
+
+Grants and approval policy come from the daemon config file (``--config``):
+:func:`plan_config_reload` (pure) compares the current and the re-read
+:class:`~serve.config.DaemonConfig`; ``capabilities`` and ``approval`` are applied live by
+swapping the config of the Host's EffectGate (it reads ``config`` on every decision) and
+``daemon.config``; a changed ``policy`` (mediation strategy, quorum) needs a restart and is
+kept as it was (``restartRequired``). A config file that does not decode is refused as a
+whole (:class:`~serve.settings.SettingsError`) and nothing changes.
+
+Ownership: the service object is touched only from the trio thread; file reads run in
+worker threads. Its run task only loads the baselines and then waits to be cancelled;
+a restart reloads them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+import trio
+
+from actors import ChildSpec, Restart
+from serve.services import ServiceSpec, register_service
+from serve.status.settings_file import SettingsFileError, read_settings
+from serve.status.shared import shared_workspace
+from serve.workspace import WorkspaceFsError
+
+if TYPE_CHECKING:
+    from serve.config import DaemonConfig
+    from serve.daemon import Daemon
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "SERVICE_NAME",
+    "ConfigReload",
+    "WorkspaceState",
+    "apply_config",
+    "load_settings_doc",
+    "plan_config_reload",
+    "read_settings_strict",
+    "reread_config",
+    "state_of",
+]
+
+SERVICE_NAME: Final = "workspace-state"
+
+
+def load_settings_doc(root: str) -> dict[str, Any]:
+    """The settings document of workspace ``root`` (blocking); ``{}`` when unusable."""
+    try:
+        return read_settings_strict(root)
+    except (SettingsFileError, WorkspaceFsError) as err:
+        log.warning("workspace settings of %s not loaded: %s", root, err)
+        return {}
+
+
+def read_settings_strict(root: str) -> dict[str, Any]:
+    """The settings document (blocking); raises when the file is unusable."""
+    doc, _ = read_settings(shared_workspace(root, trusted=True))
+    return doc
+
+
+class WorkspaceState:
+    """The settings each workspace had when last loaded; see the module docstring."""
+
+    def __init__(self, workspaces: Sequence[str]) -> None:
+        self.workspaces = tuple(workspaces)
+        self._loaded: dict[str, dict[str, Any]] = {}
+        self.reloads = 0
+        self.last_reload_ms: int | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        for root in self.workspaces:
+            self._loaded[root] = await trio.to_thread.run_sync(load_settings_doc, root)
+        task_status.started()
+        await trio.sleep_forever()
+
+    def baseline(self, root: str) -> dict[str, Any]:
+        return self._loaded.get(root, {})
+
+    def loaded(self, root: str, doc: dict[str, Any]) -> None:
+        """Make ``doc`` the baseline of ``root`` (after a reload)."""
+        self._loaded[root] = doc
+        self.reloads += 1
+        self.last_reload_ms = int(time.time() * 1000)
+
+
+def _build(daemon: Daemon) -> tuple[WorkspaceState, ChildSpec]:
+    state = WorkspaceState(daemon.settings.workspaces)
+    return state, ChildSpec(SERVICE_NAME, state.run, Restart.PERMANENT, shutdown_grace_s=1.0)
+
+
+def state_of(daemon: Daemon) -> WorkspaceState:
+    """The running service, or an empty stand-in for a daemon that is not running."""
+    found = daemon.services.get(SERVICE_NAME)
+    if isinstance(found, WorkspaceState):
+        return found
+    state = WorkspaceState(daemon.settings.workspaces)
+    daemon.services[SERVICE_NAME] = state
+    return state
+
+
+register_service(ServiceSpec(SERVICE_NAME, _build))
+
+
+# ---- grants -------------------------------------------------------------------------------
+
+
+class ConfigReload(msgspec.Struct, frozen=True):
+    """What re-reading the config file changes: the config to install and the report."""
+
+    config: Any  # DaemonConfig, with the running policy kept
+    changed: tuple[str, ...]
+    restart_required: tuple[str, ...]
+
+
+def plan_config_reload(old: DaemonConfig, new: DaemonConfig) -> ConfigReload:
+    """Which sections changed, which need a restart, and the config to install (pure)."""
+    changed = tuple(
+        f"config.{section}"
+        for section in ("policy", "capabilities", "approval")
+        if msgspec.to_builtins(getattr(old, section)) != msgspec.to_builtins(getattr(new, section))
+    )
+    restart: list[str] = []
+    if old.policy.permission_strategy != new.policy.permission_strategy:
+        restart.append("config.policy.permissionStrategy")
+    if old.policy.consensus_quorum != new.policy.consensus_quorum:
+        restart.append("config.policy.consensusQuorum")
+    install = msgspec.structs.replace(new, policy=old.policy)
+    return ConfigReload(install, changed, tuple(restart))
+
+
+def apply_config(daemon: Daemon, config: DaemonConfig) -> bool:
+    """Install ``config`` as the daemon's; returns whether an EffectGate took it."""
+    daemon.config = config
+    effects = getattr(getattr(daemon, "registry", None), "effects", None)
+    if effects is None:
+        return False
+    effects.config = config
+    return True
+
+
+async def reread_config(daemon: Daemon) -> DaemonConfig:
+    """The config file decoded again (worker thread); ``SettingsError`` names a bad key."""
+    from serve.config import load_daemon_config
+
+    return await trio.to_thread.run_sync(functools.partial(load_daemon_config, daemon.settings))
