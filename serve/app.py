@@ -77,7 +77,8 @@ def _multi_and(feature: Any) -> Callable[[Daemon], bool]:
 
 
 def create_app(daemon: Daemon) -> QuartTrio:
-    app = QuartTrio("acp_serve")
+    # No implicit /static/<path> route (it would serve files from the working directory).
+    app = QuartTrio("acp_serve", static_folder=None)
     app.config.update(
         RESPONSE_TIMEOUT=None,
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
@@ -93,6 +94,10 @@ def create_app(daemon: Daemon) -> QuartTrio:
     for module in route_modules():
         app.register_blueprint(module.blueprint)
     _register_plural_tag()
+
+    from serve.metrics import install_metrics
+
+    install_metrics(app, daemon)
 
     from serve.middleware import install_middleware
 

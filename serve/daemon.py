@@ -74,6 +74,9 @@ class Daemon:
         self.services: dict[str, Any] = {}
         #: serve.security.RateLimiter when --rate-limit (set by the middleware).
         self.rate_limiter: Any = None
+        #: serve.metrics.DaemonMetrics (set when the app is created).
+        self.metrics: Any = None
+        self.registry.retire_hook = self._retire
         self._http_stop = trio.Event()
         self._stopped = trio.Event()
         self._app: Any = None
@@ -102,6 +105,10 @@ class Daemon:
         from serve.middleware import rate_limit_hits
 
         return rate_limit_hits(self)
+
+    def _retire(self, session: Any) -> None:
+        if self.metrics is not None:
+            self.metrics.retire(session.log.statistics())
 
     def supervisor_events(self) -> list[SupervisorEvent]:
         return list(self.root.events)

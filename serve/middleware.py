@@ -139,6 +139,9 @@ _PREFLIGHT_HEADERS = frozenset(
 )
 _BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 _HEALTH_PATHS = frozenset({"/health", "/health/", "/readyz", "/readyz/"})
+#: Static pages and the API description: no data, no secrets; a browser opening them
+#: cannot send a bearer token (the pages then call the API with the token the user pastes).
+_PUBLIC_PAGES = frozenset({"/demo", "/doc", "/openapi.json"})
 _NO_TIERS = {tier.value: 0 for tier in Tier}
 
 
@@ -347,10 +350,15 @@ class SecurityFront:
         path: str = scope["path"]
         if self._bearer is not None and not (
             method in ("GET", "HEAD")
-            and path in _HEALTH_PATHS
             and (
-                self._health_preauth
-                or (self._public_probes and b"deep" not in scope.get("query_string", b""))
+                path in _PUBLIC_PAGES
+                or (
+                    path in _HEALTH_PATHS
+                    and (
+                        self._health_preauth
+                        or (self._public_probes and b"deep" not in scope.get("query_string", b""))
+                    )
+                )
             )
         ):
             if not self._authorized(auths):

@@ -83,6 +83,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_format: str = "text"
     chaos_kill_rate: float = 0.0
     public_probes: bool = False
+    access_log: bool = False
     device_flow_providers: tuple[str, ...] = ()
     inert_flags: tuple[str, ...] = ()
 
@@ -233,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--rate-limit-read", default=None, help="read tier max per window (120)")
     add("--rate-limit-window-ms", default=None, help="rate-limit window (60000, >= 1000)")
     add("--log-format", default="text", help="text|json")
+    add("--access-log", action="store_true", help="log every request (method, route, status)")
     add("--device-flow-provider", action="append", default=None, metavar="NAME=URL",
         help="an RFC 8628 device-flow provider (OAuth base URL; repeatable)")
     add(
@@ -544,6 +546,7 @@ def parse_settings(
         log_format=log_format,
         chaos_kill_rate=chaos_rate,
         public_probes=ns.public_probes,
+        access_log=ns.access_log,
         device_flow_providers=tuple(_device_flow_providers(ns.device_flow_provider or [])),
         inert_flags=inert,
     )

@@ -379,7 +379,13 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                await self._start_agent(nursery, self.action)
+                try:
+                    await self._start_agent(nursery, self.action)
+                except BaseException:
+                    if self.journal_writer is not None:
+                        with trio.CancelScope(shield=True), trio.move_on_after(5):
+                            await self.journal_writer.aclose()
+                    raise
                 nursery.start_soon(self._prompt_worker)
                 nursery.start_soon(self._supervise_child, nursery)
                 await Actor.run(self, task_status=task_status)

@@ -118,6 +118,8 @@ class SessionRegistry(Actor[RegistryMsg]):
         self.journal: Any = None
         #: The workspace MCP pool service (set by the daemon when it starts).
         self.mcp_pool: Any = None
+        #: Called with each session that is gone (metrics keep its totals).
+        self.retire_hook: Callable[[SessionActor], None] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -305,6 +307,8 @@ class SessionRegistry(Actor[RegistryMsg]):
     def _forget(self, session: SessionActor) -> None:
         if self.sessions.get(session.session_id) is session:
             del self.sessions[session.session_id]
+            if self.retire_hook is not None:
+                self.retire_hook(session)
         if self.single.get(session.workspace) == session.session_id:
             del self.single[session.workspace]
 

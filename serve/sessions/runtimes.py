@@ -130,6 +130,15 @@ class WorkspaceRuntimes:
             rt.registry.journal = value
 
     @property
+    def retire_hook(self) -> Any:
+        return self.primary.registry.retire_hook
+
+    @retire_hook.setter
+    def retire_hook(self, value: Any) -> None:
+        for rt in self:
+            rt.registry.retire_hook = value
+
+    @property
     def mcp_pool(self) -> Any:
         return self._mcp_pool
 
