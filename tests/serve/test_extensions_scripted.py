@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.daemon import running_daemon
+
 EXTENSION_TAGS = {
     "session_recap",
     "session_btw",
@@ -111,3 +113,16 @@ async def test_bad_bodies_are_refused_before_forwarding(
     sid, _ = await new_session(client)
     r = await call(client, "POST", sid, route, body)
     assert r.status_code == 400 and r.json()["code"] == code, r.text
+
+
+@pytest.mark.xfail(
+    reason="POST /session/<id>/rewind (strict in qwen serve 0.24.4) is not in "
+    "serve/security/strict.py yet",
+    strict=True,
+)
+async def test_rewind_is_strict_without_a_token() -> None:
+    with running_daemon() as d:
+        async with httpx.AsyncClient(base_url=d.url, timeout=30) as http:
+            sid, cid = await new_session(http)
+            r = await call(http, "POST", sid, "rewind", {"targetTurnIndex": 0}, cid)
+            assert r.status_code == 401 and r.json()["code"] == "token_required", r.text
