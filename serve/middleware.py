@@ -141,7 +141,7 @@ _BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 _HEALTH_PATHS = frozenset({"/health", "/health/", "/readyz", "/readyz/"})
 #: Static pages and the API description: no data, no secrets; a browser opening them
 #: cannot send a bearer token (the pages then call the API with the token the user pastes).
-_PUBLIC_PAGES = frozenset({"/demo", "/doc", "/openapi.json"})
+_PUBLIC_PAGES = frozenset({"/demo", "/doc", "/openapi.json", "/favicon.ico"})
 _NO_TIERS = {tier.value: 0 for tier in Tier}
 
 

@@ -452,14 +452,21 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ),
     # -- this API's own description and pages (serve.routes.docs) ------------------------------
     ("GET", "/openapi.json"): Operation(
-        "This OpenAPI 3.1 document", (ok(OPEN_OBJECT, "The document (`x-advertised` per tag)."),)
+        "This OpenAPI 3.1 document",
+        (ok(OPEN_OBJECT, "The document (`x-advertised` per tag)."),),
+        public=True,
     ),
     ("GET", "/doc"): Operation(
-        "The API reference page (renders /openapi.json)", (Reply(200, "HTML.", str, HTML),)
+        "The API reference page (renders /openapi.json)",
+        (Reply(200, "HTML.", str, HTML),),
+        public=True,
     ),
     ("GET", "/demo"): Operation(
-        "The demo client page (token pasted by the user)", (Reply(200, "HTML.", str, HTML),)
+        "The demo client page (token pasted by the user)",
+        (Reply(200, "HTML.", str, HTML),),
+        public=True,
     ),
+    ("GET", "/favicon.ico"): Operation("No icon", (Reply(204, "Nothing.", None),), public=True),
 }
 
 #: Error bodies the security front answers on any route (see serve.middleware).

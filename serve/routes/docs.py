@@ -120,3 +120,9 @@ async def doc_page() -> Response:
 async def demo_page() -> Response:
     """The demo client page."""
     return await _pages["demo"].response()
+
+
+@blueprint.get("/favicon.ico")
+async def favicon() -> Response:
+    """No icon: 204, so a browser opening the pages logs no failed request."""
+    return Response(b"", status=204, headers={"Cache-Control": "max-age=86400"})

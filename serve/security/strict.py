@@ -73,6 +73,8 @@ STRICT_ROUTES: tuple[StrictRoute, ...] = (
     StrictRoute("PATCH", "/session/<id>/metadata", "session metadata"),
     StrictRoute("POST", "/workspace/settings", "workspace settings write"),
     StrictRoute("POST", "/workspace/memory", "workspace memory write"),
+    StrictRoute("POST", "/workspace/reload", "workspace reload"),
+    StrictRoute("POST", "/session/<id>/rewind", "session rewind"),
 )
 
 _PARAM = re.compile(r"<[^<>]*>")

@@ -25,6 +25,7 @@ UNTAGGED = {
     ("GET", "/openapi.json"),
     ("GET", "/doc"),
     ("GET", "/demo"),
+    ("GET", "/favicon.ico"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
 }

@@ -115,11 +115,6 @@ async def test_bad_bodies_are_refused_before_forwarding(
     assert r.status_code == 400 and r.json()["code"] == code, r.text
 
 
-@pytest.mark.xfail(
-    reason="POST /session/<id>/rewind (strict in qwen serve 0.24.4) is not in "
-    "serve/security/strict.py yet",
-    strict=True,
-)
 async def test_rewind_is_strict_without_a_token() -> None:
     with running_daemon() as d:
         async with httpx.AsyncClient(base_url=d.url, timeout=30) as http:

@@ -402,14 +402,7 @@ def tokenless() -> Iterator[DaemonProcess]:
     [
         ("/workspace/memory", {"content": "x"}),
         ("/workspace/settings", {"key": "a", "value": 1}),
-        pytest.param(
-            "/workspace/reload",
-            {},
-            marks=pytest.mark.xfail(
-                reason="POST /workspace/reload is not in serve/security/strict.py yet",
-                strict=True,
-            ),
-        ),
+        ("/workspace/reload", {}),
     ],
 )
 async def test_writes_are_strict_without_a_token(

@@ -198,7 +198,7 @@ def _conforms(doc: dict[str, Any], response: httpx.Response, method: str, rule: 
         assert errors == [], f"{method} {rule} {response.status_code}: {errors}"
 
 
-async def test_served_document_matches_and_needs_the_token(daemon_proc: DaemonProcess) -> None:
+async def test_served_document_matches_and_is_public(daemon_proc: DaemonProcess) -> None:
     async with httpx.AsyncClient(base_url=daemon_proc.url, headers=AUTH, timeout=30) as client:
         res = await client.get("/openapi.json")
         caps = (await client.get("/capabilities")).json()
@@ -209,7 +209,10 @@ async def test_served_document_matches_and_needs_the_token(daemon_proc: DaemonPr
     advertised = {t["name"] for t in doc["tags"] if t["x-advertised"]}
     assert advertised == set(caps["features"])
     async with httpx.AsyncClient(base_url=daemon_proc.url, timeout=30) as anonymous:
-        assert (await anonymous.get("/openapi.json")).status_code == 401
+        # The description and the pages carry no data: no token needed (the API is).
+        assert (await anonymous.get("/openapi.json")).status_code == 200
+        assert (await anonymous.get("/demo")).status_code == 200
+        assert (await anonymous.get("/capabilities")).status_code == 401
 
 
 async def test_real_responses_conform_to_the_document(daemon_proc: DaemonProcess) -> None:
