@@ -80,7 +80,8 @@ class _StateCollector(Collector):
         d = self.daemon
         live = d.registry.live()
         retired = d.metrics.retired if d.metrics is not None else {}
-        stats = [s.log.statistics() for s in live]
+        # Counters include closing sessions until they are retired (never go backwards).
+        stats = [s.log.statistics() for s in d.registry.all_sessions()]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, value=value)

@@ -166,6 +166,10 @@ class WorkspaceRuntimes:
             return rt.registry.live() if rt is not None else []
         return [s for rt in self for s in rt.registry.live()]
 
+    def all_sessions(self) -> list[SessionActor]:
+        """Every session still registered, closing ones included (for counters)."""
+        return [s for rt in self for s in rt.registry.sessions.values()]
+
     def known_client_ids(self, workspace: str | None = None) -> set[str]:
         out: set[str] = set()
         for session in self.live(workspace):
