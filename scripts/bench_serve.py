@@ -236,8 +236,9 @@ async def fanout(server: Server, subscribers: int, flood: int) -> tuple[float, i
         nonlocal connected, evicted
         stream = await trio.open_tcp_stream(server.host, server.port)
         await stream.send_all(
-            f"GET /session/{sid}/events?maxQueued=2048 HTTP/1.1\r\nHost: {server.host}:{server.port}\r\n"
-            f"Authorization: Bearer {TOKEN}\r\nAccept: text/event-stream\r\n\r\n".encode()
+            f"GET /session/{sid}/events?maxQueued=2048 HTTP/1.1\r\n"
+            f"Host: {server.host}:{server.port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Accept: text/event-stream\r\n\r\n".encode()
         )
         connected += 1
         if connected == subscribers:
@@ -386,9 +387,8 @@ def main() -> int:
         "fanout_frames_per_s",
         "fanout_evicted",
     ]
-    print(
-        f"{'metric (median of ' + str(args.runs) + ' runs)':<34}{'acp-serve':>14}{'qwen-serve':>14}{'ratio':>10}"
-    )
+    title = f"metric (median of {args.runs} runs)"
+    print(f"{title:<34}{'acp-serve':>14}{'qwen-serve':>14}{'ratio':>10}")
     for key in keys:
         ours = [r[key] for r in results["acp-serve"] if key in r]
         theirs = [r[key] for r in results["qwen-serve"] if key in r]

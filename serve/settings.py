@@ -161,8 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--port", default=str(DEFAULT_PORT), help="TCP port; 0 = ephemeral (default 4170)")
     add("--token", default=None, help="bearer token (else $QWEN_SERVER_TOKEN)")
     add("--require-auth", action="store_true", help="refuse to start without a token")
-    add("--public-probes", action="store_true",
-        help="GET /health (shallow) and /readyz answer without a token on any bind (k8s probes)")
+    add(
+        "--public-probes",
+        action="store_true",
+        help="GET /health (shallow) and /readyz answer without a token on any bind (k8s probes)",
+    )
     add(
         "--workspace",
         action="append",
@@ -235,8 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--rate-limit-window-ms", default=None, help="rate-limit window (60000, >= 1000)")
     add("--log-format", default="text", help="text|json")
     add("--access-log", action="store_true", help="log every request (method, route, status)")
-    add("--device-flow-provider", action="append", default=None, metavar="NAME=URL",
-        help="an RFC 8628 device-flow provider (OAuth base URL; repeatable)")
+    add(
+        "--device-flow-provider",
+        action="append",
+        default=None,
+        metavar="NAME=URL",
+        help="an RFC 8628 device-flow provider (OAuth base URL; repeatable)",
+    )
     add(
         "--chaos-kill-rate",
         default="0",

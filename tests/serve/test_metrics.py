@@ -44,16 +44,26 @@ async def test_metrics_follow_sessions_requests_and_crashes() -> None:
             text = (await client.get("/metrics")).text
             m = samples(text)
             assert value(m, "acp_serve_sessions") == 1
-            assert value(
-                m,
-                "acp_serve_http_requests_total",
-                method="POST",
-                route="/session/<session_id>/prompt",
-                status="200",
-            ) == 1
-            assert value(
-                m, "acp_serve_http_requests_total", method="GET", route="unmatched", status="404"
-            ) == 1
+            assert (
+                value(
+                    m,
+                    "acp_serve_http_requests_total",
+                    method="POST",
+                    route="/session/<session_id>/prompt",
+                    status="200",
+                )
+                == 1
+            )
+            assert (
+                value(
+                    m,
+                    "acp_serve_http_requests_total",
+                    method="GET",
+                    route="unmatched",
+                    status="404",
+                )
+                == 1
+            )
             assert value(m, "acp_serve_events_published_total") >= 40
             assert value(m, "acp_serve_agent_restarts_total") == 1
             assert value(m, "acp_serve_supervisor_events_total", kind="crash") >= 1

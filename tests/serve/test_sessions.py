@@ -281,7 +281,7 @@ async def test_workspace_mismatch_and_session_list(
     r = await client.post("/session", json={"cwd": "relative/path"})
     assert r.status_code == 400
     sid = (await new_session(client, cwd=str(daemon_proc.workspace)))["sessionId"]
-    encoded = urllib.parse.quote(os.path.realpath(daemon_proc.workspace), safe="")
+    encoded = urllib.parse.quote(str(daemon_proc.workspace.resolve()), safe="")
     listed = (await client.get(f"/workspace/{encoded}/sessions")).json()["sessions"]
     assert sid in [s["sessionId"] for s in listed]
 
