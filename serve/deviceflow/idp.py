@@ -27,9 +27,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import secrets
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import httpx
 import msgspec
 
 from serve.deviceflow.machine import (
@@ -42,6 +41,9 @@ from serve.deviceflow.machine import (
     TokenRejected,
 )
 from serve.deviceflow.providers import ProviderConfig
+
+if TYPE_CHECKING:
+    import httpx
 
 DEVICE_GRANT: Final = "urn:ietf:params:oauth:grant-type:device_code"
 MAX_RESPONSE_BYTES: Final = 256 * 1024
@@ -175,6 +177,12 @@ def _error_outcome(doc: dict[str, Any]) -> PollOutcome:
     return TokenRejected("upstream_error", _describe(doc))
 
 
+def _http_error() -> type[Exception]:
+    import httpx
+
+    return httpx.HTTPError
+
+
 async def _post(client: httpx.AsyncClient, url: str, form: dict[str, str]) -> tuple[int, bytes]:
     headers = {"Accept": "application/json"}
     async with client.stream("POST", url, data=form, headers=headers) as response:
@@ -198,7 +206,7 @@ async def request_device_code(
         form["code_challenge_method"] = "S256"
     try:
         status, body = await _post(client, provider.device_authorization_endpoint, form)
-    except httpx.HTTPError as exc:
+    except _http_error() as exc:
         raise IdpError(f"device authorization request failed: {type(exc).__name__}") from None
     return parse_device_authorization(status, body)
 
@@ -219,7 +227,7 @@ async def poll_token(
         form["code_verifier"] = pkce.verifier.reveal()
     try:
         status, body = await _post(client, provider.token_endpoint, form)
-    except httpx.HTTPError as exc:
+    except _http_error() as exc:
         return PollFailed(f"token request failed: {type(exc).__name__}"), None
     except IdpError as exc:
         return PollFailed(str(exc)), None

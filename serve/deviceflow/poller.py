@@ -30,13 +30,15 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import httpx
 import msgspec
 import trio
 
 from actors import Actor
+
+if TYPE_CHECKING:
+    import httpx
 from serve.deviceflow.idp import (
     DeviceCode,
     IdpError,
@@ -201,10 +203,9 @@ class DeviceFlowPoller(Actor[PollerMsg]):
     async def run(
         self, *, task_status: trio.TaskStatus[Actor[PollerMsg]] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        client = self._given_http or httpx.AsyncClient(
-            timeout=httpx.Timeout(POLL_TIMEOUT_S), follow_redirects=False
-        )
-        self._http = client
+        # The HTTP client is created on the first flow: importing httpx (and reading the
+        # proxy environment) costs start-up time and memory most daemons never need.
+        self._http = self._given_http
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -213,9 +214,19 @@ class DeviceFlowPoller(Actor[PollerMsg]):
                 nursery.cancel_scope.cancel()
         finally:
             self._nursery = None
-            if self._given_http is None:
+            if self._given_http is None and self._http is not None:
                 with trio.CancelScope(shield=True):
-                    await client.aclose()
+                    await self._http.aclose()
+                self._http = None
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            import httpx
+
+            self._http = httpx.AsyncClient(
+                timeout=httpx.Timeout(POLL_TIMEOUT_S), follow_redirects=False, trust_env=True
+            )
+        return self._http
 
     async def on_start(self) -> None:
         self.table = FlowTable()
@@ -366,8 +377,7 @@ class DeviceFlowPoller(Actor[PollerMsg]):
 
     async def _start_task(self, flow_id: str, provider: ProviderConfig) -> None:
         pkce = new_pkce() if provider.pkce else None
-        client = self._http
-        assert client is not None
+        client = self._client()
         result = _Started(flow_id, None, None, f"the IdP did not answer in {START_TIMEOUT_S:g} s")
         with trio.move_on_after(START_TIMEOUT_S):
             try:
@@ -378,8 +388,7 @@ class DeviceFlowPoller(Actor[PollerMsg]):
         await self.tell(result)
 
     async def _poll_task(self, flow_id: str, provider: ProviderConfig, secrets: _Secrets) -> None:
-        client = self._http
-        assert client is not None
+        client = self._client()
         outcome: PollOutcome = PollFailed(f"no token answer within {POLL_TIMEOUT_S:g} s")
         tokens: dict[str, Any] | None = None
         with trio.move_on_after(POLL_TIMEOUT_S):

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-import yaml
-
 from serve.workspace import Workspace, WorkspaceFsError, list_dir, read_text
 
 __all__ = ["MAX_FRONT_MATTER_CHARS", "MAX_SKILLS", "SKILLS_DIR", "project_skills"]
@@ -36,8 +34,8 @@ def _front_matter(text: str) -> dict[str, Any] | None:
             if len(block) > MAX_FRONT_MATTER_CHARS:
                 return None
             try:
-                data = yaml.safe_load(block)
-            except yaml.YAMLError:
+                data = _yaml().safe_load(block)
+            except _yaml().YAMLError:
                 return None
             return data if isinstance(data, dict) else ({} if data is None else None)
     return None
@@ -90,3 +88,10 @@ def project_skills(ws: Workspace) -> list[dict[str, Any]]:
         for entry in listing.entries
         if entry.kind in ("directory", "symlink")
     ]
+
+
+def _yaml() -> Any:
+    """PyYAML, imported on first use (most daemons never parse a skill)."""
+    import yaml
+
+    return yaml
