@@ -53,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             urls = await nursery.start(daemon.run)
             mode = f"mode=http-bridge, workspace={settings.primary_workspace}"
             print(f"acp-serve listening on {urls[0]} ({mode})", flush=True)
+            _release_startup_memory()
             if settings.trusted_loopback:
                 log.warning(
                     "no bearer token: local callers on this loopback listener have full API access"
@@ -69,6 +70,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _release_startup_memory() -> None:
+    """Hand the heap pages freed by start-up (import churn) back to the OS (glibc only)."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc is None:
+        return
+    try:
+        ctypes.CDLL(libc).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":
