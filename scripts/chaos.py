@@ -110,47 +110,57 @@ class Chaos:
             headers = {} if last is None else {"Last-Event-ID": str(last)}
             ended = False
             try:
-                with trio.move_on_after(self.rng.uniform(2, 20) if not audit else 3600):
-                    async with client.stream(
-                        "GET", f"/session/{sid}/events", headers=headers, timeout=None
-                    ) as response:
-                        if response.status_code == 404:
-                            return
-                        self.stream_checks["streams"] += 1
-                        expect = None if last is None else last + 1
-                        resync = False
-                        gap_free = True
-                        buffer = ""
-                        async for text in response.aiter_text():
-                            buffer += text
-                            while "\n\n" in buffer:
-                                block, buffer = buffer.split("\n\n", 1)
-                                data = [
-                                    ln[6:] for ln in block.split("\n") if ln.startswith("data: ")
-                                ]
-                                if not data:
-                                    continue
-                                event = json.loads("".join(data))
-                                etype = event["type"]
-                                if etype == "state_resync_required":
-                                    resync = True
-                                if "id" in event:
-                                    eid = event["id"]
-                                    if expect is not None and eid != expect and not resync:
-                                        gap_free = False
-                                        self.stream_checks["violations"].append(
-                                            {"session": sid, "expected": expect, "got": eid}
-                                        )
-                                    expect = eid + 1
-                                    last = eid
-                                    if audit:
-                                        self.history[sid][eid] = event
-                                if etype in ("session_died", "session_closed"):
-                                    ended = True
-                        if gap_free:
-                            self.stream_checks["gapFree"] += 1
-                            if resync:
-                                self.stream_checks["resyncExplained"] += 1
+                # A follower drops its stream after a random while (then resumes with
+                # Last-Event-ID); the verdict on a stream is taken however it ends.
+                verdict = {"gap_free": True, "resync": False, "opened": False}
+                try:
+                    with trio.move_on_after(self.rng.uniform(2, 20) if not audit else 3600):
+                        async with client.stream(
+                            "GET", f"/session/{sid}/events", headers=headers, timeout=None
+                        ) as response:
+                            if response.status_code == 404:
+                                return
+                            verdict["opened"] = True
+                            self.stream_checks["streams"] += 1
+                            expect = None if last is None else last + 1
+                            buffer = ""
+                            async for text in response.aiter_text():
+                                buffer += text
+                                while "\n\n" in buffer:
+                                    block, buffer = buffer.split("\n\n", 1)
+                                    data = [
+                                        ln[6:]
+                                        for ln in block.split("\n")
+                                        if ln.startswith("data: ")
+                                    ]
+                                    if not data:
+                                        continue
+                                    event = json.loads("".join(data))
+                                    etype = event["type"]
+                                    if etype == "state_resync_required":
+                                        verdict["resync"] = True
+                                    if "id" in event:
+                                        eid = event["id"]
+                                        if (
+                                            expect is not None
+                                            and eid != expect
+                                            and not verdict["resync"]
+                                        ):
+                                            verdict["gap_free"] = False
+                                            self.stream_checks["violations"].append(
+                                                {"session": sid, "expected": expect, "got": eid}
+                                            )
+                                        expect = eid + 1
+                                        last = eid
+                                        if audit:
+                                            self.history[sid][eid] = event
+                                    if etype in ("session_died", "session_closed"):
+                                        ended = True
+                finally:
+                    if verdict["opened"] and verdict["gap_free"]:
+                        self.stream_checks["gapFree"] += 1
+                        if verdict["resync"]:
+                            self.stream_checks["resyncExplained"] += 1
             except (httpx.HTTPError, trio.TooSlowError) as exc:
                 self.counts["stream_errors"] += 1
                 if not self.daemon_alive():
