@@ -26,6 +26,8 @@ line each. Nothing here holds state.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from serve.permissions.config import (
@@ -51,12 +53,36 @@ __all__ = [
 MAX_CONFIG_BYTES = 1024 * 1024
 
 
+class RestartIntensity(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    """At most ``intensity`` restarts within ``period_s`` seconds."""
+
+    intensity: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 3
+    period_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 60.0
+    backoff_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 100
+
+
+class RestartConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``restart:``: supervision per actor kind.
+
+    ``session``: a session's agent child is restarted in place (when the agent can load or
+    resume the session) at most ``intensity`` times in ``periodS``; past that the session
+    dies (``session_died``); ``intensity: 0`` disables restarts. ``root``: the daemon's
+    permanent actors (mediator, session registries, MCP pool, device-flow poller, HTTP
+    front) are restarted on a crash; more than ``intensity`` restarts in ``periodS`` stop
+    the daemon (exit non-zero) so the orchestrator restarts it.
+    """
+
+    session: RestartIntensity = RestartIntensity()
+    root: RestartIntensity = RestartIntensity(intensity=5, period_s=30.0, backoff_ms=0)
+
+
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The whole config file. Absent sections take their defaults."""
 
     policy: PolicyConfig = PolicyConfig()
     capabilities: CapabilitiesConfig = CapabilitiesConfig()
     approval: ApprovalConfig = ApprovalConfig()
+    restart: RestartConfig = RestartConfig()
 
     def permissions(self) -> PermissionsConfig:
         """The permission sections as the ``serve.permissions`` package's own Struct."""

@@ -48,29 +48,31 @@ class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.started_monotonic = time.monotonic()
-        self.root = Supervisor("root", intensity=5, period_s=30.0, history=512)
-        # -- issue 6: the config file, the mediation policy and the Host's EffectGate --
+        # The config file (--config): mediation policy, grants/approvals, restart policy.
         from serve.config import load_daemon_config
         from serve.effects import EffectGate
 
         self.config = load_daemon_config(settings)  # SettingsError names a bad key
         self.permission_policy: str = self.config.policy.permission_strategy
-        # -- end issue 6 --
+        root = self.config.restart.root
+        self.root = Supervisor(
+            "root", intensity=root.intensity, period_s=root.period_s, history=512
+        )
         self.urls: list[str] = []
         self.port: int = settings.port
         self.draining = False
         self.sse_streams = 0
         self.mediator = PermissionMediator(
             policy=self.permission_policy,
-            consensus_quorum=self.config.policy.consensus_quorum,  # issue 6
+            consensus_quorum=self.config.policy.consensus_quorum,
             response_timeout_ms=settings.permission_response_timeout_ms,
         )
-        self.registry = WorkspaceRuntimes(settings, self.mediator)
+        self.registry = WorkspaceRuntimes(settings, self.mediator, self.config.restart.session)
         self.journal: Journal | None = None
         if settings.journal:
             self.journal = Journal(settings.state_dir)
             self.registry.journal = self.journal
-        self.registry.effects = EffectGate(self, self.config)  # issue 6
+        self.registry.effects = EffectGate(self, self.config)
         self.services: dict[str, Any] = {}
         #: serve.security.RateLimiter when --rate-limit (set by the middleware).
         self.rate_limiter: Any = None

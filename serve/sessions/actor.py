@@ -559,7 +559,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 exit_info.exit_code,
                 exit_info.signal,
             )
-            if not (self._restorable() and self._restarts.allows()):
+            if not (self._restorable() and self._restarts.intensity and self._restarts.allows()):
                 await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
                 raise AgentExited(exit_info)
             self._restarts.count()

@@ -97,9 +97,16 @@ RegistryMsg = CreateSession | RestoreSession
 
 class SessionRegistry(Actor[RegistryMsg]):
     def __init__(
-        self, settings: Settings, mediator: PermissionMediator, *, name: str = "sessions"
+        self,
+        settings: Settings,
+        mediator: PermissionMediator,
+        *,
+        name: str = "sessions",
+        restart: Any = None,
     ) -> None:
         super().__init__(name, inbox_size=1024)
+        #: serve.config.RestartIntensity for the sessions' agent restarts (None: defaults).
+        self.restart = restart
         self.supervisor_name = name
         #: Sessions daemon-wide (all workspaces); the runtimes facade replaces this.
         self.total_count: Callable[[], int] = self.local_count
@@ -279,6 +286,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 session_id=session_id,
                 on_gone=self._forget,
                 journal=self.journal,
+                **self._restart_kwargs(),
             )
             session.effects = self.effects
             session.mcp_pool = self.mcp_pool
@@ -303,6 +311,15 @@ class SessionRegistry(Actor[RegistryMsg]):
             self.single[workspace] = sid
         self.inflight.pop(pending.key, None)
         pending.resolve(session, None)
+
+    def _restart_kwargs(self) -> dict[str, Any]:
+        if self.restart is None:
+            return {}
+        return {
+            "restart_intensity": self.restart.intensity,
+            "restart_period_s": self.restart.period_s,
+            "restart_backoff_s": self.restart.backoff_ms / 1000,
+        }
 
     def _forget(self, session: SessionActor) -> None:
         if self.sessions.get(session.session_id) is session:

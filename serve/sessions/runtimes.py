@@ -52,14 +52,18 @@ class WorkspaceRuntime:
 
 
 class WorkspaceRuntimes:
-    def __init__(self, settings: Settings, mediator: PermissionMediator) -> None:
+    def __init__(
+        self, settings: Settings, mediator: PermissionMediator, restart: Any = None
+    ) -> None:
         self.settings = settings
         self.runtimes: dict[str, WorkspaceRuntime] = {}
         paths = [(p, True) for p in settings.workspaces] + [
             (p, False) for p in settings.untrusted_workspaces
         ]
         for index, (path, trusted) in enumerate(paths):
-            registry = SessionRegistry(settings, mediator, name=f"sessions:{workspace_id(path)}")
+            registry = SessionRegistry(
+                settings, mediator, name=f"sessions:{workspace_id(path)}", restart=restart
+            )
             registry.total_count = self.total_count
             self.runtimes[path] = WorkspaceRuntime(
                 path, primary=index == 0, trusted=trusted, registry=registry

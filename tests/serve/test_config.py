@@ -11,7 +11,7 @@ import pytest
 
 from serve.config import MAX_CONFIG_BYTES, DaemonConfig, load_daemon_config
 from serve.settings import SettingsError, parse_settings
-from tests.support.daemon import ROOT, running_daemon
+from tests.support.daemon import ROOT, running_daemon, spawn_daemon
 
 TOKEN = "config-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -144,3 +144,36 @@ def test_the_configured_policy_is_advertised(tmp_path: Path) -> None:
         assert status["runtime"]["permissions"]["policy"] == "designated"
     # the quorum is ignored outside consensus, and the operator is told so at start-up
     assert "consensusQuorum is only honoured" in d.stderr()
+
+
+async def test_restart_policy_from_the_config_file(tmp_path: Path) -> None:
+    """restart.session.intensity 0: a crashed agent is not restarted, the session dies."""
+    config = tmp_path / "daemon.yaml"
+    config.write_text("restart:\n  session:\n    intensity: 0\n")
+    daemon = spawn_daemon(
+        ["--config", str(config)],
+        workspace=tmp_path / "ws",
+        env={"QWEN_SERVER_TOKEN": "restart-token-0123456789"},
+    )
+    try:
+        auth = {"Authorization": "Bearer restart-token-0123456789"}
+        async with httpx.AsyncClient(base_url=daemon.url, headers=auth, timeout=30) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            r = await client.post(
+                f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "[crash]"}]}
+            )
+            assert r.status_code == 503 and r.json()["code"] == "channel_closed"
+            assert (await client.post(f"/session/{sid}/heartbeat")).status_code == 404
+    finally:
+        daemon.stop()
+
+
+def test_bad_restart_values_are_refused(tmp_path: Path) -> None:
+    from serve.config import load_config_text
+    from serve.permissions.config import ConfigError
+
+    for text in ("restart:\n  session:\n    intensity: -1\n", "restart:\n  sessions: {}\n"):
+        with pytest.raises(ConfigError):
+            load_config_text(text)
+    cfg = load_config_text("restart:\n  session:\n    periodS: 10\n    backoffMs: 5\n")
+    assert cfg.restart.session.period_s == 10 and cfg.restart.session.backoff_ms == 5
