@@ -133,6 +133,12 @@ async def _open_session(client: httpx.AsyncClient) -> tuple[str, str]:
     return created["sessionId"], created["clientId"]
 
 
+def gate_waiters(gate: EffectGate) -> int:
+    """Readers parked on the gate's shared decisions (leaders included)."""
+    table = gate._inflight
+    return sum(len(w) for w in getattr(table, "_waiters", {}).values())
+
+
 async def test_concurrent_identical_effects_share_one_question(tmp_path: Path) -> None:
     async with inprocess(tmp_path, "") as (d, client):
         sid, _ = await _open_session(client)
@@ -147,6 +153,11 @@ async def test_concurrent_identical_effects_share_one_question(tmp_path: Path) -
             contents.append(await session.effects.read_text_file(session, params))
 
         async def allow_once(req: dict[str, Any]) -> None:
+            # Answer only once all three readers are in flight (each first resolves its
+            # path in a worker thread, which a loaded machine can delay).
+            with trio.move_on_after(10):
+                while len(contents) < 3 and gate_waiters(session.effects) < 3:
+                    await trio.sleep(0.05)
             await client.post(
                 f"/session/{sid}/permission/{req['requestId']}",
                 json={"outcome": {"outcome": "selected", "optionId": "allow_once"}},

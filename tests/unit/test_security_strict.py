@@ -28,10 +28,13 @@ EXPECTED = {
     ("PATCH", "/session/<id>/metadata"),
     ("POST", "/workspace/settings"),
     ("POST", "/workspace/memory"),
+    # Beyond the issue's list: strict in qwen serve 0.24.4 too.
+    ("POST", "/workspace/reload"),
+    ("POST", "/session/<id>/rewind"),
 }
 
 
-def test_declared_list_is_the_issue_list() -> None:
+def test_declared_list_is_the_issue_list_plus_reload_and_rewind() -> None:
     declared = [(r.method, r.rule) for r in STRICT_ROUTES]
     assert len(declared) == len(set(declared))
     assert set(declared) == EXPECTED
