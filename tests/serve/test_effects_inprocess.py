@@ -156,7 +156,7 @@ async def test_concurrent_identical_effects_share_one_question(tmp_path: Path) -
             # Answer only once all three readers are in flight (each first resolves its
             # path in a worker thread, which a loaded machine can delay).
             with trio.move_on_after(10):
-                while len(contents) < 3 and gate_waiters(session.effects) < 3:
+                while len(contents) < 3 and gate_waiters(session.effects) < 3:  # noqa: ASYNC110
                     await trio.sleep(0.05)
             await client.post(
                 f"/session/{sid}/permission/{req['requestId']}",
