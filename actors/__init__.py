@@ -7,7 +7,7 @@ Knows nothing of HTTP or ACP. Public surface:
 * the error tree rooted at :class:`ActorError`, plus :class:`Crash`.
 """
 
-from actors.actor import Actor
+from actors.actor import Actor, Reply
 from actors.errors import (
     ActorCrashed,
     ActorError,
@@ -36,6 +36,7 @@ __all__ = [
     "Crash",
     "EventKind",
     "InboxFull",
+    "Reply",
     "Restart",
     "RestartWindow",
     "Supervisor",

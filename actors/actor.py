@@ -5,7 +5,7 @@ Theory of operation
 An :class:`Actor` owns a trio memory channel (its inbox, bounded to ``inbox_size``
 messages) and handles one message at a time in :meth:`Actor.run`. Messages are frozen
 ``msgspec.Struct`` values; the envelope around each one carries an optional one-shot
-:class:`_Reply` slot.
+:class:`Reply` slot.
 
 * ``tell(msg)`` enqueues and returns; it waits while the inbox is full (back-pressure).
   ``tell_nowait`` raises :class:`InboxFull` instead.
@@ -38,8 +38,11 @@ from actors.errors import ActorCrashed, ActorStopped, AskTimeout, Crash, InboxFu
 log = logging.getLogger(__name__)
 
 
-class _Reply:
-    """A one-shot reply slot: set once, awaited once."""
+class Reply[T]:
+    """A one-shot reply slot: set (or failed) once, awaited by whoever holds it.
+
+    The ask/answer primitive of the runtime, also used by actors whose answer comes from
+    a task they spawned (the answer arrives after the handler returned)."""
 
     __slots__ = ("_error", "_event", "_value")
 
@@ -52,7 +55,7 @@ class _Reply:
     def done(self) -> bool:
         return self._event.is_set()
 
-    def set(self, value: Any) -> None:
+    def set(self, value: T) -> None:
         if not self._event.is_set():
             self._value = value
             self._event.set()
@@ -62,17 +65,17 @@ class _Reply:
             self._error = error
             self._event.set()
 
-    async def wait(self) -> Any:
+    async def wait(self) -> T:
         await self._event.wait()
         if self._error is not None:
             raise self._error
-        return self._value
+        return self._value  # type: ignore[no-any-return]
 
 
 class _Envelope:
     __slots__ = ("msg", "reply")
 
-    def __init__(self, msg: Any, reply: _Reply | None) -> None:
+    def __init__(self, msg: Any, reply: Reply[Any] | None) -> None:
         self.msg = msg
         self.reply = reply
 
@@ -186,7 +189,7 @@ class Actor[M]:
         forever. Raises :class:`AskTimeout`, :class:`ActorStopped`, :class:`ActorCrashed`
         or whatever the handler raised.
         """
-        reply = _Reply()
+        reply: Reply[Any] = Reply()
         with trio.move_on_after(timeout_s) as scope:
             try:
                 await self._send.send(_Envelope(msg, reply))

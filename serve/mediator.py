@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 import trio
 
-from actors import Actor
+from actors import Actor, Reply
 from serve.events import EventLog
 from serve.permissions.voting import (
     Mediator,
@@ -47,28 +47,14 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class Waiter:
+class Waiter(Reply[dict[str, Any]]):
     """One-shot: the agent's answer for one permission request."""
 
-    __slots__ = ("_event", "request_id", "response")
+    __slots__ = ("request_id",)
 
     def __init__(self, request_id: str) -> None:
+        super().__init__()
         self.request_id = request_id
-        self._event = trio.Event()
-        self.response: dict[str, Any] = CANCELLED_RESPONSE
-
-    def set(self, response: dict[str, Any]) -> None:
-        if not self._event.is_set():
-            self.response = response
-            self._event.set()
-
-    @property
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    async def wait(self) -> dict[str, Any]:
-        await self._event.wait()
-        return self.response
 
 
 class OpenPermission(msgspec.Struct, frozen=True):

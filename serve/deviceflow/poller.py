@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 import trio
 
-from actors import Actor
+from actors import Actor, Reply
 
 if TYPE_CHECKING:
     import httpx
@@ -98,32 +98,10 @@ class FlowNotFound(Exception):
         self.flow_id = flow_id
 
 
-class Ticket:
+class Ticket(Reply[tuple[str, bool]]):
     """Resolves to ``(flow_id, attached)`` once the flow's start is settled."""
 
-    __slots__ = ("_error", "_event", "_value")
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-        self._value: tuple[str, bool] | None = None
-        self._error: BaseException | None = None
-
-    def set(self, value: tuple[str, bool]) -> None:
-        if not self._event.is_set():
-            self._value = value
-            self._event.set()
-
-    def fail(self, error: BaseException) -> None:
-        if not self._event.is_set():
-            self._error = error
-            self._event.set()
-
-    async def wait(self) -> tuple[str, bool]:
-        await self._event.wait()
-        if self._error is not None:
-            raise self._error
-        assert self._value is not None
-        return self._value
+    __slots__ = ()
 
 
 # ---- messages -----------------------------------------------------------------------------

@@ -57,7 +57,7 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from actors import Actor
+from actors import Actor, Reply
 from serve.mcp.budget import (
     BUDGET_HINT,
     BudgetPolicy,
@@ -98,31 +98,10 @@ class McpRestartFailed(Exception):
         self.detail = detail
 
 
-class Ticket:
+class Ticket(Reply[Any]):
     """The answer to a pass or a restart, completed by the task that does the work."""
 
-    __slots__ = ("_error", "_event", "_value")
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-    def set(self, value: Any) -> None:
-        if not self._event.is_set():
-            self._value = value
-            self._event.set()
-
-    def fail(self, error: BaseException) -> None:
-        if not self._event.is_set():
-            self._error = error
-            self._event.set()
-
-    async def wait(self) -> Any:
-        await self._event.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
+    __slots__ = ()
 
 
 # ---- messages -----------------------------------------------------------------------------
