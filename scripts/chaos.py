@@ -192,7 +192,7 @@ class Chaos:
         r = await client.post("/session", json={"sessionScope": scope})
         if r.status_code != 200:
             self.counts[f"create_{r.status_code}"] += 1
-            await trio.sleep(0.5)
+            await trio.sleep(float(r.headers.get("retry-after", "1")))
             return
         created = r.json()
         sid, cid = created["sessionId"], created["clientId"]
@@ -237,9 +237,10 @@ class Chaos:
                     await client.post(f"/session/{sid}/cancel", headers={"X-Qwen-Client-Id": cid})
                     self.counts["cancels"] += 1
             await trio.sleep(self.rng.uniform(0.5, 2.0))
-            if self.rng.random() < 0.5:
-                await client.delete(f"/session/{sid}", headers={"X-Qwen-Client-Id": cid})
-                self.counts["closes"] += 1
+            # Clients close when done (the auditor keeps every session subscribed, so a
+            # session left behind would never be idle-reaped and the limit would fill).
+            await client.delete(f"/session/{sid}", headers={"X-Qwen-Client-Id": cid})
+            self.counts["closes"] += 1
         finally:
             stop.set()
 
@@ -397,7 +398,16 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="acp-serve-chaos-"))
     daemon = spawn_daemon(
-        ["--max-sessions", "64", "--permission-response-timeout-ms", "20000"],
+        [
+            "--max-sessions",
+            "64",
+            "--permission-response-timeout-ms",
+            "20000",
+            "--session-idle-timeout-ms",
+            "30000",
+            "--session-reap-interval-ms",
+            "5000",
+        ],
         workspace=tmp / "ws",
         state_dir=tmp / "state",
         env={"QWEN_SERVER_TOKEN": TOKEN},

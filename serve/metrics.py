@@ -18,6 +18,7 @@ several daemons in one process). Nothing here holds a token, a client id or a se
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _access = logging.getLogger("serve.access")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -183,8 +185,9 @@ def install_metrics(app: QuartTrio, daemon: Daemon) -> None:
         elapsed = time.perf_counter() - started if started is not None else 0.0
         if started is not None:
             instruments.latency.labels(rule).observe(elapsed)
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
-        if len(request_id) > 64 or not request_id.isprintable():
+        request_id = request.headers.get("X-Request-Id") or ""
+        if not _REQUEST_ID.fullmatch(request_id):
+            # Only a plain token is echoed (it goes back out as a header and into logs).
             request_id = uuid.uuid4().hex[:16]
         response.headers["X-Request-Id"] = request_id
         if access_log:

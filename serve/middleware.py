@@ -491,8 +491,15 @@ async def _respond(
     out.extend(headers)
     if close:
         out.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": out})
-    await send({"type": "http.response.body", "body": body})
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": out})
+        await send({"type": "http.response.body", "body": body})
+    except (trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        # An early refusal on a connection hypercorn is already tearing down (a peer
+        # still pushing a body it will never be allowed to send): nothing to deliver.
+        if not close:
+            raise
+        log.debug("early %d not delivered: the connection is closing", status)
 
 
 async def _drain(receive: Receive, limit: int) -> bool:

@@ -137,10 +137,9 @@ def find_session(session_id: str) -> SessionActor:
     return session
 
 
-def session_client(session: SessionActor) -> str | None:
-    """The header's client id, which must be registered on ``session`` when present."""
-    client_id = header_client_id()
-    if client_id is not None and not session.knows_client(client_id):
+def require_registered(session: SessionActor, client_id: str) -> None:
+    """400 ``invalid_client_id`` unless ``client_id`` is registered on ``session``."""
+    if not session.knows_client(client_id):
         raise ApiError(
             400,
             {
@@ -150,6 +149,13 @@ def session_client(session: SessionActor) -> str | None:
                 "clientId": client_id,
             },
         )
+
+
+def session_client(session: SessionActor) -> str | None:
+    """The header's client id, which must be registered on ``session`` when present."""
+    client_id = header_client_id()
+    if client_id is not None:
+        require_registered(session, client_id)
     return client_id
 
 
@@ -669,14 +675,6 @@ async def vote_legacy(request_id: str) -> Response:
     if client_id is not None:
         owner = await d.mediator.ask(SessionOf(request_id), timeout_s=_ASK_TIMEOUT_S)
         session = d.registry.get(owner) if owner else None
-        if session is not None and not session.knows_client(client_id):
-            raise ApiError(
-                400,
-                {
-                    "error": f'Client id "{client_id}" is not registered on this session',
-                    "code": "invalid_client_id",
-                    "sessionId": session.session_id,
-                    "clientId": client_id,
-                },
-            )
+        if session is not None:
+            require_registered(session, client_id)
     return await _vote(request_id, None, client_id)

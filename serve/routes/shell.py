@@ -48,7 +48,7 @@ from serve import capabilities
 from serve.capabilities import Feature
 from serve.context import daemon
 from serve.errors import ApiError, bad_request
-from serve.routes.sessions import find_session, header_client_id
+from serve.routes.sessions import find_session, header_client_id, require_registered
 from serve.wire import json_body, json_response
 from serve.workspace_state import agent_ext
 from serve.workspace_state.shell_run import DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT_S, run_shell
@@ -164,16 +164,7 @@ async def session_shell(session_id: str) -> Response:
                 "errorKind": "client_id_required",
             },
         )
-    if not session.knows_client(client_id):
-        raise ApiError(
-            400,
-            {
-                "error": f'Client id "{client_id}" is not registered on this session',
-                "code": "invalid_client_id",
-                "sessionId": session_id,
-                "clientId": client_id,
-            },
-        )
+    require_registered(session, client_id)
     body = await json_body()
     command = body.get("command")
     if not isinstance(command, str) or not command.strip():
