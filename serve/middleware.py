@@ -141,6 +141,8 @@ _BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 _HEALTH_PATHS = frozenset({"/health", "/health/", "/readyz", "/readyz/"})
 #: Static pages and the API description: no data, no secrets; a browser opening them
 #: cannot send a bearer token (the pages then call the API with the token the user pastes).
+_FAST_PATHS = frozenset({"/health", "/capabilities"})
+_HEALTH_OK = b'{"status":"ok"}'
 _PUBLIC_PAGES = frozenset({"/demo", "/doc", "/openapi.json", "/favicon.ico"})
 _NO_TIERS = {tier.value: 0 for tier in Tier}
 
@@ -398,7 +400,23 @@ class SecurityFront:
             await _respond(send, 400, _MALFORMED_400, (), close=False)
             return
 
+        # Fast path for the hottest reads (orchestrator probes, client pre-flights): every
+        # check above has run; answering here skips the framework's per-request cost.
+        if method == "GET" and not scope.get("query_string") and path in _FAST_PATHS:
+            await self._fast(path, send)
+            return
+
         await self._app(scope, receive, send)
+
+    async def _fast(self, path: str, send: Send) -> None:
+        if path == "/health":
+            body = _HEALTH_OK
+        else:
+            body = msgspec.json.encode(capabilities.envelope(self._daemon))
+        metrics = getattr(self._daemon, "metrics", None)
+        if metrics is not None:
+            metrics.requests.labels("GET", path, "200").inc()
+        await _respond(send, 200, body, (), close=False)
 
     def _authorized(self, auths: list[bytes]) -> bool:
         assert self._bearer is not None
