@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.metadata
 import re
 from pathlib import Path
 from typing import Final
@@ -32,7 +31,6 @@ from quart import Blueprint, Response, current_app
 
 from serve import capabilities
 from serve.context import daemon
-from serve.openapi import DocumentCache, build_document, registered_routes
 
 blueprint = Blueprint("docs", __name__)
 
@@ -50,8 +48,10 @@ _HTML_HEADERS: Final = {
 
 def _version() -> str:
     try:
+        import importlib.metadata
+
         return importlib.metadata.version("acp-serve")
-    except importlib.metadata.PackageNotFoundError:
+    except Exception:  # PackageNotFoundError: not installed as a distribution
         return "0.1.0"
 
 
@@ -96,6 +96,9 @@ async def openapi_json() -> Response:
     d = daemon()
     advertised = frozenset(f.tag for f in capabilities.advertised(d))
     cache = current_app.extensions.get(_CACHE_KEY)
+    # The OpenAPI machinery is imported on the first request for the document.
+    from serve.openapi import DocumentCache, build_document, registered_routes
+
     if not isinstance(cache, DocumentCache):
         cache = current_app.extensions[_CACHE_KEY] = DocumentCache()
     app = current_app

@@ -48,7 +48,6 @@ import re
 from collections.abc import Iterable, Sequence
 from urllib.parse import unquote
 
-import idna  # a runtime dependency of anyio (UTS #46, as browsers use)
 import msgspec
 
 from serve.security._wire import ErrorBody
@@ -176,8 +175,17 @@ def _parse_ipv4(host: str) -> str | None:
     return str(ipaddress.IPv4Address(value))
 
 
+#: A letters-digits-hyphens label IDNA leaves as it is (no "--" at 3-4, so no "xn--").
+_PLAIN_LABEL = re.compile(r"(?!..--)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+
+
 def _domain_to_ascii(host: str) -> str | None:
     """UTS #46 (non-transitional) ToASCII, as browsers do; ``None`` if it is not a domain."""
+    lowered = host.lower()
+    if len(lowered) <= 253 and all(_PLAIN_LABEL.fullmatch(label) for label in lowered.split(".")):
+        return lowered  # plain LDH hostnames: IDNA would return them unchanged
+    import idna  # UTS #46 (imported on first non-ASCII or punycode host)
+
     try:
         return str(idna.encode(host, uts46=True, transitional=False).decode("ascii"))
     except (idna.IDNAError, UnicodeError, ValueError):
