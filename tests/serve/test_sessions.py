@@ -524,3 +524,21 @@ async def test_detach_of_the_last_client_closes_the_session(client: httpx.AsyncC
     assert r.status_code == 204
     assert (await client.post(f"/session/{sid}/heartbeat")).status_code == 404
     assert (await client.post("/session/unknown/detach")).status_code == 204
+
+
+async def test_a_blocking_caller_that_goes_away_cancels_its_prompt(
+    client: httpx.AsyncClient, daemon_proc: DaemonProcess
+) -> None:
+    """The seed: if the HTTP client disconnects mid-prompt, the agent gets session/cancel."""
+    sid = (await new_session(client))["sessionId"]
+    async with httpx.AsyncClient(base_url=daemon_proc.url, headers=AUTH, timeout=30) as other:
+        with trio.move_on_after(0.5):
+            await other.post(f"/session/{sid}/prompt", json=text("[sleep 30000]"))
+    # The connection is gone; the turn ends cancelled instead of sleeping 30 s.
+    async with client.stream(
+        "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+    ) as stream:
+        events = await collect_until(stream, is_terminal)
+    assert events[-1]["type"] == "turn_complete"
+    assert events[-1]["data"]["stopReason"] == "cancelled"  # not end_turn after 30 s
+    assert "prompt_cancelled" in [e["type"] for e in events]
