@@ -501,6 +501,15 @@ def parse_settings(
         flag
         for flag in INERT_FLAGS
         if getattr(ns, flag.lstrip("-").replace("-", "_"), None) not in (None, False, [])
+    ) + tuple(
+        # Validated like the reference, but meaningless here: each session has its own
+        # agent child (nothing to keep warm), and the memory file is per workspace.
+        flag
+        for flag, value, default in (
+            ("--channel-idle-timeout-ms", ns.channel_idle_timeout_ms, "0"),
+            ("--memory-project-scope", ns.memory_project_scope, "workspace"),
+        )
+        if value != default
     )
 
     return Settings(

@@ -591,6 +591,14 @@ def _last_event_id() -> int | None:
 async def events(session_id: str) -> Response:
     session = find_session(session_id)
     max_queued = _max_queued()
+    limit = daemon().settings.max_connections
+    if limit and daemon().sse_streams >= limit:
+        # Event streams are the connections that stay open; --max-connections caps them.
+        raise service_unavailable(
+            f"Connection limit reached ({limit} event streams)",
+            "connection_limit_exceeded",
+            limit=limit,
+        )
     header_client_id()
     epoch = request.headers.get("X-Qwen-Event-Epoch")
     if epoch is not None and not _EPOCH_RE.match(epoch):

@@ -247,6 +247,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.created_at = iso_now()
         self.created_monotonic = time.monotonic()
         self.last_seen_ms = int(time.time() * 1000)
+        #: When the last prompt ended (--session-prompt-settled-close-grace-ms).
+        self.last_settled_ms = 0
         self.display_name: str | None = None
         self.clients: dict[str, int] = {}
         self.client_last_seen: dict[str, int] = {}
@@ -1053,6 +1055,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             )
         job.result = (event_type, data)
         job.done.set()
+        self.last_settled_ms = int(time.time() * 1000)
 
     # ---- endings -----------------------------------------------------------------------
 

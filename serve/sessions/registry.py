@@ -334,6 +334,7 @@ class SessionRegistry(Actor[RegistryMsg]):
     async def _reaper(self) -> None:
         interval_ms = self.settings.session_reap_interval_ms
         timeout_ms = self.settings.session_idle_timeout_ms
+        grace_ms = self.settings.session_prompt_settled_close_grace_ms
         if not interval_ms or not timeout_ms:
             return
         while True:
@@ -345,6 +346,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                     and session.pending_count == 0
                     and self.mediator.pending_count(session.session_id) == 0
                     and now - session.last_seen_ms >= timeout_ms
+                    and now - session.last_settled_ms >= grace_ms
                 ):
                     log.info("reaping idle session %s", session.session_id)
                     self._nursery_close(session, "idle_timeout")

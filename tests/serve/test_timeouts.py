@@ -71,3 +71,60 @@ async def test_idle_sessions_are_reaped_unless_kept_alive() -> None:
                 assert r.status_code == 200  # an SSE subscriber keeps it alive
     finally:
         daemon.stop()
+
+
+async def test_settled_grace_delays_reaping_after_a_prompt() -> None:
+    daemon = spawn_daemon(
+        [
+            "--session-idle-timeout-ms",
+            "300",
+            "--session-reap-interval-ms",
+            "100",
+            "--session-prompt-settled-close-grace-ms",
+            "60000",
+        ],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            worked = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            idle = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            r = await client.post(
+                f"/session/{worked['sessionId']}/prompt",
+                json={"prompt": [{"type": "text", "text": "hello"}]},
+            )
+            assert r.status_code == 200
+            await trio.sleep(1.0)  # > idle timeout, < settled grace
+            # The session that never prompted is reaped; the one whose prompt just settled
+            # is kept for the grace period.
+            assert (
+                await client.get(f"/session/{idle['sessionId']}/pending-prompts")
+            ).status_code == 404
+            r = await client.get(f"/session/{worked['sessionId']}/pending-prompts")
+            assert r.status_code == 200
+    finally:
+        daemon.stop()
+
+
+async def test_max_connections_caps_event_streams() -> None:
+    daemon = spawn_daemon(["--max-connections", "2"], env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            async with (
+                client.stream("GET", f"/session/{sid}/events"),
+                client.stream("GET", f"/session/{sid}/events"),
+            ):
+                third = await client.get(f"/session/{sid}/events")
+                assert third.status_code == 503
+                assert third.json()["code"] == "connection_limit_exceeded"
+                assert third.headers["retry-after"] == "5"
+            # Streams released (once the daemon has seen the disconnects): accepted again.
+            while (await client.get("/health", params={"deep": "1"})).json()[  # noqa: ASYNC110
+                "connectedClients"
+            ]:
+                await trio.sleep(0.05)
+            async with client.stream("GET", f"/session/{sid}/events") as again:
+                assert again.status_code == 200
+    finally:
+        daemon.stop()
