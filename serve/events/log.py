@@ -256,12 +256,18 @@ class EventLog:
         last_event_id: int | None = None,
         epoch: str | None = None,
         max_queued: int = DEFAULT_MAX_QUEUED,
+        snapshot: dict[str, Any] | None = None,
     ) -> Subscriber:
-        """Register a cursor; replay is computed now, so nothing slips between."""
+        """Register a cursor; replay is computed now, so nothing slips between.
+
+        ``snapshot``: the data of a ``session_snapshot`` frame sent after the replay
+        (``?snapshot=1``), before live events."""
         if len(self.subscribers) >= MAX_SUBSCRIBERS:
             raise SubscriberLimitExceeded(MAX_SUBSCRIBERS)
         sub = Subscriber(self, max_queued)
         sub._pending = self._replay_frames(last_event_id, epoch)
+        if snapshot is not None:
+            sub._pending.append(synthetic("session_snapshot", snapshot))
         sub.cursor = self.next_id
         self.subscribers.add(sub)
         return sub

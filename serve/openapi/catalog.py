@@ -291,9 +291,11 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
             err(400, "`invalid_max_queued` or `invalid_client_id`."),
             NO_SESSION,
             err(429, "`subscriber_limit_exceeded` (64 streams per session)."),
+            err(503, "`connection_limit_exceeded` (`--max-connections` event streams)."),
         ),
         params=(
             q("maxQueued", {"type": "integer", "minimum": 16, "maximum": 2048}),
+            q("snapshot", {"type": "string", "enum": ["1", "true"]}, "Send `session_snapshot`."),
             h("Last-Event-ID", STRING, "Replay events after this id."),
             h("X-Qwen-Event-Epoch", {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}),
             CLIENT_ID,

@@ -603,9 +603,16 @@ async def events(session_id: str) -> Response:
     epoch = request.headers.get("X-Qwen-Event-Epoch")
     if epoch is not None and not _EPOCH_RE.match(epoch):
         epoch = None
+    snapshot = None
+    if request.args.get("snapshot") in ("1", "true"):
+        snapshot = {
+            "sessionId": session.session_id,
+            "currentModelId": session.current_model,
+            "currentApprovalMode": session.current_mode,
+        }
     try:
         sub = session.log.subscribe(
-            last_event_id=_last_event_id(), epoch=epoch, max_queued=max_queued
+            last_event_id=_last_event_id(), epoch=epoch, max_queued=max_queued, snapshot=snapshot
         )
     except SubscriberLimitExceeded as exc:
         raise ApiError(

@@ -542,3 +542,19 @@ async def test_a_blocking_caller_that_goes_away_cancels_its_prompt(
     assert events[-1]["type"] == "turn_complete"
     assert events[-1]["data"]["stopReason"] == "cancelled"  # not end_turn after 30 s
     assert "prompt_cancelled" in [e["type"] for e in events]
+
+
+async def test_snapshot_frame_follows_the_replay(client: httpx.AsyncClient) -> None:
+    sid = (await new_session(client))["sessionId"]
+    await client.post(f"/session/{sid}/model", json={"modelId": "scripted-slow"})
+    async with client.stream(
+        "GET", f"/session/{sid}/events", params={"snapshot": "1"}, headers={"Last-Event-ID": "0"}
+    ) as stream:
+        events = await collect_until(stream, lambda e: e["type"] == "session_snapshot")
+    assert [e["type"] for e in events][-2:] == ["replay_complete", "session_snapshot"]
+    assert "id" not in events[-1]
+    assert events[-1]["data"] == {
+        "sessionId": sid,
+        "currentModelId": "scripted-slow",
+        "currentApprovalMode": "default",
+    }
