@@ -5,10 +5,7 @@ qwen runs offline against the fake OpenAI server; skipped only when node/npm are
 
 from __future__ import annotations
 
-import shlex
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,9 +13,9 @@ import pytest
 
 from tests.conftest import AUTH, TOKEN
 from tests.serve.test_extensions_scripted import EXTENSION_TAGS
-from tests.support.daemon import DaemonProcess, spawn_daemon
-from tests.support.fake_openai import FakeOpenAI
-from tests.support.node import ensure_qwen, missing_node_reason, qwen_acp_argv, qwen_env
+from tests.support.daemon import DaemonProcess
+from tests.support.node import missing_node_reason
+from tests.support.qwen_daemon import qwen_behind_daemon
 from tests.support.sse import iter_events
 
 pytestmark = pytest.mark.skipif(
@@ -28,22 +25,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def qwen_daemon() -> Iterator[DaemonProcess]:
-    cli = ensure_qwen()
-    tmp = Path(tempfile.mkdtemp(prefix="acp-serve-qwen-ext-"))
-    workspace = tmp / "ws"
-    workspace.mkdir()
-    with FakeOpenAI(workdir=str(workspace)) as model:
-        env = qwen_env(tmp / "home", model.env())
-        env["QWEN_SERVER_TOKEN"] = TOKEN
-        daemon = spawn_daemon(
-            ["--agent", shlex.join(qwen_acp_argv(cli)), "--initialize-timeout-ms", "60000"],
-            workspace=workspace,
-            env=env,
-        )
-        try:
-            yield daemon
-        finally:
-            daemon.stop()
+    with qwen_behind_daemon(TOKEN, prefix="acp-serve-qwen-ext-") as daemon:
+        yield daemon
 
 
 async def features(http: httpx.AsyncClient) -> set[str]:

@@ -6,8 +6,6 @@ missing (CI installs the package with scripts/install-node-deps).
 
 from __future__ import annotations
 
-import shlex
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +17,9 @@ import trio
 
 from acp.process import live_group_members
 from tests.conftest import AUTH, TOKEN
-from tests.support.daemon import DaemonProcess, spawn_daemon
-from tests.support.fake_openai import FakeOpenAI
-from tests.support.node import ensure_qwen, missing_node_reason, qwen_acp_argv, qwen_env
+from tests.support.daemon import DaemonProcess
+from tests.support.node import missing_node_reason
+from tests.support.qwen_daemon import qwen_behind_daemon
 from tests.support.sse import iter_events
 
 pytestmark = pytest.mark.skipif(
@@ -31,23 +29,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def qwen_daemon() -> Iterator[DaemonProcess]:
-    cli = ensure_qwen()
-    tmp = Path(tempfile.mkdtemp(prefix="acp-serve-qwen-"))
-    workspace = tmp / "ws"
-    workspace.mkdir()
-    with FakeOpenAI(workdir=str(workspace)) as model:
-        env = qwen_env(tmp / "home", model.env())
-        env["QWEN_SERVER_TOKEN"] = TOKEN
-        agent = shlex.join(qwen_acp_argv(cli))
-        daemon = spawn_daemon(
-            ["--agent", agent, "--initialize-timeout-ms", "60000"],
-            workspace=workspace,
-            env=env,
-        )
-        try:
-            yield daemon
-        finally:
-            daemon.stop()
+    with qwen_behind_daemon(TOKEN, prefix="acp-serve-qwen-") as daemon:
+        yield daemon
 
 
 async def test_qwen_session_prompt_permission_close(qwen_daemon: DaemonProcess) -> None:
