@@ -535,7 +535,9 @@ class EffectGate:
         if effect.in_workspace:
             try:
                 result = await trio.to_thread.run_sync(
-                    functools.partial(ws_read_text, ws, real, line=params.line, limit=params.limit)
+                    functools.partial(
+                        ws_read_text, ws, real, line=params.line, limit=params.limit, agent=True
+                    )
                 )
             except WorkspaceFsError as err:
                 raise fs_error(err, path) from None

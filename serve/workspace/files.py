@@ -112,6 +112,9 @@ MAX_TEXT_READ_BYTES: Final = 256 * KIB
 MAX_TEXT_SCAN_BYTES: Final = 8 * MIB
 #: Largest ``limit`` (lines) of one text read.
 MAX_READ_LINES: Final = 2000
+#: Largest file an ACP agent may read through ``fs/read_text_file`` (64 MiB, as ACP's
+#: reference client allows for base64-heavy content).
+MAX_AGENT_READ_BYTES: Final = 64 * 1024 * 1024
 #: Largest and default ``maxBytes`` of ``read_bytes`` (256 KiB, 64 KiB).
 MAX_BYTES_WINDOW: Final = 256 * KIB
 DEFAULT_BYTES_WINDOW: Final = 64 * KIB
@@ -267,8 +270,13 @@ def read_text(
     max_bytes: int | None = None,
     line: int | None = None,
     limit: int | None = None,
+    agent: bool = False,
 ) -> ReadTextResult:
     """Read a text file (``GET /file``, ACP ``fs/read_text_file``).
+
+    ``agent``: the caller is an ACP agent (``fs/read_text_file``), which expects the whole
+    file or any window it asks for: the file may be up to :data:`MAX_AGENT_READ_BYTES` and
+    ``limit`` is not capped at :data:`MAX_READ_LINES` (the HTTP route keeps its caps).
 
     ``line`` (1-based) and ``limit`` (lines, ≤ :data:`MAX_READ_LINES`) select a window;
     each returned line keeps its own line break. ``max_bytes`` (≤
@@ -277,15 +285,16 @@ def read_text(
     ``originalLineCount`` is the file's line count when a window was asked for, else None.
     ``lineEnding``, ``encoding``, ``bom`` and ``hash`` describe the whole file.
     """
-    cap_bytes = (
-        MAX_TEXT_READ_BYTES
-        if max_bytes is None
-        else int_arg("maxBytes", max_bytes, 1, MAX_TEXT_READ_BYTES)
-    )
+    read_cap = MAX_AGENT_READ_BYTES if agent else MAX_TEXT_READ_BYTES
+    cap_bytes = read_cap if max_bytes is None else int_arg("maxBytes", max_bytes, 1, read_cap)
     first = 1 if line is None else int_arg("line", line, 1, _MAX_LINE)
-    count = None if limit is None else int_arg("limit", limit, 1, MAX_READ_LINES)
+    max_lines = _MAX_LINE if agent else MAX_READ_LINES
+    count = None if limit is None else int_arg("limit", limit, 1, max_lines)
     rp = ws.resolve(path)
-    cap_file = MAX_TEXT_SCAN_BYTES if count is not None else MAX_TEXT_READ_BYTES
+    if agent:
+        cap_file = MAX_AGENT_READ_BYTES
+    else:
+        cap_file = MAX_TEXT_SCAN_BYTES if count is not None else MAX_TEXT_READ_BYTES
     with _parent_dir(ws, rp) as pfd:
         raw, _ = _read_leaf(
             pfd,

@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import AUTH
+from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import DaemonProcess, running_daemon
-from tests.support.sse import iter_events
+from tests.support.sse import collect_until, iter_events
 
 Vote = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -435,3 +435,33 @@ async def test_configured_grants_and_approvals_apply_monotonically(tmp_path: Pat
             mine = next(s for s in body["sessions"] if s["sessionId"] == sid)
             assert mine["grants"]["terminal.exec"] == "revoked"
     assert outside.read_text() == "outside words"  # read, not changed
+
+
+async def test_agents_read_whole_large_files_and_long_windows(tmp_path: Path) -> None:
+    """The HTTP /file caps (256 KiB, 2000 lines) are for clients; an agent's
+    fs/read_text_file gets the whole file it asks for."""
+    big = "".join(f"line {i}\n" for i in range(60_000))  # ~600 KiB, 60k lines
+    with running_daemon(env={"QWEN_SERVER_TOKEN": TOKEN}) as daemon:
+        (daemon.workspace / "big.txt").write_text(big)
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=60) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            r = await client.post(
+                f"/session/{sid}/prompt",
+                json={"prompt": [{"type": "text", "text": "[read big.txt]"}]},
+            )
+            assert r.status_code == 200 and r.json()["stopReason"] == "end_turn"
+            async with client.stream(
+                "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+            ) as stream:
+                events = await collect_until(stream, lambda e: e["type"] == "turn_complete")
+            text = "".join(
+                e["data"]["update"]["content"]["text"]
+                for e in events
+                if e["type"] == "session_update"
+                and e["data"]["update"]["sessionUpdate"] == "agent_message_chunk"
+            )
+            assert "line 59999" in text
+            assert "effect_denied" not in [e["type"] for e in events]
+            # The HTTP route keeps its cap.
+            r = await client.get("/file", params={"path": "big.txt"})
+            assert r.status_code == 413
