@@ -61,20 +61,39 @@ def to_api_error(exc: BaseException) -> ApiError | None:
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, RemoteError):
-        body: dict[str, Any] = {"error": exc.message, "code": exc.code}
+        remote: dict[str, Any] = {"error": exc.message, "code": exc.code}
         if exc.data is not None:
-            body["data"] = exc.data
-        return ApiError(500, body)
+            remote["data"] = exc.data
+        return ApiError(500, remote)
     if isinstance(exc, RequestTimeout):
-        return ApiError(
-            504,
-            {
-                "error": f"agent did not answer {exc.method} in time",
+        timeout_ms = int(exc.timeout_s * 1000)
+        if exc.method in ("initialize", "session/new"):
+            # The reference's safe-retry shape: nothing was created.
+            body: dict[str, Any] = {
+                "error": f"agent did not answer {exc.method} within {timeout_ms} ms",
+                "code": "init_timeout",
+                "errorKind": "init_timeout",
+                "retryable": True,
+                "sideEffectPossible": False,
+                "phase": "channel.initialize" if exc.method == "initialize" else "session.new",
+                "timeoutMs": timeout_ms,
+            }
+        elif exc.method in ("session/load", "session/resume", "session/unstable_resumeSession"):
+            body = {
+                "error": f"agent did not answer {exc.method} within {timeout_ms} ms",
+                "code": "session_restore_timeout",
+                "errorKind": "restore_timeout",
+                "retryable": True,
+                "timeoutMs": timeout_ms,
+            }
+        else:
+            body = {
+                "error": f"agent did not answer {exc.method} within {timeout_ms} ms",
                 "code": "agent_timeout",
                 "retryable": True,
-            },
-            {"Retry-After": "5"},
-        )
+                "timeoutMs": timeout_ms,
+            }
+        return ApiError(504, body, {"Retry-After": "5"})
     if isinstance(exc, ChannelClosed):
         return ApiError(
             503,

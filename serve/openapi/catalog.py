@@ -150,7 +150,7 @@ _RESTORE = Operation(
         BAD_REQUEST,
         NO_SESSION,
         UNAVAILABLE,
-        err(504, "The agent did not answer in time (`agent_timeout`)."),
+        err(504, "The agent did not answer in time (`init_timeout`, `session_restore_timeout`)."),
     ),
     body=t.RestoreRequest,
     params=(CLIENT_ID,),

@@ -129,3 +129,35 @@ async def test_readyz_reports_capacity() -> None:
             assert full.json()["limit"] == 1 and full.headers["retry-after"] == "5"
     finally:
         daemon.stop()
+
+
+async def test_agents_that_cannot_start_fail_the_create_cleanly() -> None:
+    """Missing binary, an agent that exits at once, one that never answers initialize."""
+    cases = [
+        ("/nonexistent/agent", 503, "acp_channel_unavailable"),
+        ("false", 503, "acp_channel_unavailable"),
+        ("sleep 1000", 504, "init_timeout"),
+    ]
+    for agent, status, code in cases:
+        daemon = spawn_daemon(
+            ["--agent", agent, "--initialize-timeout-ms", "1000"],
+            env={"QWEN_SERVER_TOKEN": TOKEN},
+        )
+        try:
+            async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+                r = await client.post("/session", json={})
+                assert r.status_code == status, (agent, r.text)
+                body = r.json()
+                assert body["code"] == code and body["retryable"] is True
+                assert r.headers["retry-after"] == "5"
+                if code == "init_timeout":
+                    assert body["errorKind"] == "init_timeout"
+                    assert body["sideEffectPossible"] is False
+                    assert body["timeoutMs"] == 1000
+                deep = (await client.get("/health", params={"deep": "1"})).json()
+                assert deep["sessions"] == 0  # the slot was cleared
+                agents = _children(daemon.proc.pid)
+            assert daemon.stop() == 0
+            assert not any(_alive(p) for p in agents)
+        finally:
+            daemon.stop()
