@@ -161,3 +161,25 @@ async def test_agents_that_cannot_start_fail_the_create_cleanly() -> None:
             assert not any(_alive(p) for p in agents)
         finally:
             daemon.stop()
+
+
+async def test_a_failed_spawn_fails_every_coalesced_caller_and_clears_the_slot() -> None:
+    daemon = spawn_daemon(["--agent", "false"], env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            results: list[httpx.Response] = []
+
+            async def create() -> None:
+                results.append(await client.post("/session", json={}))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(create)
+            assert [r.status_code for r in results] == [503] * 5
+            assert {r.json()["code"] for r in results} == {"acp_channel_unavailable"}
+            # The slot was cleared: the next call starts afresh (and fails afresh).
+            again = await client.post("/session", json={})
+            assert again.status_code == 503
+            assert (await client.get("/health", params={"deep": "1"})).json()["sessions"] == 0
+    finally:
+        daemon.stop()

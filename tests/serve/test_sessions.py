@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import urllib.parse
 from typing import Any
 
@@ -10,7 +11,7 @@ import httpx
 import trio
 
 from tests.conftest import AUTH
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, spawn_daemon
 from tests.support.sse import collect_until, iter_events
 
 
@@ -558,3 +559,52 @@ async def test_snapshot_frame_follows_the_replay(client: httpx.AsyncClient) -> N
         "currentModelId": "scripted-slow",
         "currentApprovalMode": "default",
     }
+
+
+async def test_concurrent_restores_coalesce_and_conflicting_ones_are_409(
+    client: httpx.AsyncClient,
+) -> None:
+    sid = (await new_session(client))["sessionId"]
+    await client.post(f"/session/{sid}/prompt", json=text("persist me"))
+    assert (await client.delete(f"/session/{sid}")).status_code == 204
+    results: list[httpx.Response] = []
+
+    async def restore(action: str) -> None:
+        results.append(await client.post(f"/session/{sid}/{action}", json={}))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(restore, "load")
+    assert [r.status_code for r in results] == [200, 200, 200]
+    assert sorted(r.json()["attached"] for r in results) == [False, True, True]
+    assert len({r.json()["sessionId"] for r in results}) == 1
+    assert (await client.delete(f"/session/{sid}")).status_code == 204
+
+
+async def test_a_resume_while_a_load_is_in_flight_is_409() -> None:
+    """An agent that takes 0.5 s to start keeps the load in flight while resume arrives."""
+    slow_agent = f"sh -c 'sleep 0.5; exec {sys.executable} -m acp.agents.scripted'"
+    daemon = spawn_daemon(["--agent", slow_agent], env={"QWEN_SERVER_TOKEN": "restore-token-0123"})
+    auth = {"Authorization": "Bearer restore-token-0123"}
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=auth, timeout=30) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            await client.post(f"/session/{sid}/prompt", json=text("persist me"))
+            assert (await client.delete(f"/session/{sid}")).status_code == 204
+            results: list[httpx.Response] = []
+
+            async def restore(action: str) -> None:
+                results.append(await client.post(f"/session/{sid}/{action}", json={}))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(restore, "load")
+                await trio.sleep(0.2)  # well inside the agent's 0.5 s start
+                nursery.start_soon(restore, "resume")
+        assert sorted(r.status_code for r in results) == [200, 409], [r.text for r in results]
+        conflict = next(r for r in results if r.status_code == 409)
+        assert conflict.json()["code"] == "restore_in_progress"
+        assert conflict.json()["activeAction"] == "load"
+        assert conflict.json()["requestedAction"] == "resume"
+        assert conflict.headers["retry-after"] == "5"
+    finally:
+        daemon.stop()
