@@ -24,6 +24,7 @@ from actors.supervisor import (
     RestartWindow,
     Supervisor,
     SupervisorEvent,
+    unwrap_group,
 )
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "Supervisor",
     "SupervisorEvent",
     "SupervisorGaveUp",
+    "unwrap_group",
 ]

@@ -338,8 +338,8 @@ class Supervisor:
                     except Exception as exc:
                         if not ready_reported:
                             child.state = "failed"
-                            raise _unwrap(exc) from None
-                        crash = _unwrap(exc)
+                            raise unwrap_group(exc) from None
+                        crash = unwrap_group(exc)
                 if scope.cancelled_caught or child.stopping:
                     child.state = "stopped"
                     self._record(spec.name, EventKind.STOP, "shutdown", attempt)
@@ -397,8 +397,8 @@ async def _call_target(target: Target, *, task_status: trio.TaskStatus[Any]) -> 
     await target(task_status=task_status)
 
 
-def _unwrap(exc: BaseException) -> BaseException:
-    """Peel single-exception groups added by the per-child nursery."""
+def unwrap_group(exc: BaseException) -> BaseException:
+    """Peel single-exception groups (what a nursery adds around one child's error)."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc

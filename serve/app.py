@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from quart import Response, request
+from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 10 * 1024 * 1024
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def route_modules() -> list[ModuleType]:
@@ -102,19 +101,6 @@ def create_app(daemon: Daemon) -> QuartTrio:
     from serve.middleware import install_middleware
 
     install_middleware(app, daemon)
-
-    @app.after_request
-    async def _drain_unread_body(response: Response) -> Response:
-        # A handler that answered without reading the body (an early 404, a 401) must
-        # still consume it: hypercorn keeps the connection alive, and an unread body
-        # left in the ASGI queue stalls the next request on that connection. Bounded
-        # by MAX_CONTENT_LENGTH; an oversized body has already been answered 413.
-        if request.method in _BODY_METHODS:
-            try:
-                await request.get_data()
-            except Exception:
-                pass
-        return response
 
     @app.errorhandler(ApiError)
     async def _api_error(exc: ApiError) -> Response:

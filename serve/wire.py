@@ -1,15 +1,13 @@
 """JSON in and out of the HTTP front: one encoder, precise decode errors.
 
 Request bodies are decoded with msgspec from the raw bytes (never ``request.get_json``),
-so malformed JSON becomes ``400 {"error":"Invalid JSON in request body"}`` and a typed
-body that does not fit becomes a 400 naming the field. Keys ``__proto__``,
+so malformed JSON becomes ``400 {"error":"Invalid JSON in request body"}``. Keys ``__proto__``,
 ``constructor`` and ``prototype`` are dropped from untyped bodies (the reference strips
 them; they mean nothing to us, and dropping them keeps forwarded bodies clean).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import msgspec
@@ -19,7 +17,6 @@ from serve.errors import ApiError, invalid_json
 
 _encoder = msgspec.json.Encoder()
 _untyped = msgspec.json.Decoder()
-_PATH_RE = re.compile(r" - at `(\$[^`]*)`$")
 _HOSTILE_KEYS = frozenset({"__proto__", "constructor", "prototype"})
 
 JSON_TYPE = "application/json; charset=utf-8"
@@ -65,17 +62,3 @@ async def json_body(*, allow_empty: bool = True) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ApiError(400, {"error": "Request body must be a JSON object"})
     return _strip_hostile(value)  # type: ignore[no-any-return]
-
-
-def decode_typed[T](decoder: msgspec.json.Decoder[T], data: bytes) -> T:
-    """Decode ``data`` with a typed decoder; 400 naming the field on mismatch."""
-    try:
-        return decoder.decode(data)
-    except msgspec.ValidationError as exc:
-        message = str(exc)
-        match = _PATH_RE.search(message)
-        path = match.group(1) if match else "$"
-        detail = _PATH_RE.sub("", message)
-        raise ApiError(400, {"error": f"{detail} (at {path})", "code": "invalid_request"}) from None
-    except msgspec.DecodeError:
-        raise invalid_json() from None

@@ -43,7 +43,7 @@ import trio
 
 from acp.jsonrpc import LineFramer, OversizedLine, encode_notification
 from acp.process import AgentProcess, ExitInfo
-from actors import ChildSpec, Restart, Supervisor, SupervisorGaveUp
+from actors import ChildSpec, Restart, Supervisor, SupervisorGaveUp, unwrap_group
 from serve.mcp.config import McpServerConfig
 from serve.mcp.mux import Mux, Out, ToClient, ToPool, ToServer
 
@@ -99,12 +99,6 @@ class _ToolsPage(msgspec.Struct):
 
 
 _tools_decoder: Final = msgspec.json.Decoder(_ToolsPage)
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 class PoolEntry:
@@ -197,8 +191,8 @@ class PoolEntry:
         try:
             await self._nursery.start(self._supervise)
         except BaseException as exc:
-            self._fail(_unwrap(exc))
-            raise self._start_error(_unwrap(exc)) from None
+            self._fail(unwrap_group(exc))
+            raise self._start_error(unwrap_group(exc)) from None
         return trio.current_time() - began
 
     async def restart(self) -> float:
@@ -217,8 +211,8 @@ class PoolEntry:
                 try:
                     await supervisor.start_child(self._spec())
                 except BaseException as exc:
-                    self._fail(_unwrap(exc))
-                    raise self._start_error(_unwrap(exc)) from None
+                    self._fail(unwrap_group(exc))
+                    raise self._start_error(unwrap_group(exc)) from None
                 return trio.current_time() - began
             await self.start()
             return trio.current_time() - began

@@ -271,6 +271,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.exit_info: ExitInfo | None = None
         self.subscribers = 0
         self._drop_updates = False
+        self._update_head: bytes | None = None
         self.journal = journal
         #: The workspace MCP pool (serve/mcp), set by the registry when it runs.
         self.mcp_pool: Any = None
@@ -643,8 +644,10 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 self.current_mode = msgspec.json.decode(bytes(update)).get("currentModeId")
             except (msgspec.DecodeError, AttributeError):
                 pass
-        sid = _encoder.encode(self.session_id)
-        data = msgspec.Raw(b'{"sessionId":' + sid + b',"update":' + bytes(update) + b"}")
+        head = self._update_head
+        if head is None:  # encoded once: the session id never changes after set-up
+            head = self._update_head = b'{"sessionId":' + _encoder.encode(self.session_id)
+        data = msgspec.Raw(head + b',"update":' + bytes(update) + b"}")
         active = self.active
         self.log.publish(
             "session_update",

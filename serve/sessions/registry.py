@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
-from actors import Actor, ChildSpec, Restart, Supervisor
+from actors import Actor, ChildSpec, Restart, Supervisor, unwrap_group
 from serve.errors import ApiError, service_unavailable
 from serve.sessions.actor import CloseSession, SessionActor
 
@@ -189,12 +189,6 @@ class SessionRegistry(Actor[RegistryMsg]):
         )
         return live + inflight
 
-    def known_client_ids(self) -> set[str]:
-        out: set[str] = set()
-        for session in self.sessions.values():
-            out.update(session.clients)
-        return out
-
     # ---- handling ----------------------------------------------------------------------
 
     async def handle(self, msg: RegistryMsg) -> Ticket:
@@ -295,7 +289,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 ChildSpec(spec_name, session.run, Restart.TEMPORARY, shutdown_grace_s=5.0)
             )
         except BaseException as exc:
-            error = _unwrap(exc)
+            error = unwrap_group(exc)
             self.inflight.pop(pending.key, None)
             if not isinstance(error, Exception):
                 pending.resolve(None, RuntimeError(str(error)))
@@ -360,9 +354,3 @@ def _limit_error(limit: int, scope: str) -> ApiError:
     return service_unavailable(
         f"Session limit reached ({limit})", "session_limit_exceeded", limit=limit, scope=scope
     )
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc

@@ -183,3 +183,28 @@ async def test_a_failed_spawn_fails_every_coalesced_caller_and_clears_the_slot()
             assert (await client.get("/health", params={"deep": "1"})).json()["sessions"] == 0
     finally:
         daemon.stop()
+
+
+async def test_a_second_signal_forces_the_exit() -> None:
+    daemon = spawn_daemon(["--drain-timeout-ms", "60000"], env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            agents = _children(daemon.proc.pid)
+            await client.post(
+                f"/session/{sid}/prompt",
+                json={"prompt": [{"type": "text", "text": "[sleep 60000]"}]},
+                headers={"Prefer": "respond-async"},
+            )
+        daemon.proc.send_signal(signal.SIGTERM)
+        await trio.sleep(0.5)
+        assert daemon.proc.poll() is None  # draining: waiting for the 60 s prompt
+        daemon.proc.send_signal(signal.SIGTERM)
+        # Forced: it does not wait for the prompt (wait raises if it is still running).
+        await trio.to_thread.run_sync(daemon.proc.wait, 10)
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in agents):
+            assert time.monotonic() < deadline, "agent survived a forced exit"
+            await trio.sleep(0.05)
+    finally:
+        daemon.stop()
