@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for flag in settings.inert_flags:
         log.warning("%s is accepted for compatibility and has no effect in acp-serve", flag)
 
-    from serve.daemon import Daemon
+    from serve.runtime.daemon import Daemon
 
     daemon = Daemon(settings)
 

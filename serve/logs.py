@@ -1,7 +1,7 @@
 """Logging set-up: text or one JSON object per line on stderr, with secrets redacted.
 
 :func:`setup_logging` installs one stderr handler on the root logger. :func:`install_redaction`
-attaches a :class:`serve.security.bearer.RedactingFilter` to every root handler so a bearer
+attaches a :class:`serve.http.security.bearer.RedactingFilter` to every root handler so a bearer
 token that reaches a log call (as text, an argument or in a traceback) is written as
 ``[redacted]``; the security front calls it with the configured token at start-up. Filters
 sit on handlers, not loggers, so records propagated from child loggers (``hypercorn.error``,
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from serve.security.bearer import RedactingFilter
+from serve.http.security.bearer import RedactingFilter
 
 _encoder = msgspec.json.Encoder()
 

@@ -353,7 +353,7 @@ def parse_settings(
 
     # Token: flag wins over env; trimmed; empty = none; generated on a non-loopback bind
     # when neither source is present (§2.3).
-    from serve.security.bearer import InvalidBearerToken, resolve_startup_token
+    from serve.http.security.bearer import InvalidBearerToken, resolve_startup_token
 
     try:
         resolution = resolve_startup_token(
@@ -416,7 +416,7 @@ def parse_settings(
         what="an integer in [1, 1000000]",
     )
 
-    from serve.security.cors import CorsPolicy, InvalidAllowOriginPattern, parse_allow_origin
+    from serve.http.security.cors import CorsPolicy, InvalidAllowOriginPattern, parse_allow_origin
 
     origins: list[str] = []
     for pattern in ns.allow_origin or []:

@@ -6,7 +6,7 @@
 * :mod:`serve.deviceflow.store` — credentials under the state directory (0600);
 * :mod:`serve.deviceflow.poller` — the :class:`DeviceFlowPoller` actor;
 * :mod:`serve.deviceflow.service` — registration under the root supervisor (imported by
-  :mod:`serve.routes.auth`, not by this package).
+  :mod:`serve.http.routes.auth`, not by this package).
 """
 
 from serve.deviceflow.machine import FlowTable

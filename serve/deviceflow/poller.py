@@ -72,7 +72,7 @@ def wall_ms() -> int:
     return int(time.time() * 1000)
 
 
-# ---- errors (mapped to the wire by serve.routes.auth) -------------------------------------
+# ---- errors (mapped to the wire by serve.http.routes.auth) -------------------------------------
 
 
 class UnsupportedProvider(Exception):

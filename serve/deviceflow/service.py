@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from actors import ChildSpec, Restart
 from serve.deviceflow.poller import DeviceFlowPoller
 from serve.deviceflow.providers import QWEN_OAUTH, ProviderConfigError, load_providers
-from serve.services import ServiceSpec, register_service
+from serve.runtime.services import ServiceSpec, register_service
 
 if TYPE_CHECKING:
-    from serve.daemon import Daemon
+    from serve.runtime.daemon import Daemon
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ Layers (each module's docstring has the details):
 * :mod:`serve.mcp.bridge` — the stdlib-only script agents run to reach a pooled server;
 * :mod:`serve.mcp.service` — registration under the root supervisor.
 
-Importing this package does not register the service; :mod:`serve.routes.mcp` imports
+Importing this package does not register the service; :mod:`serve.http.routes.mcp` imports
 :mod:`serve.mcp.service`, which does.
 """
 

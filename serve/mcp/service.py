@@ -1,4 +1,4 @@
-"""Registers the McpPool as a root-supervised service (imported by ``serve.routes.mcp``).
+"""Registers the McpPool as a root-supervised service (imported by ``serve.http.routes.mcp``).
 
 ``build(daemon)`` reads ``--mcp-client-budget`` / ``--mcp-budget-mode`` from the settings and
 ``QWEN_SERVE_NO_MCP_POOL`` from the environment; the pool's sockets live under
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from actors import ChildSpec, Restart
 from serve.mcp.budget import BudgetPolicy
 from serve.mcp.pool import McpPool
-from serve.services import ServiceSpec, register_service
+from serve.runtime.services import ServiceSpec, register_service
 
 if TYPE_CHECKING:
-    from serve.daemon import Daemon
+    from serve.runtime.daemon import Daemon
 
 SERVICE_NAME = "mcp-pool"
 NO_POOL_ENV = "QWEN_SERVE_NO_MCP_POOL"

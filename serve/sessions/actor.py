@@ -56,10 +56,10 @@ from acp.schema import (
     WriteTextFileParams,
 )
 from actors import Actor, ActorError, RestartWindow, Supervisor
-from serve.errors import ApiError, bad_request
 from serve.events import EventLog
+from serve.http.errors import ApiError, bad_request
 from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
-from serve.mediator import CancelSessionPermissions, OpenPermission, PermissionMediator
+from serve.permissions.mediator import CancelSessionPermissions, OpenPermission, PermissionMediator
 from serve.permissions.voting import PermissionOption
 
 if TYPE_CHECKING:
@@ -1138,7 +1138,7 @@ def _can_resume(info: Any) -> bool:
 
 
 def _effect_gate(session: SessionActor) -> Any:
-    """The daemon's EffectGate (``serve/effects.py``), when installed."""
+    """The daemon's EffectGate (``serve/permissions/effects.py``), when installed."""
     return getattr(session, "effects", None)
 
 

@@ -37,11 +37,11 @@ import msgspec
 import trio
 
 from actors import Actor, ChildSpec, Restart, Supervisor, unwrap_group
-from serve.errors import ApiError, service_unavailable
+from serve.http.errors import ApiError, service_unavailable
 from serve.sessions.actor import CloseSession, SessionActor
 
 if TYPE_CHECKING:
-    from serve.mediator import PermissionMediator
+    from serve.permissions.mediator import PermissionMediator
     from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         self._nursery: trio.Nursery | None = None
         self._counter = 0
         self.accepting = True
-        #: Installed by the daemon: the Host's EffectGate (serve/effects.py) or None.
+        #: Installed by the daemon: the Host's EffectGate (serve/permissions/effects.py) or None.
         self.effects: Any = None
         #: The daemon's durable event journal (None with --no-journal).
         self.journal: Any = None

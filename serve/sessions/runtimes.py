@@ -25,7 +25,7 @@ from actors import ChildSpec, Restart, SupervisorEvent
 from serve.sessions.registry import SessionRegistry
 
 if TYPE_CHECKING:
-    from serve.mediator import PermissionMediator
+    from serve.permissions.mediator import PermissionMediator
     from serve.sessions.actor import SessionActor
     from serve.settings import Settings
 

@@ -1,7 +1,7 @@
 """Workspace status snapshots and workspace-wide helpers behind the workspace routes.
 
-Sans-HTTP where it can be (the routes in :mod:`serve.routes.files`,
-:mod:`serve.routes.workspace` and :mod:`serve.routes.status` parse, call, encode):
+Sans-HTTP where it can be (the routes in :mod:`serve.http.routes.files`,
+:mod:`serve.http.routes.workspace` and :mod:`serve.http.routes.status` parse, call, encode):
 
 * :mod:`.shared`        the daemon's shared :class:`~serve.workspace.Workspace` objects
                         (one per canonical root, also for the ACP ``fs/*`` handlers), the

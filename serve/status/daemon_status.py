@@ -29,10 +29,10 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from serve import capabilities
+from serve.http import capabilities
 
 if TYPE_CHECKING:
-    from serve.daemon import Daemon
+    from serve.runtime.daemon import Daemon
 
 __all__ = [
     "CAPACITY_WARNING_RATIO",

@@ -17,7 +17,7 @@ fan-out); with no live session there is nobody to tell and nothing is stored.
 
 Errors: a workspace root that has vanished raises ``io_error`` (a
 :class:`~serve.workspace.WorkspaceFsError`), never a bare ``ValueError``; an unregistered
-client id raises the ``400 invalid_client_id`` :class:`~serve.errors.ApiError`.
+client id raises the ``400 invalid_client_id`` :class:`~serve.http.errors.ApiError`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Final
 
-from serve.errors import ApiError
+from serve.http.errors import ApiError
 from serve.workspace import Workspace
 from serve.workspace.errors import make_error
 
 if TYPE_CHECKING:
-    from serve.daemon import Daemon
+    from serve.runtime.daemon import Daemon
     from serve.sessions.actor import SessionActor
 
 __all__ = [

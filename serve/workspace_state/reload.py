@@ -37,14 +37,14 @@ import msgspec
 import trio
 
 from actors import ChildSpec, Restart
-from serve.services import ServiceSpec, register_service
+from serve.runtime.services import ServiceSpec, register_service
 from serve.status.settings_file import SettingsFileError, read_settings
 from serve.status.shared import shared_workspace
 from serve.workspace import WorkspaceFsError
 
 if TYPE_CHECKING:
     from serve.config import DaemonConfig
-    from serve.daemon import Daemon
+    from serve.runtime.daemon import Daemon
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="pip install kubernetes-validate"
 )
 
-from serve.daemon import SHUTDOWN_FORCE_S  # noqa: E402
+from serve.runtime.daemon import SHUTDOWN_FORCE_S  # noqa: E402
 from serve.settings import parse_settings  # noqa: E402
 from tests.support.daemon import spawn_daemon  # noqa: E402
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serve import capabilities
-from serve.app import create_app
-from serve.daemon import Daemon
+from serve.http import capabilities
+from serve.http.app import create_app
+from serve.runtime.daemon import Daemon
 from serve.settings import parse_settings
 from tests.conftest import AUTH
 from tests.support.daemon import DaemonProcess

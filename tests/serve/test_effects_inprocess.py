@@ -15,9 +15,9 @@ import trio
 
 from acp.errors import HandlerError
 from acp.schema import CreateTerminalParams, ReadTextFileParams
-from serve.daemon import Daemon
-from serve.effects import EFFECT_DENIED, EffectGate
 from serve.permissions.cache import ALWAYS_ALLOW_TTL_MS
+from serve.permissions.effects import EFFECT_DENIED, EffectGate
+from serve.runtime.daemon import Daemon
 from serve.settings import parse_settings
 from tests.support.sse import iter_events
 

@@ -15,12 +15,12 @@ import httpx
 import msgspec
 import pytest
 
-from serve import capabilities
-from serve.app import create_app
-from serve.daemon import Daemon
-from serve.openapi import build_document, path_template, registered_routes
-from serve.openapi.catalog import CATALOG
-from serve.openapi.types import APPROVAL_MODES
+from serve.http import capabilities
+from serve.http.app import create_app
+from serve.http.openapi import build_document, path_template, registered_routes
+from serve.http.openapi.catalog import CATALOG
+from serve.http.openapi.types import APPROVAL_MODES
+from serve.runtime.daemon import Daemon
 from serve.sessions.actor import APPROVAL_MODES as ACTOR_APPROVAL_MODES
 from serve.settings import parse_settings
 from tests.conftest import AUTH
@@ -145,7 +145,7 @@ def test_path_template(rule: str, template: str, params: list[tuple[str, str]]) 
 
 
 def test_workspace_qualified_twins_share_the_primary_entry() -> None:
-    from serve.openapi.catalog import lookup
+    from serve.http.openapi.catalog import lookup
 
     for rule, twin in [
         ("/workspaces/<path:workspace>/file", ("GET", "/file")),
@@ -317,7 +317,7 @@ async def test_real_responses_conform_to_the_document(daemon_proc: DaemonProcess
 
 def test_wire_structs_roundtrip_what_the_daemon_sends() -> None:
     """The catalog's Structs decode the reference's documented examples (spec §4.2)."""
-    from serve.openapi.types import PromptAccepted, SessionResponse
+    from serve.http.openapi.types import PromptAccepted, SessionResponse
 
     body = b'{"sessionId":"s","workspaceCwd":"/w","attached":false,"clientId":"c","createdAt":"t"}'
     assert msgspec.json.decode(body, type=SessionResponse).client_id == "c"

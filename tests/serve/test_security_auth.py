@@ -364,7 +364,7 @@ def test_token_resolution(tmp_path: Path) -> None:
 _FAKE_DAEMON = textwrap.dedent(
     """
     import sys, trio
-    import serve.daemon
+    import serve.runtime.daemon
 
     class FakeDaemon:
         def __init__(self, settings):
@@ -373,7 +373,7 @@ _FAKE_DAEMON = textwrap.dedent(
         async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
             task_status.started(["http://0.0.0.0:1"])
 
-    serve.daemon.Daemon = FakeDaemon
+    serve.runtime.daemon.Daemon = FakeDaemon
     from serve.__main__ import main
     sys.exit(main(sys.argv[1:]))
     """

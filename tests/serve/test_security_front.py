@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from serve.daemon import workspace_id
-from serve.security import STRICT_ROUTES
+from serve.http.security import STRICT_ROUTES
+from serve.runtime.daemon import workspace_id
 from tests.support.daemon import DaemonProcess, spawn_daemon
 from tests.support.sse import collect_until
 

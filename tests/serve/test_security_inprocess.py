@@ -20,11 +20,11 @@ import pytest
 from quart import Blueprint
 from quart_trio import QuartTrio
 
-from serve import capabilities
+from serve.http import capabilities
+from serve.http.middleware import install_middleware, malformed_path, rate_limit_hits, rate_limiter
+from serve.http.security import STRICT_ROUTES, RateLimiter
+from serve.http.security.cors import is_self_origin, self_origins
 from serve.logs import install_redaction
-from serve.middleware import install_middleware, malformed_path, rate_limit_hits, rate_limiter
-from serve.security import STRICT_ROUTES, RateLimiter
-from serve.security.cors import is_self_origin, self_origins
 from serve.settings import RateLimitSettings, Settings
 
 TOKEN = "inproc-TOKEN-3"
@@ -195,7 +195,7 @@ async def test_wildcard_echoes_the_origin_and_still_refuses_null(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     settings = Settings(workspaces=("/tmp",), token=TOKEN, allow_origins=("*",))
-    with caplog.at_level(logging.WARNING, logger="serve.middleware"):
+    with caplog.at_level(logging.WARNING, logger="serve.http.middleware"):
         app, _ = make_app(settings, [])
     assert any("--allow-origin '*'" in r.getMessage() for r in caplog.records)
     async with client(app) as c:

@@ -10,9 +10,9 @@ import httpx
 import pytest
 import trio
 
-from serve import capabilities
-from serve.app import create_app
-from serve.daemon import Daemon
+from serve.http import capabilities
+from serve.http.app import create_app
+from serve.runtime.daemon import Daemon
 from serve.settings import parse_settings
 from tests.conftest import AUTH, TOKEN
 from tests.serve.test_shell_run import group_gone

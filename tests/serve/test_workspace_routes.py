@@ -494,7 +494,7 @@ async def test_tool_toggle_creates_the_settings_file(
 
 
 def test_strict_rules_are_the_declared_ones() -> None:
-    from serve.security.strict import is_strict
+    from serve.http.security.strict import is_strict
 
     assert is_strict("POST", "/workspace/init")
     assert is_strict("POST", "/workspace/tools/<name>/enable")

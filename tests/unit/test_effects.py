@@ -9,7 +9,9 @@ import pytest
 
 from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, RESOURCE_NOT_FOUND
 from acp.schema import RequestPermissionParams
-from serve.effects import (
+from serve.permissions.approval import classify_read, classify_terminal, classify_write, decide
+from serve.permissions.config import ApprovalConfig, CapabilitiesConfig
+from serve.permissions.effects import (
     AGENT_APPROVAL_USES,
     AGENT_APPROVAL_WINDOW_MS,
     EFFECT_DENIED,
@@ -22,8 +24,6 @@ from serve.effects import (
     host_tool_call,
     terminal_texts,
 )
-from serve.permissions.approval import classify_read, classify_terminal, classify_write, decide
-from serve.permissions.config import ApprovalConfig, CapabilitiesConfig
 from serve.permissions.grants import resolve_grants
 from serve.workspace.errors import make_error
 

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from serve.security.bearer import (
+from serve.http.security.bearer import (
     ARGV_TOKEN_WARNING,
     MAX_TOKEN_CHARS,
     REDACTED,

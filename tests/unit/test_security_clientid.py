@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from serve.security.clientid import (
+from serve.http.security.clientid import (
     INVALID_CLIENT_ID_BODY,
     InvalidClientId,
     is_valid_client_id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.security.cors import (
+from serve.http.security.cors import (
     ALLOW_HEADERS,
     ALLOW_METHODS,
     CORS_DENIED_BODY,

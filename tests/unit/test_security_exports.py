@@ -1,8 +1,8 @@
-"""Pin the public surface of serve.security (the lead's middleware imports these)."""
+"""Pin the public surface of serve.http.security (the lead's middleware imports these)."""
 
 from __future__ import annotations
 
-import serve.security as security
+import serve.http.security as security
 
 PUBLIC = {
     "ALLOW_HEADERS", "ALLOW_METHODS", "ARGV_TOKEN_WARNING", "BearerAuth", "CLIENT_ID_HEADER",

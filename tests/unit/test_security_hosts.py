@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.security.hosts import (
+from serve.http.security.hosts import (
     INVALID_HOST_BODY,
     HostAllowlist,
     ascii_lower,

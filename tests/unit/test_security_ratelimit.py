@@ -9,7 +9,7 @@ from fractions import Fraction
 import msgspec
 import pytest
 
-from serve.security.ratelimit import (
+from serve.http.security.ratelimit import (
     LOG_EVERY_REJECTIONS,
     SWEEP_EVERY_REQUESTS,
     InvalidRateLimitConfig,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.security.strict import (
+from serve.http.security.strict import (
     STRICT_ROUTES,
     TOKEN_REQUIRED_BODY,
     is_strict,

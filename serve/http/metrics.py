@@ -1,0 +1,275 @@
+"""``GET /metrics``: Prometheus text exposition of the daemon's state.
+
+Two kinds of series:
+
+* **request series**, updated by app hooks on every request: ``acp_serve_http_requests_total
+  {method, route, status}`` and the ``acp_serve_http_request_duration_seconds`` histogram
+  (time to the response head; an SSE stream's lifetime is not a latency). ``route`` is the
+  matched rule (``/session/<session_id>/prompt``), never the raw path, so cardinality stays
+  bounded.
+* **state series**, read from the running actors at scrape time by a custom collector:
+  sessions, SSE subscribers, events published and evicted, slow-client warnings, pending
+  permissions, supervisor restarts and crashes, journal bytes, rate-limit hits.
+
+Each daemon owns its own ``CollectorRegistry`` (no process-global state, so tests can run
+several daemons in one process). Nothing here holds a token, a client id or a secret.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from quart import Blueprint, Response, g, request
+
+if TYPE_CHECKING:
+    from quart_trio import QuartTrio
+
+    from serve.runtime.daemon import Daemon
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_access = logging.getLogger("serve.access")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _Counts:
+    """A labelled counter: ``labels(...).inc()`` like prometheus_client's, as a dict."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def labels(self, *key: str) -> _Counts._Child:
+        return _Counts._Child(self.values, key)
+
+    class _Child:
+        __slots__ = ("key", "values")
+
+        def __init__(self, values: dict[tuple[str, ...], float], key: tuple[str, ...]) -> None:
+            self.values = values
+            self.key = key
+
+        def inc(self, amount: float = 1.0) -> None:
+            self.values[self.key] = self.values.get(self.key, 0.0) + amount
+
+
+class _Latency:
+    """Per-route histogram (cumulative buckets are built at scrape time)."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[str, list[int]] = {}
+        self.sums: dict[str, float] = {}
+
+    def observe(self, route: str, seconds: float) -> None:
+        counts = self.buckets.get(route)
+        if counts is None:
+            counts = self.buckets[route] = [0] * (len(_BUCKETS) + 1)
+        counts[bisect.bisect_left(_BUCKETS, seconds)] += 1
+        self.sums[route] = self.sums.get(route, 0.0) + seconds
+
+
+class DaemonMetrics:
+    """The request instruments and the state collector of one daemon.
+
+    Request counts are kept in plain dicts on the hot path; prometheus_client (its
+    registry and text exposition) is imported on the first scrape only, which keeps it
+    out of a daemon that is never scraped.
+    """
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.requests = _Counts()
+        self.latency = _Latency()
+        self._registry: Any = None
+        #: Totals of sessions that are gone (their logs are not live any more).
+        self.retired = {"published": 0, "evictions": 0, "warnings": 0}
+
+    def retire(self, log_stats: dict[str, Any]) -> None:
+        for key, stat in (
+            ("published", "published"),
+            ("evictions", "evictions"),
+            ("warnings", "slowClientWarnings"),
+        ):
+            self.retired[key] += int(log_stats.get(stat, 0))
+
+    def exposition(self) -> bytes:
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        if self._registry is None:
+            self._registry = CollectorRegistry(auto_describe=False)
+            self._registry.register(_make_collector(self.daemon))
+        return bytes(generate_latest(self._registry))
+
+
+def _make_collector(daemon: Daemon) -> Any:
+    from prometheus_client.registry import Collector
+
+    class StateCollector(Collector):
+        def collect(self) -> Iterator[Any]:
+            yield from _request_series(daemon)
+            yield from _state_series(daemon)
+
+    return StateCollector()
+
+
+def _request_series(d: Daemon) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+    metrics = d.metrics
+    requests = CounterMetricFamily(
+        "acp_serve_http_requests",
+        "HTTP requests by method, matched route and status",
+        labels=("method", "route", "status"),
+    )
+    for key, value in sorted(metrics.requests.values.items()):
+        requests.add_metric(key, value)
+    yield requests
+    latency = HistogramMetricFamily(
+        "acp_serve_http_request_duration_seconds",
+        "Time to the response head, by matched route",
+        labels=("route",),
+    )
+    for route, counts in sorted(metrics.latency.buckets.items()):
+        cumulative, running = [], 0
+        for bound, count in zip((*_BUCKETS, float("inf")), counts, strict=True):
+            running += count
+            cumulative.append((str(bound) if bound != float("inf") else "+Inf", running))
+        latency.add_metric((route,), cumulative, metrics.latency.sums[route])
+    yield latency
+
+
+def _state_series(d: Daemon) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    live = d.registry.live()
+    retired = d.metrics.retired if d.metrics is not None else {}
+    # Counters include closing sessions until they are retired (never go backwards).
+    stats = [s.log.statistics() for s in d.registry.all_sessions()]
+
+    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, value=value)
+
+    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        return CounterMetricFamily(name, doc, value=value)
+
+    yield gauge("acp_serve_sessions", "Live sessions", len(live))
+    yield gauge(
+        "acp_serve_active_prompts", "Prompts running", sum(s.has_active_prompt for s in live)
+    )
+    yield gauge("acp_serve_queued_prompts", "Prompts waiting", sum(len(s.queue) for s in live))
+    yield gauge("acp_serve_sse_subscribers", "Open SSE streams", d.sse_streams)
+    yield counter(
+        "acp_serve_events_published",
+        "Events published on session logs",
+        sum(st["published"] for st in stats) + retired.get("published", 0),
+    )
+    yield counter(
+        "acp_serve_sse_evictions",
+        "SSE subscribers evicted (client_evicted)",
+        sum(st["evictions"] for st in stats) + retired.get("evictions", 0),
+    )
+    yield counter(
+        "acp_serve_slow_client_warnings",
+        "slow_client_warning frames sent",
+        sum(st["slowClientWarnings"] for st in stats) + retired.get("warnings", 0),
+    )
+    yield gauge(
+        "acp_serve_pending_permissions",
+        "Permission requests waiting for a vote",
+        d.mediator.pending_count(),
+    )
+    kinds: dict[str, int] = {}
+    for event in [*d.root.events, *d.registry.supervisor_events]:
+        kinds[str(event.kind)] = kinds.get(str(event.kind), 0) + 1
+    family = CounterMetricFamily(
+        "acp_serve_supervisor_events",
+        "Supervision events by kind (restart, crash, give_up, ...) in the bounded history",
+        labels=("kind",),
+    )
+    for kind, count in sorted(kinds.items()):
+        family.add_metric((kind,), count)
+    yield family
+    yield counter(
+        "acp_serve_agent_restarts",
+        "Agent children restarted in place by live sessions",
+        sum(s.restart_count for s in live),
+    )
+    if d.journal is not None:
+        js = d.journal.statistics()
+        yield counter(
+            "acp_serve_journal_bytes", "Bytes written to the event journal", js["bytesWritten"]
+        )
+        yield counter(
+            "acp_serve_journal_dropped_events", "Events the journal shed", js["droppedEvents"]
+        )
+    limiter = d.rate_limiter
+    if limiter is not None:
+        hits = CounterMetricFamily(
+            "acp_serve_rate_limit_hits",
+            "Requests refused by the rate limiter",
+            labels=("tier",),
+        )
+        for tier, count in sorted(limiter.hits().items()):
+            hits.add_metric((str(tier),), count)
+        yield hits
+
+
+blueprint = Blueprint("metrics", __name__)
+
+
+@blueprint.get("/metrics")
+async def metrics() -> Response:
+    from serve.http.context import daemon
+
+    d = daemon()
+    assert d.metrics is not None
+    return Response(d.metrics.exposition(), content_type=CONTENT_TYPE)
+
+
+def install_metrics(app: QuartTrio, daemon: Daemon) -> None:
+    """Create the daemon's metrics and the per-request hooks."""
+    daemon.metrics = DaemonMetrics(daemon)
+    instruments = daemon.metrics
+
+    access_log = daemon.settings.access_log
+
+    @app.before_request
+    async def _start_timer() -> None:
+        g.acp_started = time.perf_counter()
+
+    @app.after_request
+    async def _observe(response: Response) -> Response:
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        status = response.status_code
+        instruments.requests.labels(request.method, rule, str(status)).inc()
+        started = getattr(g, "acp_started", None)
+        elapsed = time.perf_counter() - started if started is not None else 0.0
+        if started is not None:
+            instruments.latency.observe(rule, elapsed)
+        request_id = request.headers.get("X-Request-Id") or ""
+        if not _REQUEST_ID.fullmatch(request_id):
+            # Only a plain token is echoed (it goes back out as a header and into logs).
+            request_id = uuid.uuid4().hex[:16]
+        response.headers["X-Request-Id"] = request_id
+        if access_log:
+            args = request.view_args or {}
+            _access.info(
+                "%s %s %d %.1fms",
+                request.method,
+                rule,
+                status,
+                elapsed * 1000,
+                extra={
+                    "request_id": request_id,
+                    "session_id": args.get("session_id"),
+                    "client_id": request.headers.get("X-Qwen-Client-Id"),
+                },
+            )
+        return response
+
+    app.register_blueprint(blueprint)

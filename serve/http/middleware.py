@@ -1,0 +1,612 @@
+"""The security front: every request check that runs before a route handler.
+
+Theory of operation
+-------------------
+:func:`install_middleware` wraps ``app.asgi_app`` in a :class:`SecurityFront` (an ASGI
+middleware) and, on a daemon without a bearer token, adds the strict-route gate as the
+first ``before_request`` hook. Everything that depends only on the settings is computed
+once at install time (token digest, CORS header bytes, canned error bodies, the rate
+limiter); what depends on the listening port (the ``Host`` allowlist, the self-origins) is
+rebuilt the first time a request sees a new ``daemon.port`` (the app is created before
+the socket is bound, and ``--port 0`` is resolved only then). A request that passes costs
+one scan of its header list, a few set lookups and, with a token, one SHA-256.
+
+The checks run in the reference's order; the first refusal answers and nothing after it
+runs (so no handler, no body read, no session or disk change):
+
+1. **self-origin strip** (loopback binds): ``Origin`` equal to one of the daemon's own
+   origins (``http(s)://{127.0.0.1,localhost,[::1],host.docker.internal,<bound>}:P``) is
+   removed from the scope, so the daemon's own pages behave like a CLI client.
+2. **Host allowlist** (loopback binds): exactly one ``Host`` in the allowlist, else
+   ``403 {"error":"Invalid Host header"}``.
+   *Remote same-origin* (non-loopback bind, always with a token): ``Origin ==
+   scheme://Host`` needs a valid bearer (else 401) and is then stripped.
+3. **CORS**: no ``Origin`` passes; an allowed origin gets the CORS headers added to
+   whatever response follows (errors and SSE included, via a wrapped ``send``) and a
+   preflight is answered ``204`` at once; anything else (including ``null``, several
+   ``Origin`` headers, non-ASCII) is ``403 {"error":"Request denied by CORS policy"}`` with
+   ``Vary: Origin`` and no ``Access-Control-*`` header.
+4. **/health pre-auth**: ``GET|HEAD /health`` skips the bearer check on loopback binds
+   unless ``--require-auth``.
+5. **bearer**: with a token, exactly one ``Authorization: Bearer <token>`` (scheme in any
+   case, digests compared in constant time), else the uniform ``401 {"error":"Unauthorized"}``.
+6. **rate limit** (``--rate-limit``): :class:`serve.http.security.RateLimiter`, per client key and
+   tier; ``429`` with ``Retry-After``/``X-RateLimit-*``. Exempt tiers never touch a bucket;
+   draining daemons are not limited. The limiter is ``daemon.rate_limiter``
+   (:func:`rate_limit_hits` reads its refusal counters).
+7. **body limit**: a declared ``Content-Length`` above the app's ``MAX_CONTENT_LENGTH``
+   (10 MB) is ``413 {"error":"Request body too large (max 10 MB)"}`` at once. Any other
+   body (declared or chunked) is read here in full, bounded by the same limit, and replayed
+   to the app as one message. Handlers read whole bodies anyway; reading first means no
+   response can leave before the request has fully arrived, which hypercorn 0.18 +
+   quart-trio do not survive on a keep-alive connection (a response sent while the body
+   is still in flight wedges the connection: the next request is never answered).
+8. **URL encoding**: a raw path with a ``%`` not followed by two hex digits, or whose
+   percent-decoding is not UTF-8, is ``400 {"error":"Malformed URL encoding","code":
+   "invalid_request"}``.
+9. **strict gate** (``before_request``, only on daemons without a token): a request whose
+   matched (method, Quart rule) is in :data:`serve.http.security.STRICT_ROUTES` is
+   ``401 {"error":...,"code":"token_required"}`` before any handler or other hook runs.
+
+Keep-alive: before answering early, the front reads and discards the request body (up to
+:data:`DRAIN_LIMIT_BYTES`, within :data:`DRAIN_TIMEOUT_S`) so the connection can serve the
+next request; a body too large or too slow to drain gets ``Connection: close`` instead.
+WebSocket scopes get checks 1–5 and are closed (code 1008) when refused; lifespan passes.
+
+Logging: rate-limit refusals are logged sampled; the configured token is redacted from
+every log record (:func:`serve.logs.install_redaction`). No error body ever contains a
+token or the CORS allowlist.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_to_bytes
+
+import msgspec
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+
+from serve.http import capabilities
+from serve.http.capabilities import Feature
+from serve.http.security import (
+    CORS_DENIED_BODY,
+    INVALID_HOST_BODY,
+    TOKEN_REQUIRED_BODY,
+    UNAUTHORIZED_BODY,
+    BearerAuth,
+    CorsAction,
+    CorsPolicy,
+    HostAllowlist,
+    RateLimitConfig,
+    RateLimiter,
+    Tier,
+    client_key,
+    is_loopback_host,
+    is_remote_same_origin,
+    is_strict,
+)
+from serve.http.security.cors import self_origins
+from serve.http.security.ratelimit import classify
+from serve.logs import install_redaction
+from serve.settings import Settings
+
+if TYPE_CHECKING:
+    from serve.runtime.daemon import Daemon
+
+__all__ = [
+    "DRAIN_LIMIT_BYTES",
+    "DRAIN_TIMEOUT_S",
+    "SecurityFront",
+    "install_middleware",
+    "rate_limit_hits",
+    "rate_limiter",
+]
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+DRAIN_LIMIT_BYTES = 16 * 1024 * 1024
+"""Most request-body bytes read and discarded to keep a refused connection alive."""
+DRAIN_TIMEOUT_S = 10.0
+"""Longest time spent draining a refused request's body."""
+BODY_READ_TIMEOUT_S = 60.0
+"""Longest time spent reading a chunked body (the app's ``BODY_TIMEOUT``)."""
+SWEEP_INTERVAL_S = 300.0
+"""Stale rate-limit buckets are swept at least this often (on the next request)."""
+
+_JSON = b"application/json; charset=utf-8"
+_HOST_403 = INVALID_HOST_BODY.encode()
+_CORS_403 = CORS_DENIED_BODY.encode()
+_UNAUTHORIZED_401 = UNAUTHORIZED_BODY.encode()
+_TOKEN_REQUIRED_401 = TOKEN_REQUIRED_BODY.encode()
+_TOO_LARGE_413 = b'{"error":"Request body too large (max 10 MB)"}'
+_MALFORMED_400 = msgspec.json.encode({"error": "Malformed URL encoding", "code": "invalid_request"})
+_BODY_TIMEOUT_408 = b'{"error":"Request body timeout"}'
+_VARY_ORIGIN = (b"vary", b"Origin")
+_PREFLIGHT_HEADERS = frozenset(
+    {b"access-control-request-method", b"access-control-request-headers"}
+)
+_BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+_HEALTH_PATHS = frozenset({"/health", "/health/", "/readyz", "/readyz/"})
+#: Static pages and the API description: no data, no secrets; a browser opening them
+#: cannot send a bearer token (the pages then call the API with the token the user pastes).
+_FAST_PATHS = frozenset({"/health", "/capabilities"})
+_HEALTH_OK = b'{"status":"ok"}'
+_PUBLIC_PAGES = frozenset({"/demo", "/doc", "/openapi.json", "/favicon.ico"})
+_NO_TIERS = {tier.value: 0 for tier in Tier}
+
+
+def _require_auth(daemon: Daemon) -> bool:
+    settings: Settings = daemon.settings
+    return settings.require_auth
+
+
+def _allow_origin(daemon: Daemon) -> bool:
+    settings: Settings = daemon.settings
+    return bool(settings.allow_origins)
+
+
+def _rate_limited(daemon: Daemon) -> bool:
+    settings: Settings = daemon.settings
+    return settings.rate_limit.enabled
+
+
+capabilities.register(
+    Feature("require_auth", (("GET", "/health"),), when=_require_auth),
+    Feature("allow_origin", (("GET", "/capabilities"),), when=_allow_origin),
+    Feature("rate_limit", (("GET", "/health"),), when=_rate_limited),
+)
+
+
+def rate_limiter(daemon: Daemon) -> RateLimiter | None:
+    """The daemon's rate limiter (set by :func:`install_middleware`), or ``None`` before."""
+    limiter = getattr(daemon, "rate_limiter", None)
+    return limiter if isinstance(limiter, RateLimiter) else None
+
+
+def rate_limit_hits(daemon: Daemon) -> dict[str, int]:
+    """Rate-limit refusals per tier since start (``{"prompt","mutation","read"}``; zeros
+    when rate limiting is off). For ``/health?deep=1`` and ``/daemon/status``."""
+    limiter = rate_limiter(daemon)
+    return limiter.hits() if limiter is not None else dict(_NO_TIERS)
+
+
+def malformed_path(raw_path: bytes) -> bool:
+    """True iff ``raw_path`` has a bad ``%`` escape or percent-decodes to invalid UTF-8."""
+    if b"%" not in raw_path:
+        return False
+    if _BAD_PERCENT.search(raw_path) is not None:
+        return True
+    try:
+        unquote_to_bytes(raw_path).decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _cors_sender(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
+    """``send`` that adds the CORS ``headers`` to the response start (``Vary`` merged)."""
+
+    async def sender(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            out: list[tuple[bytes, bytes]] = []
+            vary_seen = False
+            for name, value in message.get("headers", ()):
+                if name.lower() == b"vary":
+                    vary_seen = True
+                    if b"origin" not in value.lower():
+                        value = value + b", Origin"
+                out.append((name, value))
+            if not vary_seen:
+                out.append(_VARY_ORIGIN)
+            out.extend(headers)
+            message = {**message, "headers": out}
+        await send(message)
+
+    return sender
+
+
+class SecurityFront:
+    """The ASGI middleware of checks 1–8 (see the module docstring). One per app."""
+
+    def __init__(self, app: ASGIApp, daemon: Daemon, *, max_body_bytes: int) -> None:
+        settings = daemon.settings
+        self._app = app
+        self._daemon = daemon
+        self._max_body = max_body_bytes
+        self._bound_host = settings.hostname
+        self._loopback = is_loopback_host(settings.hostname)
+        self._bearer = BearerAuth.from_token(settings.token) if settings.token else None
+        self._health_preauth = self._loopback and not settings.require_auth
+        # --public-probes: orchestrator probes (shallow /health, /readyz) need no token on
+        # any bind; they reveal only "up" and "ready". /health?deep=1 still needs it.
+        self._public_probes = settings.public_probes
+        self._remote_same_origin = not self._loopback and self._bearer is not None
+        self._cors = CorsPolicy.from_patterns(settings.allow_origins)
+        rl = settings.rate_limit
+        self.limiter = RateLimiter(
+            RateLimitConfig(
+                enabled=rl.enabled,
+                prompt=rl.prompt,
+                mutation=rl.mutation,
+                read=rl.read,
+                window_ms=rl.window_ms,
+            )
+        )
+        self._limiting = rl.enabled
+        self._last_sweep = time.monotonic()
+        self._port = -1
+        self._hosts: frozenset[bytes] = frozenset()
+        self._self_origins: frozenset[bytes] = frozenset()
+
+    def _rebind(self, port: int) -> None:
+        self._port = port
+        allow = HostAllowlist(self._bound_host, port)
+        self._hosts = frozenset(v.encode("ascii") for v in allow.allowed_values())
+        self._self_origins = frozenset(
+            o.encode("ascii") for o in self_origins(self._bound_host, port)
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        else:
+            await self._app(scope, receive, send)
+
+    # ---- HTTP ----------------------------------------------------------------------------
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        hosts: list[bytes] = []
+        origins: list[bytes] = []
+        auths: list[bytes] = []
+        content_length: bytes | None = None
+        chunked = False
+        client_id: bytes | None = None
+        preflight = False
+        for name, value in scope["headers"]:
+            if name == b"host":
+                hosts.append(value)
+            elif name == b"origin":
+                origins.append(value)
+            elif name == b"authorization":
+                auths.append(value)
+            elif name == b"content-length":
+                content_length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+            elif name == b"x-qwen-client-id":
+                if client_id is None:  # the first one, as the routes read it
+                    client_id = value
+            elif name in _PREFLIGHT_HEADERS:
+                preflight = True
+        declared = 0
+        if content_length is not None:
+            declared = int(content_length) if content_length.isdigit() else self._max_body + 1
+        has_body = chunked or declared > 0
+
+        async def refuse(
+            status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()
+        ) -> None:
+            close = False
+            if has_body:  # drain it so the connection can serve the next request
+                too_big = not chunked and declared > DRAIN_LIMIT_BYTES
+                close = too_big or not await _drain(receive, DRAIN_LIMIT_BYTES)
+            await _respond(send, status, body, headers, close=close)
+
+        port = self._daemon.port
+        if port != self._port:
+            self._rebind(port)
+        method: str = scope["method"]
+
+        # 1. self-origin strip
+        if origins and self._loopback and len(origins) == 1 and origins[0] in self._self_origins:
+            origins = []
+            scope = {**scope, "headers": [h for h in scope["headers"] if h[0] != b"origin"]}
+
+        # 2. Host allowlist (loopback) / remote same-origin (non-loopback with a token)
+        if self._loopback:
+            if len(hosts) != 1 or hosts[0].lower() not in self._hosts:
+                await refuse(403, _HOST_403)
+                return
+        elif origins and self._remote_same_origin and len(origins) == 1:
+            origin = origins[0].decode("latin-1")
+            host = hosts[0].decode("latin-1") if len(hosts) == 1 else None
+            if is_remote_same_origin(origin, host, tls=scope.get("scheme") == "https"):
+                if not self._authorized(auths):
+                    await refuse(401, _UNAUTHORIZED_401)
+                    return
+                origins = []
+                scope = {**scope, "headers": [h for h in scope["headers"] if h[0] != b"origin"]}
+
+        # 3. CORS
+        if origins:
+            decision = self._cors.evaluate(
+                [o.decode("latin-1") for o in origins],
+                method,
+                ("access-control-request-method",) if preflight else (),
+            )
+            if decision.action is CorsAction.DENY:
+                await refuse(403, _CORS_403, (_VARY_ORIGIN,))
+                return
+            cors_headers = [(n.lower().encode(), v.encode("latin-1")) for n, v in decision.headers]
+            if decision.action is CorsAction.PREFLIGHT:
+                await refuse(204, b"", tuple(cors_headers))
+                return
+            send = _cors_sender(send, [h for h in cors_headers if h[0] != b"vary"])
+
+        # 4–5. /health pre-auth, bearer
+        path: str = scope["path"]
+        if self._bearer is not None and not (
+            method in ("GET", "HEAD")
+            and (
+                path in _PUBLIC_PAGES
+                or (
+                    path in _HEALTH_PATHS
+                    and (
+                        self._health_preauth
+                        or (self._public_probes and b"deep" not in scope.get("query_string", b""))
+                    )
+                )
+            )
+        ):
+            if not self._authorized(auths):
+                await refuse(401, _UNAUTHORIZED_401)
+                return
+
+        # 6. rate limit
+        if self._limiting and not self._daemon.draining:
+            tier = classify(method, path)
+            if tier is not None:
+                refusal = self._rate_limit(scope, tier, client_id)
+                if refusal is not None:
+                    status, body, headers = refusal
+                    await refuse(status, body, headers)
+                    return
+
+        # 7. body limit; the whole body is read here (bounded) and replayed to the app
+        if has_body:
+            if declared > self._max_body:
+                await refuse(413, _TOO_LARGE_413)
+                return
+            buffered = await _read_body(receive, self._max_body)
+            if buffered is None:  # the client went away
+                return
+            if buffered is _TOO_LARGE:
+                drained = await _drain(receive, DRAIN_LIMIT_BYTES)
+                await _respond(send, 413, _TOO_LARGE_413, (), close=not drained)
+                return
+            if buffered is _TIMED_OUT:
+                await _respond(send, 408, _BODY_TIMEOUT_408, (), close=True)
+                return
+            receive = _replay(buffered, receive)
+
+        # 8. malformed percent-encoding in the raw path
+        raw_path = scope.get("raw_path")
+        if raw_path is not None and malformed_path(raw_path):
+            await _respond(send, 400, _MALFORMED_400, (), close=False)
+            return
+
+        # Fast path for the hottest reads (orchestrator probes, client pre-flights): every
+        # check above has run; answering here skips the framework's per-request cost.
+        if method == "GET" and not scope.get("query_string") and path in _FAST_PATHS:
+            await self._fast(path, send)
+            return
+
+        await self._app(scope, receive, send)
+
+    async def _fast(self, path: str, send: Send) -> None:
+        if path == "/health":
+            body = _HEALTH_OK
+        else:
+            body = msgspec.json.encode(capabilities.envelope(self._daemon))
+        metrics = getattr(self._daemon, "metrics", None)
+        if metrics is not None:
+            metrics.requests.labels("GET", path, "200").inc()
+        await _respond(send, 200, body, (), close=False)
+
+    def _authorized(self, auths: list[bytes]) -> bool:
+        assert self._bearer is not None
+        return self._bearer.check([a.decode("latin-1") for a in auths])
+
+    def _rate_limit(
+        self, scope: Scope, tier: Tier, client_id: bytes | None
+    ) -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]] | None:
+        now = time.monotonic()
+        if now - self._last_sweep >= SWEEP_INTERVAL_S:
+            self._last_sweep = now
+            self.limiter.sweep()
+        client = scope.get("client")
+        key = client_key(
+            loopback_bind=self._loopback,
+            peer_ip=client[0] if client else None,
+            client_id=client_id.decode("latin-1") if client_id is not None else None,
+        )
+        decision = self.limiter.check(key, tier)
+        if decision.log:
+            if decision.allowed:
+                log.warning("rate limiter key table full: letting %s (%s) through", key, tier)
+            else:
+                log.warning(
+                    "rate limit exceeded: key=%s tier=%s retryAfterMs=%d",
+                    key,
+                    tier,
+                    decision.retry_after_ms,
+                )
+        if decision.allowed:
+            return None
+        body = decision.body()
+        assert body is not None
+        headers = tuple((n.lower().encode(), v.encode()) for n, v in decision.headers())
+        return 429, body.encode(), headers
+
+    # ---- WebSocket -----------------------------------------------------------------------
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        hosts: list[bytes] = []
+        origins: list[bytes] = []
+        auths: list[bytes] = []
+        for name, value in scope["headers"]:
+            if name == b"host":
+                hosts.append(value)
+            elif name == b"origin":
+                origins.append(value)
+            elif name == b"authorization":
+                auths.append(value)
+        port = self._daemon.port
+        if port != self._port:
+            self._rebind(port)
+        if origins and self._loopback and len(origins) == 1 and origins[0] in self._self_origins:
+            origins = []
+        refused = (
+            (self._loopback and (len(hosts) != 1 or hosts[0].lower() not in self._hosts))
+            or (
+                bool(origins)
+                and self._cors.evaluate([o.decode("latin-1") for o in origins], "GET").action
+                is not CorsAction.ALLOW
+            )
+            or (self._bearer is not None and not self._authorized(auths))
+        )
+        if refused:
+            message = await receive()
+            if message["type"] == "websocket.connect":
+                await send({"type": "websocket.close", "code": 1008})
+            return
+        await self._app(scope, receive, send)
+
+
+# ---- body helpers -------------------------------------------------------------------------
+
+_TOO_LARGE = b"<too large>"
+_TIMED_OUT = b"<timed out>"
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: tuple[tuple[bytes, bytes], ...],
+    *,
+    close: bool,
+) -> None:
+    out: list[tuple[bytes, bytes]] = []
+    if body:
+        out.append((b"content-type", _JSON))
+    out.append((b"content-length", str(len(body)).encode()))
+    out.extend(headers)
+    if close:
+        out.append((b"connection", b"close"))
+    try:
+        await send({"type": "http.response.start", "status": status, "headers": out})
+        await send({"type": "http.response.body", "body": body})
+    except (trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        # An early refusal on a connection hypercorn is already tearing down (a peer
+        # still pushing a body it will never be allowed to send): nothing to deliver.
+        if not close:
+            raise
+        log.debug("early %d not delivered: the connection is closing", status)
+
+
+async def _drain(receive: Receive, limit: int) -> bool:
+    """Read and discard the request body; True iff it ended within ``limit`` bytes and time."""
+    total = 0
+    with trio.move_on_after(DRAIN_TIMEOUT_S):
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return False
+            total += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return True
+            if total > limit:
+                return False
+    return False
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, :data:`_TOO_LARGE` past ``limit`` bytes, :data:`_TIMED_OUT`
+    after :data:`BODY_READ_TIMEOUT_S`, or ``None`` when the client disconnected."""
+    parts: list[bytes] = []
+    total = 0
+    with trio.move_on_after(BODY_READ_TIMEOUT_S):
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > limit:
+                return _TOO_LARGE
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+    return _TIMED_OUT
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields ``body`` once, then defers to the real one."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+# ---- installation -------------------------------------------------------------------------
+
+
+def _strict_gate() -> Callable[[], Awaitable[Response | None]]:
+    cache: dict[tuple[str, str], bool] = {}
+
+    async def strict_gate() -> Response | None:
+        rule = request.url_rule
+        if rule is None:
+            return None
+        key = (request.method, rule.rule)
+        strict = cache.get(key)
+        if strict is None:
+            strict = cache[key] = is_strict(*key)
+        if strict:
+            return Response(_TOKEN_REQUIRED_401, status=401, content_type=_JSON.decode())
+        return None
+
+    return strict_gate
+
+
+def install_middleware(app: QuartTrio, daemon: Daemon) -> None:
+    """Wrap ``app`` in the security front for ``daemon`` (call after the blueprints).
+
+    Sets ``daemon.rate_limiter``, installs log redaction of the token, and on a daemon
+    without a token puts the strict gate first among the ``before_request`` hooks.
+    """
+    settings = daemon.settings
+    front = SecurityFront(
+        app.asgi_app,  # type: ignore[arg-type]
+        daemon,
+        max_body_bytes=int(app.config["MAX_CONTENT_LENGTH"]),
+    )
+    app.asgi_app = front  # type: ignore[assignment,method-assign]
+    daemon.rate_limiter = front.limiter
+    install_redaction([settings.token])
+    if settings.token is None:
+        app.before_request_funcs.setdefault(None, []).insert(0, _strict_gate())
+    for warning in CorsPolicy.from_patterns(settings.allow_origins).startup_warnings():
+        log.warning("%s", warning)

@@ -1,0 +1,508 @@
+"""What each public route takes and answers: the hand-written half of the OpenAPI document.
+
+The route table itself is *not* kept here: :mod:`serve.http.openapi.document` walks the app's
+``url_map`` at request time, so a route exists in the document iff it is registered. This
+module maps a registered ``(METHOD, Quart rule)`` (the same pair :class:`~serve.http.capabilities.
+Feature` uses) to an :class:`Operation`: a summary, the request body type, query and
+header parameters, and the replies with their body types (msgspec Structs from
+:mod:`serve.http.openapi.types` or the route modules' own wire Structs). A registered route
+without an entry still gets an operation (summary from its handler's docstring, an open
+JSON reply and the error envelope), so the document is complete even when this table
+lags behind a new route; :func:`missing` lists such routes.
+
+Path parameters are not listed here: the document derives them from the rule
+(``<session_id>`` → ``{session_id}``) and describes them from :data:`PATH_PARAMS`.
+
+Pure data; no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any, Final, Literal
+
+import msgspec
+
+from serve.http.openapi import types as t
+from serve.http.security._wire import ErrorBody
+from serve.status.env import EnvCell
+from serve.status.preflight import PreflightCell
+from serve.workspace.results import (
+    EditResult,
+    GlobResult,
+    ListResult,
+    ReadBytesResult,
+    ReadTextResult,
+    StatResult,
+    WriteResult,
+)
+
+__all__ = [
+    "CATALOG",
+    "PATH_PARAMS",
+    "Operation",
+    "Param",
+    "Reply",
+    "lookup",
+    "missing",
+]
+
+JSON: Final = "application/json"
+SSE: Final = "text/event-stream"
+HTML: Final = "text/html"
+
+
+class Param(msgspec.Struct, frozen=True):
+    """A query or header parameter; ``schema`` is a JSON Schema object."""
+
+    name: str
+    location: Literal["query", "header"]
+    schema: dict[str, Any]
+    description: str = ""
+    required: bool = False
+
+
+class Reply(msgspec.Struct, frozen=True):
+    """One documented response: status, description, body type (``None``: no body; a tuple
+    of types: any one of them)."""
+
+    status: int
+    description: str
+    body: Any = None
+    media: str = JSON
+
+
+class Operation(msgspec.Struct, frozen=True):
+    """One documented route. ``public``: no bearer needed on loopback binds (``/health``)."""
+
+    summary: str
+    replies: tuple[Reply, ...]
+    body: Any = None
+    body_required: bool = False
+    params: tuple[Param, ...] = ()
+    description: str = ""
+    public: bool = False
+
+
+# ---- building blocks ---------------------------------------------------------------------------
+
+OPEN_OBJECT: Final = dict[str, Any]
+
+
+def ok(body: Any, description: str = "OK", status: int = 200) -> Reply:
+    return Reply(status, description, body)
+
+
+def err(status: int, description: str) -> Reply:
+    return Reply(status, description, t.ErrorEnvelope)
+
+
+def file_err(status: int, description: str) -> Reply:
+    """A file-route error: the file envelope, or the daemon-wide one (malformed JSON or URL
+    encoding, an unregistered client id, the security front's refusals)."""
+    return Reply(status, description, (t.FileErrorBody, t.ErrorEnvelope))
+
+
+def q(name: str, schema: dict[str, Any], description: str = "", required: bool = False) -> Param:
+    return Param(name, "query", schema, description, required)
+
+
+def h(name: str, schema: dict[str, Any], description: str = "") -> Param:
+    return Param(name, "header", schema, description)
+
+
+STRING: Final[dict[str, Any]] = {"type": "string"}
+FLAG: Final[dict[str, Any]] = {"type": "string", "enum": ["", "1", "true", "0", "false"]}
+CLIENT_ID = h(
+    "X-Qwen-Client-Id",
+    {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+    "The daemon-issued client id (from POST /session); must be registered on the session "
+    "(session routes) or on a live session of the workspace (workspace routes).",
+)
+NO_SESSION = err(404, "No such session (`session_not_found`).")
+BAD_REQUEST = err(400, "Invalid input (`code` names the field or rule).")
+BAD_JSON = err(400, "Malformed JSON, or a field of the wrong type.")
+UNAVAILABLE = err(503, "Draining or a limit reached (`code`; `Retry-After` header).")
+FILE_ERRORS = (
+    file_err(400, "`parse_error`, `path_outside_workspace` or `symlink_escape`."),
+    file_err(403, "`permission_denied` or `untrusted_workspace`."),
+    file_err(404, "`path_not_found`."),
+    file_err(413, "`file_too_large`."),
+    file_err(422, "`binary_file`, `text_not_found` or `ambiguous_text_match`."),
+)
+
+#: Descriptions of the path parameters the rules use, by name.
+PATH_PARAMS: Final[dict[str, str]] = {
+    "session_id": "The session id (from POST /session).",
+    "request_id": "The permission request id (`requestId` of the `permission_request` event).",
+    "workspace": "A workspace id or the URL-encoded absolute workspace path.",
+    "name": "The tool name.",
+    "server": "The MCP server name (a key of `mcpServers`).",
+    "flow_id": "The device flow id (`deviceFlowId`).",
+    "prompt_id": "The prompt id (`promptId` from the prompt's 202 answer).",
+}
+
+_RESTORE = Operation(
+    "Attach to a live session or restore it from the agent's store",
+    (
+        ok(t.RestoreResponse),
+        BAD_REQUEST,
+        NO_SESSION,
+        UNAVAILABLE,
+        err(504, "The agent did not answer in time (`init_timeout`, `session_restore_timeout`)."),
+    ),
+    body=t.RestoreRequest,
+    params=(CLIENT_ID,),
+)
+
+_VOTE_REPLIES = (
+    ok(t.VoteAccepted, "The vote resolved the request or was recorded."),
+    err(400, "Malformed `outcome`, unknown `optionId` or client id."),
+    err(403, "`permission_forbidden` (designated voter or loopback-only policy)."),
+    err(404, "No pending permission request with that id (already resolved, or unknown)."),
+)
+
+_SNAPSHOT = (ok(t.StatusSnapshot),)
+
+CATALOG: Final[dict[tuple[str, str], Operation]] = {
+    # -- health, capabilities, status ---------------------------------------------------------
+    ("GET", "/health"): Operation(
+        "Liveness",
+        (ok(t.HealthResponse), Reply(503, "Deep check failed (`status: degraded`).", OPEN_OBJECT)),
+        params=(q("deep", FLAG, "`1`, `true` or empty: add counters (sessions, prompts, ...)."),),
+        public=True,
+    ),
+    ("GET", "/readyz"): Operation(
+        "Readiness (503 while starting, draining or at session capacity)",
+        (
+            ok(t.ReadyResponse, "Ready."),
+            Reply(503, "Not ready (`reason`; `Retry-After`).", t.ReadyResponse),
+        ),
+        public=True,
+    ),
+    ("GET", "/capabilities"): Operation(
+        "Feature tags, protocol versions and limits", (ok(t.CapabilitiesEnvelope),)
+    ),
+    ("GET", "/daemon/status"): Operation(
+        "Daemon status snapshot",
+        (ok(OPEN_OBJECT), err(400, "`invalid_detail`."), err(500, "`daemon_status_failed`.")),
+        params=(q("detail", {"type": "string", "enum": ["summary", "full"]}),),
+    ),
+    # -- sessions -----------------------------------------------------------------------------
+    ("POST", "/session"): Operation(
+        "Create a session, or attach to the workspace's single-scope session",
+        (
+            ok(t.SessionResponse),
+            BAD_REQUEST,
+            UNAVAILABLE,
+            err(504, "The agent did not start in time (`init_timeout`)."),
+        ),
+        body=t.CreateSessionRequest,
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/session/<session_id>/load"): _RESTORE,
+    ("POST", "/session/<session_id>/resume"): _RESTORE,
+    ("GET", "/workspace/<path:workspace>/sessions"): Operation(
+        "List the live sessions of a workspace",
+        (ok(t.SessionList), err(400, "`workspace_mismatch`.")),
+    ),
+    ("GET", "/workspace//<path:workspace>/sessions"): Operation(
+        "List the live sessions of a workspace (absolute path, %2F-encoded)",
+        (ok(t.SessionList), err(400, "`workspace_mismatch`.")),
+    ),
+    ("POST", "/session/<session_id>/prompt"): Operation(
+        "Submit a prompt (blocking, or `Prefer: respond-async` for 202)",
+        (
+            ok(t.PromptResult, "The turn finished (blocking mode)."),
+            ok(t.PromptAccepted, "Admitted; output arrives on the event stream.", 202),
+            BAD_REQUEST,
+            NO_SESSION,
+            err(500, "The agent failed the prompt (JSON-RPC `code`, `promptId`)."),
+            UNAVAILABLE,
+        ),
+        body=t.PromptRequest,
+        body_required=True,
+        params=(
+            h("Prefer", {"type": "string", "enum": ["respond-async"]}, "Answer 202 at once."),
+            CLIENT_ID,
+        ),
+    ),
+    ("GET", "/session/<session_id>/pending-prompts"): Operation(
+        "The running prompt and the queued ones",
+        (ok(t.PendingPrompts), BAD_REQUEST, NO_SESSION),
+        params=(CLIENT_ID,),
+    ),
+    ("DELETE", "/session/<session_id>/pending-prompts/<prompt_id>"): Operation(
+        "Remove a queued prompt",
+        (
+            Reply(204, "Removed (`prompt_cancelled` is published)."),
+            BAD_REQUEST,
+            err(404, "`session_not_found` or `prompt_not_found`."),
+            err(409, "`prompt_running`: cancel it instead."),
+        ),
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/session/<session_id>/cancel"): Operation(
+        "Cancel the running prompt (queued prompts still run)",
+        (Reply(204, "Cancelled (or nothing was running)."), BAD_REQUEST, NO_SESSION),
+        params=(CLIENT_ID,),
+    ),
+    ("DELETE", "/session/<session_id>"): Operation(
+        "Close a session (its agent is stopped; `session_closed` is published)",
+        (Reply(204, "Closed."), BAD_REQUEST, NO_SESSION),
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/session/<session_id>/detach"): Operation(
+        "Release this client's attachment; the last one closes an idle session",
+        (Reply(204, "Detached (also when the session does not exist)."), BAD_REQUEST),
+        params=(CLIENT_ID,),
+    ),
+    ("PATCH", "/session/<session_id>/metadata"): Operation(
+        "Rename a session",
+        (ok(t.MetadataResponse), BAD_REQUEST, NO_SESSION),
+        body=t.MetadataRequest,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/session/<session_id>/heartbeat"): Operation(
+        "Mark this client alive (keeps the session from the idle reaper)",
+        (ok(t.HeartbeatResponse), BAD_REQUEST, NO_SESSION),
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/session/<session_id>/model"): Operation(
+        "Switch the session's model",
+        (ok(OPEN_OBJECT, "The agent's answer."), BAD_REQUEST, NO_SESSION),
+        body=t.SetModelRequest,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/session/<session_id>/approval-mode"): Operation(
+        "Change the session's approval mode",
+        (ok(t.ApprovalModeResponse), BAD_REQUEST, NO_SESSION),
+        body=t.ApprovalModeRequest,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
+    ("GET", "/session/<session_id>/events"): Operation(
+        "The session's event stream (Server-Sent Events)",
+        (
+            Reply(200, "`text/event-stream` of DaemonEvent envelopes.", str, SSE),
+            err(400, "`invalid_max_queued` or `invalid_client_id`."),
+            NO_SESSION,
+            err(429, "`subscriber_limit_exceeded` (64 streams per session)."),
+            err(503, "`connection_limit_exceeded` (`--max-connections` event streams)."),
+        ),
+        params=(
+            q("maxQueued", {"type": "integer", "minimum": 16, "maximum": 2048}),
+            q("snapshot", {"type": "string", "enum": ["1", "true"]}, "Send `session_snapshot`."),
+            h("Last-Event-ID", STRING, "Replay events after this id."),
+            h("X-Qwen-Event-Epoch", {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}),
+            CLIENT_ID,
+        ),
+        description="Each frame: `id: N`, `event: <type>`, `data: <DaemonEvent JSON>`; "
+        "`: heartbeat` every 15 s. Reconnect with `Last-Event-ID` and `X-Qwen-Event-Epoch`.",
+    ),
+    ("GET", "/session/<session_id>/context"): Operation(
+        "The session's models, modes and config options",
+        (ok(t.SessionContext), BAD_REQUEST, NO_SESSION),
+        params=(CLIENT_ID,),
+    ),
+    ("GET", "/session/<session_id>/supported-commands"): Operation(
+        "The agent's slash commands and the project skills",
+        (ok(t.SupportedCommands), BAD_REQUEST, NO_SESSION),
+        params=(CLIENT_ID,),
+    ),
+    # -- permissions --------------------------------------------------------------------------
+    ("POST", "/session/<session_id>/permission/<request_id>"): Operation(
+        "Vote on a pending permission request of this session",
+        (*_VOTE_REPLIES, NO_SESSION),
+        body=t.PermissionVoteRequest,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/permission/<request_id>"): Operation(
+        "Vote on a pending permission request (legacy; session found from the id)",
+        _VOTE_REPLIES,
+        body=t.PermissionVoteRequest,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
+    # -- workspace files ----------------------------------------------------------------------
+    ("GET", "/file"): Operation(
+        "Read a text file (windowed by bytes or lines)",
+        (ok(ReadTextResult), *FILE_ERRORS),
+        params=(
+            q("path", STRING, "Workspace-relative or absolute path inside it.", required=True),
+            q("maxBytes", {"type": "integer", "minimum": 1, "maximum": 262144}),
+            q("line", {"type": "integer", "minimum": 1}),
+            q("limit", {"type": "integer", "minimum": 1, "maximum": 2000}),
+        ),
+    ),
+    ("GET", "/file/bytes"): Operation(
+        "Read a window of a file's bytes (base64)",
+        (ok(ReadBytesResult), *FILE_ERRORS, file_err(409, "The file changed during the read.")),
+        params=(
+            q("path", STRING, required=True),
+            q("offset", {"type": "integer", "minimum": 0}),
+            q("maxBytes", {"type": "integer", "minimum": 1, "maximum": 262144}),
+        ),
+    ),
+    ("GET", "/stat"): Operation(
+        "lstat a path", (ok(StatResult), *FILE_ERRORS), params=(q("path", STRING, required=True),)
+    ),
+    ("GET", "/list"): Operation(
+        "List a directory",
+        (ok(ListResult), *FILE_ERRORS),
+        params=(q("path", STRING), q("includeIgnored", FLAG)),
+    ),
+    ("GET", "/glob"): Operation(
+        "Find files by glob pattern",
+        (ok(GlobResult), *FILE_ERRORS),
+        params=(
+            q("pattern", STRING, required=True),
+            q("cwd", STRING),
+            q("includeIgnored", FLAG),
+            q("maxResults", {"type": "integer", "minimum": 1, "maximum": 50000}),
+        ),
+    ),
+    ("POST", "/file/write"): Operation(
+        "Create or replace a text file (atomic; `workspace_file_changed` event)",
+        (
+            ok(WriteResult, "Replaced."),
+            ok(WriteResult, "Created.", 201),
+            *FILE_ERRORS,
+            file_err(409, "`hash_mismatch` or `file_already_exists`."),
+        ),
+        body=t.FileWriteRequest,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/file/edit"): Operation(
+        "Replace one occurrence of a text in a file",
+        (ok(EditResult), *FILE_ERRORS, file_err(409, "`hash_mismatch`.")),
+        body=t.FileEditRequest,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
+    # -- workspace status and mutations -------------------------------------------------------
+    ("GET", "/workspace/env"): Operation(
+        "Runtime, platform, sandbox and proxy cells", (ok(t.StatusSnapshot),)
+    ),
+    ("GET", "/workspace/preflight"): Operation("Daemon and agent preflight cells", _SNAPSHOT),
+    ("GET", "/workspace/mcp"): Operation("Configured MCP servers and budget cells", _SNAPSHOT),
+    ("GET", "/workspace/skills"): Operation("Project skills", _SNAPSHOT),
+    ("GET", "/workspace/providers"): Operation("The agent's models and auth methods", _SNAPSHOT),
+    ("GET", "/workspace/permissions"): Operation(
+        "Effective grants, approval policy and decision counters (read-only)",
+        (ok(OPEN_OBJECT), BAD_REQUEST),
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/workspace/init"): Operation(
+        "Create the workspace memory file (QWEN.md)",
+        (ok(t.InitResponse), BAD_REQUEST, err(409, "`workspace_init_conflict`.")),
+        body=t.InitRequest,
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/workspace/tools/<name>/enable"): Operation(
+        "Enable or disable a tool (persisted in .qwen/settings.json)",
+        (ok(t.ToolToggleResponse), BAD_REQUEST),
+        body=t.ToolToggleRequest,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/workspace/mcp/<server>/restart"): Operation(
+        "Restart an MCP server",
+        (
+            ok(t.McpRestartResponse),
+            BAD_REQUEST,
+            err(404, "`mcp_server_not_found` or `mcp_pool_entry_not_found`."),
+            err(502, "`mcp_server_restart_failed`."),
+            err(503, "`mcp_pool_unavailable`."),
+        ),
+        params=(q("entryIndex", STRING, "A pool entry index or `*`."), CLIENT_ID),
+    ),
+    # -- device flow --------------------------------------------------------------------------
+    ("POST", "/workspace/auth/device-flow"): Operation(
+        "Start (201) or attach to (200) a provider's device authorization flow",
+        (
+            ok(t.DeviceFlowView, "Attached to the pending flow."),
+            ok(t.DeviceFlowView, "Started.", 201),
+            BAD_REQUEST,
+            err(409, "`too_many_active_flows`."),
+            err(502, "`upstream_error`."),
+            err(503, "`device_flow_unavailable`."),
+        ),
+        body=t.DeviceFlowStartRequest,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
+    ("GET", "/workspace/auth/device-flow/<flow_id>"): Operation(
+        "A device flow's state",
+        (ok(t.DeviceFlowView), BAD_REQUEST, err(404, "`device_flow_not_found`.")),
+        params=(CLIENT_ID,),
+    ),
+    ("DELETE", "/workspace/auth/device-flow/<flow_id>"): Operation(
+        "Cancel a device flow",
+        (Reply(204, "Cancelled."), BAD_REQUEST, err(404, "`device_flow_not_found`.")),
+        params=(CLIENT_ID,),
+    ),
+    ("GET", "/workspace/auth/status"): Operation(
+        "Pending device flows and supported providers",
+        (ok(t.WorkspaceAuthStatus), BAD_REQUEST),
+        params=(CLIENT_ID,),
+    ),
+    # -- this API's own description and pages (serve.http.routes.docs) -----------------------
+    ("GET", "/openapi.json"): Operation(
+        "This OpenAPI 3.1 document",
+        (ok(OPEN_OBJECT, "The document (`x-advertised` per tag)."),),
+        public=True,
+    ),
+    ("GET", "/doc"): Operation(
+        "The API reference page (renders /openapi.json)",
+        (Reply(200, "HTML.", str, HTML),),
+        public=True,
+    ),
+    ("GET", "/demo"): Operation(
+        "The demo client page (token pasted by the user)",
+        (Reply(200, "HTML.", str, HTML),),
+        public=True,
+    ),
+    ("GET", "/favicon.ico"): Operation("No icon", (Reply(204, "Nothing.", None),), public=True),
+}
+
+#: Error bodies the security front answers on any route (see serve.http.middleware).
+FRONT_ERROR: Final = ErrorBody
+#: Wire types referenced outside operations (listed in ``components.schemas``).
+EXTRA_SCHEMAS: Final = (t.DaemonEvent, EnvCell, PreflightCell)
+
+
+_PLURAL: Final = re.compile(r"^/workspaces//?<path:workspace>(?P<rest>/.*)$")
+
+
+def lookup(method: str, rule: str) -> Operation | None:
+    """The entry for a route; a workspace-qualified twin (``/workspaces/<workspace>/X``)
+    shares the entry of its primary-workspace route (``/X``, ``/workspace/X`` or
+    ``/workspace/<workspace>/X``)."""
+    found = CATALOG.get((method, rule))
+    if found is not None:
+        return found
+    match = _PLURAL.match(rule)
+    if match is None:
+        return None
+    rest = match["rest"]
+    for twin in (rest, "/workspace" + rest, "/workspace/<path:workspace>" + rest):
+        found = CATALOG.get((method, twin))
+        if found is not None:
+            return msgspec.structs.replace(
+                found,
+                summary=found.summary + " (in the named workspace)",
+                description=f"The workspace-qualified form of `{method} {twin}`."
+                + (" " + found.description if found.description else ""),
+            )
+    return None
+
+
+def missing(routes: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The registered ``routes`` with no entry (documented generically)."""
+    return sorted(r for r in routes if lookup(*r) is None)

@@ -1,0 +1,417 @@
+"""Wire types of the public HTTP API, as frozen msgspec Structs (qwen-serve-spec §4, §5).
+
+These Structs are the *documented* shapes of request and response bodies: the OpenAPI
+document (:mod:`serve.http.openapi.document`) is generated from them with
+``msgspec.json.schema_components``, and clients (the SDK) may decode with them. Where a
+route module already owns a wire Struct (the workspace file results, the env/preflight
+cells, the permission outcomes, the security front's error body) that Struct is used
+directly by :mod:`serve.http.openapi.catalog` instead of a copy here, so the document cannot
+drift from the encoder.
+
+Conventions: field names are camelCase on the wire (``rename="camel"``); optional fields
+default to ``UNSET`` so they are neither required nor sent as ``null``; no Struct forbids
+unknown fields, because every body the reference documents is an open object (clients
+must ignore fields they do not know, and request bodies forward extra fields to the
+agent). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from serve.permissions.voting import Outcome
+
+__all__ = [
+    "APPROVAL_MODES",
+    "ApprovalModeRequest",
+    "ApprovalModeResponse",
+    "CapabilitiesEnvelope",
+    "ContentBlock",
+    "CreateSessionRequest",
+    "DaemonEvent",
+    "DeviceFlowStartRequest",
+    "DeviceFlowView",
+    "ErrorEnvelope",
+    "FeatureDetail",
+    "FileEditRequest",
+    "FileErrorBody",
+    "FileWriteRequest",
+    "HealthResponse",
+    "HeartbeatResponse",
+    "InitRequest",
+    "InitResponse",
+    "McpRestartResponse",
+    "MetadataRequest",
+    "MetadataResponse",
+    "PendingPrompt",
+    "PendingPrompts",
+    "PermissionVoteRequest",
+    "PromptAccepted",
+    "PromptRequest",
+    "PromptResult",
+    "ReadyResponse",
+    "RestoreRequest",
+    "RestoreResponse",
+    "SessionContext",
+    "SessionList",
+    "SessionResponse",
+    "SessionSummary",
+    "SetModelRequest",
+    "StatusSnapshot",
+    "SupportedCommands",
+    "ToolToggleRequest",
+    "ToolToggleResponse",
+    "VoteAccepted",
+    "WorkspaceAuthStatus",
+]
+
+#: ``approvalMode`` values (mirrors ``serve.sessions.actor.APPROVAL_MODES``; a test pins them).
+APPROVAL_MODES = ("plan", "default", "auto-edit", "auto", "yolo")
+
+ApprovalMode = Literal["plan", "default", "auto-edit", "auto", "yolo"]
+NonEmpty = Annotated[str, Meta(min_length=1)]
+AbsolutePath = Annotated[str, Meta(pattern="^/", description="an absolute path")]
+
+
+class _Wire(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Base of the API Structs: camelCase, keyword-only, open (unknown fields allowed)."""
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+
+class ErrorEnvelope(_Wire, frozen=True):
+    """The daemon-wide error body: ``{error, code?, ...}``.
+
+    ``code`` is a string for daemon errors (``session_not_found``, ``invalid_client_id``,
+    ...) and a number for JSON-RPC errors the agent returned. Routes add context fields
+    (``sessionId``, ``limit``, ``retryable``, ...); clients switch on ``code``.
+    """
+
+    error: str
+    code: str | int | UnsetType = UNSET
+
+
+class FileErrorBody(_Wire, frozen=True):
+    """The workspace file routes' error body: ``{errorKind, error, hint?, status}``."""
+
+    error_kind: str
+    error: str
+    status: int
+    hint: str | UnsetType = UNSET
+
+
+# ---- health and capabilities -----------------------------------------------------------------
+
+
+class HealthResponse(_Wire, frozen=True):
+    """``GET /health``: ``{"status":"ok"}``; ``?deep=1`` adds counters (open object)."""
+
+    status: Literal["ok", "degraded"]
+
+
+class FeatureDetail(_Wire, frozen=True):
+    since: str
+    modes: list[str] | UnsetType = UNSET
+
+
+class CapabilitiesEnvelope(_Wire, frozen=True):
+    """``GET /capabilities`` (spec §8.2): the advertised feature tags and limits."""
+
+    v: Literal[1]
+    protocol_versions: dict[str, Any]
+    mode: str
+    features: list[str]
+    feature_details: dict[str, FeatureDetail]
+    session_live_state_poll_interval_ms: int
+    model_services: list[Any]
+    workspace_cwd: str
+    transports: list[str]
+    policy: dict[str, Any]
+    limits: dict[str, int | None]
+    workspaces: list[dict[str, Any]]
+
+
+class ReadyResponse(_Wire, frozen=True):
+    """``GET /readyz``: ``ready`` (200) or ``not_ready`` with a ``reason`` (503)."""
+
+    status: Literal["ready", "not_ready"]
+    reason: str | UnsetType = UNSET
+
+
+# ---- sessions --------------------------------------------------------------------------------
+
+
+class CreateSessionRequest(_Wire, frozen=True):
+    """``POST /session`` body (every field optional)."""
+
+    cwd: AbsolutePath | UnsetType = UNSET
+    session_scope: Literal["single", "thread"] | UnsetType = UNSET
+    approval_mode: ApprovalMode | UnsetType = UNSET
+    model_service_id: str | UnsetType = UNSET
+
+
+class SessionResponse(_Wire, frozen=True):
+    """``POST /session``: the session, and the client id the daemon issued to the caller."""
+
+    session_id: str
+    workspace_cwd: str
+    attached: bool
+    client_id: str
+    created_at: str
+    has_active_prompt: bool | UnsetType = UNSET
+    model_applied: bool | UnsetType = UNSET
+
+
+class RestoreRequest(_Wire, frozen=True):
+    """``POST /session/{id}/load`` and ``/resume`` body."""
+
+    cwd: AbsolutePath | UnsetType = UNSET
+
+
+class RestoreResponse(SessionResponse, frozen=True, kw_only=True):
+    """Load/resume: the session plus agent state and the SSE cursor to subscribe from."""
+
+    state: dict[str, Any]
+    last_event_id: int
+    event_epoch: str
+
+
+class SessionSummary(_Wire, frozen=True):
+    session_id: str
+    workspace_cwd: str
+    created_at: str
+    display_name: str
+    client_count: int
+    has_active_prompt: bool
+    active_work_state: str
+    is_waiting_for_permission: bool
+    pending_interaction_count: int
+
+
+class SessionList(_Wire, frozen=True):
+    """``GET /workspace/{workspace}/sessions``."""
+
+    sessions: list[SessionSummary]
+
+
+class ContentBlock(_Wire, frozen=True):
+    """An ACP content block (``{"type":"text","text":...}``; other types pass through)."""
+
+    type: str
+    text: str | UnsetType = UNSET
+
+
+class PromptRequest(_Wire, frozen=True):
+    """``POST /session/{id}/prompt``; fields not listed are forwarded to ACP ``session/prompt``."""
+
+    prompt: Annotated[list[ContentBlock], Meta(min_length=1)]
+    prompt_id: NonEmpty | UnsetType = UNSET
+    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+
+
+class PromptAccepted(_Wire, frozen=True):
+    """``202`` (with ``Prefer: respond-async``): admitted; output arrives on the SSE stream."""
+
+    prompt_id: str
+    last_event_id: int
+    event_epoch: str
+
+
+class PromptResult(_Wire, frozen=True):
+    """``200`` (blocking prompt): the turn's stop reason."""
+
+    stop_reason: str
+    prompt_id: str
+    branch_point: dict[str, Any] | UnsetType = UNSET
+
+
+class PendingPrompt(_Wire, frozen=True):
+    prompt_id: str
+    text: str
+    queued_at: str
+    state: Literal["running", "queued"]
+    originator_client_id: str | UnsetType = UNSET
+
+
+class PendingPrompts(_Wire, frozen=True):
+    """``GET /session/{id}/pending-prompts``: the running prompt, then the queue in order."""
+
+    session_id: str
+    pending: list[PendingPrompt]
+
+
+class MetadataRequest(_Wire, frozen=True):
+    display_name: Annotated[str, Meta(min_length=1, max_length=256)]
+
+
+class MetadataResponse(_Wire, frozen=True):
+    session_id: str
+    display_name: str
+
+
+class HeartbeatResponse(_Wire, frozen=True):
+    session_id: str
+    last_seen_at: int
+    client_id: str | UnsetType = UNSET
+
+
+class SetModelRequest(_Wire, frozen=True):
+    model_id: NonEmpty
+
+
+class ApprovalModeRequest(_Wire, frozen=True):
+    mode: ApprovalMode
+    persist: bool | UnsetType = UNSET
+
+
+class ApprovalModeResponse(_Wire, frozen=True):
+    session_id: str
+    mode: ApprovalMode
+    previous: str | None
+    persisted: bool
+
+
+class SessionContext(_Wire, frozen=True):
+    """``GET /session/{id}/context``."""
+
+    v: Literal[1]
+    session_id: str
+    workspace_cwd: str
+    state: dict[str, Any]
+
+
+class SupportedCommands(_Wire, frozen=True):
+    """``GET /session/{id}/supported-commands``."""
+
+    v: Literal[1]
+    session_id: str
+    available_commands: list[Any]
+    available_skills: list[str]
+
+
+# ---- permission votes ------------------------------------------------------------------------
+
+
+class PermissionVoteRequest(_Wire, frozen=True):
+    """A vote: ``{"outcome": {"outcome":"selected","optionId":...} | {"outcome":"cancelled"}}``."""
+
+    outcome: Outcome
+    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+
+
+class VoteAccepted(_Wire, frozen=True):
+    """``200 {}``: the vote resolved the request or was recorded."""
+
+
+# ---- events ----------------------------------------------------------------------------------
+
+
+class DaemonEvent(_Wire, frozen=True):
+    """One SSE event envelope (spec §5.1): the JSON in each frame's ``data:`` line.
+
+    Frames: ``id: N`` (absent on synthetic frames), ``event: <type>``, ``data: <envelope>``;
+    the stream opens with ``retry: 3000`` and sends ``: heartbeat`` comments every 15 s.
+    """
+
+    v: Literal[1]
+    type: str
+    data: Any
+    id: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
+    prompt_id: str | UnsetType = UNSET
+    originator_client_id: str | UnsetType = UNSET
+    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+
+
+# ---- workspace -------------------------------------------------------------------------------
+
+
+class StatusSnapshot(_Wire, frozen=True):
+    """The workspace status envelope (``/workspace/env``, ``/preflight``, ``/skills``,
+    ``/providers``, ``/mcp``): ``{v, workspaceCwd, initialized, ...}`` plus route fields."""
+
+    v: Literal[1]
+    workspace_cwd: str
+    initialized: bool
+
+
+class InitRequest(_Wire, frozen=True):
+    force: bool | UnsetType = UNSET
+
+
+class InitResponse(_Wire, frozen=True):
+    path: str
+    action: Literal["created", "noop", "overwrote"]
+
+
+class ToolToggleRequest(_Wire, frozen=True):
+    enabled: bool
+
+
+class ToolToggleResponse(_Wire, frozen=True):
+    tool_name: str
+    enabled: bool
+
+
+class McpRestartResponse(_Wire, frozen=True):
+    """``POST /workspace/mcp/{server}/restart`` (``entries`` with ``?entryIndex``)."""
+
+    restarted: bool | UnsetType = UNSET
+    skipped: bool | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+    duration_ms: int | UnsetType = UNSET
+    server_name: str | UnsetType = UNSET
+    entries: list[dict[str, Any]] | UnsetType = UNSET
+
+
+class FileWriteRequest(_Wire, frozen=True):
+    """``POST /file/write``; ``expectedHash`` is required when ``mode`` is ``replace``."""
+
+    path: NonEmpty
+    content: str
+    mode: Literal["create", "replace"]
+    expected_hash: Annotated[str, Meta(pattern="^sha256:[0-9a-f]{64}$")] | UnsetType = UNSET
+    encoding: str | UnsetType = UNSET
+    bom: bool | UnsetType = UNSET
+    line_ending: Literal["lf", "crlf"] | UnsetType = UNSET
+
+
+class FileEditRequest(_Wire, frozen=True):
+    """``POST /file/edit``: replace exactly one occurrence of ``oldText``."""
+
+    path: NonEmpty
+    old_text: str
+    new_text: str
+    expected_hash: Annotated[str, Meta(pattern="^sha256:[0-9a-f]{64}$")]
+
+
+# ---- device flow -----------------------------------------------------------------------------
+
+
+class DeviceFlowStartRequest(_Wire, frozen=True):
+    provider_id: NonEmpty
+
+
+class DeviceFlowView(_Wire, frozen=True):
+    """A device flow; user code and URIs only for the initiating client."""
+
+    device_flow_id: str
+    provider_id: str
+    status: str
+    user_code: str | UnsetType = UNSET
+    verification_uri: str | UnsetType = UNSET
+    verification_uri_complete: str | UnsetType = UNSET
+    expires_at: int | UnsetType = UNSET
+    interval_ms: int | UnsetType = UNSET
+    attached: bool | UnsetType = UNSET
+
+
+class WorkspaceAuthStatus(_Wire, frozen=True):
+    v: Literal[1]
+    workspace_cwd: str
+    providers: list[Any]
+    pending_device_flows: list[dict[str, Any]]
+    supported_device_flow_providers: list[str]

@@ -1,0 +1,35 @@
+"""``GET /health`` and ``GET /capabilities``."""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response, request
+
+from serve.http import capabilities
+from serve.http.context import daemon
+from serve.http.wire import json_response, raw_json_response
+
+blueprint = Blueprint("health", __name__)
+
+_SHALLOW = b'{"status":"ok"}'
+
+
+@blueprint.get("/health")
+async def health() -> Response:
+    deep = request.args.get("deep")
+    if deep is None or deep not in ("", "1", "true"):
+        return raw_json_response(_SHALLOW)
+    return json_response(daemon().deep_health())
+
+
+@blueprint.get("/readyz")
+async def readyz() -> Response:
+    """Readiness for orchestrators: 503 while draining, starting, or at capacity."""
+    ready, reason = daemon().readiness()
+    if ready:
+        return json_response({"status": "ready"})
+    return json_response({"status": "not_ready", "reason": reason}, 503, {"Retry-After": "5"})
+
+
+@blueprint.get("/capabilities")
+async def get_capabilities() -> Response:
+    return json_response(capabilities.envelope(daemon()))

@@ -1,0 +1,46 @@
+"""``GET /workspace/permissions``: the Host's effective grants and approval policy (read-only).
+
+The body comes from :meth:`serve.permissions.effects.EffectGate.describe`: ``{v,
+workspaceCwd, policy {permissionStrategy, consensusQuorum, permissionResponseTimeoutMs},
+grants {defaults, agents, sessions}, approval {default, tools, capabilities, risks}, verdictOrder,
+alwaysAllow {ttlMs, entries}, agentApprovals {windowMs, usesPerApproval, entries},
+decisions {auto, prompted, denied, allowedByCache, allowedByAgentApproval, rejected,
+cancelled}, sessions [{sessionId, agent, approvalMode, grants, approval, fingerprint}]}``;
+``decisions`` counts since start-up, ``sessions`` covers the live sessions of the primary
+workspace. Grants show
+capability keys and scopes only; secrets appear as ``secret.bind:<NAME>`` keys, never
+values. A present ``X-Qwen-Client-Id`` must be registered on a live session (``400
+invalid_client_id``). Nothing is started and nothing is written; ``Cache-Control:
+no-store``.
+"""
+
+from __future__ import annotations
+
+from quart import Blueprint, Response
+
+from serve.http import capabilities
+from serve.http.capabilities import Feature
+from serve.http.context import daemon
+from serve.http.errors import service_unavailable
+from serve.http.routes.sessions import header_client_id
+from serve.http.wire import json_response
+from serve.status.shared import check_workspace_client
+
+blueprint = Blueprint("workspace_permissions", __name__)
+
+NO_STORE = {"Cache-Control": "no-store"}
+
+capabilities.register(
+    Feature("workspace_permissions", (("GET", "/workspace/permissions"),)),
+)
+
+
+@blueprint.get("/workspace/permissions")
+async def workspace_permissions() -> Response:
+    d = daemon()
+    check_workspace_client(d, header_client_id())
+    gate = getattr(d.registry, "effects", None)
+    if gate is None:
+        raise service_unavailable("The effect gate is not installed", "effects_unavailable")
+    body = gate.describe(d.settings.primary_workspace)
+    return json_response(body, headers=NO_STORE)

@@ -1,0 +1,695 @@
+"""Session routes: create/attach, load/resume, list, prompt, cancel, close, events, votes.
+
+Each handler validates its input (400s here, in the order the reference checks them),
+finds the session (404), then sends one message to an actor and encodes the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from typing import Any
+
+import msgspec
+import trio
+from quart import Blueprint, Response, make_response, request
+
+from actors import ActorStopped
+from serve.events import (
+    DEFAULT_MAX_QUEUED,
+    HEARTBEAT_FRAME,
+    MAX_MAX_QUEUED,
+    MIN_MAX_QUEUED,
+    RETRY_FRAME,
+    SubscriberLimitExceeded,
+)
+from serve.http import capabilities, plural
+from serve.http.capabilities import Feature
+from serve.http.context import daemon
+from serve.http.errors import ApiError, bad_request, service_unavailable, session_not_found
+from serve.http.security.clientid import InvalidClientId, validate_client_id
+from serve.http.security.hosts import is_loopback_address
+from serve.http.wire import json_body, json_response
+from serve.permissions.mediator import CastVote, SessionOf
+from serve.sessions.actor import (
+    APPROVAL_MODES,
+    Attach,
+    CancelTurn,
+    CloseSession,
+    Heartbeat,
+    ListPending,
+    PromptQueueFull,
+    PromptRunning,
+    RemovePending,
+    SessionActor,
+    SessionGone,
+    SetApprovalMode,
+    SetModel,
+    SubmitPrompt,
+    UpdateMetadata,
+)
+from serve.sessions.registry import CreateSession, RestoreSession
+
+blueprint = Blueprint("sessions", __name__)
+
+HEARTBEAT_INTERVAL_S = 15.0
+MAX_SAFE_INTEGER = 2**53 - 1
+_EPOCH_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ASK_TIMEOUT_S = 30.0
+
+plural.PLURAL_ROUTES.extend(
+    [
+        ("GET", "/workspaces/<path:workspace>/sessions"),
+        ("GET", "/workspaces//<path:workspace>/sessions"),
+    ]
+)
+capabilities.register(
+    Feature("session_create", (("POST", "/session"),)),
+    Feature("session_scope_override", (("POST", "/session"),)),
+    Feature("session_load", (("POST", "/session/<session_id>/load"),)),
+    Feature("session_resume", (("POST", "/session/<session_id>/resume"),)),
+    Feature("unstable_session_resume", (("POST", "/session/<session_id>/resume"),)),
+    Feature("session_list", (("GET", "/workspace/<path:workspace>/sessions"),)),
+    Feature("session_prompt", (("POST", "/session/<session_id>/prompt"),)),
+    Feature("non_blocking_prompt", (("POST", "/session/<session_id>/prompt"),)),
+    Feature("session_cancel", (("POST", "/session/<session_id>/cancel"),)),
+    Feature(
+        "session_pending_prompts",
+        (
+            ("GET", "/session/<session_id>/pending-prompts"),
+            ("DELETE", "/session/<session_id>/pending-prompts/<prompt_id>"),
+        ),
+    ),
+    Feature(
+        "prompt_absolute_deadline",
+        (("POST", "/session/<session_id>/prompt"),),
+        when=lambda d: d.settings.prompt_deadline_ms is not None,
+    ),
+    Feature("session_close", (("DELETE", "/session/<session_id>"),)),
+    Feature("session_metadata", (("PATCH", "/session/<session_id>/metadata"),)),
+    Feature("client_identity", (("POST", "/session"),)),
+    Feature("client_heartbeat", (("POST", "/session/<session_id>/heartbeat"),)),
+    Feature("session_set_model", (("POST", "/session/<session_id>/model"),)),
+    Feature("session_approval_mode_control", (("POST", "/session/<session_id>/approval-mode"),)),
+    Feature("session_events", (("GET", "/session/<session_id>/events"),)),
+    Feature("slow_client_warning", (("GET", "/session/<session_id>/events"),)),
+    Feature("typed_event_schema", (("GET", "/session/<session_id>/events"),)),
+    Feature(
+        "writer_idle_timeout",
+        (("GET", "/session/<session_id>/events"),),
+        when=lambda d: d.settings.writer_idle_timeout_ms is not None,
+    ),
+    Feature(
+        "session_permission_vote",
+        (("POST", "/session/<session_id>/permission/<request_id>"),),
+    ),
+    Feature("permission_vote", (("POST", "/permission/<request_id>"),)),
+    Feature(
+        "permission_mediation",
+        (("POST", "/permission/<request_id>"),),
+        modes=("first-responder", "designated", "consensus", "local-only"),
+    ),
+)
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def header_client_id() -> str | None:
+    try:
+        return validate_client_id(request.headers.get("X-Qwen-Client-Id"))
+    except InvalidClientId:
+        raise ApiError(
+            400,
+            {
+                "error": "`X-Qwen-Client-Id` must be a non-empty token of 128 characters or fewer",
+                "code": "invalid_client_id",
+            },
+        ) from None
+
+
+def find_session(session_id: str) -> SessionActor:
+    session = daemon().registry.get(session_id)
+    if session is None:
+        raise session_not_found(session_id)
+    return session
+
+
+def require_registered(session: SessionActor, client_id: str) -> None:
+    """400 ``invalid_client_id`` unless ``client_id`` is registered on ``session``."""
+    if not session.knows_client(client_id):
+        raise ApiError(
+            400,
+            {
+                "error": f'Client id "{client_id}" is not registered on this session',
+                "code": "invalid_client_id",
+                "sessionId": session.session_id,
+                "clientId": client_id,
+            },
+        )
+
+
+def session_client(session: SessionActor) -> str | None:
+    """The header's client id, which must be registered on ``session`` when present."""
+    client_id = header_client_id()
+    if client_id is not None:
+        require_registered(session, client_id)
+    return client_id
+
+
+async def ask(session: SessionActor, msg: Any, timeout_s: float = _ASK_TIMEOUT_S) -> Any:
+    try:
+        return await session.ask(msg, timeout_s=timeout_s)
+    except (SessionGone, ActorStopped):
+        raise session_not_found(session.session_id) from None
+
+
+def canonical_cwd(raw: object) -> str:
+    if not isinstance(raw, str) or not os.path.isabs(raw):
+        raise bad_request("`cwd` must be a string absolute path")
+    try:
+        return os.path.realpath(raw)
+    except (OSError, ValueError):
+        return os.path.normpath(raw)
+
+
+def resolve_workspace(body: dict[str, Any]) -> str:
+    d = daemon()
+    if "cwd" not in body or body["cwd"] is None:
+        return d.settings.primary_workspace
+    cwd = canonical_cwd(body["cwd"])
+    if cwd in d.registry.runtimes:
+        return cwd
+    extra: dict[str, Any] = {
+        "boundWorkspace": d.settings.primary_workspace,
+        "requestedWorkspace": cwd,
+    }
+    if len(d.registry) > 1:
+        extra["workspaceCount"] = len(d.registry)
+    raise bad_request(
+        f"Requested workspace {cwd} does not match the daemon's workspace",
+        "workspace_mismatch",
+        **extra,
+    )
+
+
+def session_response(session: SessionActor, *, attached: bool, client_id: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "sessionId": session.session_id,
+        "workspaceCwd": session.workspace,
+        "attached": attached,
+        "clientId": client_id,
+        "createdAt": session.created_at,
+    }
+    if attached:
+        out["hasActivePrompt"] = session.has_active_prompt
+    return out
+
+
+async def _await_ticket(ticket: Any) -> SessionActor:
+    try:
+        return await ticket.pending.wait()  # type: ignore[no-any-return]
+    except ApiError:
+        raise
+    except Exception as exc:
+        from serve.http.errors import to_api_error
+
+        mapped = to_api_error(exc)
+        if mapped is not None:
+            raise mapped from None
+        raise ApiError(
+            503,
+            {
+                "error": f"Agent failed to start: {exc}",
+                "code": "acp_channel_unavailable",
+                "retryable": True,
+            },
+            {"Retry-After": "5"},
+        ) from None
+
+
+def _check_draining() -> None:
+    if daemon().draining:
+        raise service_unavailable("Daemon is draining", "daemon_draining")
+
+
+# ---- create / restore / list --------------------------------------------------------------
+
+
+@blueprint.post("/session")
+async def create_session() -> Response:
+    _check_draining()
+    body = await json_body()
+    client_id = header_client_id()
+    scope = body.get("sessionScope", "single")
+    if scope not in ("single", "thread"):
+        raise bad_request("`sessionScope` must be one of: single, thread", "invalid_session_scope")
+    approval_mode = body.get("approvalMode")
+    if approval_mode is not None and approval_mode not in APPROVAL_MODES:
+        raise bad_request(
+            "`approvalMode` must be one of: " + ", ".join(APPROVAL_MODES),
+            "invalid_approval_mode",
+            allowed=list(APPROVAL_MODES),
+        )
+    if body.get("sessionId") is not None:
+        raise bad_request(
+            "`sessionId` overrides are not supported by this daemon", "invalid_session_id"
+        )
+    workspace = resolve_workspace(body)
+    registry = daemon().registry
+    try:
+        ticket = await registry.ask(CreateSession(workspace, scope), timeout_s=_ASK_TIMEOUT_S)
+    except ActorStopped:
+        raise service_unavailable("Daemon is shutting down", "daemon_draining") from None
+    session = await _await_ticket(ticket)
+    registered = await ask(session, Attach(client_id))
+    out = session_response(session, attached=ticket.attached, client_id=registered)
+    if approval_mode is not None:
+        try:
+            await ask(session, SetApprovalMode(approval_mode, False, registered))
+        except ApiError:
+            pass
+    model = body.get("modelServiceId")
+    if isinstance(model, str) and model:
+        try:
+            await ask(session, SetModel(model, registered))
+            out["modelApplied"] = True
+        except ApiError:
+            out["modelApplied"] = False
+    return json_response(out)
+
+
+async def _restore(session_id: str, action: str) -> Response:
+    _check_draining()
+    body = await json_body()
+    client_id = header_client_id()
+    workspace = resolve_workspace(body)
+    try:
+        ticket = await daemon().registry.ask(
+            RestoreSession(session_id, workspace, action), timeout_s=_ASK_TIMEOUT_S
+        )
+    except ActorStopped:
+        raise service_unavailable("Daemon is shutting down", "daemon_draining") from None
+    try:
+        session = await _await_ticket(ticket)
+    except ApiError as exc:
+        if exc.status == 500 and exc.body.get("code") in (-32002, -32602):
+            raise session_not_found(session_id) from None
+        raise
+    registered = await ask(session, Attach(client_id))
+    out = session_response(session, attached=ticket.attached, client_id=registered)
+    out["state"] = session.state_snapshot()
+    out["lastEventId"] = session.log.last_id
+    out["eventEpoch"] = session.log.epoch
+    return json_response(out)
+
+
+@blueprint.post("/session/<session_id>/load")
+async def load_session(session_id: str) -> Response:
+    return await _restore(session_id, "load")
+
+
+@blueprint.post("/session/<session_id>/resume")
+async def resume_session(session_id: str) -> Response:
+    return await _restore(session_id, "resume")
+
+
+@blueprint.get("/workspace/<path:workspace>/sessions")
+@blueprint.get("/workspace//<path:workspace>/sessions")  # a %2F-encoded absolute path
+@blueprint.get("/workspaces/<path:workspace>/sessions")
+@blueprint.get("/workspaces//<path:workspace>/sessions")
+async def list_sessions(workspace: str) -> Response:
+    d = daemon()
+    wanted = _workspace_by_ref(workspace)
+    if wanted is None:
+        raise bad_request(
+            f"Workspace {workspace} is not served by this daemon",
+            "workspace_mismatch",
+            boundWorkspace=d.settings.primary_workspace,
+            requestedWorkspace=workspace,
+        )
+    sessions = [s.summary() for s in d.registry.live(wanted)]
+    return json_response({"sessions": sessions})
+
+
+def _workspace_by_ref(ref: str) -> str | None:
+    runtime = daemon().registry.by_ref(ref)
+    return runtime.path if runtime is not None else None
+
+
+# ---- prompts ------------------------------------------------------------------------------
+
+_PROMPT_ERROR = "`prompt` must be a non-empty array of content blocks"
+
+
+def _validate_prompt(body: dict[str, Any]) -> tuple[msgspec.Raw, str, dict[str, Any]]:
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        raise ApiError(400, {"error": _PROMPT_ERROR})
+    texts: list[str] = []
+    non_text = 0
+    for block in prompt:
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise ApiError(400, {"error": _PROMPT_ERROR})
+        if block["type"] == "text":
+            if not isinstance(block.get("text"), str):
+                raise ApiError(400, {"error": "text content blocks need a string `text`"})
+            texts.append(block["text"])
+        else:
+            non_text += 1
+    if non_text > 256:
+        raise ApiError(400, {"error": "at most 256 non-text content blocks per prompt"})
+    extra = {
+        k: v
+        for k, v in body.items()
+        if k not in ("prompt", "deadlineMs", "eventDetailMode", "retry", "delivery", "promptId")
+    }
+    return msgspec.Raw(msgspec.json.encode(prompt)), "\n".join(texts), extra
+
+
+@blueprint.post("/session/<session_id>/prompt")
+async def prompt(session_id: str) -> Response:
+    _check_draining()
+    body = await json_body(allow_empty=False)
+    client_id = header_client_id()
+    blocks, text, extra = _validate_prompt(body)
+    prompt_id = body.get("promptId")
+    if prompt_id is not None and (not isinstance(prompt_id, str) or not 0 < len(prompt_id) <= 128):
+        raise bad_request(
+            "`promptId` must be a non-empty string of at most 128 characters", "invalid_prompt_id"
+        )
+    deadline_ms = body.get("deadlineMs")
+    if deadline_ms is not None and (
+        isinstance(deadline_ms, bool)
+        or not isinstance(deadline_ms, int)
+        or not 0 < deadline_ms <= 2_147_483_647
+    ):
+        raise bad_request("`deadlineMs` must be a positive integer", "invalid_deadline_ms")
+    session = find_session(session_id)
+    client_id = session_client(session)
+    try:
+        admission = await ask(
+            session,
+            SubmitPrompt(blocks, text, client_id, extra or None, prompt_id, deadline_ms),
+        )
+    except PromptQueueFull as exc:
+        raise service_unavailable(
+            f"Prompt queue is full ({exc.limit})",
+            "prompt_queue_full",
+            sessionId=session_id,
+            limit=exc.limit,
+            pendingCount=exc.pending,
+        ) from None
+    prefer = request.headers.get("Prefer", "")
+    if "respond-async" in prefer.lower():
+        return json_response(
+            {
+                "promptId": admission.prompt_id,
+                "lastEventId": admission.last_event_id,
+                "eventEpoch": admission.epoch,
+            },
+            202,
+        )
+    job = admission.job
+    try:
+        await job.done.wait()
+    except trio.Cancelled:
+        # The blocking caller went away: cancel its prompt, as the seed says.
+        if not job.done.is_set():
+            try:
+                session.tell_nowait(CancelTurn(client_id, admission.prompt_id))
+            except Exception:
+                pass
+        raise
+    event_type, data = job.result
+    if event_type == "turn_complete":
+        out = {"stopReason": data["stopReason"], "promptId": admission.prompt_id}
+        if "branchPoint" in data:
+            out["branchPoint"] = data["branchPoint"]
+        return json_response(out)
+    error_body: dict[str, Any] = {"error": data.get("message", "prompt failed")}
+    for key in ("code", "data", "errorKind"):
+        if key in data:
+            error_body[key] = data[key]
+    error_body["promptId"] = admission.prompt_id
+    retryable = ("channel_closed", "daemon_shutdown", "agent_restarted")
+    status = 503 if data.get("code") in retryable else 500
+    return json_response(error_body, status)
+
+
+@blueprint.get("/session/<session_id>/pending-prompts")
+async def pending_prompts(session_id: str) -> Response:
+    session = find_session(session_id)
+    session_client(session)
+    return json_response(await ask(session, ListPending()))
+
+
+@blueprint.delete("/session/<session_id>/pending-prompts/<prompt_id>")
+async def remove_pending_prompt(session_id: str, prompt_id: str) -> Response:
+    session = find_session(session_id)
+    client_id = session_client(session)
+    try:
+        removed = await ask(session, RemovePending(prompt_id, client_id))
+    except PromptRunning:
+        raise ApiError(
+            409,
+            {
+                "error": "The prompt is running; cancel it with POST /session/:id/cancel",
+                "code": "prompt_running",
+                "sessionId": session_id,
+                "promptId": prompt_id,
+            },
+        ) from None
+    if not removed:
+        raise ApiError(
+            404,
+            {
+                "error": f'No pending prompt "{prompt_id}"',
+                "code": "prompt_not_found",
+                "sessionId": session_id,
+                "promptId": prompt_id,
+            },
+        )
+    return Response(b"", status=204)
+
+
+@blueprint.post("/session/<session_id>/cancel")
+async def cancel(session_id: str) -> Response:
+    session = find_session(session_id)
+    client_id = session_client(session)
+    await ask(session, CancelTurn(client_id))
+    return Response(b"", status=204)
+
+
+@blueprint.delete("/session/<session_id>")
+async def close(session_id: str) -> Response:
+    session = find_session(session_id)
+    client_id = session_client(session)
+    await ask(session, CloseSession(reason="client_close", closed_by=client_id))
+    return Response(b"", status=204)
+
+
+@blueprint.post("/session/<session_id>/detach")
+async def detach(session_id: str) -> Response:
+    session = daemon().registry.get(session_id)
+    if session is None:
+        return Response(b"", status=204)
+    client_id = session_client(session)
+    if client_id is not None:
+        session.release_client(client_id)
+    if not session.clients and session.subscribers == 0 and session.pending_count == 0:
+        try:
+            await session.ask(CloseSession(reason="last_client_detached"), timeout_s=10)
+        except (SessionGone, ActorStopped):
+            pass
+    return Response(b"", status=204)
+
+
+@blueprint.patch("/session/<session_id>/metadata")
+async def metadata(session_id: str) -> Response:
+    body = await json_body(allow_empty=False)
+    session = find_session(session_id)
+    client_id = session_client(session)
+    name = body.get("displayName")
+    if not isinstance(name, str) or not name.strip() or len(name) > 256:
+        raise bad_request(
+            "`displayName` must be a non-empty string of at most 256 characters",
+            "invalid_metadata",
+            field="displayName",
+        )
+    return json_response(await ask(session, UpdateMetadata(name.strip(), client_id)))
+
+
+@blueprint.post("/session/<session_id>/heartbeat")
+async def heartbeat(session_id: str) -> Response:
+    session = find_session(session_id)
+    client_id = session_client(session)
+    last_seen = await ask(session, Heartbeat(client_id))
+    out: dict[str, Any] = {"sessionId": session_id, "lastSeenAt": last_seen}
+    if client_id is not None:
+        out["clientId"] = client_id
+    return json_response(out)
+
+
+@blueprint.post("/session/<session_id>/model")
+async def set_model(session_id: str) -> Response:
+    body = await json_body(allow_empty=False)
+    session = find_session(session_id)
+    client_id = session_client(session)
+    model_id = body.get("modelId")
+    if not isinstance(model_id, str) or not model_id.strip():
+        raise bad_request("`modelId` must be a non-empty string")
+    return json_response(await ask(session, SetModel(model_id, client_id), timeout_s=60))
+
+
+@blueprint.post("/session/<session_id>/approval-mode")
+async def approval_mode(session_id: str) -> Response:
+    body = await json_body(allow_empty=False)
+    session = find_session(session_id)
+    client_id = session_client(session)
+    mode = body.get("mode")
+    if mode not in APPROVAL_MODES:
+        raise bad_request(
+            "`mode` must be one of: " + ", ".join(APPROVAL_MODES),
+            "invalid_approval_mode",
+            allowed=list(APPROVAL_MODES),
+        )
+    persist = body.get("persist", False)
+    if not isinstance(persist, bool):
+        raise bad_request("`persist` must be a boolean", "invalid_persist_flag")
+    return json_response(await ask(session, SetApprovalMode(mode, persist, client_id)))
+
+
+# ---- events -------------------------------------------------------------------------------
+
+
+def _max_queued() -> int:
+    raw = request.args.get("maxQueued")
+    if raw is None:
+        return DEFAULT_MAX_QUEUED
+    if not raw.isdigit() or not MIN_MAX_QUEUED <= int(raw) <= MAX_MAX_QUEUED:
+        raise bad_request(
+            f"maxQueued must be an integer in [{MIN_MAX_QUEUED}, {MAX_MAX_QUEUED}]",
+            "invalid_max_queued",
+        )
+    return int(raw)
+
+
+def _last_event_id() -> int | None:
+    raw = request.headers.get("Last-Event-ID")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not raw.isdigit() or int(raw) > MAX_SAFE_INTEGER:
+        return None
+    return int(raw)
+
+
+@blueprint.get("/session/<session_id>/events")
+async def events(session_id: str) -> Response:
+    session = find_session(session_id)
+    max_queued = _max_queued()
+    limit = daemon().settings.max_connections
+    if limit and daemon().sse_streams >= limit:
+        # Event streams are the connections that stay open; --max-connections caps them.
+        raise service_unavailable(
+            f"Connection limit reached ({limit} event streams)",
+            "connection_limit_exceeded",
+            limit=limit,
+        )
+    header_client_id()
+    epoch = request.headers.get("X-Qwen-Event-Epoch")
+    if epoch is not None and not _EPOCH_RE.match(epoch):
+        epoch = None
+    snapshot = None
+    if request.args.get("snapshot") in ("1", "true"):
+        snapshot = {
+            "sessionId": session.session_id,
+            "currentModelId": session.current_model,
+            "currentApprovalMode": session.current_mode,
+        }
+    try:
+        sub = session.log.subscribe(
+            last_event_id=_last_event_id(), epoch=epoch, max_queued=max_queued, snapshot=snapshot
+        )
+    except SubscriberLimitExceeded as exc:
+        raise ApiError(
+            429,
+            {"error": str(exc), "code": "subscriber_limit_exceeded", "limit": exc.limit},
+            {"Retry-After": "5"},
+        ) from None
+    d = daemon()
+    session.subscribers += 1
+    d.sse_streams += 1
+
+    async def stream() -> Any:
+        try:
+            yield RETRY_FRAME
+            while True:
+                chunk = await sub.next_chunk(HEARTBEAT_INTERVAL_S)
+                if chunk is None:
+                    return
+                yield chunk or HEARTBEAT_FRAME
+        finally:
+            sub.close()
+            session.subscribers -= 1
+            d.sse_streams -= 1
+            session.last_seen_ms = int(time.time() * 1000)
+
+    response = await make_response(
+        stream(),
+        200,
+        {
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache, no-transform",
+            "X-Accel-Buffering": "no",
+            "X-Qwen-Event-Epoch": session.log.epoch,
+            "X-Qwen-SSE-Stream-Id": str(uuid.uuid4()),
+        },
+    )
+    response.timeout = None  # type: ignore[union-attr]
+    return response  # type: ignore[return-value]
+
+
+# ---- permission votes ---------------------------------------------------------------------
+
+
+def _from_loopback() -> bool:
+    addr = request.remote_addr or ""
+    return is_loopback_address(addr)
+
+
+async def _vote(request_id: str, session_id: str | None, client_id: str | None) -> Response:
+    body = await json_body(allow_empty=False)
+    mediator = daemon().mediator
+    try:
+        status, out = await mediator.ask(
+            CastVote(request_id, session_id, body, client_id, _from_loopback()),
+            timeout_s=_ASK_TIMEOUT_S,
+        )
+    except ActorStopped:
+        raise service_unavailable(
+            "Permission mediator unavailable", "mediator_unavailable"
+        ) from None
+    return json_response(out, status)
+
+
+@blueprint.post("/session/<session_id>/permission/<request_id>")
+async def vote_session(session_id: str, request_id: str) -> Response:
+    session = find_session(session_id)
+    client_id = session_client(session)
+    return await _vote(request_id, session_id, client_id)
+
+
+@blueprint.post("/permission/<request_id>")
+async def vote_legacy(request_id: str) -> Response:
+    client_id = header_client_id()
+    d = daemon()
+    if client_id is not None:
+        owner = await d.mediator.ask(SessionOf(request_id), timeout_s=_ASK_TIMEOUT_S)
+        session = d.registry.get(owner) if owner else None
+        if session is not None:
+            require_registered(session, client_id)
+    return await _vote(request_id, None, client_id)

@@ -1,0 +1,266 @@
+"""``POST /session/<id>/shell``: a user's shell command in the session's workspace.
+
+Contract (spec §4.8, qwen serve 0.24.4): body ``{command: string}``; strict route (the
+security middleware refuses it on a daemon without a bearer token); needs
+``--enable-session-shell`` (else ``403 session_shell_disabled``) and an
+``X-Qwen-Client-Id`` registered on the session (absent: ``403 client_id_required``;
+unknown: ``400 invalid_client_id``). Tag ``session_shell_command``, advertised only when
+the flag is on *and* a token is configured: the strict gate has no trusted-loopback
+exception here, so without a token the route could never run and the tag would lie.
+
+Order of work:
+
+1. **Admission** through the Host's EffectGate (``daemon.registry.effects``), exactly as
+   an agent's ``terminal/create`` of ``/bin/sh -c COMMAND`` in the workspace: grants,
+   hardline commands (``rm -rf /``...), the session's approval mode, and a
+   ``permission_request`` voted by the session's clients when the policy says "prompt".
+   A refusal is ``403 {code:"effect_denied", reason, capability, rule}`` (the gate has
+   already published ``effect_denied``). No gate installed: the command runs directly.
+2. ``user_shell_command {sessionId, command, cwd}`` on the session log.
+3. The command runs (:func:`serve.workspace_state.shell_run.run_shell`): own process
+   group, 120 s timeout, group SIGKILLed on timeout, when the shell exits (leftover
+   background jobs) and when the HTTP client goes away (handler cancelled). Output is
+   streamed as ``session_update {sessionId, update:{sessionUpdate:"shell_output", output,
+   _meta:{source:"user-shell"}}}`` (first 256 KiB) and returned (last 256 KiB).
+4. ``user_shell_result {sessionId, exitCode, signal, aborted, error?}``; events carry the
+   caller as originator.
+5. For an agent that answers ``qwen/control/session/shell_history`` (qwen-code), the
+   command and its output (first 10 000 characters) are handed to the agent so its next
+   turn knows about them (best effort, bounded).
+
+Response ``200 {sessionId, command, cwd, exitCode, signal, aborted, timedOut, output,
+truncated, durationMs}``. At most :data:`MAX_SHELLS_PER_SESSION` commands run at once per
+session (``429 shell_limit_exceeded``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Final
+
+from quart import Blueprint, Response
+
+from acp.errors import AcpError, HandlerError, RemoteError
+from acp.process import scrub_env
+from acp.schema import CreateTerminalParams
+from serve.http import capabilities
+from serve.http.capabilities import Feature
+from serve.http.context import daemon
+from serve.http.errors import ApiError, bad_request
+from serve.http.routes.sessions import find_session, header_client_id, require_registered
+from serve.http.wire import json_body, json_response
+from serve.workspace_state import agent_ext
+from serve.workspace_state.shell_run import DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT_S, run_shell
+
+log = logging.getLogger(__name__)
+
+blueprint = Blueprint("session_shell", __name__)
+
+RULE: Final = "/session/<session_id>/shell"
+#: Longest command accepted (characters).
+MAX_COMMAND_CHARS: Final = 64 * 1024
+#: Concurrent shell commands per session.
+MAX_SHELLS_PER_SESSION: Final = 4
+#: Output handed to the agent's shell history (characters), as qwen serve does.
+MAX_HISTORY_CHARS: Final = 10_000
+HISTORY_TIMEOUT_S: Final = 10.0
+#: JSON-RPC code of a Host refusal (serve.permissions.effects.EFFECT_DENIED).
+_EFFECT_DENIED: Final = -32003
+
+_running: dict[str, int] = {}
+
+
+def shell_enabled(d: Any) -> bool:
+    """The flag is on and a bearer token is configured (see the module docstring)."""
+    settings = d.settings
+    return bool(settings.enable_session_shell) and bool(settings.token)
+
+
+capabilities.register(
+    Feature("session_shell_command", (("POST", RULE),), when=shell_enabled),
+)
+
+
+def _denied(err: HandlerError) -> ApiError:
+    data = err.data if isinstance(err.data, dict) else {}
+    if err.code == _EFFECT_DENIED:
+        return ApiError(
+            403,
+            {
+                "error": err.message,
+                "code": "effect_denied",
+                **{k: data[k] for k in ("reason", "capability", "rule", "target") if k in data},
+            },
+        )
+    return bad_request(err.message, "invalid_command")
+
+
+async def _admit(d: Any, session: Any, command: str) -> None:
+    gate = getattr(getattr(d, "registry", None), "effects", None)
+    if gate is None:
+        return
+    params = CreateTerminalParams(
+        session_id=session.session_id,
+        command="/bin/sh",
+        args=["-c", command],
+        cwd=session.workspace,
+    )
+    try:
+        await gate.check_terminal(session, params)
+    except HandlerError as err:
+        raise _denied(err) from None
+
+
+async def _share_history(session: Any, command: str, output: str, exit_code: int | None) -> None:
+    """Hand the command to an agent that keeps a shell history (best effort)."""
+    d = daemon()
+    support = agent_ext.support_for(d)
+    kind = agent_ext.agent_kind(session)
+    if support.verdict(kind, agent_ext.SHELL_HISTORY) is not True:
+        return
+    conn = getattr(session, "conn", None)
+    if conn is None or conn.closed:
+        return
+    if len(output) > MAX_HISTORY_CHARS:
+        output = output[:MAX_HISTORY_CHARS] + "\n... (truncated)"
+    params = {
+        "sessionId": session.session_id,
+        "command": command,
+        "output": output,
+        "exitCode": exit_code,
+    }
+    try:
+        await conn.request(agent_ext.SHELL_HISTORY, params, timeout_s=HISTORY_TIMEOUT_S)
+    except RemoteError as err:
+        if err.code == -32601:
+            support.observe(kind, agent_ext.SHELL_HISTORY, False)
+        log.info("shell history not taken by %s: %s", kind, err)
+    except AcpError as err:
+        log.info("shell history not handed to %s: %s", kind, err)
+
+
+@blueprint.post(RULE)
+async def session_shell(session_id: str) -> Response:
+    d = daemon()
+    session = find_session(session_id)
+    if not d.settings.enable_session_shell:
+        raise ApiError(
+            403,
+            {
+                "error": "The session shell is disabled; start the daemon with "
+                "--enable-session-shell",
+                "code": "session_shell_disabled",
+                "errorKind": "session_shell_disabled",
+            },
+        )
+    client_id = header_client_id()
+    if client_id is None:
+        raise ApiError(
+            403,
+            {
+                "error": "The session shell needs an X-Qwen-Client-Id registered on the session",
+                "code": "client_id_required",
+                "errorKind": "client_id_required",
+            },
+        )
+    require_registered(session, client_id)
+    body = await json_body()
+    command = body.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise bad_request("`command` is required and must be a non-empty string")
+    command = command.strip()
+    if len(command) > MAX_COMMAND_CHARS or "\x00" in command:
+        raise bad_request(
+            f"`command` must be at most {MAX_COMMAND_CHARS} characters without NUL",
+            "invalid_command",
+        )
+    if _running.get(session_id, 0) >= MAX_SHELLS_PER_SESSION:
+        raise ApiError(
+            429,
+            {
+                "error": f"At most {MAX_SHELLS_PER_SESSION} shell commands run at once per session",
+                "code": "shell_limit_exceeded",
+                "limit": MAX_SHELLS_PER_SESSION,
+            },
+            {"Retry-After": "1"},
+        )
+    _running[session_id] = _running.get(session_id, 0) + 1
+    try:
+        return await _run(session, command, client_id)
+    finally:
+        left = _running.get(session_id, 1) - 1
+        if left <= 0:
+            _running.pop(session_id, None)
+        else:
+            _running[session_id] = left
+
+
+async def _run(session: Any, command: str, client_id: str) -> Response:
+    d = daemon()
+    sid = session.session_id
+    cwd = session.workspace
+    await _admit(d, session, command)
+    session.log.publish(
+        "user_shell_command",
+        {"sessionId": sid, "command": command, "cwd": cwd},
+        originator=client_id,
+    )
+
+    def stream(text: str) -> None:
+        session.log.publish(
+            "session_update",
+            {
+                "sessionId": sid,
+                "update": {
+                    "sessionUpdate": "shell_output",
+                    "output": text,
+                    "_meta": {"source": "user-shell"},
+                },
+            },
+            originator=client_id,
+        )
+
+    def result(data: dict[str, Any]) -> None:
+        session.log.publish("user_shell_result", {"sessionId": sid, **data}, originator=client_id)
+
+    try:
+        outcome = await run_shell(
+            command,
+            cwd=cwd,
+            env=scrub_env(os.environ),
+            timeout_s=DEFAULT_TIMEOUT_S,
+            output_limit=DEFAULT_OUTPUT_LIMIT,
+            on_output=stream,
+        )
+    except OSError as err:  # /bin/sh could not be started
+        result({"exitCode": None, "signal": None, "aborted": False, "error": str(err)})
+        raise ApiError(
+            500, {"error": f"cannot start the shell: {err}", "code": "shell_spawn_failed"}
+        ) from None
+    except BaseException:  # cancelled (the client went away; may arrive as a group)
+        result({"exitCode": None, "signal": "SIGKILL", "aborted": True})
+        raise
+    data: dict[str, Any] = {
+        "exitCode": outcome.exit_code,
+        "signal": outcome.signal,
+        "aborted": outcome.aborted,
+    }
+    if outcome.timed_out:
+        data["error"] = f"command timed out after {DEFAULT_TIMEOUT_S:g} s"
+    result(data)
+    await _share_history(session, command, outcome.output, outcome.exit_code)
+    return json_response(
+        {
+            "sessionId": sid,
+            "command": command,
+            "cwd": cwd,
+            "exitCode": outcome.exit_code,
+            "signal": outcome.signal,
+            "aborted": outcome.aborted,
+            "timedOut": outcome.timed_out,
+            "output": outcome.output,
+            "truncated": outcome.truncated,
+            "durationMs": outcome.duration_ms,
+        }
+    )

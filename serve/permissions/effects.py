@@ -1,0 +1,902 @@
+"""The EffectGate: every effect an agent asks of the Host passes grants and approvals first.
+
+Theory of operation
+-------------------
+The daemon is the Host. A :class:`~serve.sessions.actor.SessionActor` (the ACP client
+handler) hands each agent → client effect request to the gate installed in
+``session.effects``: ``fs/read_text_file`` (:meth:`EffectGate.read_text_file`),
+``fs/write_text_file`` (:meth:`EffectGate.write_text_file`) and ``terminal/create``
+(:meth:`EffectGate.check_terminal`, which only admits; the session then runs it). Each
+request goes through the same pipeline:
+
+1. **Classify** (:mod:`serve.permissions.approval`): the path is made absolute-canonical
+   first (``realpath`` in a worker thread: a symlink inside the workspace that points out
+   is classified as outside), then mapped to a capability (``fs.read``, ``fs.write``,
+   ``terminal.exec``) with a risk and a guard floor (sensitive files, outside targets,
+   commands that run workspace code or pass an environment: at least ``prompt``;
+   hardline commands: ``deny``). A relative path or a malformed request is the agent's
+   fault: JSON-RPC ``-32602``.
+2. **Decide**: grants are resolved per session (``capabilities.defaults`` <
+   ``agents[<agentInfo.name>]`` < ``sessions[<session id>]``) and ``approval.decide``
+   combines them with the ``approval:`` config and the session's approval mode
+   (``session.current_mode``, set by ``POST /session/:id/approval-mode``; unknown → the
+   ``default`` mode) monotonically: ``auto < prompt < deny``.
+3. **deny** → the agent gets JSON-RPC error :data:`EFFECT_DENIED` (``-32003``, ``data``:
+   ``{reason, capability, rule, target}``) and the session log gets ``effect_denied
+   {sessionId, capability, target, rule, reason, risk}``. No client is asked, nothing
+   touches the disk.
+4. **prompt** → in order, the first that applies:
+
+   a. *already approved by the agent's own question* (see below): run;
+   b. a live ``always_allow_for_session`` entry (:class:`~serve.permissions.cache.
+      ApprovalCache`) for (session incarnation, principal, policy fingerprint, rule): run;
+   c. otherwise a permission request through the PermissionMediator: ``OpenPermission``
+      with a synthetic tool call (``toolCallId: "host_…"``, kind ``read``/``edit``/
+      ``execute``, the path or command, ``_meta["qwen.daemon.effect"]`` with capability,
+      risk, rule and reason) and options ``allow_once``, ``allow_always`` (only when the
+      answer may be cached) and ``reject_once``. The request is published as the usual
+      ``permission_request`` event and voted on under the daemon's mediation policy.
+      ``allow_*`` runs it (``allow_always`` is cached); ``reject_once`` and ``cancelled``
+      (timeout, session cancel/close, mediator crash) refuse it like a deny
+      (``effect_denied`` with rule ``permission:rejected`` / ``permission:cancelled``).
+      Concurrent identical requests (same session, principal, policy and effect) share
+      one request (:class:`~serve.permissions.cache.InflightTable`); if the leader is
+      cancelled (the agent withdrew its request) the next waiter asks again.
+5. **auto** (or approved) → run. Targets inside the workspace go through the shared
+   :mod:`serve.workspace` boundary (the same :class:`~serve.workspace.Workspace` as the
+   HTTP file routes, so writes serialise with clients' writes and a symlink swapped in
+   after the check fails with ``symlink_escape``); targets outside the workspace, which
+   only an ``any``-scoped grant allows, use plain file I/O in a worker thread.
+
+The principal
+-------------
+A cached ``allow_always`` is bound to the *prompt originator's* client id (the
+``X-Qwen-Client-Id`` that submitted the running prompt): only later effects of prompts by
+the same client in the same session incarnation reuse it. An anonymous prompt has no
+principal and is never cached (its requests do not offer ``allow_always``). The session
+part of the key is a per-actor token, so a session replaced under the same id (load after
+close) never inherits entries; entries of sessions that are no longer live are dropped on
+the next gate call. ``secret.bind`` decisions are never cached (``approval.decide`` marks
+them non-cacheable, and ``ApprovalCache`` refuses them). Entries expire after 8 hours.
+
+Not asking twice (agent approvals)
+----------------------------------
+Agents such as qwen-code ask their own ``session/request_permission`` before an edit and
+then call ``fs/write_text_file``. When a client *allowed* such a request (an option of
+kind ``allow_once``/``allow_always``), the session actor calls
+:meth:`EffectGate.note_agent_permission`. The rule: for
+:data:`AGENT_APPROVAL_WINDOW_MS` (60 s) and at most :data:`AGENT_APPROVAL_USES` (8)
+effects, within the same session incarnation and the same running prompt, a ``prompt``
+verdict is satisfied without asking again when the effect matches the approved tool call:
+
+* its capability is one the tool call's ``kind`` implies (``read`` → ``fs.read``;
+  ``edit``/``delete``/``move`` → ``fs.write`` and ``fs.read``; ``execute`` →
+  ``terminal.exec``; any other kind → all three), and
+* for file effects, its path (as the agent spelled it, normalised, or canonical) is one of
+  the tool call's ``locations[].path`` or ``rawInput`` paths (``path``, ``file_path``,
+  ``filePath``, ``absolute_path``, ``absolutePath``, ``paths``); for terminals, the
+  command text (``command``, ``command args…``, or the script of ``sh -c SCRIPT``)
+  equals ``rawInput.command``.
+
+It never overrides ``deny`` (grants, hardline commands, ``plan`` mode are checked first).
+An agent-level ``allow_always`` additionally seeds the Host cache with the decisions of the
+tool call's own file targets / command (same binding rules as above), so an agent that
+stops asking after "always allow" is not prompted by the Host either.
+
+Ownership and errors
+--------------------
+All state (cache, in-flight table, agent approvals, counters) is touched only from the trio
+thread and never across an ``await``, so the handler tasks of every session can share one
+gate. Blocking work (``realpath``, file I/O) runs in worker threads. If the mediator is
+unavailable the request resolves ``cancelled`` (refused), never hanging the agent. Workspace
+errors map to JSON-RPC codes in :func:`fs_error`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import posixpath
+import shlex
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
+
+import msgspec
+import trio
+
+from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, RESOURCE_NOT_FOUND, HandlerError
+from acp.handler import read_text as plain_read_text
+from acp.handler import write_text as plain_write_text
+from acp.schema import (
+    CreateTerminalParams,
+    PermissionOutcome,
+    ReadTextFileParams,
+    RequestPermissionParams,
+    SelectedPermissionOutcome,
+    WriteTextFileParams,
+)
+from actors import ActorError
+from serve.permissions.approval import (
+    Decision,
+    Effect,
+    classify_acp_request,
+    classify_read,
+    classify_terminal,
+    classify_write,
+    decide,
+    describe_policy,
+    effect_fingerprint,
+    policy_fingerprint,
+)
+from serve.permissions.cache import (
+    ALWAYS_ALLOW_TTL_MS,
+    ApprovalCache,
+    CacheKey,
+    DecisionKey,
+    Existing,
+    Full,
+    InflightTable,
+    Leader,
+    cache_key,
+)
+from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
+from serve.permissions.grants import EffectiveGrants, resolve_grants
+from serve.permissions.mediator import CancelRequest, OpenPermission
+from serve.permissions.voting import PermissionOption
+from serve.status.shared import shared_workspace
+from serve.workspace import WorkspaceFsError, overwrite_text
+from serve.workspace import read_text as ws_read_text
+
+if TYPE_CHECKING:
+    from serve.config import DaemonConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AGENT_APPROVAL_USES",
+    "AGENT_APPROVAL_WINDOW_MS",
+    "EFFECT_DENIED",
+    "OPTION_ALLOW_ALWAYS",
+    "OPTION_ALLOW_ONCE",
+    "OPTION_REJECT_ONCE",
+    "AgentApproval",
+    "AgentApprovals",
+    "EffectGate",
+    "agent_approval_from",
+    "fs_error",
+    "host_options",
+    "host_tool_call",
+    "terminal_texts",
+]
+
+#: JSON-RPC error code for an effect the Host refused (policy, a client's reject, cancel).
+EFFECT_DENIED: Final = -32003
+
+OPTION_ALLOW_ONCE: Final = "allow_once"
+OPTION_ALLOW_ALWAYS: Final = "allow_always"
+OPTION_REJECT_ONCE: Final = "reject_once"
+
+#: How long an allowed agent permission request covers the matching Host effects.
+AGENT_APPROVAL_WINDOW_MS: Final = 60_000
+#: How many Host effects one allowed agent permission request covers at most.
+AGENT_APPROVAL_USES: Final = 8
+#: Allowed agent permission requests remembered per session (oldest dropped first).
+MAX_AGENT_APPROVALS_PER_SESSION: Final = 64
+#: Sessions with remembered agent approvals (oldest dropped first).
+MAX_AGENT_APPROVAL_SESSIONS: Final = 4096
+#: Bound on handing a request to the mediator (its inbox, not the vote).
+OPEN_PERMISSION_TIMEOUT_S: Final = 10.0
+#: A write's new text is shown in the permission request up to this many characters.
+MAX_PREVIEW_CHARS: Final = 16_384
+
+_RAW_INPUT_PATH_KEYS = ("path", "file_path", "filePath", "absolute_path", "absolutePath")
+_KIND_CAPABILITIES: Mapping[str, frozenset[str]] = {
+    "read": frozenset({"fs.read"}),
+    "edit": frozenset({"fs.write", "fs.read"}),
+    "delete": frozenset({"fs.write", "fs.read"}),
+    "move": frozenset({"fs.write", "fs.read"}),
+    "execute": frozenset({"terminal.exec"}),
+}
+_ALL_CAPABILITIES = frozenset({"fs.read", "fs.write", "terminal.exec"})
+_ALLOW_KINDS = frozenset({"allow_once", "allow_always"})
+_encoder = msgspec.json.Encoder()
+
+Outcome = Literal["allow_once", "allow_always", "rejected", "cancelled"]
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# -- agent approvals (pure) -----------------------------------------------------------------
+
+
+class AgentApproval(msgspec.Struct, frozen=True):
+    """One allowed agent permission request, as the Host effects it may cover."""
+
+    tool_call_id: str
+    prompt_id: str | None
+    capabilities: frozenset[str]
+    paths: frozenset[str]  # normalised absolute paths
+    commands: frozenset[str]  # command texts
+    always: bool  # the client chose an allow_always option
+
+
+def _norm_path(path: str, cwd: str) -> str:
+    return posixpath.normpath(path if path.startswith("/") else posixpath.join(cwd, path))
+
+
+def agent_approval_from(
+    params: RequestPermissionParams, option_id: str, *, cwd: str, prompt_id: str | None
+) -> AgentApproval | None:
+    """The approval an answered agent request grants, or None when it was not an allow."""
+    option = next((o for o in params.options if o.option_id == option_id), None)
+    if option is None or option.kind not in _ALLOW_KINDS:
+        return None
+    call = params.tool_call
+    caps = _KIND_CAPABILITIES.get(call.kind or "", _ALL_CAPABILITIES)
+    paths: set[str] = set()
+    for loc in call.locations or ():
+        p = loc.get("path") if isinstance(loc, dict) else None
+        if isinstance(p, str) and p:
+            paths.add(_norm_path(p, cwd))
+    commands: set[str] = set()
+    raw = call.raw_input
+    if isinstance(raw, dict):
+        for key in _RAW_INPUT_PATH_KEYS:
+            p = raw.get(key)
+            if isinstance(p, str) and p:
+                paths.add(_norm_path(p, cwd))
+        many = raw.get("paths")
+        if isinstance(many, list):
+            paths.update(_norm_path(p, cwd) for p in many if isinstance(p, str) and p)
+        for key in ("command", "cmd"):
+            c = raw.get(key)
+            if isinstance(c, str) and c.strip():
+                commands.add(c.strip())
+    return AgentApproval(
+        tool_call_id=call.tool_call_id,
+        prompt_id=prompt_id,
+        capabilities=caps,
+        paths=frozenset(paths),
+        commands=frozenset(commands),
+        always=option.kind == "allow_always",
+    )
+
+
+def terminal_texts(command: str, args: Sequence[str]) -> frozenset[str]:
+    """The spellings of a ``terminal/create`` an agent's ``rawInput.command`` may use."""
+    out = {command.strip(), shlex.join([command, *args]).strip()}
+    if args:
+        out.add(" ".join([command, *args]).strip())
+    if posixpath.basename(command) in ("sh", "bash", "zsh", "dash") and "-c" in args:
+        k = list(args).index("-c")
+        if k + 1 < len(args):
+            out.add(args[k + 1].strip())
+    return frozenset(t for t in out if t)
+
+
+class _Entry:
+    __slots__ = ("approval", "expires_at_ms", "uses_left")
+
+    def __init__(self, approval: AgentApproval, expires_at_ms: int, uses: int) -> None:
+        self.approval = approval
+        self.expires_at_ms = expires_at_ms
+        self.uses_left = uses
+
+
+class AgentApprovals:
+    """Recently allowed agent permission requests per session incarnation (pure, bounded).
+
+    ``match`` consumes one use of the first live entry that covers the effect and returns
+    its tool call id (see the module docstring for the rule).
+    """
+
+    def __init__(
+        self,
+        *,
+        window_ms: int = AGENT_APPROVAL_WINDOW_MS,
+        uses: int = AGENT_APPROVAL_USES,
+        max_per_session: int = MAX_AGENT_APPROVALS_PER_SESSION,
+        max_sessions: int = MAX_AGENT_APPROVAL_SESSIONS,
+    ) -> None:
+        if window_ms <= 0 or uses <= 0 or max_per_session <= 0 or max_sessions <= 0:
+            raise ValueError("AgentApprovals bounds must be positive")
+        self._window_ms = window_ms
+        self._uses = uses
+        self._max_per_session = max_per_session
+        self._max_sessions = max_sessions
+        self._by_session: OrderedDict[str, list[_Entry]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by_session.values())
+
+    def note(self, session_key: str, approval: AgentApproval, *, now_ms: int) -> None:
+        entries = self._by_session.pop(session_key, [])
+        entries = [e for e in entries if e.expires_at_ms > now_ms]
+        entries.append(_Entry(approval, now_ms + self._window_ms, self._uses))
+        del entries[: max(0, len(entries) - self._max_per_session)]
+        self._by_session[session_key] = entries
+        while len(self._by_session) > self._max_sessions:
+            self._by_session.popitem(last=False)
+
+    def match(
+        self,
+        session_key: str,
+        prompt_id: str | None,
+        capability: str,
+        *,
+        paths: Iterable[str] = (),
+        commands: Iterable[str] = (),
+        now_ms: int,
+    ) -> str | None:
+        entries = self._by_session.get(session_key)
+        if not entries:
+            return None
+        wanted_paths = set(paths)
+        wanted_commands = set(commands)
+        for entry in entries:
+            a = entry.approval
+            if entry.expires_at_ms <= now_ms or entry.uses_left <= 0:
+                continue
+            if a.prompt_id != prompt_id or capability not in a.capabilities:
+                continue
+            if capability == "terminal.exec":
+                hit = bool(wanted_commands & a.commands)
+            else:
+                hit = bool(wanted_paths & a.paths)
+            if hit:
+                entry.uses_left -= 1
+                return a.tool_call_id
+        return None
+
+    def forget(self, session_key: str) -> None:
+        self._by_session.pop(session_key, None)
+
+    def sessions(self) -> list[str]:
+        return list(self._by_session)
+
+
+# -- the synthetic permission request (pure) -----------------------------------------------
+
+_KIND_OF = {"fs.read": "read", "fs.write": "edit", "terminal.exec": "execute"}
+_VERB_OF = {"fs.read": "Read", "fs.write": "Write", "terminal.exec": "Run"}
+
+
+def host_tool_call(
+    effect: Effect,
+    decision: Decision,
+    *,
+    cwd: str | None = None,
+    content: str | None = None,
+    tool_call_id: str | None = None,
+) -> dict[str, Any]:
+    """The ``toolCall`` of a Host permission request describing ``effect``."""
+    target = effect.target or ""
+    call: dict[str, Any] = {
+        "toolCallId": tool_call_id or f"host_{uuid.uuid4().hex}",
+        "title": f"{_VERB_OF.get(effect.capability, effect.capability)} {target}".strip(),
+        "kind": _KIND_OF.get(effect.capability, "other"),
+        "status": "pending",
+    }
+    if effect.capability == "terminal.exec":
+        raw: dict[str, Any] = {"command": target}
+        if cwd is not None:
+            raw["cwd"] = cwd
+        call["rawInput"] = raw
+    else:
+        call["locations"] = [{"path": target}]
+        raw = {"path": target}
+        if content is not None:
+            raw["bytes"] = len(content.encode("utf-8", "surrogatepass"))
+            if len(content) <= MAX_PREVIEW_CHARS:
+                call["content"] = [{"type": "diff", "path": target, "newText": content}]
+        call["rawInput"] = raw
+    call["_meta"] = {
+        "qwen.daemon.effect": {
+            "source": "host",
+            "capability": effect.capability,
+            "risk": effect.risk,
+            "rule": decision.rule,
+            "reason": decision.reason,
+            "inWorkspace": effect.in_workspace,
+        }
+    }
+    return call
+
+
+def host_options(*, offer_always: bool) -> list[dict[str, str]]:
+    """The options of a Host permission request (``allow_always`` only when cacheable)."""
+    opts = [{"optionId": OPTION_ALLOW_ONCE, "name": "Allow once", "kind": "allow_once"}]
+    if offer_always:
+        opts.append(
+            {"optionId": OPTION_ALLOW_ALWAYS, "name": "Always allow", "kind": "allow_always"}
+        )
+    opts.append({"optionId": OPTION_REJECT_ONCE, "name": "Reject", "kind": "reject_once"})
+    return opts
+
+
+def fs_error(err: WorkspaceFsError, path: str) -> HandlerError:
+    """Map a workspace boundary error to the agent's JSON-RPC error."""
+    data: dict[str, Any] = {"path": path, "errorKind": err.kind}
+    if err.hint:
+        data["hint"] = err.hint
+    if err.kind == "path_not_found":
+        return HandlerError(RESOURCE_NOT_FOUND, "Resource not found", data)
+    if err.kind in ("path_outside_workspace", "symlink_escape", "untrusted_workspace"):
+        data["reason"] = err.message
+        return HandlerError(EFFECT_DENIED, err.message, data)
+    if err.kind in ("parse_error", "binary_file", "file_too_large"):
+        return HandlerError(INVALID_PARAMS, err.message, data)
+    return HandlerError(INTERNAL_ERROR, err.message, data)
+
+
+# -- the gate -------------------------------------------------------------------------------
+
+
+class _Shared:
+    """The in-flight decision the leader makes for every identical request."""
+
+    __slots__ = ("done", "outcome")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.outcome: Outcome | None = None  # None: the leader gave up, ask again
+
+
+class EffectGate:
+    """Grants + approval policy + the workspace boundary for agent effects (see module doc).
+
+    ``daemon`` needs ``mediator``, ``registry.live()`` and ``settings``; ``clock_ms``
+    (wall milliseconds) is replaceable for tests.
+    """
+
+    def __init__(
+        self,
+        daemon: Any,
+        config: DaemonConfig,
+        *,
+        clock_ms: Callable[[], int] = _wall_ms,
+        agent_approvals: AgentApprovals | None = None,
+        cache: ApprovalCache | None = None,
+    ) -> None:
+        self._daemon = daemon
+        self.config = config
+        self._clock = clock_ms
+        self.cache = cache or ApprovalCache()
+        self.agent_approvals = agent_approvals or AgentApprovals()
+        self._inflight: InflightTable[DecisionKey, _Shared] = InflightTable()
+        self._tokens: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._cached_sessions: set[str] = set()
+        self.counters: dict[str, int] = {
+            "auto": 0,
+            "prompted": 0,
+            "denied": 0,
+            "allowedByCache": 0,
+            "allowedByAgentApproval": 0,
+            "rejected": 0,
+            "cancelled": 0,
+        }
+
+    # ---- per-session policy ------------------------------------------------------------
+
+    def session_key(self, session: Any) -> str:
+        """The session incarnation's token (a session replaced under its id gets a new one)."""
+        key = self._tokens.get(session)
+        if key is None:
+            key = f"{session.session_id}#{uuid.uuid4().hex[:12]}"
+            self._tokens[session] = key
+        return key
+
+    @staticmethod
+    def agent_name(session: Any) -> str | None:
+        conn = getattr(session, "conn", None)
+        info = getattr(conn, "info", None)
+        agent_info = getattr(info, "agent_info", None)
+        name = getattr(agent_info, "name", None)
+        return name if isinstance(name, str) and name else None
+
+    @staticmethod
+    def approval_mode(session: Any) -> ApprovalMode:
+        mode = getattr(session, "current_mode", None)
+        return mode if mode in APPROVAL_MODES else "default"
+
+    def grants_for(self, session: Any) -> EffectiveGrants:
+        return resolve_grants(
+            self.config.capabilities,
+            agent=self.agent_name(session),
+            session_id=session.session_id or None,
+        )
+
+    def _workspace_trusted(self, root: str) -> bool:
+        return root not in tuple(getattr(self._daemon.settings, "untrusted_workspaces", ()))
+
+    def _workspace(self, session: Any) -> Any:
+        try:
+            return shared_workspace(
+                session.workspace, trusted=self._workspace_trusted(session.workspace)
+            )
+        except WorkspaceFsError as err:
+            raise fs_error(err, session.workspace) from None
+
+    # ---- the ClientHandler entry points ------------------------------------------------
+
+    async def read_text_file(self, session: Any, params: ReadTextFileParams) -> str:
+        path = _absolute(params.path)
+        real = await trio.to_thread.run_sync(os.path.realpath, path)
+        ws = self._workspace(session)
+        effect = classify_read(real, [ws.root])
+        await self._admit(session, effect, paths=(posixpath.normpath(path), real))
+        if effect.in_workspace:
+            try:
+                result = await trio.to_thread.run_sync(
+                    functools.partial(
+                        ws_read_text, ws, real, line=params.line, limit=params.limit, agent=True
+                    )
+                )
+            except WorkspaceFsError as err:
+                raise fs_error(err, path) from None
+            return result.content
+        return await trio.to_thread.run_sync(plain_read_text, real, params.line, params.limit)
+
+    async def write_text_file(self, session: Any, params: WriteTextFileParams) -> None:
+        path = _absolute(params.path)
+        real = await trio.to_thread.run_sync(os.path.realpath, path)
+        ws = self._workspace(session)
+        effect = classify_write(real, [ws.root])
+        await self._admit(
+            session, effect, paths=(posixpath.normpath(path), real), content=params.content
+        )
+        if effect.in_workspace:
+            try:
+                await trio.to_thread.run_sync(
+                    functools.partial(overwrite_text, ws, real, params.content)
+                )
+            except WorkspaceFsError as err:
+                raise fs_error(err, path) from None
+            return
+        await trio.to_thread.run_sync(plain_write_text, real, params.content)
+
+    async def check_terminal(self, session: Any, params: CreateTerminalParams) -> None:
+        """Admit a ``terminal/create`` (raises :class:`HandlerError` to refuse)."""
+        ws = self._workspace(session)
+        cwd = params.cwd
+        if cwd is not None:
+            cwd = await trio.to_thread.run_sync(os.path.realpath, _absolute(cwd, field="cwd"))
+        request = {
+            "command": params.command,
+            "args": list(params.args),
+            "env": [{"name": e.name} for e in params.env],
+            "cwd": cwd,
+        }
+        try:
+            effect = classify_acp_request("terminal/create", request, [ws.root])
+        except ValueError as exc:
+            raise HandlerError(INVALID_PARAMS, str(exc)) from None
+        await self._admit(
+            session,
+            effect,
+            commands=terminal_texts(params.command, params.args),
+            cwd=cwd or session.workspace,
+        )
+
+    # ---- agent approvals (the session actor's hook) ------------------------------------
+
+    def note_agent_permission(
+        self, session: Any, params: RequestPermissionParams, outcome: PermissionOutcome
+    ) -> None:
+        """A client answered the agent's own permission request; remember an allow."""
+        if not isinstance(outcome, SelectedPermissionOutcome):
+            return
+        active = getattr(session, "active", None)
+        prompt_id = active.prompt_id if active is not None else None
+        try:
+            approval = agent_approval_from(
+                params, outcome.option_id, cwd=session.workspace, prompt_id=prompt_id
+            )
+        except (AttributeError, TypeError):  # a tool call shape we cannot route on
+            return
+        if approval is None:
+            return
+        now = self._clock()
+        skey = self.session_key(session)
+        self.agent_approvals.note(skey, approval, now_ms=now)
+        if approval.always:
+            self._seed_cache_from_agent(session, skey, approval, now)
+
+    def _seed_cache_from_agent(
+        self, session: Any, skey: str, approval: AgentApproval, now: int
+    ) -> None:
+        principal = _originator(session)
+        if principal is None:
+            return
+        grants = self.grants_for(session)
+        mode = self.approval_mode(session)
+        approval_cfg = self.config.approval
+        fingerprint = policy_fingerprint(grants, approval_cfg, mode)
+        roots = [session.workspace]
+        effects: list[Effect] = []
+        for path in approval.paths:
+            if "fs.write" in approval.capabilities:
+                effects.append(classify_write(path, roots))
+            if "fs.read" in approval.capabilities:
+                effects.append(classify_read(path, roots))
+        if "terminal.exec" in approval.capabilities:
+            for command in approval.commands:
+                effects.append(
+                    classify_terminal(command, cwd=session.workspace, workspace_roots=roots)
+                )
+        for effect in effects:
+            decision = decide(effect, grants, approval_cfg, mode)
+            if decision.verdict != "prompt":
+                continue
+            if self.cache.remember(cache_key(skey, principal, fingerprint, decision), now_ms=now):
+                self._cached_sessions.add(skey)
+
+    # ---- the pipeline ------------------------------------------------------------------
+
+    async def _admit(
+        self,
+        session: Any,
+        effect: Effect,
+        *,
+        paths: Iterable[str] = (),
+        commands: Iterable[str] = (),
+        content: str | None = None,
+        cwd: str | None = None,
+    ) -> None:
+        """Return when ``effect`` may run; raise :class:`HandlerError` when refused."""
+        grants = self.grants_for(session)
+        mode = self.approval_mode(session)
+        approval_cfg = self.config.approval
+        decision = decide(effect, grants, approval_cfg, mode)
+        if decision.verdict == "deny":
+            self.counters["denied"] += 1
+            self._refuse(session, effect, decision.rule, decision.reason)
+        if decision.verdict == "auto":
+            self.counters["auto"] += 1
+            return
+        now = self._clock()
+        self._sweep(now)
+        skey = self.session_key(session)
+        active = getattr(session, "active", None)
+        prompt_id = active.prompt_id if active is not None else None
+        if (
+            self.agent_approvals.match(
+                skey,
+                prompt_id,
+                effect.capability,
+                paths=paths,
+                commands=commands,
+                now_ms=now,
+            )
+            is not None
+        ):
+            self.counters["allowedByAgentApproval"] += 1
+            return
+        principal = _originator(session)
+        fingerprint = policy_fingerprint(grants, approval_cfg, mode)
+        key = cache_key(skey, principal, fingerprint, decision)
+        if self.cache.allowed(key, now_ms=now):
+            self.counters["allowedByCache"] += 1
+            return
+        outcome = await self._shared_decision(
+            session,
+            DecisionKey(skey, principal, fingerprint, effect_fingerprint(effect)),
+            effect,
+            decision,
+            key,
+            content=content,
+            cwd=cwd,
+        )
+        if outcome in ("allow_once", "allow_always"):
+            return
+        self.counters[outcome] += 1
+        rule = f"permission:{outcome}"
+        why = (
+            "a client rejected the request"
+            if outcome == "rejected"
+            else "the permission request was cancelled"
+        )
+        self._refuse(session, effect, rule, why)
+
+    async def _shared_decision(
+        self,
+        session: Any,
+        dkey: DecisionKey,
+        effect: Effect,
+        decision: Decision,
+        key: CacheKey | None,
+        *,
+        content: str | None,
+        cwd: str | None,
+    ) -> Outcome:
+        while True:
+            mine = _Shared()
+            joined = self._inflight.lookup_or_join(dkey, mine)
+            if isinstance(joined, Full):
+                return "cancelled"
+            if isinstance(joined, Existing):
+                leader = self._inflight.leader_of(dkey)
+                try:
+                    if leader is None:  # pragma: no cover - a joined key always has a leader
+                        continue
+                    await leader.done.wait()
+                finally:
+                    self._inflight.leave(dkey, mine)
+                if leader.outcome is not None:
+                    return leader.outcome
+                continue  # the leader gave up: ask again
+            assert isinstance(joined, Leader)
+            try:
+                mine.outcome = await self._ask_clients(
+                    session, effect, decision, key, content=content, cwd=cwd
+                )
+                return mine.outcome
+            finally:
+                self._inflight.finish(dkey)
+                mine.done.set()
+
+    async def _ask_clients(
+        self,
+        session: Any,
+        effect: Effect,
+        decision: Decision,
+        key: CacheKey | None,
+        *,
+        content: str | None,
+        cwd: str | None,
+    ) -> Outcome:
+        self.counters["prompted"] += 1
+        tool_call = host_tool_call(effect, decision, cwd=cwd, content=content)
+        options = host_options(offer_always=key is not None)
+        active = getattr(session, "active", None)
+        mediator = self._daemon.mediator
+        msg = OpenPermission(
+            session_id=session.session_id,
+            log=session.log,
+            tool_call=msgspec.Raw(_encoder.encode(tool_call)),
+            options=msgspec.Raw(_encoder.encode(options)),
+            option_list=tuple(
+                PermissionOption(option_id=o["optionId"], kind=o["kind"], name=o["name"])
+                for o in options
+            ),
+            prompt_id=active.prompt_id if active is not None else None,
+            originator=active.client_id if active is not None else None,
+            session_clients=frozenset(getattr(session, "clients", ())),
+        )
+        try:
+            waiter = await mediator.ask(msg, timeout_s=OPEN_PERMISSION_TIMEOUT_S)
+        except ActorError:
+            log.warning("permission mediator unavailable: refusing %s", effect.capability)
+            return "cancelled"
+        try:
+            response = await waiter.wait()
+        finally:
+            if not waiter.done:  # the agent withdrew its request: withdraw ours
+                try:
+                    mediator.tell_nowait(CancelRequest(waiter.request_id))
+                except ActorError:
+                    pass
+        outcome = response.get("outcome") or {}
+        if outcome.get("outcome") != "selected":
+            return "cancelled"
+        option = outcome.get("optionId")
+        if option == OPTION_ALLOW_ALWAYS:
+            if self.cache.remember(key, now_ms=self._clock()) and key is not None:
+                self._cached_sessions.add(key.session_id)
+            return "allow_always"
+        if option == OPTION_ALLOW_ONCE:
+            return "allow_once"
+        return "rejected"
+
+    def _refuse(self, session: Any, effect: Effect, rule: str, reason: str) -> NoReturn:
+        target = effect.target or ""
+        active = getattr(session, "active", None)
+        session.log.publish(
+            "effect_denied",
+            {
+                "sessionId": session.session_id,
+                "capability": effect.capability,
+                "target": target,
+                "rule": rule,
+                "reason": reason,
+                "risk": effect.risk,
+            },
+            prompt_id=active.prompt_id if active is not None else None,
+            originator=active.client_id if active is not None else None,
+        )
+        raise HandlerError(
+            EFFECT_DENIED,
+            f"{effect.capability} refused by the Host: {reason}",
+            {"reason": reason, "capability": effect.capability, "rule": rule, "target": target},
+        )
+
+    def _sweep(self, now: int) -> None:
+        """Drop cache entries and agent approvals of sessions that are no longer live."""
+        self.cache.expire(now)
+        live = {self._tokens[s] for s in self._live_sessions() if s in self._tokens}
+        for skey in [k for k in self._cached_sessions if k not in live]:
+            self.cache.invalidate_session(skey)
+            self._cached_sessions.discard(skey)
+        for skey in self.agent_approvals.sessions():
+            if skey not in live:
+                self.agent_approvals.forget(skey)
+
+    def _live_sessions(self) -> list[Any]:
+        registry = getattr(self._daemon, "registry", None)
+        return list(registry.live()) if registry is not None else []
+
+    # ---- read models -------------------------------------------------------------------
+
+    def describe(self, workspace: str | None = None) -> dict[str, Any]:
+        """``GET /workspace/permissions``: effective grants and approval policy, no secrets."""
+        self._sweep(self._clock())
+        caps = self.config.capabilities
+        settings = self._daemon.settings
+        sessions = []
+        for session in self._live_sessions():
+            if workspace is not None and session.workspace != workspace:
+                continue
+            mode = self.approval_mode(session)
+            sessions.append(
+                {
+                    "sessionId": session.session_id,
+                    "agent": self.agent_name(session),
+                    **describe_policy(self.grants_for(session), self.config.approval, mode),
+                }
+            )
+        return {
+            "v": 1,
+            "workspaceCwd": workspace or settings.primary_workspace,
+            "policy": {
+                "permissionStrategy": self.config.policy.permission_strategy,
+                "consensusQuorum": self.config.policy.consensus_quorum,
+                "permissionResponseTimeoutMs": settings.permission_response_timeout_ms or None,
+            },
+            "grants": {
+                "defaults": resolve_grants(caps).to_public(),
+                "agents": {n: resolve_grants(caps, agent=n).to_public() for n in caps.agents},
+                "sessions": {
+                    s: resolve_grants(caps, session_id=s).to_public() for s in caps.sessions
+                },
+            },
+            "approval": msgspec.to_builtins(self.config.approval),
+            "verdictOrder": list(VERDICTS),
+            "alwaysAllow": {"ttlMs": ALWAYS_ALLOW_TTL_MS, "entries": len(self.cache)},
+            "agentApprovals": {
+                "windowMs": AGENT_APPROVAL_WINDOW_MS,
+                "usesPerApproval": AGENT_APPROVAL_USES,
+                "entries": len(self.agent_approvals),
+            },
+            "decisions": dict(self.counters),
+            "sessions": sessions,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters and table sizes (for ``/daemon/status``)."""
+        return {
+            "decisions": dict(self.counters),
+            "alwaysAllowEntries": len(self.cache),
+            "agentApprovals": len(self.agent_approvals),
+            "inflight": len(self._inflight),
+        }
+
+
+def _originator(session: Any) -> str | None:
+    active = getattr(session, "active", None)
+    cid = active.client_id if active is not None else None
+    return cid if isinstance(cid, str) and cid else None
+
+
+def _absolute(path: str, *, field: str = "path") -> str:
+    if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
+        raise HandlerError(
+            INVALID_PARAMS, f"{field} must be an absolute path: {path!r}", {field: path}
+        )
+    return path
