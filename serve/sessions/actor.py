@@ -156,6 +156,20 @@ class Heartbeat(msgspec.Struct, frozen=True):
     client_id: str | None
 
 
+class PublishEvent(msgspec.Struct, frozen=True):
+    """Another party's event for this session's log (the session actor is its only writer).
+
+    The mediator, the MCP pool, the device-flow fan-out, the workspace routes and the effect
+    gate send this instead of writing into ``session.log``; the reply is the event id (None
+    when the log is closed or the event cannot be encoded).
+    """
+
+    event_type: str
+    data: Any
+    prompt_id: str | None = None
+    originator: str | None = None
+
+
 SessionMsg = (
     SubmitPrompt
     | CancelTurn
@@ -167,6 +181,7 @@ SessionMsg = (
     | Heartbeat
     | ListPending
     | RemovePending
+    | PublishEvent
 )
 
 
@@ -746,6 +761,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 return self._pending_list()
             case RemovePending(prompt_id=pid, client_id=cid):
                 return self._remove_pending(pid, cid)
+            case PublishEvent(event_type=etype, data=data, prompt_id=pid, originator=orig):
+                return self.log.publish(etype, data, prompt_id=pid, originator=orig)
             case Heartbeat(client_id=cid):
                 now = int(time.time() * 1000)
                 self.last_seen_ms = now
