@@ -15,7 +15,10 @@ Sections (more are added here as features need them, e.g. restart policies):
 ``policy``        multi-client permission mediation (``permissionStrategy``,
                   ``consensusQuorum``);
 ``capabilities``  Host capability grants (``defaults``, ``agents``, ``sessions``);
-``approval``      approval policy (``default``, ``tools``, ``capabilities``, ``risks``).
+``approval``      approval policy (``default``, ``tools``, ``capabilities``, ``risks``);
+``deviceFlow``    device-flow providers (``providers.NAME``: ``deviceAuthorizationEndpoint``,
+                  ``tokenEndpoint``, ``clientId``, ``scope``, ``pkce``), see
+                  :mod:`serve.deviceflow.providers`.
 
 Who calls it: ``serve/__main__.py`` calls :func:`load_daemon_config` before anything starts
 (so a bad file is a clean exit 1 with the message on stderr), and ``Daemon.__init__``
@@ -30,6 +33,7 @@ from typing import Annotated
 
 import msgspec
 
+from serve.deviceflow.providers import DeviceFlowSection
 from serve.permissions.config import (
     ApprovalConfig,
     CapabilitiesConfig,
@@ -83,6 +87,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     capabilities: CapabilitiesConfig = CapabilitiesConfig()
     approval: ApprovalConfig = ApprovalConfig()
     restart: RestartConfig = RestartConfig()
+    device_flow: DeviceFlowSection = msgspec.field(default=DeviceFlowSection(), name="deviceFlow")
 
     def permissions(self) -> PermissionsConfig:
         """The permission sections as the ``serve.permissions`` package's own Struct."""

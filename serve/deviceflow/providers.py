@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Annotated, Any, Final
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import msgspec
@@ -35,6 +35,26 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 class ProviderConfigError(ValueError):
     """A configured device-flow provider is malformed (the message names it)."""
+
+
+_HTTP_URL = Annotated[str, msgspec.Meta(pattern=r"^https?://[^\s/]+")]
+_NAME_KEY = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class ProviderEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    """One ``deviceFlow.providers.NAME`` entry of the daemon config file."""
+
+    device_authorization_endpoint: _HTTP_URL
+    token_endpoint: _HTTP_URL
+    client_id: Annotated[str, msgspec.Meta(min_length=1)]
+    scope: str | None = None
+    pkce: bool = False
+
+
+class DeviceFlowSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The config file's ``deviceFlow:`` section (absent: no configured providers)."""
+
+    providers: dict[_NAME_KEY, ProviderEntry] = {}
 
 
 class ProviderConfig(msgspec.Struct, frozen=True, kw_only=True):

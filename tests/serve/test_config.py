@@ -177,3 +177,65 @@ def test_bad_restart_values_are_refused(tmp_path: Path) -> None:
             load_config_text(text)
     cfg = load_config_text("restart:\n  session:\n    periodS: 10\n    backoffMs: 5\n")
     assert cfg.restart.session.period_s == 10 and cfg.restart.session.backoff_ms == 5
+
+
+def test_device_flow_providers_decode_from_the_config_file(tmp_path: Path) -> None:
+    text = """
+deviceFlow:
+  providers:
+    corp:
+      deviceAuthorizationEndpoint: https://idp.example/oauth2/device/code
+      tokenEndpoint: https://idp.example/oauth2/token
+      clientId: abc
+      scope: openid profile
+      pkce: true
+    plain:
+      deviceAuthorizationEndpoint: http://127.0.0.1:9/device
+      tokenEndpoint: http://127.0.0.1:9/token
+      clientId: xyz
+"""
+    config = load_daemon_config(settings_with(tmp_path, text))  # type: ignore[arg-type]
+    corp = config.device_flow.providers["corp"]
+    assert corp.device_authorization_endpoint == "https://idp.example/oauth2/device/code"
+    assert (corp.client_id, corp.scope, corp.pkce) == ("abc", "openid profile", True)
+    plain = config.device_flow.providers["plain"]
+    assert (plain.scope, plain.pkce) == (None, False)
+    assert load_daemon_config(settings_with(tmp_path, "policy: {}\n")).device_flow.providers == {}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("entry", "named"),
+    [
+        ("tokenEndpoint: https://i/t\n      clientId: a", "deviceAuthorizationEndpoint"),
+        (
+            "deviceAuthorizationEndpoint: ftp://i/d\n      tokenEndpoint: https://i/t\n"
+            "      clientId: a",
+            "deviceFlow.providers['corp'].deviceAuthorizationEndpoint",
+        ),
+        (
+            "deviceAuthorizationEndpoint: https://i/d\n      tokenEndpoint: https://i/t\n"
+            "      clientId: a\n      clientSecret: s",
+            "clientSecret",
+        ),
+        (
+            "deviceAuthorizationEndpoint: https://i/d\n      tokenEndpoint: https://i/t\n"
+            '      clientId: ""',
+            "deviceFlow.providers['corp'].clientId",
+        ),
+    ],
+)
+def test_bad_device_flow_providers_are_refused(tmp_path: Path, entry: str, named: str) -> None:
+    text = f"deviceFlow:\n  providers:\n    corp:\n      {entry}\n"
+    with pytest.raises(SettingsError) as info:
+        load_daemon_config(settings_with(tmp_path, text))  # type: ignore[arg-type]
+    assert named in str(info.value)
+
+
+def test_a_bad_device_flow_provider_name_is_refused(tmp_path: Path) -> None:
+    text = (
+        "deviceFlow:\n  providers:\n    'bad name/..':\n"
+        "      deviceAuthorizationEndpoint: https://i/d\n      tokenEndpoint: https://i/t\n"
+        "      clientId: a\n"
+    )
+    with pytest.raises(SettingsError, match="deviceFlow.providers"):
+        load_daemon_config(settings_with(tmp_path, text))  # type: ignore[arg-type]

@@ -281,3 +281,35 @@ def test_strict_routes_need_a_configured_token() -> None:
         assert httpx.get(f"{d.url}/workspace/auth/status").status_code == 200
     finally:
         d.stop()
+
+
+async def test_providers_from_the_config_file(idp: FakeIdp, tmp_path: Path) -> None:
+    """``deviceFlow.providers`` in ``--config`` (issue 16 item 14): the provider runs a
+    whole flow against the fake IdP, its PKCE setting included."""
+    idp.script("fromcfg", token=[PENDING, grant("fromcfg")])
+    raw = idp.provider("fromcfg", pkce=True)
+    config = tmp_path / "acp-serve.yaml"
+    config.write_text(
+        "deviceFlow:\n  providers:\n    fromcfg:\n"
+        + "".join(f"      {key}: {json.dumps(value)}\n" for key, value in raw.items())
+    )
+    d = spawn_daemon(["--token", TOKEN, "--config", str(config)])
+    try:
+        async with httpx.AsyncClient(base_url=d.url, headers=AUTH, timeout=30) as client:
+            session = await client.post("/session", json={"sessionScope": "thread"})
+            session_id = session.json()["sessionId"]
+            started = await client.post(
+                "/workspace/auth/device-flow", json={"providerId": "fromcfg"}
+            )
+            assert started.status_code == 201, started.text
+            flow_id = started.json()["deviceFlowId"]
+            assert started.json()["userCode"] == "USER-fromcfg"
+            events = await events_until(client, session_id, flow_id, "auth_device_flow_authorized")
+            assert events[-1]["data"]["providerId"] == "fromcfg"
+        stored = json.loads((d.state_dir / "credentials" / "fromcfg.json").read_text())
+        assert stored["accessToken"] == "AT-fromcfg"
+        device_form = idp.seen("fromcfg", "device/code")[0]
+        assert device_form["client_id"] == "client-fromcfg"
+        assert "code_challenge" in device_form  # pkce: true reached the provider
+    finally:
+        d.stop()
