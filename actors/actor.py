@@ -9,6 +9,9 @@ messages) and handles one message at a time in :meth:`Actor.run`. Messages are f
 
 * ``tell(msg)`` enqueues and returns; it waits while the inbox is full (back-pressure).
   ``tell_nowait`` raises :class:`InboxFull` instead.
+* ``post(msg)`` enqueues at once with a reply slot and returns the :class:`Reply` (raises
+  :class:`InboxFull` when full): the sender learns later, if it wants, that the message was
+  handled, without ever waiting on the inbox (an actor telling another from its handler).
 * ``ask(msg, timeout_s=...)`` enqueues with a reply slot and waits for the answer. The
   handler's return value is the answer. An exception raised by the handler is re-raised
   in the caller (the same object, so callers catch their own domain types) and the actor
@@ -181,6 +184,17 @@ class Actor[M]:
             raise InboxFull(self.name, self.inbox_size) from None
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise ActorStopped(self.name) from None
+
+    def post(self, msg: M) -> Reply[Any]:
+        """Enqueue ``msg`` with a reply slot at once (:class:`InboxFull` when full)."""
+        reply: Reply[Any] = Reply()
+        try:
+            self._send.send_nowait(_Envelope(msg, reply))
+        except trio.WouldBlock:
+            raise InboxFull(self.name, self.inbox_size) from None
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(self.name) from None
+        return reply
 
     async def ask(self, msg: M, *, timeout_s: float = 30.0) -> Any:
         """Send ``msg`` and wait for the handler's answer (or its exception).

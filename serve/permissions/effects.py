@@ -113,6 +113,7 @@ from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, RESOURCE_NOT_FOUND, Handl
 from acp.handler import read_text as plain_read_text
 from acp.handler import write_text as plain_write_text
 from acp.schema import (
+    CancelledPermissionOutcome,
     CreateTerminalParams,
     PermissionOutcome,
     ReadTextFileParams,
@@ -121,6 +122,7 @@ from acp.schema import (
     WriteTextFileParams,
 )
 from actors import ActorError
+from serve.events.messages import PublishEvent
 from serve.permissions.approval import (
     Decision,
     Effect,
@@ -146,7 +148,7 @@ from serve.permissions.cache import (
 )
 from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
 from serve.permissions.grants import EffectiveGrants, resolve_grants
-from serve.permissions.mediator import CancelRequest, OpenPermission
+from serve.permissions.mediator import OpenPermission, request_decision
 from serve.permissions.voting import PermissionOption
 from serve.status.shared import shared_workspace
 from serve.workspace import WorkspaceFsError, overwrite_text
@@ -191,6 +193,8 @@ MAX_AGENT_APPROVALS_PER_SESSION: Final = 64
 MAX_AGENT_APPROVAL_SESSIONS: Final = 4096
 #: Bound on handing a request to the mediator (its inbox, not the vote).
 OPEN_PERMISSION_TIMEOUT_S: Final = 10.0
+#: Bound on handing an event to the session actor (its inbox; the event is kept queued).
+PUBLISH_TIMEOUT_S: Final = 5.0
 #: A write's new text is shown in the permission request up to this many characters.
 MAX_PREVIEW_CHARS: Final = 16_384
 
@@ -657,7 +661,7 @@ class EffectGate:
         decision = decide(effect, grants, approval_cfg, mode)
         if decision.verdict == "deny":
             self.counters["denied"] += 1
-            self._refuse(session, effect, decision.rule, decision.reason)
+            await self._refuse(session, effect, decision.rule, decision.reason)
         if decision.verdict == "auto":
             self.counters["auto"] += 1
             return
@@ -703,7 +707,7 @@ class EffectGate:
             if outcome == "rejected"
             else "the permission request was cancelled"
         )
-        self._refuse(session, effect, rule, why)
+        await self._refuse(session, effect, rule, why)
 
     async def _shared_decision(
         self,
@@ -759,7 +763,7 @@ class EffectGate:
         mediator = self._daemon.mediator
         msg = OpenPermission(
             session_id=session.session_id,
-            log=session.log,
+            session=session,
             tool_call=msgspec.Raw(_encoder.encode(tool_call)),
             options=msgspec.Raw(_encoder.encode(options)),
             option_list=tuple(
@@ -770,19 +774,11 @@ class EffectGate:
             originator=active.client_id if active is not None else None,
             session_clients=frozenset(getattr(session, "clients", ())),
         )
-        try:
-            waiter = await mediator.ask(msg, timeout_s=OPEN_PERMISSION_TIMEOUT_S)
+        try:  # withdrawn (our caller cancelled: the agent withdrew its request) at once
+            response = await request_decision(mediator, msg, timeout_s=OPEN_PERMISSION_TIMEOUT_S)
         except ActorError:
             log.warning("permission mediator unavailable: refusing %s", effect.capability)
             return "cancelled"
-        try:
-            response = await waiter.wait()
-        finally:
-            if not waiter.done:  # the agent withdrew its request: withdraw ours
-                try:
-                    mediator.tell_nowait(CancelRequest(waiter.request_id))
-                except ActorError:
-                    pass
         outcome = response.get("outcome") or {}
         if outcome.get("outcome") != "selected":
             return "cancelled"
@@ -795,15 +791,26 @@ class EffectGate:
             return "allow_once"
         return "rejected"
 
-    def _refuse(self, session: Any, effect: Effect, rule: str, reason: str) -> NoReturn:
+    async def _refuse(self, session: Any, effect: Effect, rule: str, reason: str) -> NoReturn:
         target = effect.target or ""
+        await self._announce_denied(session, effect, rule, reason)
+        raise HandlerError(
+            EFFECT_DENIED,
+            f"{effect.capability} refused by the Host: {reason}",
+            {"reason": reason, "capability": effect.capability, "rule": rule, "target": target},
+        )
+
+    async def _announce_denied(self, session: Any, effect: Effect, rule: str, reason: str) -> None:
+        """``effect_denied`` on the session's log, written by the session actor: we run in
+        its agent-request task, so we wait (bounded) until it is in the log and the agent's
+        next updates come after it."""
         active = getattr(session, "active", None)
-        session.log.publish(
+        event = PublishEvent(
             "effect_denied",
             {
                 "sessionId": session.session_id,
                 "capability": effect.capability,
-                "target": target,
+                "target": effect.target or "",
                 "rule": rule,
                 "reason": reason,
                 "risk": effect.risk,
@@ -811,11 +818,79 @@ class EffectGate:
             prompt_id=active.prompt_id if active is not None else None,
             originator=active.client_id if active is not None else None,
         )
-        raise HandlerError(
-            EFFECT_DENIED,
-            f"{effect.capability} refused by the Host: {reason}",
-            {"reason": reason, "capability": effect.capability, "rule": rule, "target": target},
+        try:
+            await session.ask(event, timeout_s=PUBLISH_TIMEOUT_S)
+        except Exception as exc:  # gone, closing or wedged: the agent is refused anyway
+            log.warning("effect_denied not published on session %s: %r", session.session_id, exc)
+
+    # ---- the agent's own permission requests (approval policy first) -------------------
+
+    async def screen_agent_permission(
+        self, session: Any, params: RequestPermissionParams
+    ) -> PermissionOutcome | None:
+        """Apply the approval policy to the agent's own ``session/request_permission``
+        before anyone is asked (issue 16.15).
+
+        The tool call's ``kind`` names the capability (``read`` → ``fs.read``;
+        ``edit``/``delete``/``move`` → ``fs.write``; ``execute`` → ``terminal.exec``), its
+        first location or ``rawInput`` path (or ``rawInput.command``) the target; it is
+        classified and decided exactly like the Host effect it announces. ``deny``: the
+        agent gets its reject option (``reject_once``, else ``reject_always``; none:
+        cancelled) and the log gets ``effect_denied``; no client sees the request.
+        ``auto``: the agent gets its allow option (``allow_once`` preferred). ``prompt``,
+        or a tool call we cannot map: None, the clients are asked as before.
+        """
+        effect = await self._agent_effect(session, params)
+        if effect is None:
+            return None
+        decision = decide(
+            effect, self.grants_for(session), self.config.approval, self.approval_mode(session)
         )
+        if decision.verdict == "deny":
+            self.counters["denied"] += 1
+            await self._announce_denied(session, effect, decision.rule, decision.reason)
+            option = _option_of(params, ("reject_once", "reject_always"))
+            if option is None:
+                return CancelledPermissionOutcome()
+            return SelectedPermissionOutcome(option_id=option)
+        if decision.verdict == "auto":
+            option = _option_of(params, ("allow_once", "allow_always"))
+            if option is None:
+                return None
+            self.counters["auto"] += 1
+            selected = SelectedPermissionOutcome(option_id=option)
+            self.note_agent_permission(session, params, selected)
+            return selected
+        return None
+
+    async def _agent_effect(self, session: Any, params: RequestPermissionParams) -> Effect | None:
+        call = params.tool_call
+        capability = _AGENT_KIND_CAPABILITY.get(call.kind or "")
+        if capability is None:
+            return None
+        try:
+            root = self._workspace(session).root
+        except HandlerError:
+            return None
+        raw = call.raw_input if isinstance(call.raw_input, dict) else {}
+        if capability == "terminal.exec":
+            command = raw.get("command")
+            if not isinstance(command, str) or not command.strip():
+                return None
+            cwd = raw.get("cwd")
+            return classify_terminal(
+                command,
+                cwd=cwd if isinstance(cwd, str) and cwd.startswith("/") else None,
+                workspace_roots=[root],
+            )
+        path = _tool_call_path(call, raw)
+        real = ""
+        if path is not None:
+            absolute = _norm_path(path, session.workspace)
+            real = await trio.to_thread.run_sync(os.path.realpath, absolute)
+        if capability == "fs.read":
+            return classify_read(real, [root])
+        return classify_write(real, [root])
 
     def _sweep(self, now: int) -> None:
         """Drop cache entries and agent approvals of sessions that are no longer live."""
@@ -886,6 +961,36 @@ class EffectGate:
             "agentApprovals": len(self.agent_approvals),
             "inflight": len(self._inflight),
         }
+
+
+_AGENT_KIND_CAPABILITY: Mapping[str, str] = {
+    "read": "fs.read",
+    "edit": "fs.write",
+    "delete": "fs.write",
+    "move": "fs.write",
+    "execute": "terminal.exec",
+}
+
+
+def _option_of(params: RequestPermissionParams, kinds: Sequence[str]) -> str | None:
+    """The first offered option of the first of ``kinds`` that is offered."""
+    for kind in kinds:
+        for option in params.options:
+            if option.kind == kind:
+                return option.option_id
+    return None
+
+
+def _tool_call_path(call: Any, raw: Mapping[str, Any]) -> str | None:
+    for loc in call.locations or ():
+        p = loc.get("path") if isinstance(loc, dict) else getattr(loc, "path", None)
+        if isinstance(p, str) and p:
+            return p
+    for key in _RAW_INPUT_PATH_KEYS:
+        p = raw.get(key)
+        if isinstance(p, str) and p:
+            return p
+    return None
 
 
 def _originator(session: Any) -> str | None:

@@ -5,10 +5,26 @@ Theory of operation
 Pending permission requests of every session live in one
 :class:`serve.permissions.voting.Mediator` (pure, table-tested). This actor is its only
 owner. Sessions send :class:`OpenPermission` (answered with a :class:`Waiter` the session's
-request task then awaits), HTTP routes send :class:`CastVote`, sessions send
-:class:`CancelSessionPermissions` on cancel/close/death. Every result's events are published
-on the owning session's :class:`~serve.events.EventLog` in order; a resolution then
-completes the waiter with the ACP answer for the agent.
+request task then awaits; :func:`request_decision` is that whole exchange), HTTP routes
+send :class:`CastVote`, sessions send :class:`CancelSessionPermissions` on cancel/close/death
+and :class:`CancelPromptPermissions` when a turn ends.
+
+Withdrawn requests leave at once: when the agent withdraws its request (``$/cancel_request``
+cancels the waiting task) :func:`request_decision` sends :class:`CancelRequest`, and when a
+turn ends the session sends :class:`CancelPromptPermissions`; either resolves the request
+``cancelled`` (``permission_resolved {outcome: cancelled}``) and frees its slot, so a looping
+agent never fills the per-session (64) or daemon-wide (4096) caps, even with
+``--permission-response-timeout-ms 0``. A request opened for a prompt that already ended is
+answered ``cancelled`` at once (its ``OpenPermission`` raced the turn's end).
+
+Events (single writer): the mediator never writes a session's log. Every event of a result
+becomes a :class:`~serve.events.messages.PublishEvent` posted, in order, to the owning
+session actor through an :class:`~actors.outbox.Outbox` (straight into its inbox; when the
+inbox is full, into an ordered, bounded spill queue delivered by a courier task, never
+blocking this actor). Ordering: one sender, one FIFO per session, so ``permission_request``
+precedes its ``permission_resolved``; and a :class:`Waiter` completes with the agent's
+answer only once the session has *handled* the ``permission_resolved`` event
+(``Waiter.published``), so the agent's updates after the answer come after it in the log.
 
 A timer task sleeps until the earliest deadline (``--permission-response-timeout-ms``) and
 asks the actor to expire what is due. If the actor stops or crashes, ``on_stop`` answers
@@ -21,13 +37,15 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 import msgspec
 import trio
 
-from actors import Actor, Reply
-from serve.events import EventLog
+from actors import Actor, ActorError, Reply
+from actors.outbox import Outbox
+from serve.events.messages import PublishEvent
 from serve.permissions.voting import (
     Mediator,
     OpenRejected,
@@ -41,6 +59,10 @@ from serve.permissions.voting import (
 log = logging.getLogger(__name__)
 
 CANCELLED_RESPONSE: dict[str, Any] = {"outcome": {"outcome": "cancelled"}}
+#: Ended prompts remembered per mediator (an OpenPermission racing its turn's end).
+MAX_ENDED_PROMPTS = 4096
+#: Seconds a requester waits for the session to have published the resolution.
+PUBLISHED_WAIT_S = 10.0
 
 
 def _now_ms() -> int:
@@ -48,24 +70,40 @@ def _now_ms() -> int:
 
 
 class Waiter(Reply[dict[str, Any]]):
-    """One-shot: the agent's answer for one permission request."""
+    """One-shot: the agent's answer for one permission request.
 
-    __slots__ = ("request_id",)
+    ``published`` completes once the session handled the resolution's last event."""
+
+    __slots__ = ("published", "request_id")
 
     def __init__(self, request_id: str) -> None:
         super().__init__()
         self.request_id = request_id
+        self.published: Reply[Any] | None = None
+
+    async def answer(self) -> dict[str, Any]:
+        """The answer, returned once its events are in the session's log (bounded)."""
+        response = await self.wait()
+        published = self.published
+        if published is not None:
+            with trio.move_on_after(PUBLISHED_WAIT_S):
+                try:
+                    await published.wait()
+                except Exception:  # dropped or the session is gone: answer anyway
+                    pass
+        return response
 
 
 class OpenPermission(msgspec.Struct, frozen=True):
     session_id: str
-    log: Any  # EventLog (not a wire type; messages between actors in one process)
+    session: Any  # the session actor (receives PublishEvent); messages within one process
     tool_call: msgspec.Raw
     options: msgspec.Raw
     option_list: tuple[PermissionOption, ...]
     prompt_id: str | None
     originator: str | None
     session_clients: frozenset[str]
+    request_id: str | None = None  # chosen by the requester, so it can withdraw it early
 
 
 class CastVote(msgspec.Struct, frozen=True):
@@ -86,6 +124,13 @@ class CancelRequest(msgspec.Struct, frozen=True):
     request_id: str
 
 
+class CancelPromptPermissions(msgspec.Struct, frozen=True):
+    """A turn ended: its still-pending requests resolve ``cancelled`` (``turn_ended``)."""
+
+    session_id: str
+    prompt_id: str
+
+
 class Expire(msgspec.Struct, frozen=True):
     pass
 
@@ -95,7 +140,13 @@ class SessionOf(msgspec.Struct, frozen=True):
 
 
 MediatorMsg = (
-    OpenPermission | CastVote | CancelSessionPermissions | CancelRequest | Expire | SessionOf
+    OpenPermission
+    | CastVote
+    | CancelSessionPermissions
+    | CancelRequest
+    | CancelPromptPermissions
+    | Expire
+    | SessionOf
 )
 
 
@@ -113,7 +164,9 @@ class PermissionMediator(Actor[MediatorMsg]):
         self.response_timeout_ms = response_timeout_ms
         self.state = self._fresh()
         self._waiters: dict[str, Waiter] = {}
-        self._logs: dict[str, EventLog] = {}
+        self._sessions: dict[str, Any] = {}  # session id -> its actor (PublishEvent)
+        self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self.outbox = Outbox("permission-mediator")
         self._rearm = trio.Event()
 
     def _fresh(self) -> Mediator:
@@ -129,8 +182,12 @@ class PermissionMediator(Actor[MediatorMsg]):
         self, *, task_status: trio.TaskStatus[Actor[MediatorMsg]] = trio.TASK_STATUS_IGNORED
     ) -> None:
         async with trio.open_nursery() as nursery:
+            self.outbox.bind(nursery)
             nursery.start_soon(self._timer)
-            await super().run(task_status=task_status)
+            try:
+                await super().run(task_status=task_status)
+            finally:
+                self.outbox.bind(None)
             nursery.cancel_scope.cancel()
 
     async def on_start(self) -> None:
@@ -177,7 +234,14 @@ class PermissionMediator(Actor[MediatorMsg]):
                 for resolved in self.state.cancel_session(sid, reason):  # type: ignore[arg-type]
                     self._apply(resolved)
                 if forget:
-                    self._logs.pop(sid, None)
+                    self._sessions.pop(sid, None)
+                return None
+            case CancelPromptPermissions(session_id=sid, prompt_id=pid):
+                self._ended[(sid, pid)] = None
+                while len(self._ended) > MAX_ENDED_PROMPTS:
+                    self._ended.popitem(last=False)
+                for resolved in self.state.cancel_prompt(sid, pid):
+                    self._apply(resolved)
                 return None
             case CancelRequest(request_id=rid):
                 cancelled = self.state.cancel(rid, "agent_cancelled")
@@ -192,8 +256,15 @@ class PermissionMediator(Actor[MediatorMsg]):
                 return self.state.session_of(rid)
 
     def _open(self, msg: OpenPermission) -> Waiter:
-        request_id = str(uuid.uuid4())
+        request_id = msg.request_id or str(uuid.uuid4())
         waiter = Waiter(request_id)
+        if msg.prompt_id is not None and (msg.session_id, msg.prompt_id) in self._ended:
+            waiter.set(CANCELLED_RESPONSE)  # the turn ended while this was on its way
+            return waiter
+        if self.state.get(request_id) is not None or self.state.session_of(request_id):
+            log.warning("permission request id %s reused; refused", request_id)
+            waiter.set(CANCELLED_RESPONSE)
+            return waiter
         opened = self.state.open(
             request_id=request_id,
             session_id=msg.session_id,
@@ -207,7 +278,7 @@ class PermissionMediator(Actor[MediatorMsg]):
             log.warning("permission request refused: %s", opened.reason)
             waiter.set(CANCELLED_RESPONSE)
             return waiter
-        self._logs[msg.session_id] = msg.log
+        self._sessions[msg.session_id] = msg.session
         self._waiters[request_id] = waiter
         data = msgspec.Raw(
             b'{"requestId":"%s","sessionId":%s,"toolCall":%s,"options":%s}'
@@ -218,18 +289,27 @@ class PermissionMediator(Actor[MediatorMsg]):
                 bytes(msg.options),
             )
         )
-        msg.log.publish(
-            "permission_request", data, prompt_id=msg.prompt_id, originator=msg.originator
+        self.outbox.post(
+            msg.session,
+            PublishEvent(
+                "permission_request", data, prompt_id=msg.prompt_id, originator=msg.originator
+            ),
         )
         self._rearm.set()
         return waiter
 
-    def _publish(self, session_id: str, events: tuple[PermissionEvent, ...]) -> None:
-        event_log = self._logs.get(session_id)
-        if event_log is None:
-            return
+    def _publish(self, session_id: str, events: tuple[PermissionEvent, ...]) -> Reply[Any] | None:
+        """Post ``events`` to the session in order; the last one's delivery Reply."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        last: Reply[Any] | None = None
         for event in events:
-            event_log.publish(event.type, event.data, originator=event.originator_client_id)
+            last = self.outbox.post(
+                session,
+                PublishEvent(event.type, event.data, originator=event.originator_client_id),
+            )
+        return last
 
     def _apply(self, result: VoteResult | Resolved) -> None:
         events = getattr(result, "events", ())
@@ -238,11 +318,13 @@ class PermissionMediator(Actor[MediatorMsg]):
             session_id = result.request.session_id
         elif session_id is None and events:
             session_id = self.state.session_of(getattr(result, "request_id", ""))
+        published = None
         if session_id is not None and events:
-            self._publish(session_id, events)
+            published = self._publish(session_id, events)
         if isinstance(result, Resolved):
             waiter = self._waiters.pop(result.request.request_id, None)
             if waiter is not None:
+                waiter.published = published
                 waiter.set(result.agent_response())
 
     # ---- read models -------------------------------------------------------------------
@@ -254,3 +336,31 @@ class PermissionMediator(Actor[MediatorMsg]):
 
     def snapshot(self) -> dict[str, Any]:
         return self.state.snapshot()
+
+
+async def request_decision(
+    mediator: PermissionMediator, msg: OpenPermission, *, timeout_s: float = 10.0
+) -> dict[str, Any]:
+    """Open ``msg`` and wait for the ACP answer; withdraw the request if we are cancelled.
+
+    The caller's task is cancelled when the agent withdraws its request (``$/cancel_request``)
+    or the session goes away; the request then leaves the mediator at once
+    (:class:`CancelRequest`, shielded and bounded) instead of waiting for a timeout.
+    ``ActorError`` (the mediator is unavailable) propagates.
+    """
+    if msg.request_id is None:
+        msg = msgspec.structs.replace(msg, request_id=str(uuid.uuid4()))
+    assert msg.request_id is not None
+    answered = False
+    try:
+        waiter: Waiter = await mediator.ask(msg, timeout_s=timeout_s)
+        response = await waiter.answer()
+        answered = waiter.done
+        return response
+    finally:
+        if not answered:
+            with trio.CancelScope(shield=True), trio.move_on_after(timeout_s):
+                try:
+                    await mediator.tell(CancelRequest(msg.request_id))
+                except ActorError:
+                    pass

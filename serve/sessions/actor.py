@@ -57,9 +57,16 @@ from acp.schema import (
 )
 from actors import Actor, ActorError, RestartWindow, Supervisor
 from serve.events import EventLog
+from serve.events.messages import PublishEvent
 from serve.http.errors import ApiError, bad_request
 from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
-from serve.permissions.mediator import CancelSessionPermissions, OpenPermission, PermissionMediator
+from serve.permissions.mediator import (
+    CancelPromptPermissions,
+    CancelSessionPermissions,
+    OpenPermission,
+    PermissionMediator,
+    request_decision,
+)
 from serve.permissions.voting import PermissionOption
 
 if TYPE_CHECKING:
@@ -154,20 +161,6 @@ class Attach(msgspec.Struct, frozen=True):
 
 class Heartbeat(msgspec.Struct, frozen=True):
     client_id: str | None
-
-
-class PublishEvent(msgspec.Struct, frozen=True):
-    """Another party's event for this session's log (the session actor is its only writer).
-
-    The mediator, the MCP pool, the device-flow fan-out, the workspace routes and the effect
-    gate send this instead of writing into ``session.log``; the reply is the event id (None
-    when the log is closed or the event cannot be encoded).
-    """
-
-    event_type: str
-    data: Any
-    prompt_id: str | None = None
-    originator: str | None = None
 
 
 SessionMsg = (
@@ -697,6 +690,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
     ) -> PermissionOutcome:
         if params.session_id != self.session_id or self.closing:
             return CancelledPermissionOutcome()
+        gate = _effect_gate(self)
+        if gate is not None:  # the approval policy first: deny/auto answer without asking
+            screened = await gate.screen_agent_permission(self, params)
+            if screened is not None:
+                return screened  # type: ignore[no-any-return]
         head = _permission_head.decode(bytes(raw))
         active = self.active
         options = tuple(
@@ -704,10 +702,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             for o in params.options
         )
         try:
-            waiter = await self.mediator.ask(
+            response = await request_decision(
+                self.mediator,
                 OpenPermission(
                     session_id=self.session_id,
-                    log=self.log,
+                    session=self,
                     tool_call=head.tool_call,
                     options=head.options,
                     option_list=options,
@@ -717,13 +716,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 ),
                 timeout_s=10,
             )
-            response = await waiter.wait()
         except ActorError:
             return CancelledPermissionOutcome()
         outcome = response.get("outcome", {})
         if outcome.get("outcome") == "selected":
             selected = SelectedPermissionOutcome(option_id=outcome["optionId"])
-            gate = _effect_gate(self)
             if gate is not None:  # an allowed tool call's own fs/terminal effect: ask once
                 gate.note_agent_permission(self, params, selected)
             return selected
@@ -732,8 +729,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
     # ---- the actor loop ----------------------------------------------------------------
 
     async def handle(self, msg: SessionMsg) -> Any:
-        if self.closing and not isinstance(msg, CloseSession):
-            raise SessionGone(self.session_id)
+        if self.closing and not isinstance(msg, CloseSession | PublishEvent):
+            raise SessionGone(self.session_id)  # PublishEvent: until the log closes
         match msg:
             case SubmitPrompt():
                 return self._admit(msg)
@@ -1076,6 +1073,17 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         job.result = (event_type, data)
         job.done.set()
         self.last_settled_ms = int(time.time() * 1000)
+        self._turn_ended(job)
+
+    def _turn_ended(self, job: PromptJob) -> None:
+        """Withdraw the permission requests the finished turn left open (issue 16.2)."""
+        if job.started:
+            try:
+                self.mediator.tell_nowait(CancelPromptPermissions(self.session_id, job.prompt_id))
+            except ActorError:  # full or stopped: the response timeout still applies
+                log.warning(
+                    "session %s: could not withdraw permissions of its turn", self.session_id
+                )
 
     # ---- endings -----------------------------------------------------------------------
 
@@ -1135,6 +1143,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                     await self.conn.cancel(self.session_id)
             except AcpError:
                 pass
+        await self._publish_queued()
         if died:
             data: dict[str, Any] = {"sessionId": self.session_id, "reason": reason}
             if exit_info is not None:
@@ -1148,6 +1157,16 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             self.log.publish("session_closed", data, originator=closed_by)
         self.log.close()
         self.ended.set()
+
+    async def _publish_queued(self) -> None:
+        """Before the final event: handle what is already in the inbox (the mediator's
+        ``permission_resolved`` events for our cancel), so those events are not lost."""
+        while True:
+            try:
+                envelope = self._recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            await self._dispatch(envelope)
 
 
 def _can_resume(info: Any) -> bool:

@@ -237,5 +237,5 @@ def test_a_bad_device_flow_provider_name_is_refused(tmp_path: Path) -> None:
         "      deviceAuthorizationEndpoint: https://i/d\n      tokenEndpoint: https://i/t\n"
         "      clientId: a\n"
     )
-    with pytest.raises(SettingsError, match="deviceFlow.providers"):
+    with pytest.raises(SettingsError, match=r"deviceFlow\.providers"):
         load_daemon_config(settings_with(tmp_path, text))  # type: ignore[arg-type]

@@ -136,23 +136,36 @@ async def test_writing_outside_the_workspace_is_refused_and_nothing_is_written(
     assert failed and "refused by the Host" in str(failed[0]["content"])
 
 
-async def test_the_agents_own_approval_does_not_open_the_workspace_boundary(
+async def test_the_agents_own_request_for_an_ungranted_effect_never_reaches_a_client(
     client: httpx.AsyncClient, daemon_proc: DaemonProcess
 ) -> None:
-    """Default mode: the agent asks its own question; even allowed, the Host refuses."""
+    """Default mode: the agent asks its own question about an outside write, which no
+    grant allows; the policy answers it (reject) before any client is asked (16.15)."""
     sid, cid = await new_session(client)
     outside = daemon_proc.workspace.parent / "outside2.txt"
+    asked: list[dict[str, Any]] = []
+
+    async def record(req: dict[str, Any]) -> None:
+        asked.append(req)
+        await answer(client, sid, "allow", cid)(req)
+
     events = await turn(
-        client,
-        sid,
-        "[write ../outside2.txt x]",
-        client_id=cid,
-        on_permission=answer(client, sid, "allow", cid),
+        client, sid, "[write ../outside2.txt x]", client_id=cid, on_permission=record
     )
-    requests = of_type(events, "permission_request")
-    assert len(requests) == 1 and requests[0]["toolCall"]["toolCallId"].startswith("write_")
-    assert of_type(events, "effect_denied")[0]["rule"] == "grant:fs.write"
+    assert of_type(events, "permission_request") == [] and asked == []
+    [denied] = of_type(events, "effect_denied")
+    assert (denied["capability"], denied["target"], denied["rule"]) == (
+        "fs.write",
+        str(outside),
+        "grant:fs.write",
+    )
     assert not outside.exists()
+    failed = [
+        e["data"]["update"]
+        for e in events
+        if e["type"] == "session_update" and e["data"]["update"].get("status") == "failed"
+    ]
+    assert failed and "rejected" in str(failed[0])
 
 
 async def test_a_symlink_out_of_the_workspace_is_refused(
