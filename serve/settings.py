@@ -74,6 +74,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     session_restore_timeout_ms: int = 60_000
     session_reap_interval_ms: int = 60_000
     session_idle_timeout_ms: int = 1_800_000
+    client_idle_timeout_ms: int = 300_000
     session_prompt_settled_close_grace_ms: int = 0
     permission_response_timeout_ms: int = 0
     drain_timeout_ms: int = 10_000
@@ -222,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--session-restore-timeout-ms", default=None, help="ACP load/resume timeout")
     add("--session-reap-interval-ms", default="60000", help="idle reaper interval; 0 = off")
     add("--session-idle-timeout-ms", default="1800000", help="idle time before reaping")
+    add("--client-idle-timeout-ms", default="300000", help="drop clients idle this long; 0 = off")
     add("--session-prompt-settled-close-grace-ms", default="0", help="grace after a prompt")
     add(
         "--permission-response-timeout-ms",
@@ -549,6 +551,9 @@ def parse_settings(
         ),
         session_idle_timeout_ms=_timer(
             "--session-idle-timeout-ms", ns.session_idle_timeout_ms, positive=False
+        ),
+        client_idle_timeout_ms=_timer(
+            "--client-idle-timeout-ms", ns.client_idle_timeout_ms, positive=False
         ),
         session_prompt_settled_close_grace_ms=_timer(
             "--session-prompt-settled-close-grace-ms",

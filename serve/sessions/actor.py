@@ -68,6 +68,7 @@ from serve.permissions.mediator import (
     request_decision,
 )
 from serve.permissions.voting import PermissionOption
+from serve.sessions.clients import DEFAULT_CLIENT_IDLE_TIMEOUT_MS, ClientTable
 
 if TYPE_CHECKING:
     from serve.settings import Settings
@@ -258,8 +259,10 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         #: When the last prompt ended (--session-prompt-settled-close-grace-ms).
         self.last_settled_ms = 0
         self.display_name: str | None = None
-        self.clients: dict[str, int] = {}
-        self.client_last_seen: dict[str, int] = {}
+        #: Registered clients, expiring when idle (serve/sessions/clients.py).
+        self.clients = ClientTable(
+            getattr(settings, "client_idle_timeout_ms", DEFAULT_CLIENT_IDLE_TIMEOUT_MS)
+        )
         self.log = EventLog(self.session_id, ring_size=ring_size or settings.event_ring_size)
         self._early: list[tuple[str, msgspec.Raw]] = []
         self.conn: AgentConnection | None = None
@@ -358,17 +361,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             if requested is not None and requested in self.clients
             else f"client_{uuid.uuid4()}"
         )
-        self.clients[client_id] = self.clients.get(client_id, 0) + 1
-        self.client_last_seen[client_id] = int(time.time() * 1000)
+        self.clients.register(client_id)
         return client_id
 
     def release_client(self, client_id: str) -> None:
-        count = self.clients.get(client_id, 0) - 1
-        if count <= 0:
-            self.clients.pop(client_id, None)
-            self.client_last_seen.pop(client_id, None)
-        else:
-            self.clients[client_id] = count
+        self.clients.release(client_id)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -764,7 +761,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 now = int(time.time() * 1000)
                 self.last_seen_ms = now
                 if cid is not None:
-                    self.client_last_seen[cid] = now
+                    self.clients.touch(cid)
                 return now
 
     def _admit(self, msg: SubmitPrompt) -> Admission:

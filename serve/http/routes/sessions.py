@@ -599,7 +599,7 @@ async def events(session_id: str) -> Response:
             "connection_limit_exceeded",
             limit=limit,
         )
-    header_client_id()
+    stream_client = header_client_id()
     epoch = request.headers.get("X-Qwen-Event-Epoch")
     if epoch is not None and not _EPOCH_RE.match(epoch):
         epoch = None
@@ -623,6 +623,8 @@ async def events(session_id: str) -> Response:
     d = daemon()
     session.subscribers += 1
     d.sse_streams += 1
+    # a registered client streaming its events stays active (serve/sessions/clients.py)
+    streaming = stream_client is not None and session.clients.stream_opened(stream_client)
 
     async def stream() -> Any:
         try:
@@ -636,6 +638,8 @@ async def events(session_id: str) -> Response:
             sub.close()
             session.subscribers -= 1
             d.sse_streams -= 1
+            if streaming and stream_client is not None:
+                session.clients.stream_closed(stream_client)
             session.last_seen_ms = int(time.time() * 1000)
 
     response = await make_response(

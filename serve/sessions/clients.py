@@ -1,0 +1,158 @@
+"""The clients registered on one session, and their expiry (issue 16 item 11).
+
+Theory of operation
+-------------------
+A client registers by attaching (``POST /session``, ``/load``, ``/resume``, ``/branch``)
+and gets a daemon-issued id. It stays *active* while it shows signs of life: an attach, a
+``POST /session/:id/heartbeat`` with its id, or an open ``GET /session/:id/events`` stream
+that names it in ``X-Qwen-Client-Id`` (a client streaming never expires; when its last
+stream ends, the idle clock starts then). A client idle for longer than
+``--client-idle-timeout-ms`` (default 5 min; ``0`` = never) is dropped: it no longer
+counts in ``clientCount``, is not part of a consensus electorate and its id is no longer
+accepted on the session's routes (400 ``invalid_client_id``; attaching again mints a
+new one). So 300 anonymous attaches that never come back leave the table within the
+timeout and consensus can be reached by the clients that are really there.
+
+:class:`ClientTable` is pure (the clock is passed in or injected) and is owned by the
+session actor; expiry is lazy: every query first drops the clients idle past the timeout,
+so no timer task is needed and a read always sees the current membership. It behaves as a
+read-only mapping ``client id -> attach count`` (``in``, ``len``, iteration, ``get``) for
+the code that used the plain dict before. Bounded by :data:`MAX_CLIENTS` per session: past
+it, the client idle longest is dropped first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Final
+
+__all__ = ["DEFAULT_CLIENT_IDLE_TIMEOUT_MS", "MAX_CLIENTS", "ClientTable"]
+
+#: Default ``--client-idle-timeout-ms``.
+DEFAULT_CLIENT_IDLE_TIMEOUT_MS: Final = 300_000
+#: Clients remembered per session (the idlest is dropped beyond it).
+MAX_CLIENTS: Final = 4096
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _Client:
+    __slots__ = ("attaches", "last_seen_ms", "streams")
+
+    def __init__(self, now_ms: int) -> None:
+        self.attaches = 0
+        self.streams = 0
+        self.last_seen_ms = now_ms
+
+
+class ClientTable:
+    """Registered clients of one session with lazy idle expiry (see the module docstring)."""
+
+    def __init__(
+        self,
+        idle_timeout_ms: int = DEFAULT_CLIENT_IDLE_TIMEOUT_MS,
+        *,
+        clock_ms: Callable[[], int] = _wall_ms,
+        max_clients: int = MAX_CLIENTS,
+    ) -> None:
+        if idle_timeout_ms < 0 or max_clients <= 0:
+            raise ValueError("ClientTable bounds must be non-negative / positive")
+        self.idle_timeout_ms = idle_timeout_ms
+        self._clock = clock_ms
+        self._max = max_clients
+        self._clients: dict[str, _Client] = {}
+        self.expired = 0  # clients dropped for idleness, for status pages
+
+    # ---- changes -----------------------------------------------------------------------
+
+    def register(self, client_id: str) -> None:
+        """One more attach of ``client_id`` (new or known); it is active now."""
+        now = self._clock()
+        self._expire(now)
+        entry = self._clients.get(client_id)
+        if entry is None:
+            if len(self._clients) >= self._max:
+                idlest = min(self._clients, key=lambda c: self._clients[c].last_seen_ms)
+                del self._clients[idlest]
+            entry = self._clients[client_id] = _Client(now)
+        entry.attaches += 1
+        entry.last_seen_ms = now
+
+    def release(self, client_id: str) -> None:
+        """One attach fewer (``POST /detach``); the last one removes the client."""
+        entry = self._clients.get(client_id)
+        if entry is None:
+            return
+        entry.attaches -= 1
+        if entry.attaches <= 0:
+            del self._clients[client_id]
+
+    def touch(self, client_id: str) -> bool:
+        """A heartbeat: ``client_id`` is active now (False when it is not registered)."""
+        now = self._clock()
+        self._expire(now)
+        entry = self._clients.get(client_id)
+        if entry is None:
+            return False
+        entry.last_seen_ms = now
+        return True
+
+    def stream_opened(self, client_id: str) -> bool:
+        """An events stream names ``client_id``: it cannot expire while the stream is open."""
+        if not self.touch(client_id):
+            return False
+        self._clients[client_id].streams += 1
+        return True
+
+    def stream_closed(self, client_id: str) -> None:
+        """The stream ended; the idle clock starts now."""
+        entry = self._clients.get(client_id)
+        if entry is not None:
+            entry.streams = max(0, entry.streams - 1)
+            entry.last_seen_ms = self._clock()
+
+    # ---- queries (each drops idle clients first) ---------------------------------------
+
+    def active(self) -> frozenset[str]:
+        """The clients active within the idle timeout (the consensus electorate)."""
+        self._expire(self._clock())
+        return frozenset(self._clients)
+
+    def last_seen_ms(self, client_id: str) -> int | None:
+        entry = self._clients.get(client_id)
+        return entry.last_seen_ms if entry is not None else None
+
+    def get(self, client_id: str, default: int | None = None) -> int | None:
+        self._expire(self._clock())
+        entry = self._clients.get(client_id)
+        return entry.attaches if entry is not None else default
+
+    def __contains__(self, client_id: object) -> bool:
+        self._expire(self._clock())
+        return client_id in self._clients
+
+    def __len__(self) -> int:
+        self._expire(self._clock())
+        return len(self._clients)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.active())
+
+    def _expire(self, now_ms: int) -> None:
+        timeout = self.idle_timeout_ms
+        if timeout == 0:
+            return
+        idle = [
+            cid
+            for cid, entry in self._clients.items()
+            if entry.streams == 0 and now_ms - entry.last_seen_ms > timeout
+        ]
+        for cid in idle:
+            del self._clients[cid]
+        self.expired += len(idle)
