@@ -4,7 +4,9 @@ Providers come from :func:`serve.deviceflow.providers.load_providers` (built-in
 ``qwen-oauth``, ``ACP_SERVE_DEVICE_FLOW_PROVIDERS``, ``daemon.config.device_flow.providers``
 and ``settings.device_flow_providers`` when those exist). A malformed entry is logged and
 the daemon runs with the built-in provider only. Credentials go to
-``<state-dir>/credentials/``; events go to every live session's log.
+``<state-dir>/credentials/``; events go to every live session's log through the
+:class:`~serve.workspace.hub.WorkspaceHub` (a ``Broadcast`` message; the poller never waits:
+when the hub's inbox is full or the hub is down the event is dropped with a log line).
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from actors import ChildSpec, Restart
+from actors import ActorError, ChildSpec, Restart
 from serve.deviceflow.poller import DeviceFlowPoller
 from serve.deviceflow.providers import QWEN_OAUTH, ProviderConfigError, load_providers
 from serve.runtime.services import ServiceSpec, register_service
+from serve.status.shared import hub_of
+from serve.workspace.hub import Broadcast
 
 if TYPE_CHECKING:
     from serve.runtime.daemon import Daemon
@@ -36,8 +40,13 @@ def build(daemon: Daemon) -> tuple[DeviceFlowPoller, ChildSpec]:
         providers = {QWEN_OAUTH.id: QWEN_OAUTH}
 
     def fanout(event_type: str, data: dict[str, Any]) -> None:
-        for session in daemon.registry.live():
-            session.log.publish(event_type, data)
+        hub = hub_of(daemon)
+        if hub is None:
+            return
+        try:
+            hub.tell_nowait(Broadcast(None, event_type, data))
+        except ActorError as exc:
+            log.warning("device-flow event %s not published: %r", event_type, exc)
 
     poller = DeviceFlowPoller(
         providers=providers, state_dir=daemon.settings.state_dir, fanout=fanout

@@ -11,9 +11,12 @@ reached from worker threads) and bounded by the number of configured workspaces.
 
 Sessions: :func:`agent_session` picks the live session whose agent answers status
 questions (the most recently created one in the primary workspace that finished its
-handshake); status snapshots never start one. :func:`publish_workspace_event` appends a
-workspace-scoped event to every live session's log (the reference's "workspace-wide"
-fan-out); with no live session there is nobody to tell and nothing is stored.
+handshake); status snapshots never start one. :func:`publish_workspace_event` sends a
+workspace-scoped event to the :class:`~serve.workspace.hub.WorkspaceHub` actor (registered
+here as a root-supervised service), which has every live session of the workspace append
+it to its log by message (the reference's "workspace-wide" fan-out); it returns once the
+sessions have it (bounded). With no live session there is nobody to tell and nothing is
+stored.
 
 Errors: a workspace root that has vanished raises ``io_error`` (a
 :class:`~serve.workspace.WorkspaceFsError`), never a bare ``ValueError``; an unregistered
@@ -26,23 +29,30 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Final
 
+from actors import ChildSpec, Restart
 from serve.http.errors import ApiError
+from serve.runtime.services import ServiceSpec, register_service
 from serve.workspace import Workspace
 from serve.workspace.errors import make_error
+from serve.workspace.hub import WorkspaceHub
 
 if TYPE_CHECKING:
     from serve.runtime.daemon import Daemon
     from serve.sessions.actor import SessionActor
 
 __all__ = [
+    "HUB_SERVICE",
     "addressed_path",
     "agent_session",
     "check_workspace_client",
+    "hub_of",
     "live_sessions",
     "primary_workspace",
     "publish_workspace_event",
     "shared_workspace",
 ]
+
+HUB_SERVICE: Final = "workspace-hub"
 
 #: Distinct workspace objects kept (one per configured root in practice).
 MAX_SHARED_WORKSPACES: Final = 256
@@ -134,16 +144,33 @@ def agent_session(daemon: Daemon) -> SessionActor | None:
     return best
 
 
-def publish_workspace_event(
+async def publish_workspace_event(
     daemon: Daemon, event_type: str, data: dict[str, Any], originator: str | None
 ) -> int:
-    """Publish ``event_type`` on every live session's log of the addressed workspace;
-    returns how many logs took it."""
-    published = 0
-    for session in live_sessions(daemon, addressed_path(daemon)):
-        if session.log.publish(event_type, data, originator=originator) is not None:
-            published += 1
-    return published
+    """Publish ``event_type`` on every live session's log of the addressed workspace,
+    through the workspace hub; returns how many logs took it (once they have)."""
+    hub = hub_of(daemon)
+    if hub is None:
+        return 0
+    return await hub.broadcast(addressed_path(daemon), event_type, data, originator)
+
+
+def hub_of(daemon: Daemon) -> WorkspaceHub | None:
+    hub = getattr(daemon, "services", {}).get(HUB_SERVICE)
+    return hub if isinstance(hub, WorkspaceHub) else None
+
+
+def _build_hub(daemon: Daemon) -> tuple[WorkspaceHub, ChildSpec]:
+    def sessions_for(workspace: str | None) -> list[Any]:
+        registry = getattr(daemon, "registry", None)
+        return list(registry.live(workspace)) if registry is not None else []
+
+    hub = WorkspaceHub(sessions_for)
+    spec = ChildSpec(HUB_SERVICE, hub.run, Restart.PERMANENT, shutdown_grace_s=2.0, stop=hub.close)
+    return hub, spec
+
+
+register_service(ServiceSpec(HUB_SERVICE, _build_hub))
 
 
 def check_workspace_client(daemon: Daemon, client_id: str | None) -> str | None:

@@ -214,8 +214,10 @@ async def get_glob(workspace: str | None = None) -> Response:
 # ---- writes ---------------------------------------------------------------------------------
 
 
-def _publish_change(result: WriteResult | EditResult, action: str, client_id: str | None) -> None:
-    publish_workspace_event(
+async def _publish_change(
+    result: WriteResult | EditResult, action: str, client_id: str | None
+) -> None:
+    await publish_workspace_event(
         daemon(),
         FILE_CHANGED_EVENT,
         {
@@ -253,7 +255,7 @@ async def post_file_write(workspace: str | None = None) -> Response:
             line_ending=body.get("lineEnding"),
         )
     )
-    _publish_change(result, "created" if result.created else "replaced", client_id)
+    await _publish_change(result, "created" if result.created else "replaced", client_id)
     return json_response(result, 201 if result.created else 200)
 
 
@@ -279,5 +281,5 @@ async def post_file_edit(workspace: str | None = None) -> Response:
             expected_hash=expected,
         )
     )
-    _publish_change(result, "edited", client_id)
+    await _publish_change(result, "edited", client_id)
     return json_response(result)

@@ -210,7 +210,7 @@ async def post_memory() -> Response:
     except WorkspaceFsError as err:
         raise _fs_failure(err) from None
     if written.changed:
-        publish_workspace_event(
+        await publish_workspace_event(
             d,
             "memory_changed",
             {
@@ -316,7 +316,7 @@ async def post_settings() -> Response:
         event["value"] = result.value
     event["mutation"] = "remove" if remove else "set"
     if result.changed:
-        publish_workspace_event(d, "settings_changed", event, client_id)
+        await publish_workspace_event(d, "settings_changed", event, client_id)
     return json_response(
         {
             "key": dotted_key,
@@ -363,5 +363,5 @@ async def post_reload() -> Response:
         "grantsReloaded": grants_reloaded,
         "restartRequired": list(plan.restart_required),
     }
-    publish_workspace_event(d, "settings_reloaded", out, client_id)
+    await publish_workspace_event(d, "settings_reloaded", out, client_id)
     return json_response(out)

@@ -237,7 +237,7 @@ async def workspace_init(workspace: str | None = None) -> Response:
     except WorkspaceFsError as err:
         raise _fs_failure(err) from None
     out = {"path": result.path, "action": result.action}
-    publish_workspace_event(d, "workspace_initialized", out, client_id)
+    await publish_workspace_event(d, "workspace_initialized", out, client_id)
     return json_response(out)
 
 
@@ -261,5 +261,5 @@ async def workspace_tool_enable(name: str, workspace: str | None = None) -> Resp
     except WorkspaceFsError as err:
         raise _fs_failure(err) from None
     out = {"toolName": name, "enabled": enabled}
-    publish_workspace_event(d, "tool_toggled", out, client_id)
+    await publish_workspace_event(d, "tool_toggled", out, client_id)
     return json_response(out)
