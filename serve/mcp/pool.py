@@ -21,11 +21,15 @@ The pool answers three questions for the rest of the daemon:
 * **How is it doing?** :meth:`McpPool.snapshot` is ``GET /workspace/mcp``: per-server
   cells and the budget cell, never env values, headers or stderr.
 
-Budget events go to the session logs of the workspace (workspace-wide events):
+Budget events go to the sessions of the workspace (workspace-wide events), each as a
+:class:`~serve.events.messages.PublishEvent` message to the session actor (the only writer
+of its log) through the pool's :class:`~actors.outbox.Outbox` (ordered per session, never
+blocking the pool; a full session inbox spills into a bounded FIFO):
 ``mcp_budget_warning`` from a :class:`~serve.mcp.budget.WarningLatch` observed whenever
 the reserved count changes (once per upward crossing of 75 %, re-armed below 37.5 %),
 and ``mcp_child_refused_batch`` at the end of a pass that refused servers. The session
-being created is part of the audience of its own pass (it is not yet live). With the pool
+being created is part of the audience of its own pass (it is not yet live; its actor
+handles the events once its handshake is done, so they follow the handshake's). With the pool
 off, each pass is one session's discovery: its latch is fresh and its events go to that
 session only. :meth:`McpPool.restart` kills and restarts a pooled server
 (``mcp_server_restarted``) or soft-skips (``mcp_server_restart_refused`` with ``in_flight``,
@@ -58,6 +62,8 @@ import msgspec
 import trio
 
 from actors import Actor, Reply
+from actors.outbox import Outbox
+from serve.events.messages import PublishEvent
 from serve.mcp.budget import (
     BUDGET_HINT,
     BudgetPolicy,
@@ -109,7 +115,7 @@ class Ticket(Reply[Any]):
 
 class ServersFor(msgspec.Struct, frozen=True):
     workspace: str
-    log: Any  # the EventLog of the session being created, or None
+    requester: Any  # the session actor being created (gets the pass's events), or None
 
 
 class RestartServer(msgspec.Struct, frozen=True):
@@ -148,7 +154,7 @@ def _admission_sets(
 
 
 class McpPool(Actor[PoolMsg]):
-    """See the module docstring. ``logs_for(workspace)`` lists live session logs."""
+    """See the module docstring. ``sessions_for(workspace)`` lists live session actors."""
 
     def __init__(
         self,
@@ -157,7 +163,7 @@ class McpPool(Actor[PoolMsg]):
         policy: BudgetPolicy,
         pooling: bool,
         socket_dir: str,
-        logs_for: Callable[[str], list[Any]],
+        sessions_for: Callable[[str], list[Any]],
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         environ: Mapping[str, str] | None = None,
     ) -> None:
@@ -169,7 +175,8 @@ class McpPool(Actor[PoolMsg]):
         self._socket_base = socket_dir
         self._socket_dir: str | None = None
         self._socket_dir_is_temp = False
-        self._logs_for = logs_for
+        self._sessions_for = sessions_for
+        self.outbox = Outbox("mcp-pool")
         self._environ = dict(os.environ if environ is None else environ)
         self._nursery: trio.Nursery | None = None
         self._ws: dict[str, _Workspace] = {}
@@ -186,10 +193,12 @@ class McpPool(Actor[PoolMsg]):
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                self.outbox.bind(nursery)
                 await super().run(task_status=task_status)
                 nursery.cancel_scope.cancel()
         finally:
             self._nursery = None
+            self.outbox.bind(None)
             self._remove_socket_dir()
 
     async def on_start(self) -> None:
@@ -225,7 +234,7 @@ class McpPool(Actor[PoolMsg]):
         self,
         workspace: str,
         *,
-        log: Any = None,
+        requester: Any = None,
         http: bool = True,
         sse: bool = True,
         timeout_s: float = PASS_TIMEOUT_S,
@@ -233,7 +242,7 @@ class McpPool(Actor[PoolMsg]):
         """The ``mcpServers`` list for a new session of ``workspace`` (ACP ``McpServer``s).
 
         Runs a discovery pass (the first one of a workspace starts its pooled servers);
-        budget events of the pass also go to ``log`` (the new session's EventLog). ``http``
+        budget events of the pass also go to ``requester`` (the new session's actor). ``http``
         / ``sse``: the agent's ``mcpCapabilities`` (ACP forbids handing it a transport it
         did not advertise; stdio is always allowed). Never raises: when the pool is
         unavailable the session gets no MCP servers (logged).
@@ -241,7 +250,9 @@ class McpPool(Actor[PoolMsg]):
         if workspace not in self.workspaces:
             return []  # untrusted (read-only) workspaces never run their settings' commands
         try:
-            ticket: Ticket = await self.ask(ServersFor(workspace, log), timeout_s=ASK_TIMEOUT_S)
+            ticket: Ticket = await self.ask(
+                ServersFor(workspace, requester), timeout_s=ASK_TIMEOUT_S
+            )
             with trio.fail_after(timeout_s):
                 servers: list[dict[str, Any]] = await ticket.wait()
         except Exception as exc:
@@ -279,7 +290,7 @@ class McpPool(Actor[PoolMsg]):
         nursery = self._nursery
         assert nursery is not None
         match msg:
-            case ServersFor(workspace=path, log=requester):
+            case ServersFor(workspace=path, requester=requester):
                 ws = self._ws[path]
                 nursery.start_soon(self._run_pass, ws, requester, ticket)
             case RestartServer(workspace=path, name=name, originator=originator):
@@ -541,21 +552,22 @@ class McpPool(Actor[PoolMsg]):
             self._recount(ws)
 
     def _audience(self, ws: _Workspace) -> list[Any]:
-        logs = list(self._logs_for(ws.path))
+        sessions = list(self._sessions_for(ws.path))
         for extra in ws.joining:
-            if all(extra is not known for known in logs):
-                logs.append(extra)
-        return logs
+            if all(extra is not known for known in sessions):
+                sessions.append(extra)
+        return sessions
 
-    @staticmethod
     def _publish(
-        logs: list[Any], event_type: str, data: dict[str, Any], originator: str | None = None
+        self,
+        sessions: list[Any],
+        event_type: str,
+        data: dict[str, Any],
+        originator: str | None = None,
     ) -> None:
-        for event_log in logs:
-            try:
-                event_log.publish(event_type, data, originator=originator)
-            except Exception:
-                logger.exception("publishing %s failed", event_type)
+        event = PublishEvent(event_type, data, originator=originator)
+        for session in sessions:
+            self.outbox.post(session, event)
 
     # ---- the snapshot --------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ def build(daemon: Daemon) -> tuple[McpPool, ChildSpec]:
         policy=BudgetPolicy(settings.mcp_client_budget, mode),
         pooling=pooling_enabled(),
         socket_dir=settings.state_dir,
-        logs_for=lambda workspace: [s.log for s in daemon.registry.live(workspace)],
+        sessions_for=lambda workspace: list(daemon.registry.live(workspace)),
     )
     spec = ChildSpec(
         SERVICE_NAME, pool.run, Restart.PERMANENT, shutdown_grace_s=10.0, stop=pool.close

@@ -484,7 +484,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         caps = info.agent_capabilities.mcp_capabilities if info is not None else None
         servers: list[Any] = await self.mcp_pool.acp_servers_for(
             self.workspace,
-            log=self.log,
+            requester=self,
             http=bool(caps and caps.http),
             sse=bool(caps and caps.sse),
         )

@@ -1,8 +1,8 @@
 """The McpPool actor with real MCP server processes, real sockets and the real bridge.
 
 Each test runs a pool in-process (pytest-trio) over a temporary workspace whose
-``.qwen/settings.json`` names ``tests/support/mcp_server.py`` servers. Session logs are
-stand-ins that record what was published to them.
+``.qwen/settings.json`` names ``tests/support/mcp_server.py`` servers. Sessions are
+stand-in actors whose inbox records the ``PublishEvent`` messages the pool sent them.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import pytest
 import trio
 
 from acp.jsonrpc import LineFramer
+from actors import Actor
+from serve.events.messages import PublishEvent
 from serve.mcp import BudgetPolicy, McpPool, McpRestartFailed, McpServerNotFound
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,22 +30,25 @@ MCP_SERVER = str(ROOT / "tests" / "support" / "mcp_server.py")
 WAIT_S = 30.0
 
 
-class Log:
-    """Records ``publish`` calls like a session's EventLog."""
+class Log(Actor[PublishEvent]):
+    """A session stand-in: the ``PublishEvent`` messages the pool sent it, in order (read
+    straight from its inbox: the pool posts them before its call returns)."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any], str | None]] = []
+        super().__init__("session-stand-in", inbox_size=1024)
+        self._events: list[tuple[str, dict[str, Any], str | None]] = []
 
-    def publish(
-        self,
-        event_type: str,
-        data: Any,
-        *,
-        prompt_id: str | None = None,
-        originator: str | None = None,
-    ) -> int:
-        self.events.append((event_type, json.loads(json.dumps(data)), originator))
-        return len(self.events)
+    @property
+    def events(self) -> list[tuple[str, dict[str, Any], str | None]]:
+        while True:
+            try:
+                envelope = self._recv.receive_nowait()
+            except trio.WouldBlock:
+                return self._events
+            msg = envelope.msg
+            self._events.append((msg.event_type, json.loads(json.dumps(msg.data)), msg.originator))
+            if envelope.reply is not None:
+                envelope.reply.set(len(self._events))
 
     def of(self, event_type: str) -> list[dict[str, Any]]:
         return [data for kind, data, _ in self.events if kind == event_type]
@@ -75,7 +80,7 @@ async def running_pool(
         policy=BudgetPolicy(budget, mode),  # type: ignore[arg-type]
         pooling=pooling,
         socket_dir=str(tmp_path / "state"),
-        logs_for=lambda _ws: list(live or []),
+        sessions_for=lambda _ws: list(live or []),
         handshake_timeout_s=handshake_timeout_s,
     )
     async with trio.open_nursery() as nursery:
@@ -182,7 +187,7 @@ async def test_first_session_starts_pooled_servers_and_hands_out_bridges(tmp_pat
         assert before["discoveryState"] == "not_started" and before["initialized"] is False
         assert pool_pid(before, "a") is None
 
-        servers = await pool.acp_servers_for(str(ws), log=Log())
+        servers = await pool.acp_servers_for(str(ws), requester=Log())
         assert [s["name"] for s in servers] == ["a", "web"]
         bridged = servers[0]
         assert bridged["command"] == sys.executable and bridged["env"] == []
@@ -207,7 +212,7 @@ async def test_first_session_starts_pooled_servers_and_hands_out_bridges(tmp_pat
         assert snap["budgets"] == [] and snap["budgetMode"] == "off"
 
         # A second session shares the same process.
-        again = await pool.acp_servers_for(str(ws), log=Log())
+        again = await pool.acp_servers_for(str(ws), requester=Log())
         assert again == servers
         # An agent without mcpCapabilities.http gets no http server.
         stdio_only = await pool.acp_servers_for(str(ws), http=False, sse=False)
@@ -392,7 +397,7 @@ async def test_enforce_refuses_in_declaration_order_with_events(tmp_path: Path) 
     write_settings(ws, {"a": stdio("a"), "b": stdio("b"), "c": stdio("c")})
     existing, joining = Log(), Log()
     async with running_pool(tmp_path, budget=2, mode="enforce", live=[existing]) as pool:
-        servers = await pool.acp_servers_for(str(ws), log=joining)
+        servers = await pool.acp_servers_for(str(ws), requester=joining)
         assert [s["name"] for s in servers] == ["a", "b"]
         for log in (existing, joining):
             (warning,) = log.of("mcp_budget_warning")
@@ -418,7 +423,7 @@ async def test_enforce_refuses_in_declaration_order_with_events(tmp_path: Path) 
 
         # A later session hears its own refusal; nobody hears a second warning.
         later = Log()
-        await pool.acp_servers_for(str(ws), log=later)
+        await pool.acp_servers_for(str(ws), requester=later)
         assert len(later.of("mcp_child_refused_batch")) == 1
         assert later.of("mcp_budget_warning") == []
         assert len(existing.of("mcp_child_refused_batch")) == 1
@@ -446,7 +451,7 @@ async def test_off_mode_publishes_nothing(tmp_path: Path) -> None:
     write_settings(ws, {"a": stdio("a"), "b": stdio("b")})
     session = Log()
     async with running_pool(tmp_path, live=[session]) as pool:
-        await pool.acp_servers_for(str(ws), log=session)
+        await pool.acp_servers_for(str(ws), requester=session)
         assert session.events == []
         snap = await snapshot(pool, tmp_path)
         assert snap["budgets"] == [] and "clientBudget" not in snap
@@ -462,11 +467,11 @@ async def test_without_the_pool_each_session_spawns_its_own(tmp_path: Path) -> N
         tmp_path, budget=1, mode="enforce", pooling=False, live=[existing]
     ) as pool:
         first, second = Log(), Log()
-        servers = await pool.acp_servers_for(str(ws), log=first)
+        servers = await pool.acp_servers_for(str(ws), requester=first)
         assert servers == [
             {"name": "a", "command": sys.executable, "args": stdio("a")["args"], "env": []}
         ]
-        await pool.acp_servers_for(str(ws), log=second)
+        await pool.acp_servers_for(str(ws), requester=second)
         for log in (first, second):  # per-session accounting: each hears its own pass
             assert [k for k, _, _ in log.events] == [
                 "mcp_budget_warning",
