@@ -23,8 +23,11 @@ request goes through the same pipeline:
    ``default`` mode) monotonically: ``auto < prompt < deny``.
 3. **deny** → the agent gets JSON-RPC error :data:`EFFECT_DENIED` (``-32003``, ``data``:
    ``{reason, capability, rule, target}``) and the session log gets ``effect_denied
-   {sessionId, capability, target, rule, reason, risk}``. No client is asked, nothing
-   touches the disk.
+   {sessionId, capability, target, rule, reason, risk}`` (a ``PublishEvent`` the session
+   actor writes; the gate waits for it, bounded, before refusing). No client is asked,
+   nothing touches the disk. The agent's *own* ``session/request_permission`` passes the
+   same decision first (:meth:`EffectGate.screen_agent_permission`): deny → its reject
+   option and ``effect_denied``, auto → its allow option, prompt → clients are asked.
 4. **prompt** → in order, the first that applies:
 
    a. *already approved by the agent's own question* (see below): run;

@@ -1,7 +1,8 @@
 """The workspace file system boundary shared by the HTTP file routes and ACP ``fs/*``.
 
 Layering (no HTTP, no ACP, no trio here; callers run the file functions in worker threads
-with ``trio.to_thread.run_sync``):
+with ``trio.to_thread.run_sync``). :mod:`.hub` (the WorkspaceHub actor that fans
+workspace-wide events out to sessions) lives beside it and is not imported by the package:
 
 * :mod:`.errors`    ``WorkspaceFsError`` and the errorKind → HTTP status table;
 * :mod:`.textio`    pure text decoding/encoding (BOM, encoding, line endings, binary);
