@@ -43,7 +43,7 @@ class Daemon:
             (self.tmp / "c.yaml").write_text(config)
             argv += ["--config", str(self.tmp / "c.yaml")]
         env = {**os.environ, "QWEN_SERVER_TOKEN": TOKEN, "PYTHONPATH": str(root)}
-        self.err = open(self.tmp / "stderr.log", "w")  # noqa: SIM115
+        self.err = open(self.tmp / "stderr.log", "w")
         self.proc = subprocess.Popen(
             argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=self.err, text=True
         )
@@ -187,7 +187,9 @@ def probe_config(root: Path) -> None:
         with httpx.Client(base_url=d.url, headers=AUTH, timeout=30) as c:
             r = c.get("/workspace/auth/status")
             print(
-                f"16.14 deviceFlow.providers config: started; auth status {r.status_code} {r.text[:160]}"
+                "16.14 deviceFlow.providers config: started; auth status",
+                r.status_code,
+                r.text[:160],
             )
     finally:
         d.stop()
