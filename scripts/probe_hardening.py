@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,7 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         self.err.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def events_of_turn(
