@@ -1,31 +1,44 @@
-"""The SessionActor: one ACP agent child, one prompt FIFO, one EventLog.
+"""The SessionActor: joins one prompt queue, one agent link and one EventLog.
 
 Theory of operation
 -------------------
-A session is an actor under the SessionSupervisor. ``run()`` opens a private nursery,
-spawns the agent child (:class:`acp.client.AgentConnection`), performs the handshake
-(``initialize`` then ``session/new``, ``session/load`` or ``session/resume``) and reports
-readiness; then three tasks share the nursery:
+A session is an actor under the SessionSupervisor. Its parts:
 
-* the actor loop (inbox): admissions, cancel, close, model/mode switches, metadata,
-  client registration. Every handler is quick; nothing waits for a turn here, so a cancel
-  is never stuck behind a running prompt;
+* :mod:`serve.sessions.prompt_queue` (sans-IO): admission, idempotent ``promptId``,
+  deadlines, removal, exactly one terminal per admitted prompt;
+* :mod:`serve.sessions.agent_link`: the agent (acquired from an ``AgentSource``), the
+  handshake, load/resume, restart in place; the session's journal;
+* :mod:`serve.sessions.messages`: what the actor is sent and answers (typed snapshots).
+
+``run()`` opens a private nursery, opens the agent link and reports readiness; then three
+tasks share the nursery:
+
+* the actor loop (inbox). Every handler is quick and never awaits the agent: agent calls
+  (model/mode switches, vendor extension calls, ``session/cancel``) run as tasks of the
+  nursery and answer through a :class:`~actors.Reply` (:meth:`SessionActor.call` awaits
+  both). Model and mode switches are serialized among themselves, each bounded by the
+  caller's timeout; one that never got its turn is not sent (``ControlTimeout``). So
+  cancel, close, admissions, attach/detach and metadata are never stuck behind the agent.
+  "Busy" (rewind/branch) and "last client" (detach) are decided here, where the state is.
 * the prompt worker: takes admitted prompts in FIFO order and runs each turn
-  (``session/prompt``); every admitted prompt ends with exactly one ``turn_complete`` or
-  ``turn_error`` event (:meth:`_finish` is idempotent);
-* the child watcher: when the agent exits without being asked to, the running and queued
-  prompts end with ``turn_error {code:"channel_closed"}``, pending permissions resolve
-  cancelled, ``session_died {reason:"channel_closed", exitCode, signalCode}`` is published,
-  the log is closed and :class:`AgentExited` is raised so the supervisor records a crash.
+  (``session/prompt``); an exclusive extension call (rewind, branch) holds it back;
+* the child watcher: when the agent exits without being asked to, it is restarted in place
+  while the restart window allows (``session_restarted``; the running prompt ends with
+  ``turn_error {errorKind:"agent_restarted"}``); otherwise the running and queued prompts end
+  with ``turn_error {code:"channel_closed"}``, ``session_died`` is published, the log closed
+  and :class:`AgentExited` raised so the supervisor records a crash.
+
+A cancel the agent ignores escalates: after ``--cancel-grace-ms`` the turn ends with
+``turn_error {code:"cancel_timeout"}`` and the agent is restarted in place.
 
 The actor is also the connection's :class:`acp.handler.ClientHandler`: ``session/update``
-notifications are relayed untouched into the log as ``session_update`` events
-(``{sessionId, update}``), stamped with the running prompt's id and originator; permission
-requests go to the PermissionMediator actor and wait for its answer.
+notifications are relayed untouched into the log as ``session_update`` events, stamped with
+the running prompt's id and originator; permission requests go to the PermissionMediator.
+The actor is its log's only writer; others send :class:`PublishEvent`.
 
 Closing (DELETE, idle reaping, daemon shutdown) publishes terminal events for unfinished
 prompts, then ``session_closed`` or ``session_died``, closes the log (SSE streams drain and
-end), and stops the child by escalation.
+end), and stops the child. ``gone`` is set once the child is reaped and the journal closed.
 """
 
 from __future__ import annotations
@@ -33,18 +46,16 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import trio
 
-from acp.client import AgentConnection
 from acp.errors import AcpError, ChannelClosed, RemoteError, RequestTimeout
 from acp.handler import BaseClientHandler
-from acp.process import ExitInfo, scrub_env
+from acp.process import ExitInfo
 from acp.schema import (
     CancelledPermissionOutcome,
     CreateTerminalParams,
@@ -55,11 +66,8 @@ from acp.schema import (
     SessionSetup,
     WriteTextFileParams,
 )
-from actors import Actor, ActorError, RestartWindow, Supervisor
-from serve.events import EventLog
-from serve.events.messages import PublishEvent
-from serve.http.errors import ApiError, bad_request
-from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
+from actors import Actor, ActorError, Reply, RestartWindow, Supervisor
+from serve.events import EventLog, Subscriber
 from serve.permissions.mediator import (
     CancelPromptPermissions,
     CancelSessionPermissions,
@@ -68,21 +76,90 @@ from serve.permissions.mediator import (
     request_decision,
 )
 from serve.permissions.voting import PermissionOption
-from serve.sessions.clients import DEFAULT_CLIENT_IDLE_TIMEOUT_MS, ClientTable
+from serve.sessions.clients import ClientTable
+from serve.sessions.agent_link import AgentLink, AgentSource, JournalLink, SpawnAgentSource
+from serve.sessions.messages import (
+    APPROVAL_MODES,
+    Admission,
+    AgentCall,
+    AgentUnavailable,
+    ApprovalModeRefused,
+    Attach,
+    Attached,
+    CancelTurn,
+    CloseSession,
+    ControlTimeout,
+    Describe,
+    Detach,
+    Detached,
+    Heartbeat,
+    KnowsClient,
+    ListPending,
+    MetadataSet,
+    ModelSet,
+    ModelSwitchFailed,
+    ModeSet,
+    PublishEvent,
+    ReapIfIdle,
+    RemovePending,
+    SessionBusy,
+    SessionGone,
+    SessionMsg,
+    SessionView,
+    SetApprovalMode,
+    SetModel,
+    StreamEnded,
+    SubmitPrompt,
+    Subscribe,
+    Subscription,
+    Summarize,
+    UpdateMetadata,
+)
+from serve.sessions.prompt_queue import (
+    Job,
+    PromptQueue,
+    PromptQueueFull,
+    PromptRunning,
+    Terminal,
+)
 
 if TYPE_CHECKING:
     from serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
-APPROVAL_MODES = ("plan", "default", "auto-edit", "auto", "yolo")
-#: Client-chosen prompt ids remembered for idempotent re-submission.
-MAX_REMEMBERED_PROMPTS = 256
 _encoder = msgspec.json.Encoder()
+#: Bound on the permission mediator's answer (an actor: quick) on cancel and close.
+MEDIATOR_TIMEOUT_S = 2.0
+
+__all__ = [  # the session's public surface (messages and errors re-exported)
+    "APPROVAL_MODES",
+    "AgentExited",
+    "Attach",
+    "CancelTurn",
+    "CloseSession",
+    "Heartbeat",
+    "ListPending",
+    "PromptQueueFull",
+    "PromptRunning",
+    "PublishEvent",
+    "RemovePending",
+    "SessionActor",
+    "SessionBusy",
+    "SessionGone",
+    "SetApprovalMode",
+    "SetModel",
+    "SubmitPrompt",
+    "UpdateMetadata",
+]
 
 
 def iso_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class AgentExited(Exception):
@@ -91,132 +168,6 @@ class AgentExited(Exception):
     def __init__(self, exit_info: ExitInfo) -> None:
         super().__init__(f"agent exited (code {exit_info.exit_code}, signal {exit_info.signal})")
         self.exit_info = exit_info
-
-
-class SessionGone(Exception):
-    """The session is closing or closed; maps to 404."""
-
-
-class PromptRunning(Exception):
-    """The prompt is running; it can be cancelled, not removed from the queue."""
-
-
-class PromptQueueFull(Exception):
-    def __init__(self, limit: int, pending: int) -> None:
-        super().__init__(f"prompt queue full ({pending}/{limit})")
-        self.limit = limit
-        self.pending = pending
-
-
-# ---- messages ---------------------------------------------------------------------------
-
-
-class SubmitPrompt(msgspec.Struct, frozen=True):
-    prompt: msgspec.Raw
-    text: str
-    client_id: str | None
-    extra: dict[str, Any] | None = None
-    prompt_id: str | None = None
-    deadline_ms: int | None = None  # per-request; can only shorten the daemon's
-
-
-class ListPending(msgspec.Struct, frozen=True):
-    pass
-
-
-class RemovePending(msgspec.Struct, frozen=True):
-    prompt_id: str
-    client_id: str | None
-
-
-class CancelTurn(msgspec.Struct, frozen=True):
-    client_id: str | None
-    prompt_id: str | None = None  # only this prompt (its blocking caller went away)
-
-
-class CloseSession(msgspec.Struct, frozen=True):
-    reason: str = "client_close"
-    closed_by: str | None = None
-    died: bool = False  # daemon shutdown: session_died instead of session_closed
-
-
-class SetModel(msgspec.Struct, frozen=True):
-    model_id: str
-    client_id: str | None
-
-
-class SetApprovalMode(msgspec.Struct, frozen=True):
-    mode: str
-    persist: bool
-    client_id: str | None
-
-
-class UpdateMetadata(msgspec.Struct, frozen=True):
-    display_name: str
-    client_id: str | None
-
-
-class Attach(msgspec.Struct, frozen=True):
-    client_id: str | None
-
-
-class Heartbeat(msgspec.Struct, frozen=True):
-    client_id: str | None
-
-
-SessionMsg = (
-    SubmitPrompt
-    | CancelTurn
-    | CloseSession
-    | SetModel
-    | SetApprovalMode
-    | UpdateMetadata
-    | Attach
-    | Heartbeat
-    | ListPending
-    | RemovePending
-    | PublishEvent
-)
-
-
-class PromptJob:
-    """One admitted prompt; ``done`` fires once its terminal event is published."""
-
-    __slots__ = (
-        "admission",
-        "client_id",
-        "deadline",
-        "done",
-        "extra",
-        "prompt",
-        "prompt_id",
-        "queued",
-        "queued_at",
-        "result",
-        "started",
-        "text",
-    )
-
-    def __init__(self, msg: SubmitPrompt, prompt_id: str, queued: bool) -> None:
-        self.prompt_id = prompt_id
-        self.prompt = msg.prompt
-        self.text = msg.text
-        self.client_id = msg.client_id
-        self.extra = msg.extra
-        self.queued = queued
-        self.queued_at = iso_now()
-        self.admission: Admission | None = None
-        self.deadline: float | None = None  # trio clock
-        self.started = False
-        self.done = trio.Event()
-        self.result: tuple[str, dict[str, Any]] | None = None
-
-
-class Admission(msgspec.Struct, frozen=True):
-    prompt_id: str
-    last_event_id: int
-    epoch: str
-    job: Any  # PromptJob
 
 
 class _PermissionHead(msgspec.Struct, frozen=True, rename="camel"):
@@ -243,7 +194,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         restart_intensity: int = 3,
         restart_period_s: float = 60.0,
         restart_backoff_s: float = 0.1,
-        journal: Journal | None = None,
+        journal: Any = None,
+        source: AgentSource | None = None,
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
         BaseClientHandler.__init__(self)
@@ -255,41 +207,49 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.on_gone = on_gone
         self.created_at = iso_now()
         self.created_monotonic = time.monotonic()
-        self.last_seen_ms = int(time.time() * 1000)
+        self.last_seen_ms = _now_ms()
         #: When the last prompt ended (--session-prompt-settled-close-grace-ms).
         self.last_settled_ms = 0
         self.display_name: str | None = None
         #: Registered clients, expiring when idle (serve/sessions/clients.py).
-        self.clients = ClientTable(
-            getattr(settings, "client_idle_timeout_ms", DEFAULT_CLIENT_IDLE_TIMEOUT_MS)
-        )
+        self.clients = ClientTable(settings.client_idle_timeout_ms)
         self.log = EventLog(self.session_id, ring_size=ring_size or settings.event_ring_size)
         self._early: list[tuple[str, msgspec.Raw]] = []
-        self.conn: AgentConnection | None = None
-        self.setup: SessionSetup | None = None
+        self.prompts = PromptQueue(
+            limit=settings.max_pending_prompts_per_session,
+            deadline_ms=settings.prompt_deadline_ms,
+        )
+        self.link = AgentLink(
+            source or SpawnAgentSource(settings),
+            workspace=workspace,
+            handler=self,
+            owner=self,
+            init_timeout_s=settings.initialize_timeout_ms / 1000,
+            restore_timeout_s=settings.session_restore_timeout_ms / 1000,
+        )
+        self.journal_link = JournalLink(journal)
         self.current_model: str | None = None
         self.current_mode: str | None = None
         self.available_commands: msgspec.Raw | None = None
-        self._send_job, self._recv_job = trio.open_memory_channel[PromptJob](10_000)
-        self.queue: deque[PromptJob] = deque()
-        self.active: PromptJob | None = None
         self.closing = False
         self.ended = trio.Event()
+        #: Set once run() is over: the child reaped, the journal closed, the registry told.
+        self.gone = trio.Event()
         self._stopping = False
-        self._worker_scope: trio.CancelScope | None = None
         self._turn_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
+        self._work = trio.Event()  # the worker's wake-up: a job was admitted or released
+        self._exclusive: str | None = None  # a running rewind/branch holds the worker back
+        self._exclusive_done = trio.Event()
+        self._control_lock = trio.Lock()  # model/mode switches, one at a time
+        #: Open SSE subscriptions and the registered client each one names (or None).
+        self._streams: dict[Subscriber, str | None] = {}
         self.exit_info: ExitInfo | None = None
-        self.subscribers = 0
-        self._drop_updates = False
+        self.drop_updates = False
         self._update_head: bytes | None = None
-        self.journal = journal
         #: The workspace MCP pool (serve/mcp), set by the registry when it runs.
         self.mcp_pool: Any = None
-        self.journal_writer: SessionJournal | None = None
         self.restored_from_journal = False
-        self._admitted: dict[str, PromptJob] = {}
-        self._conn_ready = trio.Event()
         self._restarts = RestartWindow(restart_intensity, restart_period_s)
         self.restart_backoff_s = restart_backoff_s
         self.restart_count = 0
@@ -298,29 +258,71 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         #: The Host's effect gate (grants, approvals, workspace boundary); set by the registry.
         self.effects: Any = None
 
-    # ---- read models -------------------------------------------------------------------
+    # ---- read models (sync, for in-process status pages and metrics) -------------------
+
+    @property
+    def conn(self) -> Any:
+        """The agent connection (``acp.client.AgentConnection``) or None."""
+        return self.link.conn
+
+    @property
+    def setup(self) -> SessionSetup | None:
+        return self.link.setup
+
+    @property
+    def journal_writer(self) -> Any:
+        return self.journal_link.writer
+
+    @property
+    def active(self) -> Job | None:
+        return self.prompts.running
+
+    @property
+    def queue(self) -> tuple[Job, ...]:
+        return self.prompts.queued
 
     @property
     def pending_count(self) -> int:
-        return len(self.queue) + (1 if self.active is not None else 0)
+        return self.prompts.pending_count
 
     @property
     def has_active_prompt(self) -> bool:
-        return self.active is not None
+        return self.prompts.running is not None
+
+    @property
+    def subscribers(self) -> int:
+        """Open SSE streams on this session (ended ones are let go here)."""
+        for sub in [s for s in self._streams if s.finished]:
+            client_id = self._streams.pop(sub)
+            if client_id is not None:  # its client's idle clock starts now
+                self.clients.stream_closed(client_id)
+        return len(self._streams)
 
     def state_snapshot(self) -> dict[str, Any]:
         state: dict[str, Any] = {}
-        if self.setup is not None:
-            raw = msgspec.json.decode(bytes(self.setup.raw)) if self.setup.raw else {}
+        setup = self.setup
+        if setup is not None:
+            raw = msgspec.json.decode(bytes(setup.raw)) if setup.raw else {}
             if isinstance(raw, dict):
                 for key in ("models", "modes", "configOptions", "_meta"):
                     if raw.get(key) is not None:
                         state[key] = raw[key]
         return state
 
+    def view(self) -> SessionView:
+        return SessionView(
+            session_id=self.session_id,
+            workspace=self.workspace,
+            created_at=self.created_at,
+            has_active_prompt=self.has_active_prompt,
+            state=self.state_snapshot(),
+            last_event_id=self.log.last_id,
+            epoch=self.log.epoch,
+        )
+
     def summary(self) -> dict[str, Any]:
         pending = self.mediator.pending_count(self.session_id)
-        out: dict[str, Any] = {
+        return {
             "sessionId": self.session_id,
             "workspaceCwd": self.workspace,
             "createdAt": self.created_at,
@@ -336,50 +338,33 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             "hasTurnError": False,
             "pendingInteractions": [],
         }
-        return out
 
     def diagnostics(self) -> dict[str, Any]:
         """Operator detail for ``/daemon/status?detail=full`` (no client ids, no secrets)."""
-        conn = self.conn
         out: dict[str, Any] = {
-            "agentPid": conn.process.pid if conn is not None and not conn.closed else None,
+            "agentPid": self.link.pid,
             "agentRestarts": self.restart_count,
             "subscribers": self.subscribers,
-            "queuedPrompts": len(self.queue),
+            "queuedPrompts": len(self.prompts.queued),
         }
-        if self.journal_writer is not None:
-            out["journal"] = self.journal_writer.statistics()
+        stats = self.journal_link.statistics()
+        if stats is not None:
+            out["journal"] = stats
         return out
 
     def knows_client(self, client_id: str) -> bool:
         return client_id in self.clients
 
-    def register_client(self, requested: str | None) -> str:
-        """Reuse ``requested`` if already registered here, else mint a fresh id."""
-        client_id = (
-            requested
-            if requested is not None and requested in self.clients
-            else f"client_{uuid.uuid4()}"
-        )
-        self.clients.register(client_id)
-        return client_id
+    # ---- the public surface ------------------------------------------------------------
 
-    def release_client(self, client_id: str) -> None:
-        self.clients.release(client_id)
+    async def call(self, msg: SessionMsg, *, timeout_s: float = 30.0) -> Any:
+        """``ask``, then await a deferred answer (a :class:`Reply` from an agent task)."""
+        answer = await self.ask(msg, timeout_s=timeout_s)
+        if isinstance(answer, Reply):
+            return await answer.wait()
+        return answer
 
     # ---- lifecycle ---------------------------------------------------------------------
-
-    def _agent_env(self) -> dict[str, str]:
-        import os
-
-        env = scrub_env(os.environ)
-        if self.settings.agent_is_default:
-            env["ACP_SCRIPTED_STATE_DIR"] = os.path.join(self.settings.state_dir, "scripted")
-        env["QWEN_CODE_NO_RELAUNCH"] = "true"
-        if self.settings.mcp_client_budget is not None:
-            env["QWEN_SERVE_MCP_CLIENT_BUDGET"] = str(self.settings.mcp_client_budget)
-            env["QWEN_SERVE_MCP_BUDGET_MODE"] = self.settings.mcp_budget_mode
-        return env
 
     async def run(
         self, *, task_status: trio.TaskStatus[Actor[SessionMsg]] = trio.TASK_STATUS_IGNORED
@@ -388,11 +373,10 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 try:
-                    await self._start_agent(nursery, self.action)
+                    await self.link.open(nursery, self.action, self.session_id)
+                    self._adopt_setup(self.link.setup)
                 except BaseException:
-                    if self.journal_writer is not None:
-                        with trio.CancelScope(shield=True), trio.move_on_after(5):
-                            await self.journal_writer.aclose()
+                    await self.journal_link.aclose()
                     raise
                 nursery.start_soon(self._prompt_worker)
                 nursery.start_soon(self._supervise_child, nursery)
@@ -405,78 +389,19 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                     await self._abort_everything("channel_closed", died=True)
             if self.on_gone is not None:
                 self.on_gone(self)
+            self.gone.set()
 
-    async def _start_agent(self, nursery: trio.Nursery, action: str) -> None:
-        """Spawn the child and open (new), restore (load/resume) or re-attach the session.
-
-        ``action`` ``restart`` re-attaches to our own ACP session after the child died:
-        ``session/resume`` when offered (no replay), else ``session/load`` with the
-        replayed history dropped (the log already holds it).
-        """
-        settings = self.settings
-        init_timeout = settings.initialize_timeout_ms / 1000
-        conn = await AgentConnection.spawn(
-            nursery,
-            settings.agent_argv,
-            cwd=self.workspace,
-            env=self._agent_env(),
-            handler=self,
-            request_timeout_s=init_timeout,
-        )
-        self.conn = conn
-        try:
-            await conn.initialize(timeout_s=init_timeout)
-            info = conn.info
-            restore_timeout = settings.session_restore_timeout_ms / 1000
-            mcp_servers = await self._mcp_servers(info)
-            if action == "new":
-                setup = await conn.new_session(self.workspace, mcp_servers, timeout_s=init_timeout)
-                self.session_id = setup.session_id
-                self.log.session_id = setup.session_id
-                self.name = f"session-{setup.session_id}"
-                await self._open_journal(nursery, fresh=True)
-                for kind, update in self._early:
-                    self._relay(kind, update)
-                self._early.clear()
-            elif action == "load" or (action == "restart" and not _can_resume(info)):
-                if info is None or not info.load_session:
-                    raise ApiError(
-                        501,
-                        {
-                            "error": "The agent does not support session/load",
-                            "code": "not_supported_by_agent",
-                        },
-                    )
-                if action == "load":
-                    await self._restore_from_journal(nursery)
-                # After a restart, or when the journal already holds the history, the
-                # agent's replay of it would duplicate events: drop it.
-                self._drop_updates = action == "restart" or self.restored_from_journal
-                try:
-                    setup = await conn.load_session(
-                        self.session_id, self.workspace, mcp_servers, timeout_s=restore_timeout
-                    )
-                finally:
-                    self._drop_updates = False
-            else:
-                if action == "resume":
-                    await self._restore_from_journal(nursery)
-                setup = await conn.resume_session(
-                    self.session_id, self.workspace, mcp_servers, timeout_s=restore_timeout
-                )
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await conn.aclose(grace_s=1.0)
-            raise
-        if action != "restart" or self.setup is None:
-            self.setup = setup
+    def _adopt_setup(self, setup: SessionSetup | None) -> None:
+        if setup is None:
+            return
         if setup.models is not None:
             self.current_model = getattr(setup.models, "current_model_id", None)
         if setup.modes is not None:
             self.current_mode = getattr(setup.modes, "current_mode_id", None)
-        self._conn_ready.set()
 
-    async def _mcp_servers(self, info: Any) -> list[Any]:
+    # The link's owner side (agent_link.LinkOwner).
+
+    async def mcp_servers(self, info: Any) -> list[Any]:
         """The workspace's MCP servers for the agent (pooled stdio servers are reached
         through the pool's bridge; transports the agent did not advertise are left out)."""
         if self.mcp_pool is None:
@@ -490,61 +415,36 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         )
         return servers
 
-    # ---- the durable journal -----------------------------------------------------------
+    async def adopt_session_id(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.log.session_id = session_id
+        self.name = f"session-{session_id}"
+        await self._open_journal(fresh=True)
+        for kind, update in self._early:
+            self._relay(kind, update)
+        self._early.clear()
 
-    async def _open_journal(self, nursery: trio.Nursery, *, fresh: bool) -> None:
-        """Journal this session's events (``--no-journal`` or an I/O error: no journal)."""
-        if self.journal is None or self.journal_writer is not None:
-            return
-        meta = JournalMeta(
-            session_id=self.session_id,
-            epoch=self.log.epoch,
-            workspace=self.workspace,
-            acp_session_id=self.session_id,
-            origin="load"
-            if self.action == "load"
-            else "resume"
-            if self.action == "resume"
-            else "new",
-            created_at_ms=int(time.time() * 1000),
+    async def restore_history(self) -> bool:
+        """After a daemon restart: rebuild the event log from the journal and keep
+        journaling; True when the journal held the history."""
+        if self.journal_link.journal is None:
+            return False
+        restored = await self.journal_link.restore(self.session_id, self.log.ring_size)
+        if restored is None:
+            await self._open_journal(fresh=True)
+            return False
+        self.log, self.restored_from_journal = restored
+        await self._open_journal(fresh=False)
+        return self.restored_from_journal
+
+    async def _open_journal(self, *, fresh: bool) -> None:
+        assert self._nursery is not None
+        origin: Literal["new", "load", "resume"] = (
+            "load" if self.action == "load" else "resume" if self.action == "resume" else "new"
         )
-        try:
-            writer = await self.journal.open_writer(meta, fresh=fresh)
-        except JournalError as exc:
-            log.warning("session %s runs without a journal: %s", self.session_id, exc)
-            return
-        self.journal_writer = writer
-        self.log.sink = writer.sink
-        await nursery.start(writer.run)
-
-    async def _restore_from_journal(self, nursery: trio.Nursery) -> None:
-        """After a daemon restart: rebuild the event log from the journal (same ids; the
-        same epoch when the journal was closed cleanly) and keep journaling."""
-        if self.journal is None:
-            return
-        try:
-            replay = await self.journal.read(self.session_id, tail=self.log.ring_size)
-        except JournalNotFound:
-            await self._open_journal(nursery, fresh=True)
-            return
-        except JournalError as exc:
-            log.warning("journal of session %s unreadable: %s", self.session_id, exc)
-            await self._open_journal(nursery, fresh=True)
-            return
-        epoch = replay.meta.epoch if replay.clean else None
-        first = replay.records[0].event_id if replay.records else replay.next_id
-        restored = EventLog(
-            self.session_id, ring_size=self.log.ring_size, epoch=epoch, next_id=first
+        await self.journal_link.open(
+            self._nursery, self.log, workspace=self.workspace, origin=origin, fresh=fresh
         )
-        for event_id, _type, frame in replay:
-            restored.restore(event_id, frame)
-        self.log = restored
-        self.restored_from_journal = bool(replay.records)
-        await self._open_journal(nursery, fresh=False)
-
-    def _restorable(self) -> bool:
-        info = self.conn.info if self.conn is not None else None
-        return info is not None and (info.load_session or _can_resume(info))
 
     async def _supervise_child(self, nursery: trio.Nursery) -> None:
         """Watch the agent child; restart it in place while the intensity allows.
@@ -555,19 +455,19 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         happened. Without load/resume support, or past the intensity, the session dies.
         """
         while True:
-            assert self.conn is not None
-            exit_info = await self.conn.wait_closed()
+            exit_info = await self.link.wait_exit()
             if self._stopping or self.ended.is_set():
                 return
             self.exit_info = exit_info
-            self._conn_ready = trio.Event()
             log.warning(
                 "agent of session %s exited (code %s, signal %s)",
                 self.session_id,
                 exit_info.exit_code,
                 exit_info.signal,
             )
-            if not (self._restorable() and self._restarts.intensity and self._restarts.allows()):
+            if not (
+                self.link.restorable() and self._restarts.intensity and self._restarts.allows()
+            ):
                 await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
                 raise AgentExited(exit_info)
             self._restarts.count()
@@ -575,9 +475,10 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             attempt = self.restart_count
             reason = f"agent exited (code {exit_info.exit_code}, signal {exit_info.signal})"
             self._record_supervision("crash", reason, attempt)
-            if self.active is not None:
+            running = self.prompts.running
+            if running is not None:
                 self._finish(
-                    self.active,
+                    running,
                     "turn_error",
                     {
                         "sessionId": self.session_id,
@@ -586,19 +487,15 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                         "errorKind": "agent_restarted",
                     },
                 )
-            try:
-                await self.mediator.ask(
-                    CancelSessionPermissions(self.session_id, "session_closed"), timeout_s=2
-                )
-            except ActorError:
-                pass
+            await self._cancel_permissions()
             await trio.sleep(min(5.0, self.restart_backoff_s * 2 ** (attempt - 1)))
             try:
-                await self._start_agent(nursery, "restart")
+                setup = await self.link.open(nursery, "restart", self.session_id)
             except Exception as exc:
                 log.warning("restarting the agent of session %s failed: %r", self.session_id, exc)
                 await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
                 raise AgentExited(exit_info) from exc
+            self._adopt_setup(setup)
             self._record_supervision("restart", f"attempt {attempt}", attempt)
             self.log.publish(
                 "session_restarted",
@@ -618,12 +515,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
 
     async def on_stop(self) -> None:
         self._stopping = True
-        if self.conn is not None and not self.conn.closed:
-            with trio.move_on_after(5):
-                await self.conn.aclose(grace_s=1.0)
-        if self.journal_writer is not None:
-            with trio.move_on_after(5):
-                await self.journal_writer.aclose()
+        with trio.move_on_after(5):
+            await self.link.aclose(grace_s=1.0)
+        await self.journal_link.aclose()
 
     # ---- the ClientHandler side --------------------------------------------------------
 
@@ -632,7 +526,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         await self.log.wait_drained()
 
     def on_session_update(self, session_id: str, kind: str, update: msgspec.Raw) -> None:
-        if self._drop_updates:
+        if self.drop_updates:
             return  # history replayed by session/load after a restart: already in the log
         if not self.session_id:
             self._early.append((kind, update))
@@ -653,7 +547,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         if head is None:  # encoded once: the session id never changes after set-up
             head = self._update_head = b'{"sessionId":' + _encoder.encode(self.session_id)
         data = msgspec.Raw(head + b',"update":' + bytes(update) + b"}")
-        active = self.active
+        active = self.prompts.running
         self.log.publish(
             "session_update",
             data,
@@ -692,8 +586,18 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             screened = await gate.screen_agent_permission(self, params)
             if screened is not None:
                 return screened  # type: ignore[no-any-return]
+        outcome = await self._mediate_permission(params, raw)
+        if isinstance(outcome, SelectedPermissionOutcome) and gate is not None:
+            # an allowed tool call's own fs/terminal effect: ask once
+            gate.note_agent_permission(self, params, outcome)
+        return outcome
+
+    async def _mediate_permission(
+        self, params: RequestPermissionParams, raw: msgspec.Raw
+    ) -> PermissionOutcome:
+        """Ask the session's clients through the PermissionMediator actor."""
         head = _permission_head.decode(bytes(raw))
-        active = self.active
+        active = self.prompts.running
         options = tuple(
             PermissionOption(option_id=o.option_id, kind=o.kind, name=o.name)
             for o in params.options
@@ -717,17 +621,14 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             return CancelledPermissionOutcome()
         outcome = response.get("outcome", {})
         if outcome.get("outcome") == "selected":
-            selected = SelectedPermissionOutcome(option_id=outcome["optionId"])
-            if gate is not None:  # an allowed tool call's own fs/terminal effect: ask once
-                gate.note_agent_permission(self, params, selected)
-            return selected
+            return SelectedPermissionOutcome(option_id=outcome["optionId"])
         return CancelledPermissionOutcome()
 
     # ---- the actor loop ----------------------------------------------------------------
 
     async def handle(self, msg: SessionMsg) -> Any:
-        if self.closing and not isinstance(msg, CloseSession | PublishEvent):
-            raise SessionGone(self.session_id)  # PublishEvent: until the log closes
+        if self.closing and not isinstance(msg, (CloseSession, StreamEnded, Detach, PublishEvent)):
+            raise SessionGone(self.session_id)
         match msg:
             case SubmitPrompt():
                 return self._admit(msg)
@@ -738,9 +639,12 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             case CloseSession():
                 return await self._close(msg)
             case SetModel():
-                return await self._set_model(msg)
+                return self._spawn_control(msg.timeout_s, "model switch", self._set_model, msg)
             case SetApprovalMode():
-                return await self._set_approval_mode(msg)
+                self._check_approval_mode(msg.mode)
+                return self._spawn_control(
+                    msg.timeout_s, "approval mode change", self._set_approval_mode, msg
+                )
             case UpdateMetadata(display_name=name, client_id=cid):
                 self.display_name = name
                 self.log.publish(
@@ -748,9 +652,26 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                     {"sessionId": self.session_id, "displayName": name, "titleSource": "manual"},
                     originator=cid,
                 )
-                return {"sessionId": self.session_id, "displayName": name}
+                return MetadataSet(self.session_id, name)
             case Attach(client_id=cid):
-                return self.register_client(cid)
+                return Attached(self._register_client(cid), self.view())
+            case Detach(client_id=cid):
+                return await self._detach(cid)
+            case KnowsClient(client_id=cid):
+                return cid in self.clients
+            case Subscribe():
+                return self._subscribe(msg)
+            case StreamEnded():
+                self.last_seen_ms = _now_ms()
+                return self.subscribers  # lets the ended stream go
+            case Describe():
+                return self.view()
+            case Summarize():
+                return self.summary()
+            case AgentCall():
+                return self._agent_call(msg)
+            case ReapIfIdle():
+                return await self._reap_if_idle(msg)
             case ListPending():
                 return self._pending_list()
             case RemovePending(prompt_id=pid, client_id=cid):
@@ -758,52 +679,101 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             case PublishEvent(event_type=etype, data=data, prompt_id=pid, originator=orig):
                 return self.log.publish(etype, data, prompt_id=pid, originator=orig)
             case Heartbeat(client_id=cid):
-                now = int(time.time() * 1000)
+                now = _now_ms()
                 self.last_seen_ms = now
                 if cid is not None:
                     self.clients.touch(cid)
                 return now
+        raise TypeError(f"unknown session message {type(msg).__name__}")
+
+    # ---- clients and streams -----------------------------------------------------------
+
+    def _register_client(self, requested: str | None) -> str:
+        """Reuse ``requested`` if already registered here, else mint a fresh id."""
+        client_id = (
+            requested
+            if requested is not None and requested in self.clients
+            else f"client_{uuid.uuid4()}"
+        )
+        self.clients.register(client_id)
+        return client_id
+
+    def _release_client(self, client_id: str) -> None:
+        self.clients.release(client_id)
+
+    async def _detach(self, client_id: str | None) -> Detached:
+        if self.closing:
+            return Detached(closed=False)
+        if client_id is not None:
+            self._release_client(client_id)
+        if not self.clients and self.subscribers == 0 and self.pending_count == 0:
+            await self._close(CloseSession(reason="last_client_detached"))
+            return Detached(closed=True)
+        return Detached(closed=False)
+
+    def _subscribe(self, msg: Subscribe) -> Subscription:
+        snapshot = None
+        if msg.snapshot:
+            snapshot = {
+                "sessionId": self.session_id,
+                "currentModelId": self.current_model,
+                "currentApprovalMode": self.current_mode,
+            }
+        sub = self.log.subscribe(
+            last_event_id=msg.last_event_id,
+            epoch=msg.epoch,
+            max_queued=msg.max_queued,
+            snapshot=snapshot,
+        )
+        # a registered client streaming its events stays active (serve/sessions/clients.py)
+        named = msg.client_id
+        streaming = named is not None and self.clients.stream_opened(named)
+        self._streams[sub] = named if streaming else None
+        return Subscription(sub, self.log.epoch)
+
+    async def _reap_if_idle(self, msg: ReapIfIdle) -> bool:
+        now = _now_ms()
+        if (
+            self.subscribers == 0
+            and self.pending_count == 0
+            and self._exclusive is None
+            and self.mediator.pending_count(self.session_id) == 0
+            and now - self.last_seen_ms >= msg.idle_timeout_ms
+            and now - self.last_settled_ms >= msg.settled_grace_ms
+        ):
+            log.info("reaping idle session %s", self.session_id)
+            await self._close(CloseSession(reason="idle_timeout"))
+            return True
+        return False
+
+    # ---- prompts -----------------------------------------------------------------------
 
     def _admit(self, msg: SubmitPrompt) -> Admission:
-        if msg.prompt_id is not None:
-            earlier = self._admitted.get(msg.prompt_id)
-            if earlier is not None and earlier.admission is not None:
-                return earlier.admission  # idempotent: the same turn, not a second one
-        limit = self.settings.max_pending_prompts_per_session
-        if limit and self.pending_count >= limit:
-            raise PromptQueueFull(limit, self.pending_count)
-        prompt_id = msg.prompt_id or str(uuid.uuid4())
-        queued = self.pending_count > 0
-        job = PromptJob(msg, prompt_id, queued)
-        deadline_ms = self.settings.prompt_deadline_ms
-        if deadline_ms is not None and msg.deadline_ms is not None:
-            deadline_ms = min(deadline_ms, msg.deadline_ms)
-        if deadline_ms is not None:
-            # An absolute deadline: queueing time counts.
-            job.deadline = trio.current_time() + deadline_ms / 1000
+        admitted = self.prompts.admit(msg, now=trio.current_time(), queued_at=iso_now())
+        job: Job = admitted.job
+        if not admitted.fresh:
+            return job.token  # type: ignore[no-any-return]  # the same turn, not a second one
+        done = trio.Event()
+        job.notify = done.set
         watermark = self.log.last_id
-        if queued:
+        if job.queued:
             self.log.publish(
                 "pending_prompt_added",
                 {
                     "sessionId": self.session_id,
-                    "promptId": prompt_id,
-                    "text": msg.text,
+                    "promptId": job.prompt_id,
+                    "text": job.text,
                     "queuedAt": iso_now(),
                 },
-                prompt_id=prompt_id,
-                originator=msg.client_id,
+                prompt_id=job.prompt_id,
+                originator=job.client_id,
             )
-        self.queue.append(job)
-        self._send_job.send_nowait(job)
-        job.admission = Admission(prompt_id, watermark, self.log.epoch, job)
-        self._admitted[prompt_id] = job
-        while len(self._admitted) > MAX_REMEMBERED_PROMPTS:
-            self._admitted.pop(next(iter(self._admitted)))
-        return job.admission
+        job.token = Admission(job.prompt_id, watermark, self.log.epoch, job, done)
+        self._work.set()  # wake the worker
+        return job.token  # type: ignore[no-any-return]
 
     def _pending_list(self) -> dict[str, Any]:
-        jobs = ([self.active] if self.active is not None else []) + list(self.queue)
+        running = self.prompts.running
         return {
             "sessionId": self.session_id,
             "pending": [
@@ -811,72 +781,170 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                     "promptId": job.prompt_id,
                     "text": job.text,
                     "queuedAt": job.queued_at,
-                    "state": "running" if job is self.active else "queued",
+                    "state": "running" if job is running else "queued",
                     **({"originatorClientId": job.client_id} if job.client_id else {}),
                 }
-                for job in jobs
+                for job in self.prompts.jobs()
             ],
         }
 
     def _remove_pending(self, prompt_id: str, client_id: str | None) -> bool:
         """Remove a queued prompt (True), False when unknown; running ones are refused."""
-        if self.active is not None and self.active.prompt_id == prompt_id:
+        running = self.prompts.running
+        if running is not None and running.prompt_id == prompt_id:
             raise PromptRunning(prompt_id)
-        for job in self.queue:
-            if job.prompt_id == prompt_id:
-                self.queue.remove(job)
-                self.log.publish(
-                    "prompt_cancelled",
-                    {"sessionId": self.session_id, "reason": "removed_from_queue"},
-                    prompt_id=prompt_id,
-                    originator=client_id,
-                )
-                self._finish(
-                    job, "turn_complete", {"sessionId": self.session_id, "stopReason": "cancelled"}
-                )
-                return True
-        return False
+        if not any(j.prompt_id == prompt_id for j in self.prompts.queued):
+            return False
+        self.log.publish(
+            "prompt_cancelled",
+            {"sessionId": self.session_id, "reason": "removed_from_queue"},
+            prompt_id=prompt_id,
+            originator=client_id,
+        )
+        terminal = self.prompts.remove(
+            prompt_id, {"sessionId": self.session_id, "stopReason": "cancelled"}
+        )
+        self._publish_terminal(terminal)
+        return True
 
     async def _cancel_turn(self, client_id: str | None) -> None:
-        active = self.active
+        active = self.prompts.running
         self.log.publish(
             "prompt_cancelled",
             {"sessionId": self.session_id, "reason": "client_cancel"},
             prompt_id=active.prompt_id if active else None,
             originator=client_id,
         )
-        await self.mediator.ask(CancelSessionPermissions(self.session_id, "session_closed"))
-        if self.conn is not None and not self.conn.closed:
-            try:
-                await self.conn.cancel(self.session_id)
-            except AcpError:
-                pass
+        await self._cancel_permissions()
+        self._spawn(self._send_cancel)
+        if active is not None and not active.done:
+            self._spawn(self._escalate_cancel, active)
 
     async def _cancel_prompt(self, prompt_id: str, client_id: str | None) -> None:
         """Cancel one prompt: the running one through the agent, a queued one at once."""
-        if self.active is not None and self.active.prompt_id == prompt_id:
+        running = self.prompts.running
+        if running is not None and running.prompt_id == prompt_id:
             await self._cancel_turn(client_id)
             return
-        for job in self.queue:
-            if job.prompt_id == prompt_id and not job.started:
-                self.log.publish(
-                    "prompt_cancelled",
-                    {"sessionId": self.session_id, "reason": "client_disconnected"},
-                    prompt_id=prompt_id,
-                    originator=client_id,
-                )
-                self.queue.remove(job)
-                self._finish(
-                    job,
-                    "turn_complete",
-                    {"sessionId": self.session_id, "stopReason": "cancelled"},
-                )
-                return
+        if any(j.prompt_id == prompt_id for j in self.prompts.queued):
+            self.log.publish(
+                "prompt_cancelled",
+                {"sessionId": self.session_id, "reason": "client_disconnected"},
+                prompt_id=prompt_id,
+                originator=client_id,
+            )
+            terminal = self.prompts.cancel_queued(
+                prompt_id, {"sessionId": self.session_id, "stopReason": "cancelled"}
+            )
+            self._publish_terminal(terminal)
 
-    async def _set_model(self, msg: SetModel) -> dict[str, Any]:
-        assert self.conn is not None
+    async def _send_cancel(self) -> None:
+        """``session/cancel`` to the agent (a notification; bounded by the link)."""
+        conn = self.link.conn
+        if conn is not None and not conn.closed:
+            try:
+                with trio.move_on_after(self.settings.initialize_timeout_ms / 1000):
+                    await conn.cancel(self.session_id)
+            except AcpError:
+                pass
+
+    async def _escalate_cancel(self, job: Job) -> None:
+        """A cancel the agent ignores: after the grace the turn ends with ``turn_error
+        {code:"cancel_timeout"}`` and the agent is restarted in place."""
+        grace_ms = getattr(self.settings, "cancel_grace_ms", 10_000)
+        if not grace_ms:
+            return
+        await trio.sleep(grace_ms / 1000)
+        if job.done or self.prompts.running is not job or self.closing:
+            return
+        log.warning(
+            "agent of session %s ignored session/cancel for %d ms: restarting it",
+            self.session_id,
+            grace_ms,
+        )
+        self._finish(
+            job,
+            "turn_error",
+            {
+                "sessionId": self.session_id,
+                "message": f"the agent did not stop the turn within {grace_ms} ms of the "
+                "cancel; it is restarted",
+                "code": "cancel_timeout",
+                "errorKind": "cancel_timeout",
+            },
+        )
+        await self.link.kill()  # the child watcher restarts it in place
+
+    async def _cancel_permissions(self, *, forget: bool = False) -> None:
         try:
-            await self.conn.set_model(self.session_id, msg.model_id)
+            with trio.move_on_after(MEDIATOR_TIMEOUT_S):
+                await self.mediator.ask(
+                    CancelSessionPermissions(self.session_id, "session_closed", forget=forget),
+                    timeout_s=MEDIATOR_TIMEOUT_S,
+                )
+        except ActorError:
+            pass
+
+    # ---- agent calls off the inbox -----------------------------------------------------
+
+    def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self._nursery is None:
+            raise SessionGone(self.session_id)
+        self._nursery.start_soon(fn, *args)
+
+    def _spawn_control(
+        self,
+        timeout_s: float,
+        what: str,
+        fn: Callable[[Any, float], Awaitable[Any]],
+        msg: Any,
+    ) -> Reply[Any]:
+        """Run a model/mode switch as a task, one at a time, within ``timeout_s``."""
+        reply: Reply[Any] = Reply()
+        deadline = trio.current_time() + timeout_s
+        self._spawn(self._run_control, reply, deadline, timeout_s, what, fn, msg)
+        return reply
+
+    async def _run_control(
+        self,
+        reply: Reply[Any],
+        deadline: float,
+        timeout_s: float,
+        what: str,
+        fn: Callable[[Any, float], Awaitable[Any]],
+        msg: Any,
+    ) -> None:
+        try:
+            acquired = False
+            with trio.move_on_at(deadline):
+                await self._control_lock.acquire()
+                acquired = True
+            if not acquired:  # earlier switches took the whole bound: this one is not sent
+                reply.fail(ControlTimeout(what, timeout_s))
+                return
+            try:
+                if self.closing:
+                    raise SessionGone(self.session_id)
+                if not self.link.connected:
+                    raise AgentUnavailable(self.session_id)
+                remaining = max(0.001, deadline - trio.current_time())
+                reply.set(await fn(msg, remaining))
+            finally:
+                self._control_lock.release()
+        except Exception as exc:
+            reply.fail(exc)
+        finally:
+            reply.fail(SessionGone(self.session_id))  # cancelled: the session is closing
+
+    async def _set_model(self, msg: SetModel, timeout_s: float) -> ModelSet:
+        conn = self.link.conn
+        assert conn is not None
+        try:
+            await conn.set_model(
+                self.session_id,
+                msg.model_id,
+                timeout_s=min(timeout_s, self.settings.initialize_timeout_ms / 1000),
+            )
         except (RemoteError, RequestTimeout) as exc:
             error = exc.message if isinstance(exc, RemoteError) else str(exc)
             self.log.publish(
@@ -884,33 +952,35 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 {"sessionId": self.session_id, "requestedModelId": msg.model_id, "error": error},
                 originator=msg.client_id,
             )
-            raise bad_request(
-                f"Model switch failed: {error}",
-                "model_switch_failed",
-                requestedModelId=msg.model_id,
-            ) from None
+            raise ModelSwitchFailed(msg.model_id, error) from None
         self.current_model = msg.model_id
         self.log.publish(
             "model_switched",
             {"sessionId": self.session_id, "modelId": msg.model_id},
             originator=msg.client_id,
         )
-        return {"modelId": msg.model_id}
+        return ModelSet(msg.model_id)
 
-    async def _set_approval_mode(self, msg: SetApprovalMode) -> dict[str, Any]:
-        assert self.conn is not None
+    def _check_approval_mode(self, mode: str) -> None:
         available = self._agent_modes()
-        if available and msg.mode not in available:
-            raise bad_request(
-                f"The agent does not offer approval mode {msg.mode!r}",
-                "invalid_approval_mode",
-                allowed=available,
+        if available and mode not in available:
+            raise ApprovalModeRefused(
+                f"The agent does not offer approval mode {mode!r}", allowed=available
             )
+
+    async def _set_approval_mode(self, msg: SetApprovalMode, timeout_s: float) -> ModeSet:
+        conn = self.link.conn
+        assert conn is not None
+        self._check_approval_mode(msg.mode)
         previous = self.current_mode
         try:
-            await self.conn.set_mode(self.session_id, msg.mode)
+            await conn.set_mode(
+                self.session_id,
+                msg.mode,
+                timeout_s=min(timeout_s, self.settings.initialize_timeout_ms / 1000),
+            )
         except RemoteError as exc:
-            raise bad_request(f"Approval mode change failed: {exc.message}", "approval_mode_failed")
+            raise ApprovalModeRefused(f"Approval mode change failed: {exc.message}") from None
         self.current_mode = msg.mode
         self.log.publish(
             "approval_mode_changed",
@@ -922,44 +992,74 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             },
             originator=msg.client_id,
         )
-        return {
-            "sessionId": self.session_id,
-            "mode": msg.mode,
-            "previous": previous,
-            "persisted": False,
-        }
+        return ModeSet(self.session_id, msg.mode, previous, False)
 
     def _agent_modes(self) -> list[str]:
-        modes = self.setup.modes if self.setup is not None else None
+        setup = self.setup
+        modes = setup.modes if setup is not None else None
         if modes is None:
             return []
         return [m.id for m in getattr(modes, "available_modes", []) or []]
 
+    def _agent_call(self, msg: AgentCall) -> Reply[bytes]:
+        """A vendor extension call as a task; exclusive ones first check "busy" here."""
+        conn = self.link.conn
+        if conn is None or conn.closed:
+            raise AgentUnavailable(self.session_id)
+        if msg.exclusive is not None:
+            if self.pending_count or self._exclusive is not None:
+                raise SessionBusy(self.session_id, msg.exclusive)
+            self._exclusive = msg.exclusive
+            self._exclusive_done = trio.Event()
+        reply: Reply[bytes] = Reply()
+        try:
+            self._spawn(self._run_agent_call, msg, conn, reply)
+        except BaseException:
+            self._end_exclusive(msg)
+            raise
+        return reply
+
+    async def _run_agent_call(self, msg: AgentCall, conn: Any, reply: Reply[bytes]) -> None:
+        try:
+            raw = await conn.request(
+                msg.method, {"sessionId": self.session_id, **msg.params}, msg.timeout_s
+            )
+            reply.set(bytes(raw))
+        except Exception as exc:
+            reply.fail(exc)
+        finally:
+            reply.fail(SessionGone(self.session_id))  # cancelled: the session is closing
+            self._end_exclusive(msg)
+
+    def _end_exclusive(self, msg: AgentCall) -> None:
+        if msg.exclusive is not None and self._exclusive == msg.exclusive:
+            self._exclusive = None
+            self._exclusive_done.set()
+
     # ---- turns -------------------------------------------------------------------------
 
     async def _prompt_worker(self) -> None:
-        async for job in self._recv_job:
-            if job.done.is_set():
-                continue  # removed or aborted before it started
-            await self._conn_ready.wait()  # an agent restart in progress
-            if job.done.is_set():
+        while True:
+            await self.link.ready.wait()  # an agent restart in progress
+            while self._exclusive is not None:  # a rewind/branch runs: no turn now
+                await self._exclusive_done.wait()
+            job, expired = self.prompts.take(trio.current_time())
+            for terminal in expired:
+                self._publish_terminal(terminal)
+                await self._after_deadline()
+            if job is None:
+                if not expired:
+                    self._work = trio.Event()
+                    await self._work.wait()
                 continue
-            if job.deadline is not None and trio.current_time() >= job.deadline:
-                if job in self.queue:
-                    self.queue.remove(job)
-                await self._deadline_exceeded(job)
-                continue
-            if job in self.queue:
-                self.queue.remove(job)
-            self.active = job
-            job.started = True
             try:
                 await self._run_turn(job)
             finally:
-                self.active = None
+                self._publish_terminal(self.prompts.release(job))
 
-    async def _run_turn(self, job: PromptJob) -> None:
-        assert self.conn is not None
+    async def _run_turn(self, job: Job) -> None:
+        conn = self.link.conn
+        assert conn is not None
         if job.queued:
             self.log.publish(
                 "pending_prompt_started",
@@ -987,7 +1087,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 self._turn_scope = scope
                 if job.deadline is not None:
                     scope.deadline = job.deadline
-                result = await self.conn.prompt(self.session_id, job.prompt, extra=extra)
+                result = await conn.prompt(self.session_id, job.prompt, extra=extra)
             self._turn_scope = None
             if scope.cancelled_caught:
                 if job.deadline is not None and trio.current_time() >= job.deadline:
@@ -1007,7 +1107,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             # The child died: the supervising task ends this prompt (agent_restarted or,
             # when the session dies, channel_closed); wait for its decision.
             with trio.move_on_after(30):
-                await job.done.wait()
+                await job.token.done.wait()
             self._finish(job, "turn_error", _channel_closed_error(self.session_id))
             return
         except AcpError as exc:
@@ -1028,7 +1128,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 data["branchPoint"] = decoded["qwen.branchPoint"]
         self._finish(job, "turn_complete", data)
 
-    async def _deadline_exceeded(self, job: PromptJob) -> None:
+    async def _deadline_exceeded(self, job: Job) -> None:
         """The absolute deadline fired: end the turn now (the FIFO moves on even if the
         agent is wedged) and ask the agent to stop."""
         self._finish(
@@ -1041,46 +1141,45 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 "errorKind": "prompt_deadline_exceeded",
             },
         )
-        try:
-            await self.mediator.ask(
-                CancelSessionPermissions(self.session_id, "session_closed"), timeout_s=2
-            )
-        except ActorError:
-            pass
-        if self.conn is not None and not self.conn.closed:
+        await self._after_deadline()
+
+    async def _after_deadline(self) -> None:
+        await self._cancel_permissions()
+        conn = self.link.conn
+        if conn is not None and not conn.closed:
             try:
                 with trio.move_on_after(1):
-                    await self.conn.cancel(self.session_id)
+                    await conn.cancel(self.session_id)
             except AcpError:
                 pass
 
-    def _finish(self, job: PromptJob, event_type: str, data: dict[str, Any]) -> None:
-        """Publish the one terminal event of ``job`` (idempotent)."""
-        if job.done.is_set():
+    def _finish(self, job: Job, event_type: str, data: dict[str, Any]) -> None:
+        """End ``job`` with its one terminal event (idempotent)."""
+        self._publish_terminal(self.prompts.finish(job, event_type, data))
+
+    def _publish_terminal(self, terminal: Terminal | None) -> None:
+        if terminal is None:
             return
-        data.setdefault("promptId", job.prompt_id)
-        self.log.publish(event_type, data, prompt_id=job.prompt_id, originator=job.client_id)
+        job: Job = terminal.job
+        data = {"sessionId": self.session_id, **terminal.data}
+        self.log.publish(terminal.kind, data, prompt_id=job.prompt_id, originator=job.client_id)
         if job.queued:
-            state = "completed" if job.started else "removed"
+            state = "completed" if terminal.started else "removed"
             self.log.publish(
                 "pending_prompt_completed",
                 {"sessionId": self.session_id, "promptId": job.prompt_id, "state": state},
                 prompt_id=job.prompt_id,
             )
-        job.result = (event_type, data)
-        job.done.set()
-        self.last_settled_ms = int(time.time() * 1000)
-        self._turn_ended(job)
+        self.last_settled_ms = _now_ms()
+        if terminal.started:
+            self._turn_ended(job)
 
-    def _turn_ended(self, job: PromptJob) -> None:
+    def _turn_ended(self, job: Job) -> None:
         """Withdraw the permission requests the finished turn left open (issue 16.2)."""
-        if job.started:
-            try:
-                self.mediator.tell_nowait(CancelPromptPermissions(self.session_id, job.prompt_id))
-            except ActorError:  # full or stopped: the response timeout still applies
-                log.warning(
-                    "session %s: could not withdraw permissions of its turn", self.session_id
-                )
+        try:
+            self.mediator.tell_nowait(CancelPromptPermissions(self.session_id, job.prompt_id))
+        except ActorError:  # full or stopped: the response timeout still applies
+            log.warning("session %s: could not withdraw permissions of its turn", self.session_id)
 
     # ---- endings -----------------------------------------------------------------------
 
@@ -1109,49 +1208,34 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         if self._turn_scope is not None:
             self._turn_scope.cancel()
         if died and reason == "channel_closed":
-            terminal: tuple[str, dict[str, Any]] = (
-                "turn_error",
-                _channel_closed_error(self.session_id),
-            )
+            kind, data = "turn_error", _channel_closed_error(self.session_id)
         elif died:
-            terminal = (
-                "turn_error",
-                {"sessionId": self.session_id, "message": "daemon shutting down", "code": reason},
-            )
+            kind = "turn_error"
+            data = {"sessionId": self.session_id, "message": "daemon shutting down", "code": reason}
         else:
-            terminal = (
-                "turn_complete",
-                {"sessionId": self.session_id, "stopReason": "cancelled", "promptCancelled": True},
-            )
-        jobs = ([self.active] if self.active is not None else []) + list(self.queue)
-        for job in jobs:
-            self._finish(job, terminal[0], dict(terminal[1]))
-        try:
-            with trio.move_on_after(2):
-                await self.mediator.ask(
-                    CancelSessionPermissions(self.session_id, "session_closed", forget=True),
-                    timeout_s=2,
-                )
-        except ActorError:
-            pass
-        if self.conn is not None and not self.conn.closed and not died:
-            try:
-                with trio.move_on_after(1):
-                    await self.conn.cancel(self.session_id)
-            except AcpError:
-                pass
+            kind = "turn_complete"
+            data = {
+                "sessionId": self.session_id,
+                "stopReason": "cancelled",
+                "promptCancelled": True,
+            }
+        for terminal in self.prompts.abort_all(kind, data):
+            self._publish_terminal(terminal)
+        await self._cancel_permissions(forget=True)
+        if not died and self._nursery is not None:
+            self._nursery.start_soon(self._send_cancel)  # best effort; the child is stopped next
         await self._publish_queued()
         if died:
-            data: dict[str, Any] = {"sessionId": self.session_id, "reason": reason}
+            final: dict[str, Any] = {"sessionId": self.session_id, "reason": reason}
             if exit_info is not None:
-                data["exitCode"] = exit_info.exit_code
-                data["signalCode"] = _signal_name(exit_info.signal)
-            self.log.publish("session_died", data)
+                final["exitCode"] = exit_info.exit_code
+                final["signalCode"] = _signal_name(exit_info.signal)
+            self.log.publish("session_died", final)
         else:
-            data = {"sessionId": self.session_id, "reason": reason}
+            final = {"sessionId": self.session_id, "reason": reason}
             if closed_by is not None:
-                data["closedBy"] = closed_by
-            self.log.publish("session_closed", data, originator=closed_by)
+                final["closedBy"] = closed_by
+            self.log.publish("session_closed", final, originator=closed_by)
         self.log.close()
         self.ended.set()
 
@@ -1164,10 +1248,6 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 return
             await self._dispatch(envelope)
-
-
-def _can_resume(info: Any) -> bool:
-    return info is not None and bool(getattr(info, "supports_resume", False))
 
 
 def _effect_gate(session: SessionActor) -> Any:

@@ -22,29 +22,39 @@ to start a :class:`~serve.sessions.actor.SessionActor` (``temporary``: a crashed
 reported by the supervisor, and the session ends with ``session_died``), then resolves the
 :class:`Pending` slot every caller awaits. Sessions tell the registry when they are gone.
 
-A reaper task closes idle sessions (no SSE subscribers, no prompt, no pending permission,
-no heartbeat for ``--session-idle-timeout-ms``) every ``--session-reap-interval-ms``.
+One id, one actor: a session that is closing stays in the table until it is gone (its
+child reaped, its journal closed). A load/resume of that id waits for it (at most
+:data:`CLOSING_WAIT_S`, then ``409 session_closing``) before the new incarnation starts, so
+there are never two actors or two agent children for one id.
+
+A reaper task asks every live session every ``--session-reap-interval-ms`` to close itself
+if idle (no SSE subscribers, no prompt, no pending permission, no heartbeat for
+``--session-idle-timeout-ms``); the session decides, from its own state.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
 
-from actors import Actor, ChildSpec, Restart, Supervisor, unwrap_group
+from actors import Actor, ActorError, ChildSpec, Restart, Supervisor, unwrap_group
 from serve.http.errors import ApiError, service_unavailable
 from serve.sessions.actor import CloseSession, SessionActor
+from serve.sessions.agent_link import AgentSource
+from serve.sessions.messages import ReapIfIdle
 
 if TYPE_CHECKING:
     from serve.permissions.mediator import PermissionMediator
     from serve.settings import Settings
 
 log = logging.getLogger(__name__)
+
+#: How long a load/resume waits for the previous incarnation of its id to be gone (s).
+CLOSING_WAIT_S = 10.0
 
 
 class Pending:
@@ -127,6 +137,8 @@ class SessionRegistry(Actor[RegistryMsg]):
         self.mcp_pool: Any = None
         #: Called with each session that is gone (metrics keep its totals).
         self.retire_hook: Callable[[SessionActor], None] | None = None
+        #: Where sessions get their agents (None: each spawns its own; see agent_link).
+        self.agent_source: AgentSource | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -272,6 +284,8 @@ class SessionRegistry(Actor[RegistryMsg]):
         self._counter += 1
         spec_name = f"session-{self._counter}"
         try:
+            if session_id is not None:
+                await self._previous_gone(session_id)
             session = SessionActor(
                 settings=self.settings,
                 mediator=self.mediator,
@@ -280,6 +294,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 session_id=session_id,
                 on_gone=self._forget,
                 journal=self.journal,
+                source=self.agent_source,
                 **self._restart_kwargs(),
             )
             session.effects = self.effects
@@ -305,6 +320,25 @@ class SessionRegistry(Actor[RegistryMsg]):
             self.single[workspace] = sid
         self.inflight.pop(pending.key, None)
         pending.resolve(session, None)
+
+    async def _previous_gone(self, session_id: str) -> None:
+        """Wait until the closing incarnation of ``session_id`` is gone (or 409)."""
+        previous = self.sessions.get(session_id)
+        if previous is None:
+            return
+        with trio.move_on_after(CLOSING_WAIT_S):
+            await previous.gone.wait()
+        if not previous.gone.is_set():
+            raise ApiError(
+                409,
+                {
+                    "error": "The previous incarnation of this session is still closing",
+                    "code": "session_closing",
+                    "retryable": True,
+                    "sessionId": session_id,
+                },
+                {"Retry-After": "5"},
+            )
 
     def _restart_kwargs(self) -> dict[str, Any]:
         if self.restart is None:
@@ -333,21 +367,11 @@ class SessionRegistry(Actor[RegistryMsg]):
             return
         while True:
             await trio.sleep(interval_ms / 1000)
-            now = int(time.time() * 1000)
             for session in self.live():
-                if (
-                    session.subscribers == 0
-                    and session.pending_count == 0
-                    and self.mediator.pending_count(session.session_id) == 0
-                    and now - session.last_seen_ms >= timeout_ms
-                    and now - session.last_settled_ms >= grace_ms
-                ):
-                    log.info("reaping idle session %s", session.session_id)
-                    self._nursery_close(session, "idle_timeout")
-
-    def _nursery_close(self, session: SessionActor, reason: str) -> None:
-        assert self._nursery is not None
-        self._nursery.start_soon(self._close_one, session, reason, False)
+                try:
+                    session.tell_nowait(ReapIfIdle(timeout_ms, grace_ms))
+                except ActorError:
+                    pass  # closing, or its inbox is full (it is not idle then)
 
 
 def _limit_error(limit: int, scope: str) -> ApiError:

@@ -1,7 +1,8 @@
 """Session routes that forward to the agent's vendor extension methods (spec §4.2, §4.8, §7.8).
 
 qwen-code answers ``qwen/status/session/<x>`` and ``qwen/control/session/<x>``; these
-routes forward to them with ``session.conn.request(method, params)``:
+routes forward to them through the session's inbox (an :class:`AgentCall` the session runs
+off its inbox, so the call never holds up cancel, close or admissions):
 
 ===========================================  =========================  ======================
 route                                        tag                        agent method
@@ -26,7 +27,8 @@ and publishes ``session_rewound``. Branch forks the conversation in the agent an
 loads the new session into the daemon (``201`` with the usual session response plus
 ``branchedFrom``, ``title``, ``displayName``; with ``atRecordId`` the fork is only
 persisted, as in the reference). Rewind and branch refuse while a prompt runs or waits
-(``409 session_busy``).
+(``409 session_busy``); the session decides that in its inbox and starts no prompt until
+the call returns (a prompt admitted meanwhile waits its turn).
 
 Support and tags (:mod:`serve.workspace_state.agent_ext`): a tag is advertised only when
 some live session's agent is known (qwen-code) or was seen to answer the method; no live
@@ -54,9 +56,16 @@ from serve.http import capabilities
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request, session_not_found, to_api_error
-from serve.http.routes.sessions import ask, find_session, session_client, session_response
+from serve.http.routes.sessions import (
+    agent_unavailable,
+    ask,
+    find_session,
+    publish,
+    session_client,
+    session_response,
+)
 from serve.http.wire import JSON_TYPE, json_body, json_response
-from serve.sessions.actor import Attach
+from serve.sessions.messages import AgentCall, Attach, Attached
 from serve.sessions.registry import RestoreSession
 from serve.workspace_state import agent_ext
 
@@ -146,25 +155,24 @@ async def forward(
     *,
     timeout_s: float = STATUS_TIMEOUT_S,
     invalid_code: str = "invalid_params",
+    exclusive: str | None = None,
 ) -> bytes:
-    """Call ``method`` on the session's agent; the raw JSON result, or an :class:`ApiError`."""
+    """Call ``method`` on the session's agent; the raw JSON result, or an :class:`ApiError`.
+
+    ``exclusive`` (``"rewind"``, ``"branch"``): 409 ``session_busy`` while a prompt runs or
+    waits, decided by the session."""
     support = agent_ext.support_for(daemon())
     kind = agent_ext.agent_kind(session)
     if support.verdict(kind, method) is False:
         raise _not_supported(method, agent_ext.agent_name(session))
-    conn = getattr(session, "conn", None)
-    if conn is None or conn.closed or kind is None:
-        raise ApiError(
-            503,
-            {
-                "error": "The session's agent is not connected",
-                "code": "acp_channel_unavailable",
-                "retryable": True,
-            },
-            {"Retry-After": "5"},
-        )
+    if kind is None:
+        raise agent_unavailable()
     try:
-        raw = await conn.request(method, {"sessionId": session.session_id, **params}, timeout_s)
+        raw: bytes = await ask(
+            session,
+            AgentCall(method, params, timeout_s, exclusive),
+            timeout_s=STATUS_TIMEOUT_S,
+        )
     except RemoteError as err:
         if err.code == METHOD_NOT_FOUND:
             support.observe(kind, method, False)
@@ -177,7 +185,7 @@ async def forward(
             raise
         raise mapped from None
     support.observe(kind, method, True)
-    return bytes(raw)
+    return raw
 
 
 def _relay(raw: bytes, *, status: int = 200, cache: bool = True) -> Response:
@@ -196,18 +204,6 @@ def _decode_object(raw: bytes, method: str) -> dict[str, Any]:
     return value
 
 
-def _require_idle(session: Any, what: str) -> None:
-    if session.pending_count:
-        raise ApiError(
-            409,
-            {
-                "error": f"Cannot {what} while a prompt is running or queued",
-                "code": "session_busy",
-                "sessionId": session.session_id,
-            },
-        )
-
-
 def _query_flag(name: str) -> bool:
     return request.args.get(name, "").lower() == "true"
 
@@ -217,7 +213,7 @@ def _query_flag(name: str) -> bool:
 
 async def _status(session_id: str, method: str, params: dict[str, Any] | None = None) -> Response:
     session = find_session(session_id)
-    session_client(session)
+    await session_client(session)
     raw = await forward(session, method, params or {})
     return _relay(raw, cache=False)
 
@@ -261,7 +257,7 @@ async def rewind_snapshots(session_id: str) -> Response:
 async def recap(session_id: str) -> Response:
     await json_body()
     session = find_session(session_id)
-    session_client(session)
+    await session_client(session)
     raw = await forward(session, agent_ext.RECAP, {}, timeout_s=MODEL_CALL_TIMEOUT_S)
     return _relay(raw)
 
@@ -277,7 +273,7 @@ async def btw(session_id: str) -> Response:
             f"{MAX_QUESTION_CHARS} characters",
             "invalid_question",
         )
-    session_client(session)
+    await session_client(session)
     raw = await forward(
         session, agent_ext.BTW, {"question": question.strip()}, timeout_s=MODEL_CALL_TIMEOUT_S
     )
@@ -296,7 +292,7 @@ async def language(session_id: str) -> Response:
         raise bad_request(
             "`syncOutputLanguage` must be a boolean when provided", "invalid_sync_flag"
         )
-    session_client(session)
+    await session_client(session)
     raw = await forward(
         session,
         agent_ext.LANGUAGE,
@@ -333,8 +329,7 @@ async def rewind(session_id: str) -> Response:
         raise bad_request(
             "`rewindFiles` must be a boolean when provided", "invalid_rewind_files_flag"
         )
-    client_id = session_client(session)
-    _require_idle(session, "rewind")
+    client_id = await session_client(session)
     params: dict[str, Any] = {"rewindFiles": rewind_files}
     if prompt_id is not None:
         params["promptId"] = prompt_id
@@ -346,6 +341,7 @@ async def rewind(session_id: str) -> Response:
         params,
         timeout_s=MODEL_CALL_TIMEOUT_S,
         invalid_code="invalid_rewind_target",
+        exclusive="rewind",
     )
     result = _decode_object(raw, agent_ext.REWIND)
     files_changed = result.get("filesChanged")
@@ -360,7 +356,7 @@ async def rewind(session_id: str) -> Response:
         "filesChanged": files_changed,
         "filesFailed": files_failed,
     }
-    session.log.publish("session_rewound", event, originator=client_id)
+    await publish(session, "session_rewound", event, client_id)
     return json_response(
         {
             "sessionId": session.session_id,
@@ -382,13 +378,13 @@ async def _load_branch(session: Any, new_id: str, client_id: str | None) -> dict
             RestoreSession(new_id, session.workspace, "load"), timeout_s=_REGISTRY_TIMEOUT_S
         )
         branch = await ticket.pending.wait()
-        registered = await ask(branch, Attach(client_id))
+        attached: Attached = await ask(branch, Attach(client_id))
     except Exception as exc:
         mapped = to_api_error(exc)
         error = mapped.body if mapped is not None else {"error": str(exc)}
         return {"restored": False, "restoreError": error}
-    out = session_response(branch, attached=ticket.attached, client_id=registered)
-    out["state"] = branch.state_snapshot()
+    out = session_response(attached.view, attached=ticket.attached, client_id=attached.client_id)
+    out["state"] = attached.view.state
     out["restored"] = True
     return out
 
@@ -405,8 +401,7 @@ async def branch(session_id: str) -> Response:
     record = body.get("atRecordId")
     if record is not None and not isinstance(record, str):
         raise bad_request("`atRecordId` must be a string", "branch_point_invalid")
-    client_id = session_client(session)
-    _require_idle(session, "branch")
+    client_id = await session_client(session)
     params: dict[str, Any] = {"cwd": session.workspace}
     if name is not None:
         params["name"] = name
@@ -418,6 +413,7 @@ async def branch(session_id: str) -> Response:
         params,
         timeout_s=MODEL_CALL_TIMEOUT_S,
         invalid_code="branch_point_invalid",
+        exclusive="branch",
     )
     result = _decode_object(raw, agent_ext.BRANCH)
     new_id = result.get("newSessionId")

@@ -1,14 +1,14 @@
 """Session routes: create/attach, load/resume, list, prompt, cancel, close, events, votes.
 
 Each handler validates its input (400s here, in the order the reference checks them),
-finds the session (404), then sends one message to an actor and encodes the answer.
+finds the session (404), then sends messages to its actor and encodes the typed answers:
+no route reads or changes a session's live state (clients, subscribers, prompts, its log).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import time
 import uuid
 from typing import Any
 
@@ -16,7 +16,7 @@ import msgspec
 import trio
 from quart import Blueprint, Response, make_response, request
 
-from actors import ActorStopped
+from actors import ActorError, ActorStopped, InboxFull
 from serve.events import (
     DEFAULT_MAX_QUEUED,
     HEARTBEAT_FRAME,
@@ -33,21 +33,38 @@ from serve.http.security.clientid import InvalidClientId, validate_client_id
 from serve.http.security.hosts import is_loopback_address
 from serve.http.wire import json_body, json_response
 from serve.permissions.mediator import CastVote, SessionOf
-from serve.sessions.actor import (
+from serve.sessions.actor import SessionActor
+from serve.sessions.messages import (
     APPROVAL_MODES,
+    AgentUnavailable,
+    ApprovalModeRefused,
     Attach,
+    Attached,
     CancelTurn,
     CloseSession,
+    ControlTimeout,
+    Detach,
     Heartbeat,
+    KnowsClient,
     ListPending,
+    MetadataSet,
+    ModelSet,
+    ModelSwitchFailed,
+    ModeSet,
     PromptQueueFull,
     PromptRunning,
+    PublishEvent,
     RemovePending,
-    SessionActor,
+    SessionBusy,
     SessionGone,
+    SessionView,
     SetApprovalMode,
     SetModel,
+    StreamEnded,
     SubmitPrompt,
+    Subscribe,
+    Subscription,
+    Summarize,
     UpdateMetadata,
 )
 from serve.sessions.registry import CreateSession, RestoreSession
@@ -137,9 +154,9 @@ def find_session(session_id: str) -> SessionActor:
     return session
 
 
-def require_registered(session: SessionActor, client_id: str) -> None:
+async def require_registered(session: SessionActor, client_id: str) -> None:
     """400 ``invalid_client_id`` unless ``client_id`` is registered on ``session``."""
-    if not session.knows_client(client_id):
+    if not await ask(session, KnowsClient(client_id)):
         raise ApiError(
             400,
             {
@@ -151,19 +168,62 @@ def require_registered(session: SessionActor, client_id: str) -> None:
         )
 
 
-def session_client(session: SessionActor) -> str | None:
+async def session_client(session: SessionActor) -> str | None:
     """The header's client id, which must be registered on ``session`` when present."""
     client_id = header_client_id()
     if client_id is not None:
-        require_registered(session, client_id)
+        await require_registered(session, client_id)
     return client_id
 
 
 async def ask(session: SessionActor, msg: Any, timeout_s: float = _ASK_TIMEOUT_S) -> Any:
+    """Send ``msg`` to the session and await its (possibly deferred) answer; the session's
+    domain errors become their wire errors here."""
     try:
-        return await session.ask(msg, timeout_s=timeout_s)
+        return await session.call(msg, timeout_s=timeout_s)
     except (SessionGone, ActorStopped):
         raise session_not_found(session.session_id) from None
+    except ModelSwitchFailed as exc:
+        raise bad_request(
+            f"Model switch failed: {exc.error}",
+            "model_switch_failed",
+            requestedModelId=exc.model_id,
+        ) from None
+    except ApprovalModeRefused as exc:
+        if exc.allowed is not None:
+            raise bad_request(exc.message, "invalid_approval_mode", allowed=exc.allowed) from None
+        raise bad_request(exc.message, "approval_mode_failed") from None
+    except ControlTimeout as exc:
+        raise service_unavailable(str(exc), "agent_busy", retryable=True) from None
+    except AgentUnavailable:
+        raise agent_unavailable() from None
+    except SessionBusy as exc:
+        raise ApiError(
+            409,
+            {"error": str(exc), "code": "session_busy", "sessionId": exc.session_id},
+        ) from None
+
+
+def agent_unavailable() -> ApiError:
+    return ApiError(
+        503,
+        {
+            "error": "The session's agent is not connected",
+            "code": "acp_channel_unavailable",
+            "retryable": True,
+        },
+        {"Retry-After": "5"},
+    )
+
+
+async def publish(
+    session: SessionActor, event_type: str, data: Any, originator: str | None
+) -> None:
+    """Have the session write another party's event into its log (its only writer)."""
+    try:
+        await session.ask(PublishEvent(event_type, data, originator=originator), timeout_s=10)
+    except (SessionGone, ActorError):
+        pass  # the session closed: its log is closed too
 
 
 def canonical_cwd(raw: object) -> str:
@@ -195,16 +255,16 @@ def resolve_workspace(body: dict[str, Any]) -> str:
     )
 
 
-def session_response(session: SessionActor, *, attached: bool, client_id: str) -> dict[str, Any]:
+def session_response(view: SessionView, *, attached: bool, client_id: str) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "sessionId": session.session_id,
-        "workspaceCwd": session.workspace,
+        "sessionId": view.session_id,
+        "workspaceCwd": view.workspace,
         "attached": attached,
         "clientId": client_id,
-        "createdAt": session.created_at,
+        "createdAt": view.created_at,
     }
     if attached:
-        out["hasActivePrompt"] = session.has_active_prompt
+        out["hasActivePrompt"] = view.has_active_prompt
     return out
 
 
@@ -259,13 +319,21 @@ async def create_session() -> Response:
         )
     workspace = resolve_workspace(body)
     registry = daemon().registry
-    try:
-        ticket = await registry.ask(CreateSession(workspace, scope), timeout_s=_ASK_TIMEOUT_S)
-    except ActorStopped:
-        raise service_unavailable("Daemon is shutting down", "daemon_draining") from None
-    session = await _await_ticket(ticket)
-    registered = await ask(session, Attach(client_id))
-    out = session_response(session, attached=ticket.attached, client_id=registered)
+    for attempt in range(3):
+        try:
+            ticket = await registry.ask(CreateSession(workspace, scope), timeout_s=_ASK_TIMEOUT_S)
+        except ActorStopped:
+            raise service_unavailable("Daemon is shutting down", "daemon_draining") from None
+        session = await _await_ticket(ticket)
+        try:
+            attached: Attached = await session.call(Attach(client_id), timeout_s=_ASK_TIMEOUT_S)
+            break
+        except (SessionGone, ActorStopped):
+            # It closed (its last client detached) before our Attach: start afresh.
+            if attempt == 2:
+                raise session_not_found(session.session_id) from None
+    registered = attached.client_id
+    out = session_response(attached.view, attached=ticket.attached, client_id=registered)
     if approval_mode is not None:
         try:
             await ask(session, SetApprovalMode(approval_mode, False, registered))
@@ -298,11 +366,11 @@ async def _restore(session_id: str, action: str) -> Response:
         if exc.status == 500 and exc.body.get("code") in (-32002, -32602):
             raise session_not_found(session_id) from None
         raise
-    registered = await ask(session, Attach(client_id))
-    out = session_response(session, attached=ticket.attached, client_id=registered)
-    out["state"] = session.state_snapshot()
-    out["lastEventId"] = session.log.last_id
-    out["eventEpoch"] = session.log.epoch
+    attached: Attached = await ask(session, Attach(client_id))
+    out = session_response(attached.view, attached=ticket.attached, client_id=attached.client_id)
+    out["state"] = attached.view.state
+    out["lastEventId"] = attached.view.last_event_id
+    out["eventEpoch"] = attached.view.epoch
     return json_response(out)
 
 
@@ -330,7 +398,12 @@ async def list_sessions(workspace: str) -> Response:
             boundWorkspace=d.settings.primary_workspace,
             requestedWorkspace=workspace,
         )
-    sessions = [s.summary() for s in d.registry.live(wanted)]
+    sessions = []
+    for session in d.registry.live(wanted):
+        try:
+            sessions.append(await session.call(Summarize(), timeout_s=_ASK_TIMEOUT_S))
+        except (SessionGone, ActorError):
+            continue  # closed meanwhile
     return json_response({"sessions": sessions})
 
 
@@ -388,7 +461,7 @@ async def prompt(session_id: str) -> Response:
     ):
         raise bad_request("`deadlineMs` must be a positive integer", "invalid_deadline_ms")
     session = find_session(session_id)
-    client_id = session_client(session)
+    client_id = await session_client(session)
     try:
         admission = await ask(
             session,
@@ -412,18 +485,18 @@ async def prompt(session_id: str) -> Response:
             },
             202,
         )
-    job = admission.job
     try:
-        await job.done.wait()
+        await admission.done.wait()
     except trio.Cancelled:
         # The blocking caller went away: cancel its prompt, as the seed says.
-        if not job.done.is_set():
+        if not admission.done.is_set():
             try:
                 session.tell_nowait(CancelTurn(client_id, admission.prompt_id))
             except Exception:
                 pass
         raise
-    event_type, data = job.result
+    terminal = admission.job.terminal
+    event_type, data = terminal.kind, terminal.data
     if event_type == "turn_complete":
         out = {"stopReason": data["stopReason"], "promptId": admission.prompt_id}
         if "branchPoint" in data:
@@ -434,7 +507,7 @@ async def prompt(session_id: str) -> Response:
         if key in data:
             error_body[key] = data[key]
     error_body["promptId"] = admission.prompt_id
-    retryable = ("channel_closed", "daemon_shutdown", "agent_restarted")
+    retryable = ("channel_closed", "daemon_shutdown", "agent_restarted", "cancel_timeout")
     status = 503 if data.get("code") in retryable else 500
     return json_response(error_body, status)
 
@@ -442,14 +515,14 @@ async def prompt(session_id: str) -> Response:
 @blueprint.get("/session/<session_id>/pending-prompts")
 async def pending_prompts(session_id: str) -> Response:
     session = find_session(session_id)
-    session_client(session)
+    await session_client(session)
     return json_response(await ask(session, ListPending()))
 
 
 @blueprint.delete("/session/<session_id>/pending-prompts/<prompt_id>")
 async def remove_pending_prompt(session_id: str, prompt_id: str) -> Response:
     session = find_session(session_id)
-    client_id = session_client(session)
+    client_id = await session_client(session)
     try:
         removed = await ask(session, RemovePending(prompt_id, client_id))
     except PromptRunning:
@@ -478,7 +551,7 @@ async def remove_pending_prompt(session_id: str, prompt_id: str) -> Response:
 @blueprint.post("/session/<session_id>/cancel")
 async def cancel(session_id: str) -> Response:
     session = find_session(session_id)
-    client_id = session_client(session)
+    client_id = await session_client(session)
     await ask(session, CancelTurn(client_id))
     return Response(b"", status=204)
 
@@ -486,7 +559,7 @@ async def cancel(session_id: str) -> Response:
 @blueprint.delete("/session/<session_id>")
 async def close(session_id: str) -> Response:
     session = find_session(session_id)
-    client_id = session_client(session)
+    client_id = await session_client(session)
     await ask(session, CloseSession(reason="client_close", closed_by=client_id))
     return Response(b"", status=204)
 
@@ -496,14 +569,12 @@ async def detach(session_id: str) -> Response:
     session = daemon().registry.get(session_id)
     if session is None:
         return Response(b"", status=204)
-    client_id = session_client(session)
-    if client_id is not None:
-        session.release_client(client_id)
-    if not session.clients and session.subscribers == 0 and session.pending_count == 0:
-        try:
-            await session.ask(CloseSession(reason="last_client_detached"), timeout_s=10)
-        except (SessionGone, ActorStopped):
-            pass
+    client_id = await session_client(session)
+    # The session decides, in its inbox, whether this was its last client.
+    try:
+        await session.call(Detach(client_id), timeout_s=10)
+    except (SessionGone, ActorStopped):
+        pass
     return Response(b"", status=204)
 
 
@@ -511,7 +582,7 @@ async def detach(session_id: str) -> Response:
 async def metadata(session_id: str) -> Response:
     body = await json_body(allow_empty=False)
     session = find_session(session_id)
-    client_id = session_client(session)
+    client_id = await session_client(session)
     name = body.get("displayName")
     if not isinstance(name, str) or not name.strip() or len(name) > 256:
         raise bad_request(
@@ -519,13 +590,14 @@ async def metadata(session_id: str) -> Response:
             "invalid_metadata",
             field="displayName",
         )
-    return json_response(await ask(session, UpdateMetadata(name.strip(), client_id)))
+    done: MetadataSet = await ask(session, UpdateMetadata(name.strip(), client_id))
+    return json_response({"sessionId": done.session_id, "displayName": done.display_name})
 
 
 @blueprint.post("/session/<session_id>/heartbeat")
 async def heartbeat(session_id: str) -> Response:
     session = find_session(session_id)
-    client_id = session_client(session)
+    client_id = await session_client(session)
     last_seen = await ask(session, Heartbeat(client_id))
     out: dict[str, Any] = {"sessionId": session_id, "lastSeenAt": last_seen}
     if client_id is not None:
@@ -537,18 +609,19 @@ async def heartbeat(session_id: str) -> Response:
 async def set_model(session_id: str) -> Response:
     body = await json_body(allow_empty=False)
     session = find_session(session_id)
-    client_id = session_client(session)
+    client_id = await session_client(session)
     model_id = body.get("modelId")
     if not isinstance(model_id, str) or not model_id.strip():
         raise bad_request("`modelId` must be a non-empty string")
-    return json_response(await ask(session, SetModel(model_id, client_id), timeout_s=60))
+    switched: ModelSet = await ask(session, SetModel(model_id, client_id, timeout_s=60.0))
+    return json_response({"modelId": switched.model_id})
 
 
 @blueprint.post("/session/<session_id>/approval-mode")
 async def approval_mode(session_id: str) -> Response:
     body = await json_body(allow_empty=False)
     session = find_session(session_id)
-    client_id = session_client(session)
+    client_id = await session_client(session)
     mode = body.get("mode")
     if mode not in APPROVAL_MODES:
         raise bad_request(
@@ -559,7 +632,15 @@ async def approval_mode(session_id: str) -> Response:
     persist = body.get("persist", False)
     if not isinstance(persist, bool):
         raise bad_request("`persist` must be a boolean", "invalid_persist_flag")
-    return json_response(await ask(session, SetApprovalMode(mode, persist, client_id)))
+    changed: ModeSet = await ask(session, SetApprovalMode(mode, persist, client_id))
+    return json_response(
+        {
+            "sessionId": changed.session_id,
+            "mode": changed.mode,
+            "previous": changed.previous,
+            "persisted": changed.persisted,
+        }
+    )
 
 
 # ---- events -------------------------------------------------------------------------------
@@ -603,16 +684,16 @@ async def events(session_id: str) -> Response:
     epoch = request.headers.get("X-Qwen-Event-Epoch")
     if epoch is not None and not _EPOCH_RE.match(epoch):
         epoch = None
-    snapshot = None
-    if request.args.get("snapshot") in ("1", "true"):
-        snapshot = {
-            "sessionId": session.session_id,
-            "currentModelId": session.current_model,
-            "currentApprovalMode": session.current_mode,
-        }
     try:
-        sub = session.log.subscribe(
-            last_event_id=_last_event_id(), epoch=epoch, max_queued=max_queued, snapshot=snapshot
+        subscription: Subscription = await ask(
+            session,
+            Subscribe(
+                last_event_id=_last_event_id(),
+                epoch=epoch,
+                max_queued=max_queued,
+                snapshot=request.args.get("snapshot") in ("1", "true"),
+                client_id=stream_client,
+            ),
         )
     except SubscriberLimitExceeded as exc:
         raise ApiError(
@@ -620,11 +701,9 @@ async def events(session_id: str) -> Response:
             {"error": str(exc), "code": "subscriber_limit_exceeded", "limit": exc.limit},
             {"Retry-After": "5"},
         ) from None
+    sub = subscription.subscriber
     d = daemon()
-    session.subscribers += 1
     d.sse_streams += 1
-    # a registered client streaming its events stays active (serve/sessions/clients.py)
-    streaming = stream_client is not None and session.clients.stream_opened(stream_client)
 
     async def stream() -> Any:
         try:
@@ -636,11 +715,11 @@ async def events(session_id: str) -> Response:
                 yield chunk or HEARTBEAT_FRAME
         finally:
             sub.close()
-            session.subscribers -= 1
             d.sse_streams -= 1
-            if streaming and stream_client is not None:
-                session.clients.stream_closed(stream_client)
-            session.last_seen_ms = int(time.time() * 1000)
+            try:  # the session counts the stream's end as being seen
+                session.tell_nowait(StreamEnded())
+            except (InboxFull, ActorStopped):
+                pass
 
     response = await make_response(
         stream(),
@@ -649,7 +728,7 @@ async def events(session_id: str) -> Response:
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache, no-transform",
             "X-Accel-Buffering": "no",
-            "X-Qwen-Event-Epoch": session.log.epoch,
+            "X-Qwen-Event-Epoch": subscription.epoch,
             "X-Qwen-SSE-Stream-Id": str(uuid.uuid4()),
         },
     )
@@ -683,7 +762,7 @@ async def _vote(request_id: str, session_id: str | None, client_id: str | None) 
 @blueprint.post("/session/<session_id>/permission/<request_id>")
 async def vote_session(session_id: str, request_id: str) -> Response:
     session = find_session(session_id)
-    client_id = session_client(session)
+    client_id = await session_client(session)
     return await _vote(request_id, session_id, client_id)
 
 
@@ -695,5 +774,5 @@ async def vote_legacy(request_id: str) -> Response:
         owner = await d.mediator.ask(SessionOf(request_id), timeout_s=_ASK_TIMEOUT_S)
         session = d.registry.get(owner) if owner else None
         if session is not None:
-            require_registered(session, client_id)
+            await require_registered(session, client_id)
     return await _vote(request_id, None, client_id)

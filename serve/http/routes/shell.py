@@ -28,6 +28,9 @@ Order of work:
    command and its output (first 10 000 characters) are handed to the agent so its next
    turn knows about them (best effort, bounded).
 
+Events reach the session's log through its inbox (:class:`PublishEvent`, in order; the
+session is its log's only writer); the history hand-off is an ``AgentCall``.
+
 Response ``200 {sessionId, command, cwd, exitCode, signal, aborted, timedOut, output,
 truncated, durationMs}``. At most :data:`MAX_SHELLS_PER_SESSION` commands run at once per
 session (``429 shell_limit_exceeded``).
@@ -39,17 +42,26 @@ import logging
 import os
 from typing import Any, Final
 
+import trio
 from quart import Blueprint, Response
 
 from acp.errors import AcpError, HandlerError, RemoteError
 from acp.process import scrub_env
 from acp.schema import CreateTerminalParams
+from actors import ActorStopped, InboxFull
 from serve.http import capabilities
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request
-from serve.http.routes.sessions import find_session, header_client_id, require_registered
+from serve.http.routes.sessions import (
+    ask,
+    find_session,
+    header_client_id,
+    publish,
+    require_registered,
+)
 from serve.http.wire import json_body, json_response
+from serve.sessions.messages import AgentCall, PublishEvent
 from serve.workspace_state import agent_ext
 from serve.workspace_state.shell_run import DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT_S, run_shell
 
@@ -119,24 +131,16 @@ async def _share_history(session: Any, command: str, output: str, exit_code: int
     kind = agent_ext.agent_kind(session)
     if support.verdict(kind, agent_ext.SHELL_HISTORY) is not True:
         return
-    conn = getattr(session, "conn", None)
-    if conn is None or conn.closed:
-        return
     if len(output) > MAX_HISTORY_CHARS:
         output = output[:MAX_HISTORY_CHARS] + "\n... (truncated)"
-    params = {
-        "sessionId": session.session_id,
-        "command": command,
-        "output": output,
-        "exitCode": exit_code,
-    }
+    params = {"command": command, "output": output, "exitCode": exit_code}
     try:
-        await conn.request(agent_ext.SHELL_HISTORY, params, timeout_s=HISTORY_TIMEOUT_S)
+        await ask(session, AgentCall(agent_ext.SHELL_HISTORY, params, HISTORY_TIMEOUT_S))
     except RemoteError as err:
         if err.code == -32601:
             support.observe(kind, agent_ext.SHELL_HISTORY, False)
         log.info("shell history not taken by %s: %s", kind, err)
-    except AcpError as err:
+    except (AcpError, ApiError) as err:
         log.info("shell history not handed to %s: %s", kind, err)
 
 
@@ -164,7 +168,7 @@ async def session_shell(session_id: str) -> Response:
                 "errorKind": "client_id_required",
             },
         )
-    require_registered(session, client_id)
+    await require_registered(session, client_id)
     body = await json_body()
     command = body.get("command")
     if not isinstance(command, str) or not command.strip():
@@ -201,14 +205,30 @@ async def _run(session: Any, command: str, client_id: str) -> Response:
     sid = session.session_id
     cwd = session.workspace
     await _admit(d, session, command)
-    session.log.publish(
-        "user_shell_command",
-        {"sessionId": sid, "command": command, "cwd": cwd},
-        originator=client_id,
-    )
+    # Events go to the session's inbox in order. A full inbox spills into ``spill``
+    # (bounded: the streamed output is at most DEFAULT_OUTPUT_LIMIT bytes) until flushed.
+    spill: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(event_type: str, data: dict[str, Any]) -> None:
+        if not spill:
+            try:
+                session.tell_nowait(PublishEvent(event_type, data, originator=client_id))
+                return
+            except ActorStopped:
+                return
+            except InboxFull:
+                pass
+        spill.append((event_type, data))
+
+    async def flush() -> None:
+        while spill:
+            event_type, data = spill.pop(0)
+            await publish(session, event_type, data, client_id)
+
+    emit("user_shell_command", {"sessionId": sid, "command": command, "cwd": cwd})
 
     def stream(text: str) -> None:
-        session.log.publish(
+        emit(
             "session_update",
             {
                 "sessionId": sid,
@@ -218,11 +238,10 @@ async def _run(session: Any, command: str, client_id: str) -> Response:
                     "_meta": {"source": "user-shell"},
                 },
             },
-            originator=client_id,
         )
 
     def result(data: dict[str, Any]) -> None:
-        session.log.publish("user_shell_result", {"sessionId": sid, **data}, originator=client_id)
+        emit("user_shell_result", {"sessionId": sid, **data})
 
     try:
         outcome = await run_shell(
@@ -235,11 +254,14 @@ async def _run(session: Any, command: str, client_id: str) -> Response:
         )
     except OSError as err:  # /bin/sh could not be started
         result({"exitCode": None, "signal": None, "aborted": False, "error": str(err)})
+        await flush()
         raise ApiError(
             500, {"error": f"cannot start the shell: {err}", "code": "shell_spawn_failed"}
         ) from None
     except BaseException:  # cancelled (the client went away; may arrive as a group)
         result({"exitCode": None, "signal": "SIGKILL", "aborted": True})
+        with trio.CancelScope(shield=True), trio.move_on_after(HISTORY_TIMEOUT_S):
+            await flush()
         raise
     data: dict[str, Any] = {
         "exitCode": outcome.exit_code,
@@ -249,6 +271,7 @@ async def _run(session: Any, command: str, client_id: str) -> Response:
     if outcome.timed_out:
         data["error"] = f"command timed out after {DEFAULT_TIMEOUT_S:g} s"
     result(data)
+    await flush()
     await _share_history(session, command, outcome.output, outcome.exit_code)
     return json_response(
         {

@@ -63,7 +63,7 @@ async def get_daemon_status() -> Response:
 @blueprint.get("/session/<session_id>/context")
 async def get_session_context(session_id: str) -> Response:
     session = find_session(session_id)
-    session_client(session)
+    await session_client(session)
     body = {
         "v": 1,
         "sessionId": session.session_id,
@@ -76,7 +76,7 @@ async def get_session_context(session_id: str) -> Response:
 @blueprint.get("/session/<session_id>/supported-commands")
 async def get_supported_commands(session_id: str) -> Response:
     session = find_session(session_id)
-    session_client(session)
+    await session_client(session)
     skills: list[str] = []
     if session.workspace == daemon().settings.primary_workspace:
         try:

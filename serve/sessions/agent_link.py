@@ -1,0 +1,308 @@
+"""The agent link of one session: acquire, handshake, restore, restart in place; its journal.
+
+Theory of operation
+-------------------
+:class:`AgentLink` is the session actor's only way to its agent. It gets a connected,
+**initialized** agent from an :class:`AgentSource` (one replaceable step: the default
+:class:`SpawnAgentSource` spawns ``settings.agent_argv`` and runs ``initialize``; an agent
+pool hands out pre-spawned children instead), then opens the ACP session:
+
+* ``new``: ``session/new``; the owner learns the session id (:meth:`LinkOwner.adopt_session_id`);
+* ``load`` / ``resume``: the owner first rebuilds its history from the journal
+  (:meth:`LinkOwner.restore_history`), then ``session/load`` (the agent's replay is dropped
+  when the journal already had it) or ``session/resume``; ``501`` when the agent cannot load;
+* ``restart``: after the child died, re-attach to the same ACP session, ``session/resume``
+  when offered, else ``session/load`` with its replay dropped (the log already holds it).
+
+The link does not decide *whether* to restart (the actor's restart window does); it
+offers :meth:`wait_exit`, :meth:`restorable`, :meth:`open` again and :meth:`kill`.
+
+:class:`JournalLink` is the session's durable journal: open a writer (fresh or appending),
+rebuild an :class:`~serve.events.EventLog` from a journal after a daemon restart, close.
+``--no-journal`` or an I/O error: the session runs without one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import trio
+
+from acp.client import AgentConnection
+from acp.handler import ClientHandler
+from acp.process import ExitInfo, scrub_env
+from acp.schema import SessionSetup
+from serve.events import EventLog
+from serve.http.errors import ApiError
+from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
+
+if TYPE_CHECKING:
+    from serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+# ---- acquiring an agent -------------------------------------------------------------------
+
+
+class AgentSource(Protocol):
+    """Where a session gets its agent: one connected, initialized :class:`AgentConnection`.
+
+    The connection's tasks run in ``nursery`` (the session's); ``handler`` answers the
+    agent's requests and takes its notifications. Raise to fail the session's start."""
+
+    async def acquire(
+        self,
+        nursery: trio.Nursery,
+        *,
+        cwd: str,
+        handler: ClientHandler,
+        timeout_s: float,
+    ) -> AgentConnection: ...
+
+
+def agent_env(settings: Settings) -> dict[str, str]:
+    """The agent child's environment: ours, scrubbed, plus the daemon's hints."""
+    env = scrub_env(os.environ)
+    if settings.agent_is_default:
+        env["ACP_SCRIPTED_STATE_DIR"] = os.path.join(settings.state_dir, "scripted")
+    env["QWEN_CODE_NO_RELAUNCH"] = "true"
+    if settings.mcp_client_budget is not None:
+        env["QWEN_SERVE_MCP_CLIENT_BUDGET"] = str(settings.mcp_client_budget)
+        env["QWEN_SERVE_MCP_BUDGET_MODE"] = settings.mcp_budget_mode
+    return env
+
+
+class SpawnAgentSource:
+    """The default source: spawn ``settings.agent_argv`` per session and initialize it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def acquire(
+        self,
+        nursery: trio.Nursery,
+        *,
+        cwd: str,
+        handler: ClientHandler,
+        timeout_s: float,
+    ) -> AgentConnection:
+        conn = await AgentConnection.spawn(
+            nursery,
+            self.settings.agent_argv,
+            cwd=cwd,
+            env=agent_env(self.settings),
+            handler=handler,
+            request_timeout_s=timeout_s,
+        )
+        try:
+            await conn.initialize(timeout_s=timeout_s)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await conn.aclose(grace_s=1.0)
+            raise
+        return conn
+
+
+# ---- the link -----------------------------------------------------------------------------
+
+
+class LinkOwner(Protocol):
+    """What the link needs from the session it serves (the session actor)."""
+
+    #: True while the agent replays history the session's log already holds.
+    drop_updates: bool
+
+    async def mcp_servers(self, info: Any) -> list[Any]: ...
+
+    async def adopt_session_id(self, session_id: str) -> None: ...
+
+    async def restore_history(self) -> bool: ...
+
+
+def can_resume(info: Any) -> bool:
+    return info is not None and bool(getattr(info, "supports_resume", False))
+
+
+class AgentLink:
+    def __init__(
+        self,
+        source: AgentSource,
+        *,
+        workspace: str,
+        handler: ClientHandler,
+        owner: LinkOwner,
+        init_timeout_s: float,
+        restore_timeout_s: float,
+    ) -> None:
+        self.source = source
+        self.workspace = workspace
+        self.handler = handler
+        self.owner = owner
+        self.init_timeout_s = init_timeout_s
+        self.restore_timeout_s = restore_timeout_s
+        self.conn: AgentConnection | None = None
+        #: The setup of the first open (a restart keeps the models/modes clients saw).
+        self.setup: SessionSetup | None = None
+        self.ready = trio.Event()
+
+    @property
+    def connected(self) -> bool:
+        return self.conn is not None and not self.conn.closed
+
+    @property
+    def pid(self) -> int | None:
+        return self.conn.process.pid if self.connected and self.conn is not None else None
+
+    def restorable(self) -> bool:
+        info = self.conn.info if self.conn is not None else None
+        return info is not None and (bool(info.load_session) or can_resume(info))
+
+    async def open(self, nursery: trio.Nursery, action: str, session_id: str) -> SessionSetup:
+        """Acquire an agent and open the session (``new``/``load``/``resume``/``restart``);
+        returns this open's setup. The connection is closed again if any step fails."""
+        conn = await self.source.acquire(
+            nursery, cwd=self.workspace, handler=self.handler, timeout_s=self.init_timeout_s
+        )
+        self.conn = conn
+        try:
+            setup = await self._handshake(conn, action, session_id)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await conn.aclose(grace_s=1.0)
+            raise
+        if action != "restart" or self.setup is None:
+            self.setup = setup
+        self.ready.set()
+        return setup
+
+    async def _handshake(self, conn: AgentConnection, action: str, session_id: str) -> SessionSetup:
+        info = conn.info
+        mcp_servers = await self.owner.mcp_servers(info)
+        if action == "new":
+            setup = await conn.new_session(
+                self.workspace, mcp_servers, timeout_s=self.init_timeout_s
+            )
+            await self.owner.adopt_session_id(setup.session_id)
+            return setup
+        if action == "load" or (action == "restart" and not can_resume(info)):
+            if info is None or not info.load_session:
+                raise ApiError(
+                    501,
+                    {
+                        "error": "The agent does not support session/load",
+                        "code": "not_supported_by_agent",
+                    },
+                )
+            restored = await self.owner.restore_history() if action == "load" else False
+            # After a restart, or when the journal already holds the history, the agent's
+            # replay of it would duplicate events: drop it.
+            self.owner.drop_updates = action == "restart" or restored
+            try:
+                return await conn.load_session(
+                    session_id, self.workspace, mcp_servers, timeout_s=self.restore_timeout_s
+                )
+            finally:
+                self.owner.drop_updates = False
+        if action == "resume":
+            await self.owner.restore_history()
+        return await conn.resume_session(
+            session_id, self.workspace, mcp_servers, timeout_s=self.restore_timeout_s
+        )
+
+    async def wait_exit(self) -> ExitInfo:
+        """Until the current agent's channel closes (it exited or was stopped)."""
+        assert self.conn is not None
+        exit_info = await self.conn.wait_closed()
+        self.ready = trio.Event()
+        return exit_info
+
+    async def aclose(self, grace_s: float = 1.0) -> None:
+        if self.conn is not None and not self.conn.closed:
+            await self.conn.aclose(grace_s=grace_s)
+
+    async def kill(self) -> None:
+        """Stop an unresponsive agent at once (its watcher then restarts it in place)."""
+        if self.conn is not None and not self.conn.closed:
+            await self.conn.aclose(grace_s=0.0)
+
+
+# ---- the journal --------------------------------------------------------------------------
+
+
+class JournalLink:
+    """One session's journal writer (``journal`` None: ``--no-journal``)."""
+
+    def __init__(self, journal: Journal | None) -> None:
+        self.journal = journal
+        self.writer: SessionJournal | None = None
+
+    async def open(
+        self,
+        nursery: trio.Nursery,
+        log_: EventLog,
+        *,
+        workspace: str,
+        origin: Literal["new", "load", "resume"],
+        fresh: bool,
+    ) -> None:
+        """Journal ``log_``'s events (an I/O error: the session runs without a journal)."""
+        if self.journal is None or self.writer is not None:
+            return
+        meta = JournalMeta(
+            session_id=log_.session_id,
+            epoch=log_.epoch,
+            workspace=workspace,
+            acp_session_id=log_.session_id,
+            origin=origin,
+            created_at_ms=int(time.time() * 1000),
+        )
+        try:
+            writer = await self.journal.open_writer(meta, fresh=fresh)
+        except JournalError as exc:
+            log.warning("session %s runs without a journal: %s", log_.session_id, exc)
+            return
+        self.writer = writer
+        log_.sink = writer.sink
+        await nursery.start(writer.run)
+
+    async def restore(self, session_id: str, ring_size: int) -> tuple[EventLog, bool] | None:
+        """The log rebuilt from the journal (same ids; the same epoch when it was closed
+        cleanly) and whether it held records; None when there is none to read."""
+        if self.journal is None:
+            return None
+        try:
+            replay = await self.journal.read(session_id, tail=ring_size)
+        except JournalNotFound:
+            return None
+        except JournalError as exc:
+            log.warning("journal of session %s unreadable: %s", session_id, exc)
+            return None
+        epoch = replay.meta.epoch if replay.clean else None
+        first = replay.records[0].event_id if replay.records else replay.next_id
+        restored = EventLog(session_id, ring_size=ring_size, epoch=epoch, next_id=first)
+        for event_id, _type, frame in replay:
+            restored.restore(event_id, frame)
+        return restored, bool(replay.records)
+
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        if self.writer is not None:
+            with trio.CancelScope(shield=True), trio.move_on_after(timeout_s):
+                await self.writer.aclose()
+
+    def statistics(self) -> dict[str, Any] | None:
+        return self.writer.statistics() if self.writer is not None else None
+
+
+__all__ = [
+    "AgentLink",
+    "AgentSource",
+    "JournalLink",
+    "LinkOwner",
+    "SpawnAgentSource",
+    "agent_env",
+    "can_resume",
+]

@@ -1,0 +1,250 @@
+"""What a session actor is sent and what it answers (typed), and the errors it raises.
+
+Every party outside the session (routes, the registry, the mediator, the MCP pool, ...)
+reaches it with these messages only; answers are snapshots (frozen structs), never live
+state. Agent calls never run in the actor's inbox: a message that needs the agent (a model
+or mode switch, an extension call) is answered with a :class:`~actors.Reply` the caller
+awaits (:func:`serve.sessions.actor.SessionActor.call` does both steps).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from serve.events.messages import PublishEvent
+from serve.sessions.prompt_queue import PromptQueueFull, PromptRequest, PromptRunning
+
+APPROVAL_MODES = ("plan", "default", "auto-edit", "auto", "yolo")
+
+# ---- errors -------------------------------------------------------------------------------
+
+
+class SessionGone(Exception):
+    """The session is closing or closed; maps to 404."""
+
+
+class SessionBusy(Exception):
+    """A history mutation (rewind, branch) while a prompt runs or waits; maps to 409."""
+
+    def __init__(self, session_id: str, what: str) -> None:
+        super().__init__(f"Cannot {what} while a prompt is running or queued")
+        self.session_id = session_id
+        self.what = what
+
+
+class AgentUnavailable(Exception):
+    """The session's agent is not connected (restarting); maps to 503."""
+
+
+class ControlTimeout(Exception):
+    """A control request waited its whole bound behind earlier ones and was not sent to
+    the agent (it did not happen); maps to 503 ``agent_busy``."""
+
+    def __init__(self, what: str, timeout_s: float) -> None:
+        super().__init__(f"{what} was not sent: the agent is still busy after {timeout_s:g} s")
+        self.what = what
+        self.timeout_s = timeout_s
+
+
+class ModelSwitchFailed(Exception):
+    def __init__(self, model_id: str, error: str) -> None:
+        super().__init__(error)
+        self.model_id = model_id
+        self.error = error
+
+
+class ApprovalModeRefused(Exception):
+    """``allowed`` set: the agent does not offer the mode; else the agent refused."""
+
+    def __init__(self, message: str, allowed: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.allowed = allowed
+
+
+# ---- messages -----------------------------------------------------------------------------
+
+#: A prompt as submitted (the queue's request type).
+SubmitPrompt = PromptRequest
+
+
+class ListPending(msgspec.Struct, frozen=True):
+    pass
+
+
+class RemovePending(msgspec.Struct, frozen=True):
+    prompt_id: str
+    client_id: str | None
+
+
+class CancelTurn(msgspec.Struct, frozen=True):
+    client_id: str | None
+    prompt_id: str | None = None  # only this prompt (its blocking caller went away)
+
+
+class CloseSession(msgspec.Struct, frozen=True):
+    reason: str = "client_close"
+    closed_by: str | None = None
+    died: bool = False  # daemon shutdown: session_died instead of session_closed
+
+
+class SetModel(msgspec.Struct, frozen=True):
+    model_id: str
+    client_id: str | None
+    timeout_s: float = 60.0  # the whole exchange, waiting behind earlier switches included
+
+
+class SetApprovalMode(msgspec.Struct, frozen=True):
+    mode: str
+    persist: bool
+    client_id: str | None
+    timeout_s: float = 30.0
+
+
+class UpdateMetadata(msgspec.Struct, frozen=True):
+    display_name: str
+    client_id: str | None
+
+
+class Attach(msgspec.Struct, frozen=True):
+    client_id: str | None
+
+
+class Detach(msgspec.Struct, frozen=True):
+    """A client leaves; the last one to leave an idle session closes it."""
+
+    client_id: str | None
+
+
+class KnowsClient(msgspec.Struct, frozen=True):
+    client_id: str
+
+
+class Heartbeat(msgspec.Struct, frozen=True):
+    client_id: str | None
+
+
+class Subscribe(msgspec.Struct, frozen=True):
+    """Open an SSE subscription on the session's log (``snapshot``: lead with the state)."""
+
+    last_event_id: int | None
+    epoch: str | None
+    max_queued: int
+    snapshot: bool = False
+    client_id: str | None = None  # a registered client streaming stays active
+
+
+class StreamEnded(msgspec.Struct, frozen=True):
+    """An SSE stream of this session ended (counts as the session being seen)."""
+
+
+class Describe(msgspec.Struct, frozen=True):
+    """The session's :class:`SessionView`."""
+
+
+class Summarize(msgspec.Struct, frozen=True):
+    """The session's list entry (``GET /workspace/:ws/sessions``)."""
+
+
+class AgentCall(msgspec.Struct, frozen=True):
+    """Call a vendor method of the agent (``params`` get the session id).
+
+    ``exclusive`` (e.g. ``"rewind"``): refused with :class:`SessionBusy` while a prompt
+    runs or waits, and no prompt starts until the call returns."""
+
+    method: str
+    params: dict[str, Any]
+    timeout_s: float
+    exclusive: str | None = None
+
+
+class ReapIfIdle(msgspec.Struct, frozen=True):
+    """From the registry's reaper: close with ``idle_timeout`` if idle that long."""
+
+    idle_timeout_ms: int
+    settled_grace_ms: int
+
+
+SessionMsg = (
+    PromptRequest
+    | CancelTurn
+    | CloseSession
+    | SetModel
+    | SetApprovalMode
+    | UpdateMetadata
+    | Attach
+    | Detach
+    | KnowsClient
+    | Heartbeat
+    | Subscribe
+    | StreamEnded
+    | Describe
+    | Summarize
+    | AgentCall
+    | ReapIfIdle
+    | ListPending
+    | RemovePending
+    | PublishEvent
+)
+
+# ---- typed replies ------------------------------------------------------------------------
+
+
+class Admission(msgspec.Struct, frozen=True):
+    prompt_id: str
+    last_event_id: int
+    epoch: str
+    job: Any  # serve.sessions.prompt_queue.Job
+    done: Any  # trio.Event, set once the job's terminal is published
+
+
+class SessionView(msgspec.Struct, frozen=True):
+    """A snapshot of what the session routes answer about a session."""
+
+    session_id: str
+    workspace: str
+    created_at: str
+    has_active_prompt: bool
+    state: dict[str, Any]
+    last_event_id: int
+    epoch: str
+
+
+class Attached(msgspec.Struct, frozen=True):
+    client_id: str
+    view: SessionView
+
+
+class Detached(msgspec.Struct, frozen=True):
+    closed: bool
+
+
+class Subscription(msgspec.Struct, frozen=True):
+    subscriber: Any  # serve.events.Subscriber
+    epoch: str
+
+
+class ModelSet(msgspec.Struct, frozen=True):
+    model_id: str
+
+
+class ModeSet(msgspec.Struct, frozen=True):
+    session_id: str
+    mode: str
+    previous: str | None
+    persisted: bool
+
+
+class MetadataSet(msgspec.Struct, frozen=True):
+    session_id: str
+    display_name: str
+
+
+__all__ = [
+    "APPROVAL_MODES",
+    "PublishEvent",
+    "PromptQueueFull",
+    "PromptRunning",
+]
