@@ -76,6 +76,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     session_idle_timeout_ms: int = 1_800_000
     client_idle_timeout_ms: int = 300_000
     session_prompt_settled_close_grace_ms: int = 0
+    #: How long an agent may ignore session/cancel before the turn ends and it restarts (ms).
+    cancel_grace_ms: int = 10_000
     permission_response_timeout_ms: int = 0
     drain_timeout_ms: int = 10_000
     rate_limit: RateLimitSettings = RateLimitSettings()
@@ -225,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--session-idle-timeout-ms", default="1800000", help="idle time before reaping")
     add("--client-idle-timeout-ms", default="300000", help="drop clients idle this long; 0 = off")
     add("--session-prompt-settled-close-grace-ms", default="0", help="grace after a prompt")
+    add(
+        "--cancel-grace-ms",
+        default="10000",
+        help="after a cancel the agent ignores this long, end the turn and restart it; 0 = never",
+    )
     add(
         "--permission-response-timeout-ms",
         default=None,
@@ -560,6 +567,7 @@ def parse_settings(
             ns.session_prompt_settled_close_grace_ms,
             positive=False,
         ),
+        cancel_grace_ms=_timer("--cancel-grace-ms", ns.cancel_grace_ms, positive=False),
         permission_response_timeout_ms=permission_timeout,
         drain_timeout_ms=_timer("--drain-timeout-ms", ns.drain_timeout_ms, positive=False),
         rate_limit=rate,

@@ -851,7 +851,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
     async def _escalate_cancel(self, job: Job) -> None:
         """A cancel the agent ignores: after the grace the turn ends with ``turn_error
         {code:"cancel_timeout"}`` and the agent is restarted in place."""
-        grace_ms = getattr(self.settings, "cancel_grace_ms", 10_000)
+        grace_ms = self.settings.cancel_grace_ms
         if not grace_ms:
             return
         await trio.sleep(grace_ms / 1000)
@@ -931,8 +931,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 reply.set(await fn(msg, remaining))
             finally:
                 self._control_lock.release()
-        except Exception as exc:
-            reply.fail(exc)
+        except Exception as exc:  # the channel closing under a close is the close's doing
+            reply.fail(SessionGone(self.session_id) if self.closing else exc)
         finally:
             reply.fail(SessionGone(self.session_id))  # cancelled: the session is closing
 
@@ -1026,7 +1026,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             )
             reply.set(bytes(raw))
         except Exception as exc:
-            reply.fail(exc)
+            reply.fail(SessionGone(self.session_id) if self.closing else exc)
         finally:
             reply.fail(SessionGone(self.session_id))  # cancelled: the session is closing
             self._end_exclusive(msg)
