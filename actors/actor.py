@@ -23,6 +23,8 @@ messages) and handles one message at a time in :meth:`Actor.run`. Messages are f
   callers stay valid. :meth:`close` ends the actor for good; queued and later asks then
   fail with :class:`ActorStopped`.
 
+Memory: the loop keeps no reference to a message once it is handled (nor to its answer).
+
 Ownership and cancellation: ``run()`` is the only task that receives from the inbox and
 must run in a nursery owned by a supervisor. Cancelling ``run()`` fails the in-flight ask
 with :class:`ActorStopped` and leaves queued messages for the next incarnation. An asking
@@ -123,7 +125,9 @@ class Actor[M]:
             async for envelope in self._recv:
                 current = envelope
                 await self._dispatch(envelope)
-                current = None
+                # Drop the message (and its answer) now: a loop local would keep the last
+                # one, and all it refers to, alive until the next message arrives.
+                current = envelope = None  # type: ignore[assignment]
         except BaseException as exc:
             if current is not None and current.reply is not None:
                 if isinstance(exc, trio.Cancelled):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 import pytest
@@ -180,3 +181,32 @@ async def test_supervised_actor_restarts_and_keeps_its_inbox(nursery: trio.Nurse
     kinds = [e.kind for e in sup.events]
     assert kinds == ["start", "crash", "restart", "start"]
     sup.shutdown()
+
+
+class _Payload:
+    """A message and an answer that can be weakly referenced."""
+
+
+class Echo(Actor[Any]):
+    def __init__(self) -> None:
+        super().__init__("echo")
+
+    async def handle(self, msg: Any) -> Any:
+        return _Payload()
+
+
+async def test_the_loop_keeps_no_reference_to_a_handled_message_or_its_answer() -> None:
+    import gc
+    import weakref
+
+    actor = Echo()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.run)
+        msg = _Payload()
+        answer = await actor.ask(msg)
+        refs = [weakref.ref(msg), weakref.ref(answer)]
+        del msg, answer
+        gc.collect()
+        # the actor is idle in its loop, waiting for the next message
+        assert [r() for r in refs] == [None, None]
+        actor.close()
