@@ -43,6 +43,7 @@ end), and stops the child. ``gone`` is set once the child is reaped and the jour
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -76,8 +77,10 @@ from serve.permissions.mediator import (
     request_decision,
 )
 from serve.permissions.voting import PermissionOption
-from serve.sessions.clients import ClientTable
+from serve.sessions import turns
 from serve.sessions.agent_link import AgentLink, AgentSource, JournalLink, SpawnAgentSource
+from serve.sessions.clients import ClientTable
+from serve.sessions.control import AgentCalls
 from serve.sessions.messages import (
     APPROVAL_MODES,
     Admission,
@@ -88,7 +91,6 @@ from serve.sessions.messages import (
     Attached,
     CancelTurn,
     CloseSession,
-    ControlTimeout,
     Describe,
     Detach,
     Detached,
@@ -226,6 +228,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             owner=self,
             init_timeout_s=settings.initialize_timeout_ms / 1000,
             restore_timeout_s=settings.session_restore_timeout_ms / 1000,
+            restarts=RestartWindow(restart_intensity, restart_period_s),
+            restart_backoff_s=restart_backoff_s,
         )
         self.journal_link = JournalLink(journal)
         self.current_model: str | None = None
@@ -239,9 +243,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self._turn_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._work = trio.Event()  # the worker's wake-up: a job was admitted or released
-        self._exclusive: str | None = None  # a running rewind/branch holds the worker back
-        self._exclusive_done = trio.Event()
-        self._control_lock = trio.Lock()  # model/mode switches, one at a time
+        self.calls = AgentCalls(session_id=lambda: self.session_id, closing=lambda: self.closing)
         #: Open SSE subscriptions and the registered client each one names (or None).
         self._streams: dict[Subscriber, str | None] = {}
         self.exit_info: ExitInfo | None = None
@@ -250,9 +252,6 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         #: The workspace MCP pool (serve/mcp), set by the registry when it runs.
         self.mcp_pool: Any = None
         self.restored_from_journal = False
-        self._restarts = RestartWindow(restart_intensity, restart_period_s)
-        self.restart_backoff_s = restart_backoff_s
-        self.restart_count = 0
         #: The supervisor whose history records this session's agent restarts.
         self.supervisor: Supervisor | None = None
         #: The Host's effect gate (grants, approvals, workspace boundary); set by the registry.
@@ -268,6 +267,10 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
     @property
     def setup(self) -> SessionSetup | None:
         return self.link.setup
+
+    @property
+    def restart_count(self) -> int:
+        return self.link.restart_count
 
     @property
     def journal_writer(self) -> Any:
@@ -371,7 +374,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
     ) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+                self._nursery = self.calls.nursery = nursery
                 try:
                     await self.link.open(nursery, self.action, self.session_id)
                     self._adopt_setup(self.link.setup)
@@ -383,7 +386,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 await Actor.run(self, task_status=task_status)
                 nursery.cancel_scope.cancel()
         finally:
-            self._nursery = None
+            self._nursery = self.calls.nursery = None
             if not self.ended.is_set():
                 with trio.CancelScope(shield=True):
                     await self._abort_everything("channel_closed", died=True)
@@ -465,32 +468,19 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 exit_info.exit_code,
                 exit_info.signal,
             )
-            if not (
-                self.link.restorable() and self._restarts.intensity and self._restarts.allows()
-            ):
+            attempt = self.link.next_restart()
+            if attempt is None:  # no load/resume, or past the restart intensity
                 await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
                 raise AgentExited(exit_info)
-            self._restarts.count()
-            self.restart_count += 1
-            attempt = self.restart_count
             reason = f"agent exited (code {exit_info.exit_code}, signal {exit_info.signal})"
             self._record_supervision("crash", reason, attempt)
-            running = self.prompts.running
-            if running is not None:
+            if self.prompts.running is not None:
                 self._finish(
-                    running,
-                    "turn_error",
-                    {
-                        "sessionId": self.session_id,
-                        "message": "the agent exited during the prompt and was restarted",
-                        "code": "agent_restarted",
-                        "errorKind": "agent_restarted",
-                    },
+                    self.prompts.running, "turn_error", turns.agent_restarted(self.session_id)
                 )
             await self._cancel_permissions()
-            await trio.sleep(min(5.0, self.restart_backoff_s * 2 ** (attempt - 1)))
             try:
-                setup = await self.link.open(nursery, "restart", self.session_id)
+                setup = await self.link.restart(nursery, self.session_id, attempt)
             except Exception as exc:
                 log.warning("restarting the agent of session %s failed: %r", self.session_id, exc)
                 await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
@@ -639,11 +629,19 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             case CloseSession():
                 return await self._close(msg)
             case SetModel():
-                return self._spawn_control(msg.timeout_s, "model switch", self._set_model, msg)
+                return self.calls.start_switch(
+                    "model switch",
+                    msg.timeout_s,
+                    functools.partial(self._set_model, msg),
+                    connected=lambda: self.link.connected,
+                )
             case SetApprovalMode():
                 self._check_approval_mode(msg.mode)
-                return self._spawn_control(
-                    msg.timeout_s, "approval mode change", self._set_approval_mode, msg
+                return self.calls.start_switch(
+                    "approval mode change",
+                    msg.timeout_s,
+                    functools.partial(self._set_approval_mode, msg),
+                    connected=lambda: self.link.connected,
                 )
             case UpdateMetadata(display_name=name, client_id=cid):
                 self.display_name = name
@@ -669,7 +667,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             case Summarize():
                 return self.summary()
             case AgentCall():
-                return self._agent_call(msg)
+                if not self.link.connected:
+                    raise AgentUnavailable(self.session_id)
+                return self.calls.start_vendor(msg, self.link.conn, busy=self.pending_count > 0)
             case ReapIfIdle():
                 return await self._reap_if_idle(msg)
             case ListPending():
@@ -698,14 +698,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.clients.register(client_id)
         return client_id
 
-    def _release_client(self, client_id: str) -> None:
-        self.clients.release(client_id)
-
     async def _detach(self, client_id: str | None) -> Detached:
         if self.closing:
             return Detached(closed=False)
         if client_id is not None:
-            self._release_client(client_id)
+            self.clients.release(client_id)
         if not self.clients and self.subscribers == 0 and self.pending_count == 0:
             await self._close(CloseSession(reason="last_client_detached"))
             return Detached(closed=True)
@@ -736,7 +733,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         if (
             self.subscribers == 0
             and self.pending_count == 0
-            and self._exclusive is None
+            and self.calls.exclusive is None
             and self.mediator.pending_count(self.session_id) == 0
             and now - self.last_seen_ms >= msg.idle_timeout_ms
             and now - self.last_settled_ms >= msg.settled_grace_ms
@@ -862,17 +859,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             self.session_id,
             grace_ms,
         )
-        self._finish(
-            job,
-            "turn_error",
-            {
-                "sessionId": self.session_id,
-                "message": f"the agent did not stop the turn within {grace_ms} ms of the "
-                "cancel; it is restarted",
-                "code": "cancel_timeout",
-                "errorKind": "cancel_timeout",
-            },
-        )
+        self._finish(job, "turn_error", turns.cancel_timeout(self.session_id, grace_ms))
         await self.link.kill()  # the child watcher restarts it in place
 
     async def _cancel_permissions(self, *, forget: bool = False) -> None:
@@ -885,56 +872,10 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         except ActorError:
             pass
 
-    # ---- agent calls off the inbox -----------------------------------------------------
+    # ---- agent calls off the inbox (serve/sessions/control.py) ------------------------
 
     def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
-        if self._nursery is None:
-            raise SessionGone(self.session_id)
-        self._nursery.start_soon(fn, *args)
-
-    def _spawn_control(
-        self,
-        timeout_s: float,
-        what: str,
-        fn: Callable[[Any, float], Awaitable[Any]],
-        msg: Any,
-    ) -> Reply[Any]:
-        """Run a model/mode switch as a task, one at a time, within ``timeout_s``."""
-        reply: Reply[Any] = Reply()
-        deadline = trio.current_time() + timeout_s
-        self._spawn(self._run_control, reply, deadline, timeout_s, what, fn, msg)
-        return reply
-
-    async def _run_control(
-        self,
-        reply: Reply[Any],
-        deadline: float,
-        timeout_s: float,
-        what: str,
-        fn: Callable[[Any, float], Awaitable[Any]],
-        msg: Any,
-    ) -> None:
-        try:
-            acquired = False
-            with trio.move_on_at(deadline):
-                await self._control_lock.acquire()
-                acquired = True
-            if not acquired:  # earlier switches took the whole bound: this one is not sent
-                reply.fail(ControlTimeout(what, timeout_s))
-                return
-            try:
-                if self.closing:
-                    raise SessionGone(self.session_id)
-                if not self.link.connected:
-                    raise AgentUnavailable(self.session_id)
-                remaining = max(0.001, deadline - trio.current_time())
-                reply.set(await fn(msg, remaining))
-            finally:
-                self._control_lock.release()
-        except Exception as exc:  # the channel closing under a close is the close's doing
-            reply.fail(SessionGone(self.session_id) if self.closing else exc)
-        finally:
-            reply.fail(SessionGone(self.session_id))  # cancelled: the session is closing
+        self.calls.spawn(fn, *args)
 
     async def _set_model(self, msg: SetModel, timeout_s: float) -> ModelSet:
         conn = self.link.conn
@@ -1001,48 +942,12 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             return []
         return [m.id for m in getattr(modes, "available_modes", []) or []]
 
-    def _agent_call(self, msg: AgentCall) -> Reply[bytes]:
-        """A vendor extension call as a task; exclusive ones first check "busy" here."""
-        conn = self.link.conn
-        if conn is None or conn.closed:
-            raise AgentUnavailable(self.session_id)
-        if msg.exclusive is not None:
-            if self.pending_count or self._exclusive is not None:
-                raise SessionBusy(self.session_id, msg.exclusive)
-            self._exclusive = msg.exclusive
-            self._exclusive_done = trio.Event()
-        reply: Reply[bytes] = Reply()
-        try:
-            self._spawn(self._run_agent_call, msg, conn, reply)
-        except BaseException:
-            self._end_exclusive(msg)
-            raise
-        return reply
-
-    async def _run_agent_call(self, msg: AgentCall, conn: Any, reply: Reply[bytes]) -> None:
-        try:
-            raw = await conn.request(
-                msg.method, {"sessionId": self.session_id, **msg.params}, msg.timeout_s
-            )
-            reply.set(bytes(raw))
-        except Exception as exc:
-            reply.fail(SessionGone(self.session_id) if self.closing else exc)
-        finally:
-            reply.fail(SessionGone(self.session_id))  # cancelled: the session is closing
-            self._end_exclusive(msg)
-
-    def _end_exclusive(self, msg: AgentCall) -> None:
-        if msg.exclusive is not None and self._exclusive == msg.exclusive:
-            self._exclusive = None
-            self._exclusive_done.set()
-
     # ---- turns -------------------------------------------------------------------------
 
     async def _prompt_worker(self) -> None:
         while True:
             await self.link.ready.wait()  # an agent restart in progress
-            while self._exclusive is not None:  # a rewind/branch runs: no turn now
-                await self._exclusive_done.wait()
+            await self.calls.wait_not_exclusive()  # a rewind/branch runs: no turn now
             job, expired = self.prompts.take(trio.current_time())
             for terminal in expired:
                 self._publish_terminal(terminal)
@@ -1060,88 +965,42 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
     async def _run_turn(self, job: Job) -> None:
         conn = self.link.conn
         assert conn is not None
+        sid = self.session_id
         if job.queued:
             self.log.publish(
                 "pending_prompt_started",
-                {"sessionId": self.session_id, "promptId": job.prompt_id, "text": job.text},
+                {"sessionId": sid, "promptId": job.prompt_id, "text": job.text},
                 prompt_id=job.prompt_id,
                 originator=job.client_id,
             )
-        # Echo the submitted prompt onto the log, as the reference does.
-        for block in _text_blocks(job.prompt):
-            self._relay(
-                "user_message_chunk",
-                msgspec.Raw(b'{"sessionUpdate":"user_message_chunk","content":' + block + b"}"),
-            )
-        extra = dict(job.extra or {})
-        meta = dict(extra.pop("_meta", None) or {})
-        meta["qwen.daemon.invocation"] = {
-            "version": 1,
-            "sessionId": self.session_id,
-            "promptId": job.prompt_id,
-            **({"originatorClientId": job.client_id} if job.client_id else {}),
-        }
-        extra["_meta"] = meta
+        for block in turns.text_blocks(job.prompt):  # echo the prompt, as the reference does
+            self._relay("user_message_chunk", turns.user_chunk(block))
         try:
             with trio.CancelScope() as scope:
                 self._turn_scope = scope
                 if job.deadline is not None:
                     scope.deadline = job.deadline
-                result = await conn.prompt(self.session_id, job.prompt, extra=extra)
+                result = await conn.prompt(sid, job.prompt, extra=turns.prompt_extra(job, sid))
             self._turn_scope = None
-            if scope.cancelled_caught:
-                if job.deadline is not None and trio.current_time() >= job.deadline:
-                    await self._deadline_exceeded(job)
-                return
         except RemoteError as exc:
-            data: dict[str, Any] = {
-                "sessionId": self.session_id,
-                "message": exc.message,
-                "code": exc.code,
-            }
-            if exc.data is not None:
-                data["data"] = exc.data
-            self._finish(job, "turn_error", data)
-            return
+            self._finish(job, "turn_error", turns.remote_error(sid, exc))
         except ChannelClosed:
             # The child died: the supervising task ends this prompt (agent_restarted or,
             # when the session dies, channel_closed); wait for its decision.
             with trio.move_on_after(30):
                 await job.token.done.wait()
-            self._finish(job, "turn_error", _channel_closed_error(self.session_id))
-            return
+            self._finish(job, "turn_error", turns.channel_closed(sid))
         except AcpError as exc:
-            self._finish(
-                job,
-                "turn_error",
-                {"sessionId": self.session_id, "message": str(exc), "code": "protocol_error"},
-            )
-            return
-        data = {"sessionId": self.session_id, "stopReason": result.stop_reason}
-        meta_raw = result.meta
-        if meta_raw:
-            try:
-                decoded = msgspec.json.decode(bytes(meta_raw))
-            except msgspec.DecodeError:
-                decoded = None
-            if isinstance(decoded, dict) and "qwen.branchPoint" in decoded:
-                data["branchPoint"] = decoded["qwen.branchPoint"]
-        self._finish(job, "turn_complete", data)
-
-    async def _deadline_exceeded(self, job: Job) -> None:
-        """The absolute deadline fired: end the turn now (the FIFO moves on even if the
-        agent is wedged) and ask the agent to stop."""
-        self._finish(
-            job,
-            "turn_error",
-            {
-                "sessionId": self.session_id,
-                "message": "the prompt exceeded its deadline",
-                "code": "prompt_deadline_exceeded",
-                "errorKind": "prompt_deadline_exceeded",
-            },
-        )
-        await self._after_deadline()
+            self._finish(job, "turn_error", turns.protocol_error(sid, exc))
+        else:
+            if not scope.cancelled_caught:
+                self._finish(
+                    job, "turn_complete", turns.completed(sid, result.stop_reason, result.meta)
+                )
+            elif job.deadline is not None and trio.current_time() >= job.deadline:
+                # The FIFO moves on even if the agent is wedged; ask the agent to stop.
+                self._finish(job, "turn_error", turns.deadline_exceeded(sid))
+                await self._after_deadline()
 
     async def _after_deadline(self) -> None:
         await self._cancel_permissions()
@@ -1207,18 +1066,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.closing = True
         if self._turn_scope is not None:
             self._turn_scope.cancel()
-        if died and reason == "channel_closed":
-            kind, data = "turn_error", _channel_closed_error(self.session_id)
-        elif died:
-            kind = "turn_error"
-            data = {"sessionId": self.session_id, "message": "daemon shutting down", "code": reason}
-        else:
-            kind = "turn_complete"
-            data = {
-                "sessionId": self.session_id,
-                "stopReason": "cancelled",
-                "promptCancelled": True,
-            }
+        kind, data = turns.aborted(self.session_id, reason, died=died)
         for terminal in self.prompts.abort_all(kind, data):
             self._publish_terminal(terminal)
         await self._cancel_permissions(forget=True)
@@ -1255,14 +1103,6 @@ def _effect_gate(session: SessionActor) -> Any:
     return getattr(session, "effects", None)
 
 
-def _channel_closed_error(session_id: str) -> dict[str, Any]:
-    return {
-        "sessionId": session_id,
-        "message": "agent channel exited before the prompt completed",
-        "code": "channel_closed",
-    }
-
-
 def _signal_name(signum: int | None) -> str | None:
     if signum is None:
         return None
@@ -1272,12 +1112,3 @@ def _signal_name(signum: int | None) -> str | None:
         return signal.Signals(signum).name
     except ValueError:
         return str(signum)
-
-
-def _text_blocks(prompt: msgspec.Raw) -> list[bytes]:
-    """The raw JSON of each content block (echoed as user_message_chunk updates)."""
-    try:
-        blocks = msgspec.json.decode(bytes(prompt), type=list[msgspec.Raw])
-    except msgspec.DecodeError:
-        return []
-    return [bytes(b) for b in blocks]

@@ -14,8 +14,10 @@ pool hands out pre-spawned children instead), then opens the ACP session:
 * ``restart``: after the child died, re-attach to the same ACP session, ``session/resume``
   when offered, else ``session/load`` with its replay dropped (the log already holds it).
 
-The link does not decide *whether* to restart (the actor's restart window does); it
-offers :meth:`wait_exit`, :meth:`restorable`, :meth:`open` again and :meth:`kill`.
+Restart in place: after :meth:`AgentLink.wait_exit`, :meth:`~AgentLink.next_restart` says
+whether the restart window (``--agent-restart-*``) and the agent's load/resume support allow
+another attempt, and :meth:`~AgentLink.restart` backs off (exponentially, at most 5 s) and
+opens again with ``restart``. :meth:`~AgentLink.kill` stops an unresponsive agent at once.
 
 :class:`JournalLink` is the session's durable journal: open a writer (fresh or appending),
 rebuild an :class:`~serve.events.EventLog` from a journal after a daemon restart, close.
@@ -35,6 +37,7 @@ from acp.client import AgentConnection
 from acp.handler import ClientHandler
 from acp.process import ExitInfo, scrub_env
 from acp.schema import SessionSetup
+from actors import RestartWindow
 from serve.events import EventLog
 from serve.http.errors import ApiError
 from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
@@ -137,6 +140,8 @@ class AgentLink:
         owner: LinkOwner,
         init_timeout_s: float,
         restore_timeout_s: float,
+        restarts: RestartWindow | None = None,
+        restart_backoff_s: float = 0.1,
     ) -> None:
         self.source = source
         self.workspace = workspace
@@ -148,6 +153,9 @@ class AgentLink:
         #: The setup of the first open (a restart keeps the models/modes clients saw).
         self.setup: SessionSetup | None = None
         self.ready = trio.Event()
+        self.restarts = restarts if restarts is not None else RestartWindow(3, 60.0)
+        self.restart_backoff_s = restart_backoff_s
+        self.restart_count = 0
 
     @property
     def connected(self) -> bool:
@@ -212,6 +220,19 @@ class AgentLink:
         return await conn.resume_session(
             session_id, self.workspace, mcp_servers, timeout_s=self.restore_timeout_s
         )
+
+    def next_restart(self) -> int | None:
+        """The next restart attempt's number, or None when the agent may not restart."""
+        if not (self.restorable() and self.restarts.intensity and self.restarts.allows()):
+            return None
+        self.restarts.count()
+        self.restart_count += 1
+        return self.restart_count
+
+    async def restart(self, nursery: trio.Nursery, session_id: str, attempt: int) -> SessionSetup:
+        """Back off, then re-attach a fresh agent to ``session_id``."""
+        await trio.sleep(min(5.0, self.restart_backoff_s * 2 ** (attempt - 1)))
+        return await self.open(nursery, "restart", session_id)
 
     async def wait_exit(self) -> ExitInfo:
         """Until the current agent's channel closes (it exited or was stopped)."""

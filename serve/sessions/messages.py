@@ -244,7 +244,7 @@ class MetadataSet(msgspec.Struct, frozen=True):
 
 __all__ = [
     "APPROVAL_MODES",
-    "PublishEvent",
     "PromptQueueFull",
     "PromptRunning",
+    "PublishEvent",
 ]

@@ -1,0 +1,119 @@
+"""What a turn sends and what its terminal events say (pure helpers of the session actor).
+
+The session actor runs a turn as ``session/prompt`` with :func:`prompt_extra` (the caller's
+extra fields plus ``_meta["qwen.daemon.invocation"]``), echoes the prompt's content blocks
+(:func:`text_blocks`) as ``user_message_chunk`` updates, and ends it with one of the
+terminal payloads below (``turn_complete`` / ``turn_error`` data, ``promptId`` added by the
+prompt queue).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from acp.errors import RemoteError
+from serve.sessions.prompt_queue import Job
+
+
+def prompt_extra(job: Job, session_id: str) -> dict[str, Any]:
+    extra = dict(job.extra or {})
+    meta = dict(extra.pop("_meta", None) or {})
+    meta["qwen.daemon.invocation"] = {
+        "version": 1,
+        "sessionId": session_id,
+        "promptId": job.prompt_id,
+        **({"originatorClientId": job.client_id} if job.client_id else {}),
+    }
+    extra["_meta"] = meta
+    return extra
+
+
+def text_blocks(prompt: msgspec.Raw) -> list[bytes]:
+    """The raw JSON of each content block (echoed as user_message_chunk updates)."""
+    try:
+        blocks = msgspec.json.decode(bytes(prompt), type=list[msgspec.Raw])
+    except msgspec.DecodeError:
+        return []
+    return [bytes(b) for b in blocks]
+
+
+def user_chunk(block: bytes) -> msgspec.Raw:
+    return msgspec.Raw(b'{"sessionUpdate":"user_message_chunk","content":' + block + b"}")
+
+
+def completed(session_id: str, stop_reason: str, meta_raw: msgspec.Raw | None) -> dict[str, Any]:
+    data: dict[str, Any] = {"sessionId": session_id, "stopReason": stop_reason}
+    if meta_raw:
+        try:
+            decoded = msgspec.json.decode(bytes(meta_raw))
+        except msgspec.DecodeError:
+            decoded = None
+        if isinstance(decoded, dict) and "qwen.branchPoint" in decoded:
+            data["branchPoint"] = decoded["qwen.branchPoint"]
+    return data
+
+
+def remote_error(session_id: str, exc: RemoteError) -> dict[str, Any]:
+    data: dict[str, Any] = {"sessionId": session_id, "message": exc.message, "code": exc.code}
+    if exc.data is not None:
+        data["data"] = exc.data
+    return data
+
+
+def protocol_error(session_id: str, exc: Exception) -> dict[str, Any]:
+    return {"sessionId": session_id, "message": str(exc), "code": "protocol_error"}
+
+
+def channel_closed(session_id: str) -> dict[str, Any]:
+    return {
+        "sessionId": session_id,
+        "message": "agent channel exited before the prompt completed",
+        "code": "channel_closed",
+    }
+
+
+def agent_restarted(session_id: str) -> dict[str, Any]:
+    return {
+        "sessionId": session_id,
+        "message": "the agent exited during the prompt and was restarted",
+        "code": "agent_restarted",
+        "errorKind": "agent_restarted",
+    }
+
+
+def deadline_exceeded(session_id: str) -> dict[str, Any]:
+    return {
+        "sessionId": session_id,
+        "message": "the prompt exceeded its deadline",
+        "code": "prompt_deadline_exceeded",
+        "errorKind": "prompt_deadline_exceeded",
+    }
+
+
+def cancel_timeout(session_id: str, grace_ms: int) -> dict[str, Any]:
+    return {
+        "sessionId": session_id,
+        "message": f"the agent did not stop the turn within {grace_ms} ms of the cancel; "
+        "it is restarted",
+        "code": "cancel_timeout",
+        "errorKind": "cancel_timeout",
+    }
+
+
+def aborted(session_id: str, reason: str, *, died: bool) -> tuple[str, dict[str, Any]]:
+    """The terminal of every unfinished prompt when the session ends."""
+    if died and reason == "channel_closed":
+        return "turn_error", channel_closed(session_id)
+    if died:
+        return "turn_error", {
+            "sessionId": session_id,
+            "message": "daemon shutting down",
+            "code": reason,
+        }
+    return "turn_complete", {
+        "sessionId": session_id,
+        "stopReason": "cancelled",
+        "promptCancelled": True,
+    }
