@@ -82,8 +82,11 @@ async def test_prompt_and_delete_are_not_stuck_behind_unanswered_set_model(
 
             answered: list[int] = []
 
-            async def switch() -> None:
-                r = await client.post(f"/session/{sid}/model", json={"modelId": "m2"})
+            async def switch(i: int) -> None:
+                if i % 2:
+                    r = await client.post(f"/session/{sid}/model", json={"modelId": "m2"})
+                else:
+                    r = await client.post(f"/session/{sid}/approval-mode", json={"mode": "plan"})
                 answered.append(r.status_code)
 
             async with trio.open_nursery() as nursery:
@@ -91,11 +94,11 @@ async def test_prompt_and_delete_are_not_stuck_behind_unanswered_set_model(
                 first = await submit(client, sid, "hang")
                 await until_running(client, sid)
                 async with trio.open_nursery() as switches:
-                    for _ in range(4):
-                        switches.start_soon(switch)
+                    for i in range(4):
+                        switches.start_soon(switch, i)
                     await trio.sleep(0.2)  # the switches reach the session first
-                    # Admission and close are answered while all four switches still wait
-                    # on an agent that never answers them (each may wait up to 60 s).
+                    # Admission and close are answered while all four switches (model and
+                    # mode) still wait on an agent that never answers them (up to 60 s).
                     second = await submit(client, sid, "next")
                     assert answered == []
                     closed = await client.delete(f"/session/{sid}")
