@@ -26,6 +26,7 @@ from serve.sessions.registry import SessionRegistry
 
 if TYPE_CHECKING:
     from serve.permissions.mediator import PermissionMediator
+    from serve.sessions.agent_link import AgentSource
     from serve.sessions.actor import SessionActor
     from serve.settings import Settings
 
@@ -141,6 +142,16 @@ class WorkspaceRuntimes:
     def retire_hook(self, value: Any) -> None:
         for rt in self:
             rt.registry.retire_hook = value
+
+    @property
+    def agent_source(self) -> AgentSource | None:
+        """Where sessions get their agents (None: each spawns its own; see agent_link)."""
+        return self.primary.registry.agent_source
+
+    @agent_source.setter
+    def agent_source(self, value: AgentSource | None) -> None:
+        for rt in self:
+            rt.registry.agent_source = value
 
     @property
     def mcp_pool(self) -> Any:
