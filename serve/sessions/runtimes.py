@@ -26,8 +26,8 @@ from serve.sessions.registry import SessionRegistry
 
 if TYPE_CHECKING:
     from serve.permissions.mediator import PermissionMediator
-    from serve.sessions.agent_link import AgentSource
     from serve.sessions.actor import SessionActor
+    from serve.sessions.agent_link import AgentSource
     from serve.settings import Settings
 
 
