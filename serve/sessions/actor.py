@@ -179,6 +179,9 @@ class _PermissionHead(msgspec.Struct, frozen=True, rename="camel"):
 
 _permission_head = msgspec.json.Decoder(_PermissionHead)
 
+#: Messages a closing session still takes (the rest get SessionGone: 404).
+_HANDLED_WHILE_CLOSING = (CloseSession, Detach, StreamEnded, PublishEvent, ReapIfIdle)
+
 
 class SessionActor(Actor[SessionMsg], BaseClientHandler):
     """One session; see the module docstring."""
@@ -617,7 +620,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
     # ---- the actor loop ----------------------------------------------------------------
 
     async def handle(self, msg: SessionMsg) -> Any:
-        if self.closing and not isinstance(msg, (CloseSession, StreamEnded, Detach, PublishEvent)):
+        if self.closing and not isinstance(msg, _HANDLED_WHILE_CLOSING):
             raise SessionGone(self.session_id)
         match msg:
             case SubmitPrompt():
@@ -731,7 +734,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
     async def _reap_if_idle(self, msg: ReapIfIdle) -> bool:
         now = _now_ms()
         if (
-            self.subscribers == 0
+            not self.closing
+            and self.subscribers == 0
             and self.pending_count == 0
             and self.calls.exclusive is None
             and self.mediator.pending_count(self.session_id) == 0
