@@ -15,7 +15,9 @@ import httpx
 import pytest
 import trio
 
+from serve.sessions.messages import ControlTimeout, ModelSwitchFailed, SetModel
 from tests.conftest import AUTH, TOKEN
+from tests.serve.test_session_lifetime import inprocess
 from tests.support.daemon import DaemonProcess, running_daemon
 from tests.support.sse import collect_until
 
@@ -121,6 +123,33 @@ async def test_an_unanswered_model_switch_fails_cleanly(markers: Path) -> None:
             assert r.json()["requestedModelId"] == "m2"
             # The session still answers at once.
             assert (await pending_states(client, sid)) == []
+
+
+async def test_a_switch_that_never_got_its_turn_is_not_sent(tmp_path: Path, markers: Path) -> None:
+    agent = f"{sys.executable} {STUBBORN} {markers}"
+    async with inprocess(tmp_path, "--agent", agent) as (d, client):
+        sid, _ = await new_session(client)
+        session = d.registry.get(sid)
+        assert session is not None
+        errors: list[Exception] = []
+
+        async def switch(model: str, bound_s: float) -> None:
+            try:
+                await session.call(SetModel(model, None, timeout_s=bound_s))
+            except Exception as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(switch, "first", 3.0)
+            await trio.lowlevel.checkpoint()
+            nursery.start_soon(switch, "second", 0.3)  # its bound ends while the first waits
+        # The first was sent and timed out at the agent; the second waited its whole bound
+        # behind it and was never sent.
+        assert sorted(type(e).__name__ for e in errors) == ["ControlTimeout", "ModelSwitchFailed"]
+        assert any(isinstance(e, ModelSwitchFailed) and e.model_id == "first" for e in errors)
+        assert any(isinstance(e, ControlTimeout) for e in errors)
+        methods = (markers / "methods.log").read_text().split()
+        assert methods.count("session/set_model") + methods.count("session/set_config_option") == 1
 
 
 async def test_an_ignored_cancel_ends_the_turn_and_restarts_the_agent(markers: Path) -> None:

@@ -12,7 +12,7 @@
 * ``qwen/control/session/rewind`` writes ``MARKER_DIR/rewind-started`` and answers only
   once ``MARKER_DIR/rewind-release`` exists.
 
-stdin EOF ends the process.
+Every request's method is appended to ``MARKER_DIR/methods.log``. stdin EOF ends the process.
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ def main() -> None:
         except ValueError:
             continue
         method, rid, params = msg.get("method"), msg.get("id"), msg.get("params") or {}
+        if method is not None and rid is not None:
+            with open(os.path.join(marker_dir, "methods.log"), "a") as log:
+                log.write(method + "\n")
         if method is None or rid is None:
             continue  # responses and notifications (session/cancel): ignored
         if method == "initialize":
