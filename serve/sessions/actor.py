@@ -31,9 +31,9 @@ tasks share the nursery:
 A cancel the agent ignores escalates: after ``--cancel-grace-ms`` the turn ends with
 ``turn_error {code:"cancel_timeout"}`` and the agent is restarted in place.
 
-The actor is also the connection's :class:`acp.handler.ClientHandler`: ``session/update``
-notifications are relayed untouched into the log as ``session_update`` events, stamped with
-the running prompt's id and originator; permission requests go to the PermissionMediator.
+The actor is also the connection's :class:`acp.handler.ClientHandler`
+(:mod:`serve.sessions.agent_side`): updates relayed into the log, effects through the effect
+gate, permission requests screened by the policy, then to the PermissionMediator.
 The actor is its log's only writer; others send :class:`PublishEvent`.
 
 Closing (DELETE, idle reaping, daemon shutdown) publishes terminal events for unfinished
@@ -51,34 +51,23 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-import msgspec
 import trio
 
 from acp.errors import AcpError, ChannelClosed, RemoteError, RequestTimeout
-from acp.handler import BaseClientHandler
 from acp.process import ExitInfo
 from acp.schema import (
-    CancelledPermissionOutcome,
-    CreateTerminalParams,
-    PermissionOutcome,
-    ReadTextFileParams,
-    RequestPermissionParams,
-    SelectedPermissionOutcome,
     SessionSetup,
-    WriteTextFileParams,
 )
 from actors import Actor, ActorError, Reply, RestartWindow, Supervisor
 from serve.events import EventLog, Subscriber
 from serve.permissions.mediator import (
     CancelPromptPermissions,
     CancelSessionPermissions,
-    OpenPermission,
     PermissionMediator,
-    request_decision,
 )
-from serve.permissions.voting import PermissionOption
-from serve.sessions import turns
+from serve.sessions import turns, views
 from serve.sessions.agent_link import AgentLink, AgentSource, JournalLink, SpawnAgentSource
+from serve.sessions.agent_side import AgentSide
 from serve.sessions.clients import ClientTable
 from serve.sessions.control import AgentCalls
 from serve.sessions.messages import (
@@ -130,7 +119,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_encoder = msgspec.json.Encoder()
 #: Bound on the permission mediator's answer (an actor: quick) on cancel and close.
 MEDIATOR_TIMEOUT_S = 2.0
 
@@ -172,18 +160,11 @@ class AgentExited(Exception):
         self.exit_info = exit_info
 
 
-class _PermissionHead(msgspec.Struct, frozen=True, rename="camel"):
-    tool_call: msgspec.Raw
-    options: msgspec.Raw
-
-
-_permission_head = msgspec.json.Decoder(_PermissionHead)
-
 #: Messages a closing session still takes (the rest get SessionGone: 404).
 _HANDLED_WHILE_CLOSING = (CloseSession, Detach, StreamEnded, PublishEvent, ReapIfIdle)
 
 
-class SessionActor(Actor[SessionMsg], BaseClientHandler):
+class SessionActor(Actor[SessionMsg], AgentSide):
     """One session; see the module docstring."""
 
     def __init__(
@@ -203,7 +184,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         source: AgentSource | None = None,
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
-        BaseClientHandler.__init__(self)
+        self._init_agent_side()
         self.settings = settings
         self.mediator = mediator
         self.workspace = workspace
@@ -219,7 +200,6 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         #: Registered clients, expiring when idle (serve/sessions/clients.py).
         self.clients = ClientTable(settings.client_idle_timeout_ms)
         self.log = EventLog(self.session_id, ring_size=ring_size or settings.event_ring_size)
-        self._early: list[tuple[str, msgspec.Raw]] = []
         self.prompts = PromptQueue(
             limit=settings.max_pending_prompts_per_session,
             deadline_ms=settings.prompt_deadline_ms,
@@ -237,7 +217,6 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.journal_link = JournalLink(journal)
         self.current_model: str | None = None
         self.current_mode: str | None = None
-        self.available_commands: msgspec.Raw | None = None
         self.closing = False
         self.ended = trio.Event()
         #: Set once run() is over: the child reaped, the journal closed, the registry told.
@@ -250,8 +229,6 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         #: Open SSE subscriptions and the registered client each one names (or None).
         self._streams: dict[Subscriber, str | None] = {}
         self.exit_info: ExitInfo | None = None
-        self.drop_updates = False
-        self._update_head: bytes | None = None
         #: The workspace MCP pool (serve/mcp), set by the registry when it runs.
         self.mcp_pool: Any = None
         self.restored_from_journal = False
@@ -305,15 +282,14 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         return len(self._streams)
 
     def state_snapshot(self) -> dict[str, Any]:
-        state: dict[str, Any] = {}
-        setup = self.setup
-        if setup is not None:
-            raw = msgspec.json.decode(bytes(setup.raw)) if setup.raw else {}
-            if isinstance(raw, dict):
-                for key in ("models", "modes", "configOptions", "_meta"):
-                    if raw.get(key) is not None:
-                        state[key] = raw[key]
-        return state
+        return views.setup_state(self.setup)
+
+    def summary(self) -> dict[str, Any]:
+        return views.summary(self)
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Operator detail for ``/daemon/status?detail=full`` (no client ids, no secrets)."""
+        return views.diagnostics(self)
 
     def view(self) -> SessionView:
         return SessionView(
@@ -325,38 +301,6 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             last_event_id=self.log.last_id,
             epoch=self.log.epoch,
         )
-
-    def summary(self) -> dict[str, Any]:
-        pending = self.mediator.pending_count(self.session_id)
-        return {
-            "sessionId": self.session_id,
-            "workspaceCwd": self.workspace,
-            "createdAt": self.created_at,
-            "displayName": self.display_name or self.session_id,
-            "clientCount": len(self.clients),
-            "hasActivePrompt": self.has_active_prompt,
-            "activeWorkState": "prompt" if self.has_active_prompt else "idle",
-            "hasRunningBackgroundTasks": False,
-            "isWaitingForPermission": pending > 0,
-            "isWaitingForUserQuestion": False,
-            "pendingInteractionCount": pending,
-            "pendingPromptCount": self.pending_count,
-            "hasTurnError": False,
-            "pendingInteractions": [],
-        }
-
-    def diagnostics(self) -> dict[str, Any]:
-        """Operator detail for ``/daemon/status?detail=full`` (no client ids, no secrets)."""
-        out: dict[str, Any] = {
-            "agentPid": self.link.pid,
-            "agentRestarts": self.restart_count,
-            "subscribers": self.subscribers,
-            "queuedPrompts": len(self.prompts.queued),
-        }
-        stats = self.journal_link.statistics()
-        if stats is not None:
-            out["journal"] = stats
-        return out
 
     def knows_client(self, client_id: str) -> bool:
         return client_id in self.clients
@@ -426,9 +370,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.log.session_id = session_id
         self.name = f"session-{session_id}"
         await self._open_journal(fresh=True)
-        for kind, update in self._early:
-            self._relay(kind, update)
-        self._early.clear()
+        self._flush_early_updates()
 
     async def restore_history(self) -> bool:
         """After a daemon restart: rebuild the event log from the journal and keep
@@ -512,111 +454,6 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             await self.link.aclose(grace_s=1.0)
         await self.journal_link.aclose()
 
-    # ---- the ClientHandler side --------------------------------------------------------
-
-    async def flow_control(self) -> None:
-        """Between chunks read from the agent: let lagging SSE writers catch up."""
-        await self.log.wait_drained()
-
-    def on_session_update(self, session_id: str, kind: str, update: msgspec.Raw) -> None:
-        if self.drop_updates:
-            return  # history replayed by session/load after a restart: already in the log
-        if not self.session_id:
-            self._early.append((kind, update))
-            return
-        if session_id != self.session_id:
-            return
-        self._relay(kind, update)
-
-    def _relay(self, kind: str, update: msgspec.Raw) -> None:
-        if kind == "available_commands_update":
-            self.available_commands = update
-        elif kind == "current_mode_update":
-            try:
-                self.current_mode = msgspec.json.decode(bytes(update)).get("currentModeId")
-            except (msgspec.DecodeError, AttributeError):
-                pass
-        head = self._update_head
-        if head is None:  # encoded once: the session id never changes after set-up
-            head = self._update_head = b'{"sessionId":' + _encoder.encode(self.session_id)
-        data = msgspec.Raw(head + b',"update":' + bytes(update) + b"}")
-        active = self.prompts.running
-        self.log.publish(
-            "session_update",
-            data,
-            prompt_id=active.prompt_id if active else None,
-            originator=active.client_id if active else None,
-        )
-
-    # Effects the agent asks of the Host go through the daemon's EffectGate (grants,
-    # approval policy, the workspace boundary) when one is installed.
-
-    async def read_text_file(self, params: ReadTextFileParams) -> str:
-        gate = _effect_gate(self)
-        if gate is None:
-            return await BaseClientHandler.read_text_file(self, params)
-        return await gate.read_text_file(self, params)  # type: ignore[no-any-return]
-
-    async def write_text_file(self, params: WriteTextFileParams) -> None:
-        gate = _effect_gate(self)
-        if gate is None:
-            return await BaseClientHandler.write_text_file(self, params)
-        await gate.write_text_file(self, params)
-
-    async def terminal_create(self, params: CreateTerminalParams) -> str:
-        gate = _effect_gate(self)
-        if gate is not None:
-            await gate.check_terminal(self, params)
-        return await BaseClientHandler.terminal_create(self, params)
-
-    async def request_permission(
-        self, params: RequestPermissionParams, raw: msgspec.Raw
-    ) -> PermissionOutcome:
-        if params.session_id != self.session_id or self.closing:
-            return CancelledPermissionOutcome()
-        gate = _effect_gate(self)
-        if gate is not None:  # the approval policy first: deny/auto answer without asking
-            screened = await gate.screen_agent_permission(self, params)
-            if screened is not None:
-                return screened  # type: ignore[no-any-return]
-        outcome = await self._mediate_permission(params, raw)
-        if isinstance(outcome, SelectedPermissionOutcome) and gate is not None:
-            # an allowed tool call's own fs/terminal effect: ask once
-            gate.note_agent_permission(self, params, outcome)
-        return outcome
-
-    async def _mediate_permission(
-        self, params: RequestPermissionParams, raw: msgspec.Raw
-    ) -> PermissionOutcome:
-        """Ask the session's clients through the PermissionMediator actor."""
-        head = _permission_head.decode(bytes(raw))
-        active = self.prompts.running
-        options = tuple(
-            PermissionOption(option_id=o.option_id, kind=o.kind, name=o.name)
-            for o in params.options
-        )
-        try:
-            response = await request_decision(
-                self.mediator,
-                OpenPermission(
-                    session_id=self.session_id,
-                    session=self,
-                    tool_call=head.tool_call,
-                    options=head.options,
-                    option_list=options,
-                    prompt_id=active.prompt_id if active else None,
-                    originator=active.client_id if active else None,
-                    session_clients=frozenset(self.clients),
-                ),
-                timeout_s=10,
-            )
-        except ActorError:
-            return CancelledPermissionOutcome()
-        outcome = response.get("outcome", {})
-        if outcome.get("outcome") == "selected":
-            return SelectedPermissionOutcome(option_id=outcome["optionId"])
-        return CancelledPermissionOutcome()
-
     # ---- the actor loop ----------------------------------------------------------------
 
     async def handle(self, msg: SessionMsg) -> Any:
@@ -676,7 +513,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             case ReapIfIdle():
                 return await self._reap_if_idle(msg)
             case ListPending():
-                return self._pending_list()
+                return views.pending_list(self)
             case RemovePending(prompt_id=pid, client_id=cid):
                 return self._remove_pending(pid, cid)
             case PublishEvent(event_type=etype, data=data, prompt_id=pid, originator=orig):
@@ -772,22 +609,6 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         job.token = Admission(job.prompt_id, watermark, self.log.epoch, job, done)
         self._work.set()  # wake the worker
         return job.token  # type: ignore[no-any-return]
-
-    def _pending_list(self) -> dict[str, Any]:
-        running = self.prompts.running
-        return {
-            "sessionId": self.session_id,
-            "pending": [
-                {
-                    "promptId": job.prompt_id,
-                    "text": job.text,
-                    "queuedAt": job.queued_at,
-                    "state": "running" if job is running else "queued",
-                    **({"originatorClientId": job.client_id} if job.client_id else {}),
-                }
-                for job in self.prompts.jobs()
-            ],
-        }
 
     def _remove_pending(self, prompt_id: str, client_id: str | None) -> bool:
         """Remove a queued prompt (True), False when unknown; running ones are refused."""
@@ -1100,11 +921,6 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 return
             await self._dispatch(envelope)
-
-
-def _effect_gate(session: SessionActor) -> Any:
-    """The daemon's EffectGate (``serve/permissions/effects.py``), when installed."""
-    return getattr(session, "effects", None)
 
 
 def _signal_name(signum: int | None) -> str | None:

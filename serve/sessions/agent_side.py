@@ -1,0 +1,184 @@
+"""The session's side of the ACP connection: what the agent sends it and asks of it.
+
+:class:`AgentSide` is a mixin of :class:`~serve.sessions.actor.SessionActor` (the
+connection's :class:`acp.handler.ClientHandler`):
+
+* ``session/update`` notifications are relayed untouched into the log as ``session_update``
+  events (``{sessionId, update}``, encoded once), stamped with the running prompt's id and
+  originator; updates before the session id is known are kept and relayed once it is;
+  a replay of history the log already holds (``session/load`` after a restart) is dropped;
+* ``fs/*`` and ``terminal/create`` go through the Host's effect gate when one is installed;
+* ``session/request_permission``: the approval policy answers first
+  (``screen_agent_permission``); otherwise :meth:`AgentSide._mediate_permission` asks the
+  session's clients through the PermissionMediator.
+
+These run in the connection's tasks, not in the actor's inbox, and only read the session's
+state or append to its log (the actor's own log: the connection is the actor's).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from acp.handler import BaseClientHandler
+from acp.schema import (
+    CancelledPermissionOutcome,
+    CreateTerminalParams,
+    PermissionOutcome,
+    ReadTextFileParams,
+    RequestPermissionParams,
+    SelectedPermissionOutcome,
+    WriteTextFileParams,
+)
+from actors import ActorError
+from serve.permissions.mediator import OpenPermission, request_decision
+from serve.permissions.voting import PermissionOption
+
+if TYPE_CHECKING:
+    from serve.events import EventLog
+    from serve.permissions.mediator import PermissionMediator
+    from serve.sessions.clients import ClientTable
+    from serve.sessions.prompt_queue import PromptQueue
+
+_encoder = msgspec.json.Encoder()
+
+
+class _PermissionHead(msgspec.Struct, frozen=True, rename="camel"):
+    tool_call: msgspec.Raw
+    options: msgspec.Raw
+
+
+_permission_head = msgspec.json.Decoder(_PermissionHead)
+
+
+class AgentSide(BaseClientHandler):
+    """The ClientHandler half of a session actor (see the module docstring)."""
+
+    session_id: str
+    log: EventLog
+    prompts: PromptQueue
+    mediator: PermissionMediator
+    clients: ClientTable
+    closing: bool
+    effects: Any
+    drop_updates: bool
+    available_commands: msgspec.Raw | None
+    current_mode: str | None
+
+    def _init_agent_side(self) -> None:
+        BaseClientHandler.__init__(self)
+        self._early: list[tuple[str, msgspec.Raw]] = []
+        self._update_head: bytes | None = None
+        self.drop_updates = False
+        self.available_commands = None
+
+    def _flush_early_updates(self) -> None:
+        """The session id is known: relay what the agent sent before it."""
+        for kind, update in self._early:
+            self._relay(kind, update)
+        self._early.clear()
+
+    async def flow_control(self) -> None:
+        """Between chunks read from the agent: let lagging SSE writers catch up."""
+        await self.log.wait_drained()
+
+    def on_session_update(self, session_id: str, kind: str, update: msgspec.Raw) -> None:
+        if self.drop_updates:
+            return  # history replayed by session/load after a restart: already in the log
+        if not self.session_id:
+            self._early.append((kind, update))
+            return
+        if session_id != self.session_id:
+            return
+        self._relay(kind, update)
+
+    def _relay(self, kind: str, update: msgspec.Raw) -> None:
+        if kind == "available_commands_update":
+            self.available_commands = update
+        elif kind == "current_mode_update":
+            try:
+                self.current_mode = msgspec.json.decode(bytes(update)).get("currentModeId")
+            except (msgspec.DecodeError, AttributeError):
+                pass
+        head = self._update_head
+        if head is None:  # encoded once: the session id never changes after set-up
+            head = self._update_head = b'{"sessionId":' + _encoder.encode(self.session_id)
+        data = msgspec.Raw(head + b',"update":' + bytes(update) + b"}")
+        active = self.prompts.running
+        self.log.publish(
+            "session_update",
+            data,
+            prompt_id=active.prompt_id if active else None,
+            originator=active.client_id if active else None,
+        )
+
+    # Effects the agent asks of the Host go through the daemon's EffectGate (grants,
+    # approval policy, the workspace boundary) when one is installed.
+
+    async def read_text_file(self, params: ReadTextFileParams) -> str:
+        gate = self.effects
+        if gate is None:
+            return await BaseClientHandler.read_text_file(self, params)
+        return await gate.read_text_file(self, params)  # type: ignore[no-any-return]
+
+    async def write_text_file(self, params: WriteTextFileParams) -> None:
+        gate = self.effects
+        if gate is None:
+            return await BaseClientHandler.write_text_file(self, params)
+        await gate.write_text_file(self, params)
+
+    async def terminal_create(self, params: CreateTerminalParams) -> str:
+        gate = self.effects
+        if gate is not None:
+            await gate.check_terminal(self, params)
+        return await BaseClientHandler.terminal_create(self, params)
+
+    async def request_permission(
+        self, params: RequestPermissionParams, raw: msgspec.Raw
+    ) -> PermissionOutcome:
+        if params.session_id != self.session_id or self.closing:
+            return CancelledPermissionOutcome()
+        gate = self.effects
+        if gate is not None:  # the approval policy first: deny/auto answer without asking
+            screened = await gate.screen_agent_permission(self, params)
+            if screened is not None:
+                return screened  # type: ignore[no-any-return]
+        outcome = await self._mediate_permission(params, raw)
+        if isinstance(outcome, SelectedPermissionOutcome) and gate is not None:
+            # an allowed tool call's own fs/terminal effect: ask once
+            gate.note_agent_permission(self, params, outcome)
+        return outcome
+
+    async def _mediate_permission(
+        self, params: RequestPermissionParams, raw: msgspec.Raw
+    ) -> PermissionOutcome:
+        """Ask the session's clients through the PermissionMediator actor."""
+        head = _permission_head.decode(bytes(raw))
+        active = self.prompts.running
+        options = tuple(
+            PermissionOption(option_id=o.option_id, kind=o.kind, name=o.name)
+            for o in params.options
+        )
+        try:
+            response = await request_decision(
+                self.mediator,
+                OpenPermission(
+                    session_id=self.session_id,
+                    session=self,
+                    tool_call=head.tool_call,
+                    options=head.options,
+                    option_list=options,
+                    prompt_id=active.prompt_id if active else None,
+                    originator=active.client_id if active else None,
+                    session_clients=frozenset(self.clients),
+                ),
+                timeout_s=10,
+            )
+        except ActorError:
+            return CancelledPermissionOutcome()
+        outcome = response.get("outcome", {})
+        if outcome.get("outcome") == "selected":
+            return SelectedPermissionOutcome(option_id=outcome["optionId"])
+        return CancelledPermissionOutcome()

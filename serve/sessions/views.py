@@ -1,0 +1,80 @@
+"""Read models of a session: snapshots of its state as the routes and status pages show them.
+
+Pure functions of the session actor's state, called by the actor (answers to ``Describe``,
+``Summarize``, ``ListPending``) and by in-process status pages.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from acp.schema import SessionSetup
+
+if TYPE_CHECKING:
+    from serve.sessions.actor import SessionActor
+
+
+def setup_state(setup: SessionSetup | None) -> dict[str, Any]:
+    """``models``, ``modes``, ``configOptions`` and ``_meta`` of the agent's session setup."""
+    state: dict[str, Any] = {}
+    if setup is not None:
+        raw = msgspec.json.decode(bytes(setup.raw)) if setup.raw else {}
+        if isinstance(raw, dict):
+            for key in ("models", "modes", "configOptions", "_meta"):
+                if raw.get(key) is not None:
+                    state[key] = raw[key]
+    return state
+
+
+def summary(session: SessionActor) -> dict[str, Any]:
+    pending = session.mediator.pending_count(session.session_id)
+    return {
+        "sessionId": session.session_id,
+        "workspaceCwd": session.workspace,
+        "createdAt": session.created_at,
+        "displayName": session.display_name or session.session_id,
+        "clientCount": len(session.clients),
+        "hasActivePrompt": session.has_active_prompt,
+        "activeWorkState": "prompt" if session.has_active_prompt else "idle",
+        "hasRunningBackgroundTasks": False,
+        "isWaitingForPermission": pending > 0,
+        "isWaitingForUserQuestion": False,
+        "pendingInteractionCount": pending,
+        "pendingPromptCount": session.pending_count,
+        "hasTurnError": False,
+        "pendingInteractions": [],
+    }
+
+
+def diagnostics(session: SessionActor) -> dict[str, Any]:
+    """Operator detail for ``/daemon/status?detail=full`` (no client ids, no secrets)."""
+    out: dict[str, Any] = {
+        "agentPid": session.link.pid,
+        "agentRestarts": session.restart_count,
+        "subscribers": session.subscribers,
+        "queuedPrompts": len(session.prompts.queued),
+    }
+    stats = session.journal_link.statistics()
+    if stats is not None:
+        out["journal"] = stats
+    return out
+
+
+def pending_list(session: SessionActor) -> dict[str, Any]:
+    """``GET /session/:id/pending-prompts``: the running prompt, then the queue."""
+    running = session.prompts.running
+    return {
+        "sessionId": session.session_id,
+        "pending": [
+            {
+                "promptId": job.prompt_id,
+                "text": job.text,
+                "queuedAt": job.queued_at,
+                "state": "running" if job is running else "queued",
+                **({"originatorClientId": job.client_id} if job.client_id else {}),
+            }
+            for job in session.prompts.jobs()
+        ],
+    }
