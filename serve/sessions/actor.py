@@ -69,13 +69,21 @@ from serve.permissions.mediator import (
 )
 from serve.permissions.voting import PermissionOption
 from serve.sessions.clients import DEFAULT_CLIENT_IDLE_TIMEOUT_MS, ClientTable
+from serve.sessions.modes import APPROVAL_MODES as MODES_OF_QWEN
+from serve.sessions.modes import (
+    AgentModes,
+    UnknownApprovalMode,
+    advertised_modes,
+    apply_mode,
+    resolve_mode,
+)
 
 if TYPE_CHECKING:
     from serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
-APPROVAL_MODES = ("plan", "default", "auto-edit", "auto", "yolo")
+APPROVAL_MODES = MODES_OF_QWEN  # qwen serve's five names (serve/sessions/modes.py)
 #: Client-chosen prompt ids remembered for idempotent re-submission.
 MAX_REMEMBERED_PROMPTS = 256
 _encoder = msgspec.json.Encoder()
@@ -472,8 +480,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             self.setup = setup
         if setup.models is not None:
             self.current_model = getattr(setup.models, "current_model_id", None)
-        if setup.modes is not None:
-            self.current_mode = getattr(setup.modes, "current_mode_id", None)
+        self.current_mode = advertised_modes(setup).current or self.current_mode
         self._conn_ready.set()
 
     async def _mcp_servers(self, info: Any) -> list[Any]:
@@ -649,6 +656,10 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 self.current_mode = msgspec.json.decode(bytes(update)).get("currentModeId")
             except (msgspec.DecodeError, AttributeError):
                 pass
+        elif kind == "config_option_update":  # a mode option the agent changed itself
+            self.current_mode = self._agent_modes().current or self.current_mode
+        elif kind in ("tool_call", "tool_call_update") and self.effects is not None:
+            self.effects.note_tool_call(self, update)  # paths an approval may name by id
         head = self._update_head
         if head is None:  # encoded once: the session id never changes after set-up
             head = self._update_head = b'{"sessionId":' + _encoder.encode(self.session_id)
@@ -898,42 +909,34 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         return {"modelId": msg.model_id}
 
     async def _set_approval_mode(self, msg: SetApprovalMode) -> dict[str, Any]:
+        """Agent ids as is, qwen names mapped onto them (serve/sessions/modes.py)."""
         assert self.conn is not None
-        available = self._agent_modes()
-        if available and msg.mode not in available:
-            raise bad_request(
-                f"The agent does not offer approval mode {msg.mode!r}",
-                "invalid_approval_mode",
-                allowed=available,
-            )
+        modes = self._agent_modes()
+        try:
+            mode_id = resolve_mode(msg.mode, modes)
+        except UnknownApprovalMode as exc:
+            raise bad_request(str(exc), "invalid_approval_mode", allowed=exc.allowed) from None
         previous = self.current_mode
         try:
-            await self.conn.set_mode(self.session_id, msg.mode)
-        except RemoteError as exc:
-            raise bad_request(f"Approval mode change failed: {exc.message}", "approval_mode_failed")
-        self.current_mode = msg.mode
-        self.log.publish(
-            "approval_mode_changed",
-            {
-                "sessionId": self.session_id,
-                "previous": previous,
-                "next": msg.mode,
-                "persisted": False,
-            },
-            originator=msg.client_id,
-        )
-        return {
-            "sessionId": self.session_id,
-            "mode": msg.mode,
-            "previous": previous,
-            "persisted": False,
-        }
+            reported = await apply_mode(self.conn, self.session_id, modes, mode_id)
+        except (RemoteError, RequestTimeout) as exc:
+            error = exc.message if isinstance(exc, RemoteError) else str(exc)
+            raise bad_request(f"Approval mode change failed: {error}", "approval_mode_failed")
+        if reported is None:  # set_mode answers {}: a current_mode_update may have come
+            seen = self.current_mode
+            reported = seen if seen is not None and seen != previous else mode_id
+        self.current_mode = reported
+        event: dict[str, Any] = {"sessionId": self.session_id, "previous": previous}
+        event.update(next=reported, persisted=False)
+        if reported != msg.mode:
+            event["requested"] = msg.mode
+        self.log.publish("approval_mode_changed", event, originator=msg.client_id)
+        return {("mode" if k == "next" else k): v for k, v in event.items()}
 
-    def _agent_modes(self) -> list[str]:
-        modes = self.setup.modes if self.setup is not None else None
-        if modes is None:
-            return []
-        return [m.id for m in getattr(modes, "available_modes", []) or []]
+    def _agent_modes(self) -> AgentModes:
+        conn = self.conn
+        live = conn.config_options(self.session_id) if conn is not None else None
+        return advertised_modes(self.setup, live)
 
     # ---- turns -------------------------------------------------------------------------
 

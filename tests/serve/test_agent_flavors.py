@@ -1,0 +1,275 @@
+"""Third-party agent behaviours behind a real daemon (issue 18 items 1-4).
+
+The agent is ``tests/support/flavor_agent.py``, a real child process that advertises modes
+and models the way claude-agent-acp, gemini-cli, codex-acp and opencode do, names a write's
+path only in a ``diff`` block or only through an earlier ``tool_call`` (kimi), and sends whole
+command lines in ``terminal/create`` (kimi).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import AUTH, TOKEN
+from tests.support.daemon import DaemonProcess, running_daemon
+from tests.support.sse import iter_events
+
+AGENT = Path(__file__).resolve().parents[1] / "support" / "flavor_agent.py"
+
+
+@pytest.fixture(scope="module", params=["claude", "gemini", "codex", "opencode"])
+def flavor_daemon(request: pytest.FixtureRequest) -> Iterator[tuple[str, DaemonProcess]]:
+    flavor: str = request.param
+    agent = f"{sys.executable} {AGENT} {flavor}"
+    with running_daemon(["--agent", agent], env={"QWEN_SERVER_TOKEN": TOKEN}) as d:
+        yield flavor, d
+
+
+@pytest.fixture
+async def http(flavor_daemon: tuple[str, DaemonProcess]) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=flavor_daemon[1].url, timeout=30, headers=AUTH) as client:
+        yield client
+
+
+async def new_session(http: httpx.AsyncClient) -> tuple[str, str]:
+    r = await http.post("/session", json={"sessionScope": "thread"})
+    assert r.status_code == 200, r.text
+    return r.json()["sessionId"], r.json()["clientId"]
+
+
+async def set_mode(http: httpx.AsyncClient, sid: str, mode: str) -> httpx.Response:
+    return await http.post(f"/session/{sid}/approval-mode", json={"mode": mode})
+
+
+async def context(http: httpx.AsyncClient, sid: str) -> dict[str, Any]:
+    r = await http.get(f"/session/{sid}/context")
+    assert r.status_code == 200, r.text
+    return r.json()["state"]  # type: ignore[no-any-return]
+
+
+async def turn(http: httpx.AsyncClient, sid: str, cid: str, text: str) -> list[dict[str, Any]]:
+    """Run one prompt, allowing every permission request; its events."""
+    r = await http.post(
+        f"/session/{sid}/prompt",
+        json={"prompt": [{"type": "text", "text": text}]},
+        headers={"Prefer": "respond-async", "X-Qwen-Client-Id": cid},
+    )
+    assert r.status_code == 202, r.text
+    accepted = r.json()
+    events: list[dict[str, Any]] = []
+    headers = {"Last-Event-ID": str(accepted["lastEventId"])}
+    async with http.stream("GET", f"/session/{sid}/events", headers=headers) as stream:
+        async for event in iter_events(stream):
+            if "comment" in event or "id" not in event:
+                continue
+            events.append(event)
+            if event["type"] == "permission_request":
+                allow = next(
+                    o["optionId"] for o in event["data"]["options"] if o["kind"] == "allow_once"
+                )
+                v = await http.post(
+                    f"/session/{sid}/permission/{event['data']['requestId']}",
+                    json={"outcome": {"outcome": "selected", "optionId": allow}},
+                    headers={"X-Qwen-Client-Id": cid},
+                )
+                assert v.status_code == 200, v.text
+            if event["type"] in ("turn_complete", "turn_error"):
+                if event.get("promptId") == accepted["promptId"]:
+                    break
+    return events
+
+
+def said(events: list[dict[str, Any]]) -> str:
+    return "".join(
+        e["data"]["update"]["content"]["text"]
+        for e in events
+        if e["type"] == "session_update"
+        and e["data"]["update"]["sessionUpdate"] == "agent_message_chunk"
+    )
+
+
+def mode_changes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e["data"] for e in events if e["type"] == "approval_mode_changed"]
+
+
+async def all_events(http: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
+    """The session's events so far (the ring from 0, up to a marker prompt's end)."""
+    r = await http.post(
+        f"/session/{sid}/prompt",
+        json={"prompt": [{"type": "text", "text": "marker"}]},
+        headers={"Prefer": "respond-async"},
+    )
+    assert r.status_code == 202, r.text
+    out: list[dict[str, Any]] = []
+    async with http.stream("GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}) as s:
+        async for event in iter_events(s):
+            if "comment" in event or "id" not in event:
+                continue
+            out.append(event)
+            if event["type"] == "turn_complete" and event.get("promptId") == r.json()["promptId"]:
+                break
+    return out
+
+
+# -- item 1: approval modes -------------------------------------------------------------------
+
+# flavor → (own id to set, qwen name → the id it becomes, a qwen name with no equivalent)
+CASES = {
+    "claude": ("dontAsk", {"auto-edit": "acceptEdits", "yolo": "bypassPermissions"}, "auto"),
+    "gemini": ("autoEdit", {"auto-edit": "autoEdit", "yolo": "yolo"}, "auto"),
+    "codex": ("full-access", {"default": "read-only", "auto-edit": "auto"}, "plan"),
+    "opencode": ("plan", {"default": "build"}, "yolo"),
+}
+IDS = {
+    "claude": ["default", "acceptEdits", "plan", "dontAsk", "bypassPermissions"],
+    "gemini": ["default", "autoEdit", "yolo", "plan"],
+    "codex": ["read-only", "auto", "full-access"],
+    "opencode": ["build", "plan"],
+}
+
+
+async def test_the_agents_own_mode_ids_are_accepted(
+    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+) -> None:
+    flavor = flavor_daemon[0]
+    own, _, _ = CASES[flavor]
+    sid, _ = await new_session(http)
+    before = (await context(http, sid))["modes"]["currentModeId"]
+    r = await set_mode(http, sid, own)
+    assert r.status_code == 200, r.text
+    assert r.json()["mode"] == own and r.json()["previous"] == before
+    assert "requested" not in r.json()
+    assert (await context(http, sid))["modes"]["currentModeId"] == own
+    [changed] = mode_changes(await all_events(http, sid))
+    assert (changed["previous"], changed["next"], changed["persisted"]) == (before, own, False)
+
+
+async def test_qwen_names_map_onto_the_agents_modes(
+    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+) -> None:
+    flavor = flavor_daemon[0]
+    _, mapped, _ = CASES[flavor]
+    sid, _ = await new_session(http)
+    for qwen_name, agent_id in mapped.items():
+        r = await set_mode(http, sid, qwen_name)
+        assert r.status_code == 200, r.text
+        renamed = qwen_name if agent_id != qwen_name else None  # "requested" when mapped
+        assert (r.json()["mode"], r.json().get("requested")) == (agent_id, renamed)
+        state = await context(http, sid)
+        assert state["modes"]["currentModeId"] == agent_id
+    changes = mode_changes(await all_events(http, sid))
+    assert [(c["next"], c.get("requested")) for c in changes] == [
+        (a, q if q != a else None) for q, a in mapped.items()
+    ]
+
+
+async def test_a_name_the_agent_has_no_equivalent_for_is_400_with_its_ids(
+    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+) -> None:
+    flavor = flavor_daemon[0]
+    _, _, unmapped = CASES[flavor]
+    sid, _ = await new_session(http)
+    before = await context(http, sid)
+    for bad in (unmapped, "reckless"):
+        r = await set_mode(http, sid, bad)
+        assert r.status_code == 400, r.text
+        body = r.json()
+        assert body["code"] == "invalid_approval_mode"
+        assert repr(bad) in body["error"]
+        assert body["allowed"][: len(IDS[flavor])] == IDS[flavor]
+        assert unmapped not in body["allowed"]
+    for bad in ("", 5, None, "x" * 129):
+        r = await set_mode(http, sid, bad)  # type: ignore[arg-type]
+        assert r.status_code == 400 and r.json()["code"] == "invalid_approval_mode", r.text
+    # Nothing reached the agent: its mode is unchanged, no event.
+    assert (await context(http, sid))["modes"] == before["modes"]
+    assert mode_changes(await all_events(http, sid)) == []
+
+
+# -- item 2: models and modes offered as config options ---------------------------------------
+
+
+async def test_context_reports_models_and_modes_from_config_options(
+    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+) -> None:
+    flavor = flavor_daemon[0]
+    if flavor not in ("codex", "opencode"):
+        pytest.skip("only codex and opencode offer config options")
+    sid, _ = await new_session(http)
+    state = await context(http, sid)
+    models = {"codex": ["gpt-5.1-codex", "gpt-5.1-codex-mini"]}
+    models["opencode"] = ["fake/tool-model", "fake/other-model"]
+    assert [m["modelId"] for m in state["models"]["availableModels"]] == models[flavor]
+    assert state["models"]["currentModelId"] == models[flavor][0]
+    assert [m["id"] for m in state["modes"]["availableModes"]] == IDS[flavor]
+    assert state["modes"]["currentModeId"] == IDS[flavor][0]
+    # Switching through the config option: context and the option itself follow.
+    r = await set_mode(http, sid, "plan" if flavor == "opencode" else "auto")
+    assert r.status_code == 200, r.text
+    state = await context(http, sid)
+    expected = "plan" if flavor == "opencode" else "auto"
+    assert state["modes"]["currentModeId"] == expected
+    [option] = [o for o in state["configOptions"] if o["category"] == "mode"]
+    assert option["currentValue"] == expected
+    r = await http.post(f"/session/{sid}/model", json={"modelId": models[flavor][1]})
+    assert r.status_code == 200, r.text
+    assert (await context(http, sid))["models"]["currentModelId"] == models[flavor][1]
+
+
+# -- item 3: an approved write is asked once ---------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["write-diff", "write-announced"])
+async def test_an_approved_write_is_asked_once(
+    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess], how: str
+) -> None:
+    flavor, daemon = flavor_daemon
+    if flavor != "opencode":
+        pytest.skip("one flavor is enough")
+    sid, cid = await new_session(http)
+    name = f"{how}.txt"
+    events = await turn(http, sid, cid, f"{how} {name} hello {how}")
+    requests = [e["data"] for e in events if e["type"] == "permission_request"]
+    assert len(requests) == 1, requests  # the agent's own; the Host did not ask again
+    assert not requests[0]["toolCall"]["toolCallId"].startswith("host_")
+    assert said(events) == f"wrote {name}"
+    assert (daemon.workspace / name).read_text() == f"hello {how}"
+
+
+async def test_an_approval_does_not_cover_another_path(
+    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+) -> None:
+    """The link is by path: the diff names one file, a write to another is asked again."""
+    flavor, daemon = flavor_daemon
+    if flavor != "opencode":
+        pytest.skip("one flavor is enough")
+    sid, cid = await new_session(http)
+    events = await turn(http, sid, cid, "write-elsewhere named.txt other.txt two")
+    requests = [e["data"] for e in events if e["type"] == "permission_request"]
+    assert len(requests) == 2, requests
+    host = requests[1]["toolCall"]
+    assert host["toolCallId"].startswith("host_")
+    assert host["locations"] == [{"path": str(daemon.workspace / "other.txt")}]
+    assert (daemon.workspace / "other.txt").read_text() == "two"
+    assert not (daemon.workspace / "named.txt").exists()
+
+
+# -- item 4: whole command lines in terminal/create --------------------------------------------
+
+
+async def test_a_whole_command_line_runs_through_the_shell(
+    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+) -> None:
+    flavor, daemon = flavor_daemon
+    if flavor != "opencode":
+        pytest.skip("one flavor is enough")
+    sid, cid = await new_session(http)
+    (daemon.workspace / "listed.txt").write_text("x")
+    events = await turn(http, sid, cid, "shell echo one two | tr a-z A-Z && ls listed.txt")
+    assert said(events) == "exit 0: ONE TWO\nlisted.txt\n"
