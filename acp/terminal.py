@@ -19,6 +19,9 @@ stdout+stderr into a bounded buffer and waits for its exit.
 * Output is kept up to ``outputByteLimit`` bytes (default :data:`DEFAULT_OUTPUT_BYTE_LIMIT`,
   never more than :data:`MAX_OUTPUT_BYTE_LIMIT`); beyond it the *oldest* bytes are dropped at a
   UTF-8 character boundary and ``truncated`` becomes true, as ACP specifies.
+* ``wait_for_exit`` returns once the command exited and its output reached EOF (at most
+  :data:`EXIT_DRAIN_GRACE_S` after the exit: a background grandchild may keep the pipe
+  open), so the next ``output`` holds everything the command printed.
 * ``kill`` SIGKILLs the terminal's process group; the terminal stays valid (output and exit
   status can still be read). ``release`` kills it if still running and forgets the id.
 * :meth:`TerminalManager.aclose` kills every terminal and waits for the reaps; the owner calls
@@ -60,6 +63,8 @@ DEFAULT_OUTPUT_BYTE_LIMIT: Final = 1 * 2**20
 MAX_OUTPUT_BYTE_LIMIT: Final = 16 * 2**20
 DEFAULT_MAX_TERMINALS: Final = 32
 REAP_TIMEOUT_S: Final = 5.0
+#: How long ``wait_for_exit`` waits for the output pipe's EOF after the exit.
+EXIT_DRAIN_GRACE_S: Final = 1.0
 
 
 def trim_output(buf: bytearray, limit: int) -> bool:
@@ -259,6 +264,10 @@ class TerminalManager:
     async def wait_for_exit(self, params: TerminalIdParams) -> TerminalExitStatus:
         term = self._get(params)
         await term.exited.wait()
+        # The output an agent reads next should be complete: give the drain (a pipe read
+        # away) a bounded moment; a background grandchild may hold the pipe open for good.
+        with trio.move_on_after(EXIT_DRAIN_GRACE_S):
+            await term.drained.wait()
         assert term.exit_status is not None
         return term.exit_status
 
