@@ -9,7 +9,8 @@ command lines in ``terminal/create`` (kimi).
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,23 +18,36 @@ import httpx
 import pytest
 
 from tests.conftest import AUTH, TOKEN
-from tests.support.daemon import DaemonProcess, running_daemon
+from tests.support.daemon import DaemonProcess, spawn_daemon
 from tests.support.sse import iter_events
 
 AGENT = Path(__file__).resolve().parents[1] / "support" / "flavor_agent.py"
 
 
-@pytest.fixture(scope="module", params=["claude", "gemini", "codex", "opencode"])
-def flavor_daemon(request: pytest.FixtureRequest) -> Iterator[tuple[str, DaemonProcess]]:
-    flavor: str = request.param
-    agent = f"{sys.executable} {AGENT} {flavor}"
-    with running_daemon(["--agent", agent], env={"QWEN_SERVER_TOKEN": TOKEN}) as d:
-        yield flavor, d
+FLAVORS = ["claude", "gemini", "codex", "opencode"]
 
 
-@pytest.fixture
-async def http(flavor_daemon: tuple[str, DaemonProcess]) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=flavor_daemon[1].url, timeout=30, headers=AUTH) as client:
+@pytest.fixture(scope="module")
+def daemons() -> Iterator[Callable[[str], DaemonProcess]]:
+    """One daemon per flavor, started on first use, stopped with the module."""
+    started: dict[str, DaemonProcess] = {}
+
+    def get(flavor: str) -> DaemonProcess:
+        if flavor not in started:
+            agent = f"{sys.executable} {AGENT} {flavor}"
+            started[flavor] = spawn_daemon(["--agent", agent], env={"QWEN_SERVER_TOKEN": TOKEN})
+        return started[flavor]
+
+    try:
+        yield get
+    finally:
+        for d in started.values():
+            d.stop()
+
+
+@asynccontextmanager
+async def connect(daemon: DaemonProcess) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=30, headers=AUTH) as client:
         yield client
 
 
@@ -134,107 +148,111 @@ IDS = {
 }
 
 
+@pytest.mark.parametrize("flavor", FLAVORS)
 async def test_the_agents_own_mode_ids_are_accepted(
-    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+    daemons: Callable[[str], DaemonProcess], flavor: str
 ) -> None:
-    flavor = flavor_daemon[0]
     own, _, _ = CASES[flavor]
-    sid, _ = await new_session(http)
-    before = (await context(http, sid))["modes"]["currentModeId"]
-    r = await set_mode(http, sid, own)
-    assert r.status_code == 200, r.text
-    assert r.json()["mode"] == own and r.json()["previous"] == before
-    assert "requested" not in r.json()
-    assert (await context(http, sid))["modes"]["currentModeId"] == own
-    [changed] = mode_changes(await all_events(http, sid))
+    async with connect(daemons(flavor)) as http:
+        sid, _ = await new_session(http)
+        before = (await context(http, sid))["modes"]["currentModeId"]
+        r = await set_mode(http, sid, own)
+        assert r.status_code == 200, r.text
+        assert r.json()["mode"] == own and r.json()["previous"] == before
+        assert "requested" not in r.json()
+        assert (await context(http, sid))["modes"]["currentModeId"] == own
+        [changed] = mode_changes(await all_events(http, sid))
     assert (changed["previous"], changed["next"], changed["persisted"]) == (before, own, False)
 
 
+@pytest.mark.parametrize("flavor", FLAVORS)
 async def test_qwen_names_map_onto_the_agents_modes(
-    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+    daemons: Callable[[str], DaemonProcess], flavor: str
 ) -> None:
-    flavor = flavor_daemon[0]
     _, mapped, _ = CASES[flavor]
-    sid, _ = await new_session(http)
-    for qwen_name, agent_id in mapped.items():
-        r = await set_mode(http, sid, qwen_name)
-        assert r.status_code == 200, r.text
-        renamed = qwen_name if agent_id != qwen_name else None  # "requested" when mapped
-        assert (r.json()["mode"], r.json().get("requested")) == (agent_id, renamed)
-        state = await context(http, sid)
-        assert state["modes"]["currentModeId"] == agent_id
-    changes = mode_changes(await all_events(http, sid))
+    async with connect(daemons(flavor)) as http:
+        sid, _ = await new_session(http)
+        for qwen_name, agent_id in mapped.items():
+            r = await set_mode(http, sid, qwen_name)
+            assert r.status_code == 200, r.text
+            renamed = qwen_name if agent_id != qwen_name else None  # "requested" when mapped
+            assert (r.json()["mode"], r.json().get("requested")) == (agent_id, renamed)
+            state = await context(http, sid)
+            assert state["modes"]["currentModeId"] == agent_id
+        changes = mode_changes(await all_events(http, sid))
     assert [(c["next"], c.get("requested")) for c in changes] == [
         (a, q if q != a else None) for q, a in mapped.items()
     ]
 
 
+@pytest.mark.parametrize("flavor", FLAVORS)
 async def test_a_name_the_agent_has_no_equivalent_for_is_400_with_its_ids(
-    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+    daemons: Callable[[str], DaemonProcess], flavor: str
 ) -> None:
-    flavor = flavor_daemon[0]
     _, _, unmapped = CASES[flavor]
-    sid, _ = await new_session(http)
-    before = await context(http, sid)
-    for bad in (unmapped, "reckless"):
-        r = await set_mode(http, sid, bad)
-        assert r.status_code == 400, r.text
-        body = r.json()
-        assert body["code"] == "invalid_approval_mode"
-        assert repr(bad) in body["error"]
-        assert body["allowed"][: len(IDS[flavor])] == IDS[flavor]
-        assert unmapped not in body["allowed"]
-    for bad in ("", 5, None, "x" * 129):
-        r = await set_mode(http, sid, bad)  # type: ignore[arg-type]
-        assert r.status_code == 400 and r.json()["code"] == "invalid_approval_mode", r.text
-    # Nothing reached the agent: its mode is unchanged, no event.
-    assert (await context(http, sid))["modes"] == before["modes"]
-    assert mode_changes(await all_events(http, sid)) == []
+    async with connect(daemons(flavor)) as http:
+        sid, _ = await new_session(http)
+        before = await context(http, sid)
+        for bad in (unmapped, "reckless"):
+            r = await set_mode(http, sid, bad)
+            assert r.status_code == 400, r.text
+            body = r.json()
+            assert body["code"] == "invalid_approval_mode"
+            assert repr(bad) in body["error"]
+            assert body["allowed"][: len(IDS[flavor])] == IDS[flavor]
+            assert unmapped not in body["allowed"]
+        for bad in ("", 5, None, "x" * 129):
+            r = await set_mode(http, sid, bad)  # type: ignore[arg-type]
+            assert r.status_code == 400 and r.json()["code"] == "invalid_approval_mode", r.text
+        # Nothing reached the agent: its mode is unchanged, no event.
+        assert (await context(http, sid))["modes"] == before["modes"]
+        assert mode_changes(await all_events(http, sid)) == []
 
 
 # -- item 2: models and modes offered as config options ---------------------------------------
 
+MODELS = {
+    "codex": ["gpt-5.1-codex", "gpt-5.1-codex-mini"],
+    "opencode": ["fake/tool-model", "fake/other-model"],
+}
 
+
+@pytest.mark.parametrize("flavor", ["codex", "opencode"])
 async def test_context_reports_models_and_modes_from_config_options(
-    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+    daemons: Callable[[str], DaemonProcess], flavor: str
 ) -> None:
-    flavor = flavor_daemon[0]
-    if flavor not in ("codex", "opencode"):
-        pytest.skip("only codex and opencode offer config options")
-    sid, _ = await new_session(http)
-    state = await context(http, sid)
-    models = {"codex": ["gpt-5.1-codex", "gpt-5.1-codex-mini"]}
-    models["opencode"] = ["fake/tool-model", "fake/other-model"]
-    assert [m["modelId"] for m in state["models"]["availableModels"]] == models[flavor]
-    assert state["models"]["currentModelId"] == models[flavor][0]
-    assert [m["id"] for m in state["modes"]["availableModes"]] == IDS[flavor]
-    assert state["modes"]["currentModeId"] == IDS[flavor][0]
-    # Switching through the config option: context and the option itself follow.
-    r = await set_mode(http, sid, "plan" if flavor == "opencode" else "auto")
-    assert r.status_code == 200, r.text
-    state = await context(http, sid)
-    expected = "plan" if flavor == "opencode" else "auto"
-    assert state["modes"]["currentModeId"] == expected
-    [option] = [o for o in state["configOptions"] if o["category"] == "mode"]
-    assert option["currentValue"] == expected
-    r = await http.post(f"/session/{sid}/model", json={"modelId": models[flavor][1]})
-    assert r.status_code == 200, r.text
-    assert (await context(http, sid))["models"]["currentModelId"] == models[flavor][1]
+    async with connect(daemons(flavor)) as http:
+        sid, _ = await new_session(http)
+        state = await context(http, sid)
+        assert [m["modelId"] for m in state["models"]["availableModels"]] == MODELS[flavor]
+        assert state["models"]["currentModelId"] == MODELS[flavor][0]
+        assert [m["id"] for m in state["modes"]["availableModes"]] == IDS[flavor]
+        assert state["modes"]["currentModeId"] == IDS[flavor][0]
+        # Switching through the config option: context and the option itself follow.
+        expected = "plan" if flavor == "opencode" else "auto"
+        r = await set_mode(http, sid, expected)
+        assert r.status_code == 200, r.text
+        state = await context(http, sid)
+        assert state["modes"]["currentModeId"] == expected
+        [option] = [o for o in state["configOptions"] if o["category"] == "mode"]
+        assert option["currentValue"] == expected
+        r = await http.post(f"/session/{sid}/model", json={"modelId": MODELS[flavor][1]})
+        assert r.status_code == 200, r.text
+        assert (await context(http, sid))["models"]["currentModelId"] == MODELS[flavor][1]
 
 
-# -- item 3: an approved write is asked once ---------------------------------------------------
+# -- item 3: an approved write is asked once (kimi's shapes; the opencode flavor) --------------
 
 
 @pytest.mark.parametrize("how", ["write-diff", "write-announced"])
 async def test_an_approved_write_is_asked_once(
-    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess], how: str
+    daemons: Callable[[str], DaemonProcess], how: str
 ) -> None:
-    flavor, daemon = flavor_daemon
-    if flavor != "opencode":
-        pytest.skip("one flavor is enough")
-    sid, cid = await new_session(http)
+    daemon = daemons("opencode")
     name = f"{how}.txt"
-    events = await turn(http, sid, cid, f"{how} {name} hello {how}")
+    async with connect(daemon) as http:
+        sid, cid = await new_session(http)
+        events = await turn(http, sid, cid, f"{how} {name} hello {how}")
     requests = [e["data"] for e in events if e["type"] == "permission_request"]
     assert len(requests) == 1, requests  # the agent's own; the Host did not ask again
     assert not requests[0]["toolCall"]["toolCallId"].startswith("host_")
@@ -243,14 +261,13 @@ async def test_an_approved_write_is_asked_once(
 
 
 async def test_an_approval_does_not_cover_another_path(
-    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+    daemons: Callable[[str], DaemonProcess],
 ) -> None:
     """The link is by path: the diff names one file, a write to another is asked again."""
-    flavor, daemon = flavor_daemon
-    if flavor != "opencode":
-        pytest.skip("one flavor is enough")
-    sid, cid = await new_session(http)
-    events = await turn(http, sid, cid, "write-elsewhere named.txt other.txt two")
+    daemon = daemons("opencode")
+    async with connect(daemon) as http:
+        sid, cid = await new_session(http)
+        events = await turn(http, sid, cid, "write-elsewhere named.txt other.txt two")
     requests = [e["data"] for e in events if e["type"] == "permission_request"]
     assert len(requests) == 2, requests
     host = requests[1]["toolCall"]
@@ -264,12 +281,11 @@ async def test_an_approval_does_not_cover_another_path(
 
 
 async def test_a_whole_command_line_runs_through_the_shell(
-    http: httpx.AsyncClient, flavor_daemon: tuple[str, DaemonProcess]
+    daemons: Callable[[str], DaemonProcess],
 ) -> None:
-    flavor, daemon = flavor_daemon
-    if flavor != "opencode":
-        pytest.skip("one flavor is enough")
-    sid, cid = await new_session(http)
+    daemon = daemons("opencode")
     (daemon.workspace / "listed.txt").write_text("x")
-    events = await turn(http, sid, cid, "shell echo one two | tr a-z A-Z && ls listed.txt")
+    async with connect(daemon) as http:
+        sid, cid = await new_session(http)
+        events = await turn(http, sid, cid, "shell echo one two | tr a-z A-Z && ls listed.txt")
     assert said(events) == "exit 0: ONE TWO\nlisted.txt\n"
