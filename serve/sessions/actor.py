@@ -480,6 +480,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             self.setup = setup
         if setup.models is not None:
             self.current_model = getattr(setup.models, "current_model_id", None)
+        elif (option := setup.model_option()) is not None and isinstance(option.current_value, str):
+            self.current_model = option.current_value  # models only as a config option (codex)
         self.current_mode = advertised_modes(setup).current or self.current_mode
         self._conn_ready.set()
 

@@ -228,6 +228,13 @@ async def test_context_reports_models_and_modes_from_config_options(
         assert state["models"]["currentModelId"] == MODELS[flavor][0]
         assert [m["id"] for m in state["modes"]["availableModes"]] == IDS[flavor]
         assert state["modes"]["currentModeId"] == IDS[flavor][0]
+        async with http.stream("GET", f"/session/{sid}/events?snapshot=1") as stream:
+            async for event in iter_events(stream):
+                if event.get("type") == "session_snapshot":
+                    snapshot = event["data"]
+                    break
+        assert snapshot["currentModelId"] == MODELS[flavor][0]
+        assert snapshot["currentApprovalMode"] == IDS[flavor][0]
         # Switching through the config option: context and the option itself follow.
         expected = "plan" if flavor == "opencode" else "auto"
         r = await set_mode(http, sid, expected)
