@@ -659,7 +659,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             except (msgspec.DecodeError, AttributeError):
                 pass
         elif kind == "config_option_update":  # a mode option the agent changed itself
-            self.current_mode = self._agent_modes().current or self.current_mode
+            modes = self._agent_modes()
+            if modes.source == "config" and modes.current is not None:
+                self.current_mode = modes.current
         elif kind in ("tool_call", "tool_call_update") and self.effects is not None:
             self.effects.note_tool_call(self, update)  # paths an approval may name by id
         head = self._update_head

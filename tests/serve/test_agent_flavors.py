@@ -296,3 +296,33 @@ async def test_a_whole_command_line_runs_through_the_shell(
         sid, cid = await new_session(http)
         events = await turn(http, sid, cid, "shell echo one two | tr a-z A-Z && ls listed.txt")
     assert said(events) == "exit 0: ONE TWO\nlisted.txt\n"
+
+
+# -- the agent's own mode changes --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+async def test_a_mode_the_agent_switches_to_itself_is_the_current_one(
+    daemons: Callable[[str], DaemonProcess], flavor: str
+) -> None:
+    target = IDS[flavor][1]
+    async with connect(daemons(flavor)) as http:
+        sid, cid = await new_session(http)
+        events = await turn(http, sid, cid, f"switch-mode {target}")
+        assert said(events) == f"now in {target}"
+        assert (await context(http, sid))["modes"]["currentModeId"] == target
+
+
+async def test_a_model_option_update_leaves_the_acp_mode_alone(
+    daemons: Callable[[str], DaemonProcess],
+) -> None:
+    """claude: modes via ACP ``modes``, a model config option; switching the model sends a
+    ``config_option_update`` without a mode option, which must not reset the mode."""
+    async with connect(daemons("claude")) as http:
+        sid, _ = await new_session(http)
+        assert (await set_mode(http, sid, "acceptEdits")).status_code == 200
+        r = await http.post(f"/session/{sid}/model", json={"modelId": "claude-haiku"})
+        assert r.status_code == 200, r.text
+        state = await context(http, sid)
+    assert state["modes"]["currentModeId"] == "acceptEdits"
+    assert state["models"]["currentModelId"] == "claude-haiku"

@@ -5,7 +5,8 @@
 FLAVOR picks how modes and models are offered (issue 18; the ids are the real agents'):
 
 * ``claude``: ACP ``modes`` ``default`` ``acceptEdits`` ``plan`` ``dontAsk``
-  ``bypassPermissions`` (claude-agent-acp), ``session/set_mode``;
+  ``bypassPermissions`` (claude-agent-acp), ``session/set_mode``, and a ``model`` config
+  option;
 * ``gemini``: ACP ``modes`` ``default`` ``autoEdit`` ``yolo`` ``plan``;
 * ``codex``: ACP ``modes`` *and* config options of category ``mode`` (``read-only``
   ``auto`` ``full-access``) and ``model`` (codex-acp);
@@ -21,6 +22,8 @@ these prompts (the first word picks the behaviour, the rest are arguments):
 * ``write-announced REL TEXT``: a ``tool_call`` notification with ``locations``, then a
   permission request that carries only the ``toolCallId`` and a title, then the write;
 * ``write-elsewhere REL OTHER TEXT``: like ``write-diff`` for REL, then writes OTHER;
+* ``switch-mode ID``: the agent changes its own mode (``config_option_update`` or
+  ``current_mode_update``);
 * ``shell CMDLINE``: ``terminal/create`` with the whole command line in ``command`` and no
   ``args`` (kimi), then ``wait_for_exit``/``output``/``release``; replies with the output;
 * anything else: echoed back.
@@ -48,6 +51,7 @@ OPTION_MODES = {
     "opencode": ["build", "plan"],
 }
 OPTION_MODELS = {
+    "claude": ["claude-sonnet", "claude-haiku"],
     "codex": ["gpt-5.1-codex", "gpt-5.1-codex-mini"],
     "opencode": ["fake/tool-model", "fake/other-model"],
 }
@@ -176,7 +180,20 @@ class Agent:
         state[config] = value
         if config == "mode" and self.flavor in ACP_MODES:
             self.update(sid, {"sessionUpdate": "current_mode_update", "currentModeId": value})
-        return {"configOptions": self.config_options(state)}
+        options = self.config_options(state)
+        self.update(sid, {"sessionUpdate": "config_option_update", "configOptions": options})
+        return {"configOptions": options}
+
+    def switch_mode(self, sid: str, mode: str) -> str:
+        """The agent changes its own mode (as plan-mode exits do)."""
+        state = self.sessions[sid]
+        state["mode"] = mode
+        if self.flavor in OPTION_MODES:
+            options = self.config_options(state)
+            self.update(sid, {"sessionUpdate": "config_option_update", "configOptions": options})
+        else:
+            self.update(sid, {"sessionUpdate": "current_mode_update", "currentModeId": mode})
+        return f"now in {mode}"
 
     def prompt(self, params: dict[str, Any]) -> dict[str, Any]:
         sid = params["sessionId"]
@@ -185,6 +202,8 @@ class Agent:
         try:
             if word in ("write-diff", "write-announced", "write-elsewhere"):
                 reply = self.write(sid, word, rest)
+            elif word == "switch-mode":
+                reply = self.switch_mode(sid, rest)
             elif word == "shell":
                 reply = self.shell(sid, rest)
             else:
