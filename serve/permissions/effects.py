@@ -966,7 +966,9 @@ class EffectGate:
 
         The tool call's ``kind`` names the capability (``read`` → ``fs.read``;
         ``edit``/``delete``/``move`` → ``fs.write``; ``execute`` → ``terminal.exec``), its
-        first location or ``rawInput`` path (or ``rawInput.command``) the target; it is
+        first location, ``diff`` block or ``rawInput`` path (or ``rawInput.command``) the
+        target; what the request lacks comes from the agent's earlier ``tool_call`` with the
+        same id (:class:`ToolCallLog`); it is
         classified and decided exactly like the Host effect it announces. ``deny``: the
         agent gets its reject option (``reject_once``, else ``reject_always``; none:
         cancelled) and the log gets ``effect_denied``; no client sees the request.
@@ -998,7 +1000,10 @@ class EffectGate:
 
     async def _agent_effect(self, session: Any, params: RequestPermissionParams) -> Effect | None:
         call = params.tool_call
-        capability = _AGENT_KIND_CAPABILITY.get(call.kind or "")
+        # What the agent's earlier tool_call with this id named fills in the request's gaps.
+        earlier = self.tool_calls.get(self.session_key(session), call.tool_call_id)
+        kind = call.kind or (earlier.kind if earlier is not None else None)
+        capability = _AGENT_KIND_CAPABILITY.get(kind or "")
         if capability is None:
             return None
         try:
@@ -1008,6 +1013,8 @@ class EffectGate:
         raw = call.raw_input if isinstance(call.raw_input, dict) else {}
         if capability == "terminal.exec":
             command = raw.get("command")
+            if not isinstance(command, str) and earlier is not None and earlier.commands:
+                command = earlier.commands[0]
             if not isinstance(command, str) or not command.strip():
                 return None
             cwd = raw.get("cwd")
@@ -1017,6 +1024,8 @@ class EffectGate:
                 workspace_roots=[root],
             )
         path = _tool_call_path(call, raw)
+        if path is None and earlier is not None and earlier.paths:
+            path = earlier.paths[0]
         real = ""
         if path is not None:
             absolute = _norm_path(path, session.workspace)
@@ -1122,6 +1131,9 @@ def _tool_call_path(call: Any, raw: Mapping[str, Any]) -> str | None:
         p = loc.get("path") if isinstance(loc, dict) else getattr(loc, "path", None)
         if isinstance(p, str) and p:
             return p
+    diffs = _diff_paths(call.content)  # kimi names a write's target only in its diff
+    if diffs:
+        return diffs[0]
     for key in _RAW_INPUT_PATH_KEYS:
         p = raw.get(key)
         if isinstance(p, str) and p:

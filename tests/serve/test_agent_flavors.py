@@ -284,6 +284,22 @@ async def test_an_approval_does_not_cover_another_path(
     assert not (daemon.workspace / "named.txt").exists()
 
 
+async def test_a_diff_only_request_outside_the_workspace_is_refused_by_its_path(
+    daemons: Callable[[str], DaemonProcess],
+) -> None:
+    """The approval policy screens the agent's request by the path in its diff block."""
+    daemon = daemons("opencode")
+    outside = daemon.workspace.parent / "outside.txt"
+    async with connect(daemon) as http:
+        sid, cid = await new_session(http)
+        events = await turn(http, sid, cid, "write-diff ../outside.txt nope")
+    assert [e for e in events if e["type"] == "permission_request"] == []
+    [denied] = [e["data"] for e in events if e["type"] == "effect_denied"]
+    assert (denied["capability"], denied["target"]) == ("fs.write", str(outside))
+    assert said(events) == "rejected"
+    assert not outside.exists()
+
+
 # -- item 4: whole command lines in terminal/create --------------------------------------------
 
 
