@@ -6,12 +6,22 @@ A :class:`TerminalManager` owns the terminals of one connection (or one workspac
 given a nursery; each terminal is one task in it that drains the process's combined
 stdout+stderr into a bounded buffer and waits for its exit.
 
-* ``create`` starts ``command`` + ``args`` (never through a shell) in its own process group,
-  with stdin from ``/dev/null``, ``cwd`` (default: the manager's), and the scrubbed daemon
-  environment plus the request's ``env``. It returns at once with a terminal id.
+* ``create`` starts ``command`` + ``args`` in its own process group, with stdin from
+  ``/dev/null``, ``cwd`` (default: the manager's), and the scrubbed daemon environment plus
+  the request's ``env``. It returns at once with a terminal id.
+* **Whole command lines** (:func:`argv_for`): some agents (kimi) send a shell command line in
+  ``command`` and no ``args`` (``"ls -la | head"``). The rule: when ``args`` is empty,
+  ``command`` is not an executable on the terminal's ``PATH`` nor a path to one (relative
+  paths against the terminal's cwd), and it contains whitespace or a shell metacharacter,
+  it runs as ``/bin/sh -c COMMAND``. Otherwise ``command`` is executed directly (never
+  through a shell), so an executable whose name has a space still runs as itself and a
+  single unknown word still fails with "cannot start".
 * Output is kept up to ``outputByteLimit`` bytes (default :data:`DEFAULT_OUTPUT_BYTE_LIMIT`,
   never more than :data:`MAX_OUTPUT_BYTE_LIMIT`); beyond it the *oldest* bytes are dropped at a
   UTF-8 character boundary and ``truncated`` becomes true, as ACP specifies.
+* ``wait_for_exit`` returns once the command exited and its output reached EOF (at most
+  :data:`EXIT_DRAIN_GRACE_S` after the exit: a background grandchild may keep the pipe
+  open), so the next ``output`` holds everything the command printed.
 * ``kill`` SIGKILLs the terminal's process group; the terminal stays valid (output and exit
   status can still be read). ``release`` kills it if still running and forgets the id.
 * :meth:`TerminalManager.aclose` kills every terminal and waits for the reaps; the owner calls
@@ -23,9 +33,11 @@ A terminal belongs to the session that created it: any other session's request f
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Mapping
@@ -44,10 +56,15 @@ from acp.schema import (
 
 log = logging.getLogger(__name__)
 
+#: The shell that runs a whole command line sent in ``command`` (see :func:`argv_for`).
+SHELL: Final = "/bin/sh"
+_SHELL_CHARS: Final = frozenset(" \t\n|&;<>()$`\\\"'*?[]#~=%{}!")
 DEFAULT_OUTPUT_BYTE_LIMIT: Final = 1 * 2**20
 MAX_OUTPUT_BYTE_LIMIT: Final = 16 * 2**20
 DEFAULT_MAX_TERMINALS: Final = 32
 REAP_TIMEOUT_S: Final = 5.0
+#: How long ``wait_for_exit`` waits for the output pipe's EOF after the exit.
+EXIT_DRAIN_GRACE_S: Final = 1.0
 
 
 def trim_output(buf: bytearray, limit: int) -> bool:
@@ -64,6 +81,26 @@ def trim_output(buf: bytearray, limit: int) -> bool:
     if skip:
         del buf[:skip]
     return True
+
+
+def _is_executable(command: str, *, path: str | None, cwd: str | None) -> bool:
+    if "/" in command:
+        target = command if os.path.isabs(command) else os.path.join(cwd or os.getcwd(), command)
+        return os.path.isfile(target) and os.access(target, os.X_OK)
+    return shutil.which(command, path=path) is not None
+
+
+def argv_for(command: str, args: list[str], *, path: str | None, cwd: str | None) -> list[str]:
+    """The argv a ``terminal/create`` runs (module docstring: whole command lines).
+
+    Blocking (it looks at the file system): call it from a worker thread."""
+    if (
+        not args
+        and any(c in _SHELL_CHARS for c in command)
+        and not _is_executable(command, path=path, cwd=cwd)
+    ):
+        return [SHELL, "-c", command]
+    return [command, *args]
 
 
 class Terminal:
@@ -195,9 +232,14 @@ class TerminalManager:
         env = dict(self._env)
         env.update({v.name: v.value for v in params.env})
         cwd = params.cwd or self._cwd
+        argv = await trio.to_thread.run_sync(
+            functools.partial(
+                argv_for, params.command, list(params.args), path=env.get("PATH"), cwd=cwd
+            )
+        )
         try:
             proc = await trio.lowlevel.open_process(
-                [params.command, *params.args],
+                argv,
                 cwd=cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -222,6 +264,10 @@ class TerminalManager:
     async def wait_for_exit(self, params: TerminalIdParams) -> TerminalExitStatus:
         term = self._get(params)
         await term.exited.wait()
+        # The output an agent reads next should be complete: give the drain (a pipe read
+        # away) a bounded moment; a background grandchild may hold the pipe open for good.
+        with trio.move_on_after(EXIT_DRAIN_GRACE_S):
+            await term.drained.wait()
         assert term.exit_status is not None
         return term.exit_status
 

@@ -68,6 +68,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     mcp_client_budget: int | None = None
     mcp_budget_mode: str = "off"
     prompt_deadline_ms: int | None = None
+    #: ``POST /session/:id/prompt`` without ``Prefer: respond-async``: "blocking" (the
+    #: seed's default: answer when the turn ends, a dropped POST cancels it) or "async"
+    #: (202 at admission, as the reference does; the turn outlives the POST).
+    prompt_response: str = "blocking"
     writer_idle_timeout_ms: int | None = None
     channel_idle_timeout_ms: int = 0
     initialize_timeout_ms: int = 10_000
@@ -219,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--mcp-client-budget", default=None, help="cap on live MCP clients")
     add("--mcp-budget-mode", default=None, choices=None, help="enforce|warn|off")
     add("--prompt-deadline-ms", default=None, help="wall-clock cap per prompt")
+    add(
+        "--prompt-response",
+        default=None,
+        metavar="MODE",
+        help="POST /session/:id/prompt without Prefer: blocking (answer at the turn's end; "
+        "default) or async (202 at admission); else $ACP_SERVE_PROMPT_RESPONSE",
+    )
     add("--writer-idle-timeout-ms", default=None, help="evict SSE writers idle this long")
     add("--channel-idle-timeout-ms", default="0", help="delay before reaping an idle agent")
     add("--initialize-timeout-ms", default=None, help="ACP initialize/session-new timeout")
@@ -484,6 +495,14 @@ def parse_settings(
         else 300_000
     )
 
+    prompt_response = ns.prompt_response
+    flag = "--prompt-response"
+    if prompt_response is None and env.get("ACP_SERVE_PROMPT_RESPONSE"):
+        prompt_response, flag = env["ACP_SERVE_PROMPT_RESPONSE"], "ACP_SERVE_PROMPT_RESPONSE"
+    prompt_response = (prompt_response or "blocking").strip()
+    if prompt_response not in ("blocking", "async"):
+        raise SettingsError(f'Invalid {flag} "{prompt_response}": must be one of blocking, async')
+
     scope = ns.memory_project_scope
     if scope not in ("workspace", "git-root"):
         raise SettingsError(
@@ -547,6 +566,7 @@ def parse_settings(
         mcp_client_budget=budget,
         mcp_budget_mode=mode,
         prompt_deadline_ms=prompt_deadline,
+        prompt_response=prompt_response,
         writer_idle_timeout_ms=writer_idle,
         channel_idle_timeout_ms=_timer(
             "--channel-idle-timeout-ms", ns.channel_idle_timeout_ms, positive=False

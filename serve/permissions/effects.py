@@ -76,10 +76,15 @@ verdict is satisfied without asking again when the effect matches the approved t
   ``edit``/``delete``/``move`` → ``fs.write`` and ``fs.read``; ``execute`` →
   ``terminal.exec``; any other kind → all three), and
 * for file effects, its path (as the agent spelled it, normalised, or canonical) is one of
-  the tool call's ``locations[].path`` or ``rawInput`` paths (``path``, ``file_path``,
+  the tool call's ``locations[].path``, ``diff`` content blocks' ``path`` (kimi names a
+  write's target only there) or ``rawInput`` paths (``path``, ``file_path``,
   ``filePath``, ``absolute_path``, ``absolutePath``, ``paths``); for terminals, the
   command text (``command``, ``command args…``, or the script of ``sh -c SCRIPT``)
-  equals ``rawInput.command``.
+  equals ``rawInput.command``. The tool call counts as what the permission request
+  carries *plus* what the agent's earlier ``tool_call`` / ``tool_call_update``
+  notifications with the same ``toolCallId`` named (kind, locations, diffs, rawInput;
+  the session actor hands each to :meth:`EffectGate.note_tool_call`, kept in a bounded
+  :class:`ToolCallLog`), so a request that names only the id is linked too.
 
 It never overrides ``deny`` (grants, hardline commands, ``plan`` mode are checked first).
 An agent-level ``allow_always`` additionally seeds the Host cache with the decisions of the
@@ -153,6 +158,7 @@ from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
 from serve.permissions.grants import EffectiveGrants, resolve_grants
 from serve.permissions.mediator import OpenPermission, request_decision
 from serve.permissions.voting import PermissionOption
+from serve.sessions.modes import qwen_equivalent
 from serve.status.shared import shared_workspace
 from serve.workspace import WorkspaceFsError, overwrite_text
 from serve.workspace import read_text as ws_read_text
@@ -172,6 +178,8 @@ __all__ = [
     "AgentApproval",
     "AgentApprovals",
     "EffectGate",
+    "ToolCallLog",
+    "ToolCallTargets",
     "agent_approval_from",
     "fs_error",
     "host_options",
@@ -194,6 +202,10 @@ AGENT_APPROVAL_USES: Final = 8
 MAX_AGENT_APPROVALS_PER_SESSION: Final = 64
 #: Sessions with remembered agent approvals (oldest dropped first).
 MAX_AGENT_APPROVAL_SESSIONS: Final = 4096
+#: Agent tool calls whose targets are remembered per session (oldest dropped first).
+MAX_TOOL_CALLS_PER_SESSION: Final = 256
+#: Paths or commands remembered per agent tool call.
+MAX_TARGETS_PER_TOOL_CALL: Final = 16
 #: Bound on handing a request to the mediator (its inbox, not the vote).
 OPEN_PERMISSION_TIMEOUT_S: Final = 10.0
 #: Bound on handing an event to the session actor (its inbox; the event is kept queued).
@@ -238,21 +250,45 @@ def _norm_path(path: str, cwd: str) -> str:
     return posixpath.normpath(path if path.startswith("/") else posixpath.join(cwd, path))
 
 
+def _diff_paths(content: Any) -> list[str]:
+    """The ``path`` of each ``diff`` content block (kimi names a write's target only there)."""
+    out: list[str] = []
+    for block in content if isinstance(content, list) else ():
+        if isinstance(block, dict) and block.get("type") == "diff":
+            p = block.get("path")
+            if isinstance(p, str) and p:
+                out.append(p)
+    return out
+
+
 def agent_approval_from(
-    params: RequestPermissionParams, option_id: str, *, cwd: str, prompt_id: str | None
+    params: RequestPermissionParams,
+    option_id: str,
+    *,
+    cwd: str,
+    prompt_id: str | None,
+    earlier: ToolCallTargets | None = None,
 ) -> AgentApproval | None:
-    """The approval an answered agent request grants, or None when it was not an allow."""
+    """The approval an answered agent request grants, or None when it was not an allow.
+
+    ``earlier``: what the agent's own ``tool_call``/``tool_call_update`` notifications with
+    the same ``toolCallId`` named (kind, paths, commands), merged in."""
     option = next((o for o in params.options if o.option_id == option_id), None)
     if option is None or option.kind not in _ALLOW_KINDS:
         return None
     call = params.tool_call
-    caps = _KIND_CAPABILITIES.get(call.kind or "", _ALL_CAPABILITIES)
+    kind = call.kind or (earlier.kind if earlier is not None else None)
+    caps = _KIND_CAPABILITIES.get(kind or "", _ALL_CAPABILITIES)
     paths: set[str] = set()
     for loc in call.locations or ():
         p = loc.get("path") if isinstance(loc, dict) else None
         if isinstance(p, str) and p:
             paths.add(_norm_path(p, cwd))
+    paths.update(_norm_path(p, cwd) for p in _diff_paths(call.content))
     commands: set[str] = set()
+    if earlier is not None:
+        paths.update(_norm_path(p, cwd) for p in earlier.paths)
+        commands.update(earlier.commands)
     raw = call.raw_input
     if isinstance(raw, dict):
         for key in _RAW_INPUT_PATH_KEYS:
@@ -274,6 +310,91 @@ def agent_approval_from(
         commands=frozenset(commands),
         always=option.kind == "allow_always",
     )
+
+
+class ToolCallTargets(msgspec.Struct, frozen=True):
+    """What an agent's ``tool_call``/``tool_call_update`` notifications named for one id."""
+
+    kind: str | None = None
+    paths: tuple[str, ...] = ()  # as the agent spelled them
+    commands: tuple[str, ...] = ()
+
+
+class _ToolCallHead(msgspec.Struct, rename="camel"):
+    tool_call_id: str
+    kind: str | None = None
+    content: Any = None
+    locations: Any = None
+    raw_input: Any = None
+
+
+_tool_call_head = msgspec.json.Decoder(_ToolCallHead)
+
+
+class ToolCallLog:
+    """The targets of recent agent tool calls, per session incarnation (pure, bounded).
+
+    A permission request may name only the ``toolCallId`` of a tool call the agent announced
+    earlier with its locations or diff; :meth:`note` keeps, per id, the kind, the paths
+    (``locations``, ``diff`` blocks, ``rawInput`` path keys) and commands it named, so the
+    approval covers them (see "Not asking twice"). At most :data:`MAX_TOOL_CALLS_PER_SESSION`
+    ids per session (oldest dropped first), :data:`MAX_TARGETS_PER_TOOL_CALL` paths or commands
+    per id, and :data:`MAX_AGENT_APPROVAL_SESSIONS` sessions.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_per_session: int = 0,
+        max_sessions: int = MAX_AGENT_APPROVAL_SESSIONS,
+    ) -> None:
+        self._max_per_session = max_per_session or MAX_TOOL_CALLS_PER_SESSION
+        self._max_sessions = max_sessions
+        self._by_session: OrderedDict[str, OrderedDict[str, ToolCallTargets]] = OrderedDict()
+
+    def note(self, session_key: str, update: bytes) -> None:
+        try:
+            head = _tool_call_head.decode(update)
+        except msgspec.DecodeError:
+            return
+        paths = _diff_paths(head.content)
+        for loc in head.locations if isinstance(head.locations, list) else ():
+            p = loc.get("path") if isinstance(loc, dict) else None
+            if isinstance(p, str) and p:
+                paths.append(p)
+        commands: list[str] = []
+        raw = head.raw_input
+        if isinstance(raw, dict):
+            paths.extend(p for k in _RAW_INPUT_PATH_KEYS if isinstance(p := raw.get(k), str) and p)
+            for key in ("command", "cmd"):
+                c = raw.get(key)
+                if isinstance(c, str) and c.strip():
+                    commands.append(c.strip())
+        calls = self._by_session.pop(session_key, None) or OrderedDict()
+        self._by_session[session_key] = calls
+        while len(self._by_session) > self._max_sessions:
+            self._by_session.popitem(last=False)
+        known = calls.pop(head.tool_call_id, None) or ToolCallTargets()
+        if not paths and not commands and head.kind is None and known == ToolCallTargets():
+            return
+        cap = MAX_TARGETS_PER_TOOL_CALL
+        calls[head.tool_call_id] = ToolCallTargets(
+            kind=head.kind or known.kind,
+            paths=tuple(dict.fromkeys([*known.paths, *paths]))[:cap],
+            commands=tuple(dict.fromkeys([*known.commands, *commands]))[:cap],
+        )
+        while len(calls) > self._max_per_session:
+            calls.popitem(last=False)
+
+    def get(self, session_key: str, tool_call_id: str) -> ToolCallTargets | None:
+        calls = self._by_session.get(session_key)
+        return calls.get(tool_call_id) if calls else None
+
+    def forget(self, session_key: str) -> None:
+        self._by_session.pop(session_key, None)
+
+    def sessions(self) -> list[str]:
+        return list(self._by_session)
 
 
 def terminal_texts(command: str, args: Sequence[str]) -> frozenset[str]:
@@ -477,6 +598,7 @@ class EffectGate:
         self._clock = clock_ms
         self.cache = cache or ApprovalCache()
         self.agent_approvals = agent_approvals or AgentApprovals()
+        self.tool_calls = ToolCallLog()
         self._inflight: InflightTable[DecisionKey, _Shared] = InflightTable()
         self._tokens: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._cached_sessions: set[str] = set()
@@ -510,7 +632,7 @@ class EffectGate:
 
     @staticmethod
     def approval_mode(session: Any) -> ApprovalMode:
-        mode = getattr(session, "current_mode", None)
+        mode = qwen_equivalent(getattr(session, "current_mode", None))  # acceptEdits → auto-edit
         return mode if mode in APPROVAL_MODES else "default"
 
     def grants_for(self, session: Any) -> EffectiveGrants:
@@ -594,6 +716,10 @@ class EffectGate:
 
     # ---- agent approvals (the session actor's hook) ------------------------------------
 
+    def note_tool_call(self, session: Any, update: bytes | msgspec.Raw) -> None:
+        """The agent announced or updated a tool call: remember what it targets by id."""
+        self.tool_calls.note(self.session_key(session), bytes(update))
+
     def note_agent_permission(
         self, session: Any, params: RequestPermissionParams, outcome: PermissionOutcome
     ) -> None:
@@ -602,16 +728,20 @@ class EffectGate:
             return
         active = getattr(session, "active", None)
         prompt_id = active.prompt_id if active is not None else None
+        skey = self.session_key(session)
         try:
             approval = agent_approval_from(
-                params, outcome.option_id, cwd=session.workspace, prompt_id=prompt_id
+                params,
+                outcome.option_id,
+                cwd=session.workspace,
+                prompt_id=prompt_id,
+                earlier=self.tool_calls.get(skey, params.tool_call.tool_call_id),
             )
         except (AttributeError, TypeError):  # a tool call shape we cannot route on
             return
         if approval is None:
             return
         now = self._clock()
-        skey = self.session_key(session)
         self.agent_approvals.note(skey, approval, now_ms=now)
         if approval.always:
             self._seed_cache_from_agent(session, skey, approval, now)
@@ -836,7 +966,9 @@ class EffectGate:
 
         The tool call's ``kind`` names the capability (``read`` → ``fs.read``;
         ``edit``/``delete``/``move`` → ``fs.write``; ``execute`` → ``terminal.exec``), its
-        first location or ``rawInput`` path (or ``rawInput.command``) the target; it is
+        first location, ``diff`` block or ``rawInput`` path (or ``rawInput.command``) the
+        target; what the request lacks comes from the agent's earlier ``tool_call`` with the
+        same id (:class:`ToolCallLog`); it is
         classified and decided exactly like the Host effect it announces. ``deny``: the
         agent gets its reject option (``reject_once``, else ``reject_always``; none:
         cancelled) and the log gets ``effect_denied``; no client sees the request.
@@ -868,7 +1000,10 @@ class EffectGate:
 
     async def _agent_effect(self, session: Any, params: RequestPermissionParams) -> Effect | None:
         call = params.tool_call
-        capability = _AGENT_KIND_CAPABILITY.get(call.kind or "")
+        # What the agent's earlier tool_call with this id named fills in the request's gaps.
+        earlier = self.tool_calls.get(self.session_key(session), call.tool_call_id)
+        kind = call.kind or (earlier.kind if earlier is not None else None)
+        capability = _AGENT_KIND_CAPABILITY.get(kind or "")
         if capability is None:
             return None
         try:
@@ -878,6 +1013,8 @@ class EffectGate:
         raw = call.raw_input if isinstance(call.raw_input, dict) else {}
         if capability == "terminal.exec":
             command = raw.get("command")
+            if not isinstance(command, str) and earlier is not None and earlier.commands:
+                command = earlier.commands[0]
             if not isinstance(command, str) or not command.strip():
                 return None
             cwd = raw.get("cwd")
@@ -887,6 +1024,8 @@ class EffectGate:
                 workspace_roots=[root],
             )
         path = _tool_call_path(call, raw)
+        if path is None and earlier is not None and earlier.paths:
+            path = earlier.paths[0]
         real = ""
         if path is not None:
             absolute = _norm_path(path, session.workspace)
@@ -905,6 +1044,9 @@ class EffectGate:
         for skey in self.agent_approvals.sessions():
             if skey not in live:
                 self.agent_approvals.forget(skey)
+        for skey in self.tool_calls.sessions():
+            if skey not in live:
+                self.tool_calls.forget(skey)
 
     def _live_sessions(self) -> list[Any]:
         registry = getattr(self._daemon, "registry", None)
@@ -989,6 +1131,9 @@ def _tool_call_path(call: Any, raw: Mapping[str, Any]) -> str | None:
         p = loc.get("path") if isinstance(loc, dict) else getattr(loc, "path", None)
         if isinstance(p, str) and p:
             return p
+    diffs = _diff_paths(call.content)  # kimi names a write's target only in its diff
+    if diffs:
+        return diffs[0]
     for key in _RAW_INPUT_PATH_KEYS:
         p = raw.get(key)
         if isinstance(p, str) and p:

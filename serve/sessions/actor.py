@@ -106,6 +106,13 @@ from serve.sessions.messages import (
     Summarize,
     UpdateMetadata,
 )
+from serve.sessions.modes import (
+    AgentModes,
+    UnknownApprovalMode,
+    advertised_modes,
+    apply_mode,
+    resolve_mode,
+)
 from serve.sessions.prompt_queue import (
     Job,
     PromptQueue,
@@ -346,8 +353,9 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             return
         if setup.models is not None:
             self.current_model = getattr(setup.models, "current_model_id", None)
-        if setup.modes is not None:
-            self.current_mode = getattr(setup.modes, "current_mode_id", None)
+        elif (option := setup.model_option()) is not None and isinstance(option.current_value, str):
+            self.current_model = option.current_value  # models only as a config option (codex)
+        self.current_mode = advertised_modes(setup).current or self.current_mode
 
     # The link's owner side (agent_link.LinkOwner).
 
@@ -727,45 +735,47 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         )
         return ModelSet(msg.model_id)
 
-    def _check_approval_mode(self, mode: str) -> None:
-        available = self._agent_modes()
-        if available and mode not in available:
-            raise ApprovalModeRefused(
-                f"The agent does not offer approval mode {mode!r}", allowed=available
-            )
+    def _check_approval_mode(self, mode: str) -> str:
+        """The agent's mode id for ``mode`` (its own id, or a qwen name mapped onto it)."""
+        try:
+            return resolve_mode(mode, self._agent_modes())
+        except UnknownApprovalMode as exc:
+            raise ApprovalModeRefused(str(exc), allowed=exc.allowed) from None
 
     async def _set_approval_mode(self, msg: SetApprovalMode, timeout_s: float) -> ModeSet:
+        """Agent ids as is, qwen names mapped onto them (serve/sessions/modes.py)."""
         conn = self.link.conn
         assert conn is not None
-        self._check_approval_mode(msg.mode)
+        modes = self._agent_modes()
+        mode_id = self._check_approval_mode(msg.mode)
         previous = self.current_mode
         try:
-            await conn.set_mode(
+            reported = await apply_mode(
+                conn,
                 self.session_id,
-                msg.mode,
+                modes,
+                mode_id,
                 timeout_s=min(timeout_s, self.settings.initialize_timeout_ms / 1000),
             )
-        except RemoteError as exc:
-            raise ApprovalModeRefused(f"Approval mode change failed: {exc.message}") from None
-        self.current_mode = msg.mode
-        self.log.publish(
-            "approval_mode_changed",
-            {
-                "sessionId": self.session_id,
-                "previous": previous,
-                "next": msg.mode,
-                "persisted": False,
-            },
-            originator=msg.client_id,
-        )
-        return ModeSet(self.session_id, msg.mode, previous, False)
+        except (RemoteError, RequestTimeout) as exc:
+            error = exc.message if isinstance(exc, RemoteError) else str(exc)
+            raise ApprovalModeRefused(f"Approval mode change failed: {error}") from None
+        if reported is None:  # set_mode answers {}: a current_mode_update may have come
+            seen = self.current_mode
+            reported = seen if seen is not None and seen != previous else mode_id
+        self.current_mode = reported
+        event: dict[str, Any] = {"sessionId": self.session_id, "previous": previous}
+        event.update(next=reported, persisted=False)
+        requested = msg.mode if reported != msg.mode else None
+        if requested is not None:
+            event["requested"] = requested
+        self.log.publish("approval_mode_changed", event, originator=msg.client_id)
+        return ModeSet(self.session_id, reported, previous, False, requested)
 
-    def _agent_modes(self) -> list[str]:
-        setup = self.setup
-        modes = setup.modes if setup is not None else None
-        if modes is None:
-            return []
-        return [m.id for m in getattr(modes, "available_modes", []) or []]
+    def _agent_modes(self) -> AgentModes:
+        conn = self.link.conn
+        live = conn.config_options(self.session_id) if conn is not None else None
+        return advertised_modes(self.setup, live)
 
     # ---- turns -------------------------------------------------------------------------
 

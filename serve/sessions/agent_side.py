@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from serve.events import EventLog
     from serve.permissions.mediator import PermissionMediator
     from serve.sessions.clients import ClientTable
+    from serve.sessions.modes import AgentModes
     from serve.sessions.prompt_queue import PromptQueue
 
 _encoder = msgspec.json.Encoder()
@@ -66,6 +67,9 @@ class AgentSide(BaseClientHandler):
     drop_updates: bool
     available_commands: msgspec.Raw | None
     current_mode: str | None
+
+    def _agent_modes(self) -> AgentModes:
+        raise NotImplementedError  # the session actor's
 
     def _init_agent_side(self) -> None:
         BaseClientHandler.__init__(self)
@@ -102,6 +106,12 @@ class AgentSide(BaseClientHandler):
                 self.current_mode = msgspec.json.decode(bytes(update)).get("currentModeId")
             except (msgspec.DecodeError, AttributeError):
                 pass
+        elif kind == "config_option_update":  # a mode option the agent changed itself
+            modes = self._agent_modes()
+            if modes.source == "config" and modes.current is not None:
+                self.current_mode = modes.current
+        elif kind in ("tool_call", "tool_call_update") and self.effects is not None:
+            self.effects.note_tool_call(self, update)  # paths an approval may name by id
         head = self._update_head
         if head is None:  # encoded once: the session id never changes after set-up
             head = self._update_head = b'{"sessionId":' + _encoder.encode(self.session_id)

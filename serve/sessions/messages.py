@@ -14,9 +14,8 @@ from typing import Any
 import msgspec
 
 from serve.events.messages import PublishEvent
+from serve.sessions.modes import APPROVAL_MODES  # qwen serve's five names
 from serve.sessions.prompt_queue import PromptQueueFull, PromptRequest, PromptRunning
-
-APPROVAL_MODES = ("plan", "default", "auto-edit", "auto", "yolo")
 
 # ---- errors -------------------------------------------------------------------------------
 
@@ -232,9 +231,10 @@ class ModelSet(msgspec.Struct, frozen=True):
 
 class ModeSet(msgspec.Struct, frozen=True):
     session_id: str
-    mode: str
+    mode: str  # what the agent reports now
     previous: str | None
     persisted: bool
+    requested: str | None = None  # set when the agent's mode differs from the request
 
 
 class MetadataSet(msgspec.Struct, frozen=True):

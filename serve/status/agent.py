@@ -53,25 +53,73 @@ def _state(session: SessionActor) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
+def _live_options(session: SessionActor, state: dict[str, Any]) -> list[Any]:
+    """The agent's config options: the connection's live list (updated by
+    ``config_option_update`` and ``set_config_option`` answers), else the set-up result's."""
+    conn = getattr(session, "conn", None)
+    getter = getattr(conn, "config_options", None)
+    live = getter(getattr(session, "session_id", "")) if callable(getter) else None
+    if isinstance(live, list):
+        return [msgspec.to_builtins(o) for o in live]
+    options = state.get("configOptions")
+    return options if isinstance(options, list) else []
+
+
 def context_state(session: SessionActor) -> dict[str, Any]:
-    """``state`` of ``GET /session/:id/context``: models, modes, configOptions (current)."""
+    """``state`` of ``GET /session/:id/context``: models, modes, configOptions (current).
+
+    An agent that offers models or modes only as config options (``category: model`` /
+    ``mode``; codex-acp, opencode) gets them reported in ACP's ``models``/``modes`` shape
+    built from those options, so clients read one shape whatever the agent sent."""
     state = _state(session)
+    options = _live_options(session, state)
     models = state.get("models")
     modes = state.get("modes")
-    options = state.get("configOptions")
     models = dict(models) if isinstance(models, dict) else {}
     modes = dict(modes) if isinstance(modes, dict) else {}
+    view = dict(state, configOptions=options)
+    if not models:
+        listed, current = _advertised_models(view)
+        if listed:
+            models = {
+                "currentModelId": current,
+                "availableModels": [{k: v for k, v in m.items() if v is not None} for m in listed],
+            }
+    if not modes or _has_mode_option(options):
+        modes = _option_modes(options) or modes
     current_model = getattr(session, "current_model", None)
     current_mode = getattr(session, "current_mode", None)
     if models and isinstance(current_model, str):
         models["currentModelId"] = current_model
     if modes and isinstance(current_mode, str):
         modes["currentModeId"] = current_mode
-    return {
-        "models": models,
-        "modes": modes,
-        "configOptions": options if isinstance(options, list) else [],
-    }
+    return {"models": models, "modes": modes, "configOptions": options}
+
+
+def _has_mode_option(options: list[Any]) -> bool:
+    return any(isinstance(o, dict) and o.get("category") == "mode" for o in options)
+
+
+def _option_modes(options: list[Any]) -> dict[str, Any]:
+    """ACP's ``modes`` shape from a ``category: mode`` select option (``{}`` when none)."""
+    for option in options:
+        if not isinstance(option, dict) or option.get("category") != "mode":
+            continue
+        available = []
+        for entry in option.get("options") or ():
+            subs = entry.get("options") if isinstance(entry, dict) and "group" in entry else None
+            for choice in subs if isinstance(subs, list) else [entry]:
+                if isinstance(choice, dict) and isinstance(choice.get("value"), str):
+                    mode = {"id": choice["value"], "name": choice.get("name") or choice["value"]}
+                    if isinstance(choice.get("description"), str):
+                        mode["description"] = choice["description"]
+                    available.append(mode)
+        current = option.get("currentValue")
+        return {
+            "currentModeId": current if isinstance(current, str) else None,
+            "availableModes": available,
+        }
+    return {}
 
 
 def _split_model_id(model_id: str) -> tuple[str, str]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import trio
 
 from acp.errors import RESOURCE_NOT_FOUND, HandlerError
 from acp.process import live_group_members
 from acp.schema import CreateTerminalParams, EnvVariable, TerminalIdParams
-from acp.terminal import TerminalManager, trim_output
+from acp.terminal import SHELL, TerminalManager, argv_for, trim_output
 from tests.acp.util import eventually, pid_alive
 
 
@@ -127,3 +130,49 @@ async def test_aclose_kills_everything(nursery: trio.Nursery, tmp_path: object) 
     assert not any(pid_alive(p) for p in pids)
     with pytest.raises(HandlerError):
         await terms.create(CreateTerminalParams(session_id="s", command="true"))
+
+
+# -- whole command lines in `command` (kimi) --------------------------------------------------
+
+
+async def test_a_whole_command_line_without_args_runs_through_sh(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    (tmp_path / "a.txt").write_text("x")
+    terms = TerminalManager(nursery, cwd=str(tmp_path))
+    term_id = await terms.create(
+        CreateTerminalParams(session_id="s", command="echo $((6 * 7)) | tr 4 X; ls a.txt")
+    )
+    status = await terms.wait_for_exit(tid("s", term_id))
+    assert (status.exit_code, terms.output(tid("s", term_id)).output) == (0, "X2\na.txt\n")
+
+
+def test_argv_for_the_rule(tmp_path: Path) -> None:
+    spaced = tmp_path / "my tool"
+    spaced.write_text("#!/bin/sh\necho spaced\n")
+    spaced.chmod(0o755)
+    path = os.environ.get("PATH")
+    cwd = str(tmp_path)
+    # A line with shell syntax and no args: through the shell.
+    assert argv_for("ls -la | head", [], path=path, cwd=cwd) == [SHELL, "-c", "ls -la | head"]
+    # With args, a program name: executed directly, never through a shell.
+    assert argv_for("echo", ["a | b"], path=path, cwd=cwd) == ["echo", "a | b"]
+    assert argv_for("echo a", ["b"], path=path, cwd=cwd) == ["echo a", "b"]
+    # An executable whose path has a space runs as itself (absolute, or relative to cwd).
+    assert argv_for(str(spaced), [], path=path, cwd=cwd) == [str(spaced)]
+    assert argv_for("./my tool", [], path=path, cwd=cwd) == ["./my tool"]
+    # One plain word stays a program name (an unknown one fails with "cannot start").
+    assert argv_for("true", [], path=path, cwd=cwd) == ["true"]
+    assert argv_for("no-such-program", [], path=path, cwd=cwd) == ["no-such-program"]
+
+
+async def test_an_executable_with_a_space_in_its_path_is_not_given_to_the_shell(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    spaced = tmp_path / "my tool"
+    spaced.write_text("#!/bin/sh\necho ran as itself\n")
+    spaced.chmod(0o755)
+    terms = TerminalManager(nursery, cwd=str(tmp_path))
+    term_id = await terms.create(CreateTerminalParams(session_id="s", command=str(spaced)))
+    await terms.wait_for_exit(tid("s", term_id))
+    assert terms.output(tid("s", term_id)).output == "ran as itself\n"

@@ -263,16 +263,30 @@ class SetModelRequest(_Wire, frozen=True):
     model_id: NonEmpty
 
 
+#: An approval mode: one of the agent's advertised mode ids, or a qwen name mapped onto one.
+AgentModeId = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=128,
+        description="one of the agent's advertised mode ids (ACP `modes` or a `mode` config "
+        "option), or one of plan, default, auto-edit, auto, yolo when the agent has a clear "
+        "equivalent (else 400 `invalid_approval_mode` with `allowed`)",
+    ),
+]
+
+
 class ApprovalModeRequest(_Wire, frozen=True):
-    mode: ApprovalMode
+    mode: AgentModeId
     persist: bool | UnsetType = UNSET
 
 
 class ApprovalModeResponse(_Wire, frozen=True):
     session_id: str
-    mode: ApprovalMode
+    mode: str  # the mode the agent reports
     previous: str | None
     persisted: bool
+    requested: str | UnsetType = UNSET  # the name asked for, when it was mapped
 
 
 class SessionContext(_Wire, frozen=True):

@@ -67,6 +67,7 @@ from serve.sessions.messages import (
     Summarize,
     UpdateMetadata,
 )
+from serve.sessions.modes import MAX_MODE_ID_CHARS
 from serve.sessions.registry import CreateSession, RestoreSession
 
 blueprint = Blueprint("sessions", __name__)
@@ -476,7 +477,9 @@ async def prompt(session_id: str) -> Response:
             pendingCount=exc.pending,
         ) from None
     prefer = request.headers.get("Prefer", "")
-    if "respond-async" in prefer.lower():
+    # --prompt-response async: 202 at admission without the header too (the reference's
+    # behaviour); the turn then never depends on this connection.
+    if "respond-async" in prefer.lower() or daemon().settings.prompt_response == "async":
         return json_response(
             {
                 "promptId": admission.prompt_id,
@@ -623,9 +626,11 @@ async def approval_mode(session_id: str) -> Response:
     session = find_session(session_id)
     client_id = await session_client(session)
     mode = body.get("mode")
-    if mode not in APPROVAL_MODES:
+    # The agent's own mode ids or qwen's names; the session checks them (sessions/modes.py).
+    if not isinstance(mode, str) or not 0 < len(mode) <= MAX_MODE_ID_CHARS:
         raise bad_request(
-            "`mode` must be one of: " + ", ".join(APPROVAL_MODES),
+            f"`mode` must be a mode id of at most {MAX_MODE_ID_CHARS} characters "
+            "(the agent's own, or one of: " + ", ".join(APPROVAL_MODES) + ")",
             "invalid_approval_mode",
             allowed=list(APPROVAL_MODES),
         )
@@ -633,14 +638,15 @@ async def approval_mode(session_id: str) -> Response:
     if not isinstance(persist, bool):
         raise bad_request("`persist` must be a boolean", "invalid_persist_flag")
     changed: ModeSet = await ask(session, SetApprovalMode(mode, persist, client_id))
-    return json_response(
-        {
-            "sessionId": changed.session_id,
-            "mode": changed.mode,
-            "previous": changed.previous,
-            "persisted": changed.persisted,
-        }
-    )
+    out: dict[str, Any] = {
+        "sessionId": changed.session_id,
+        "previous": changed.previous,
+        "mode": changed.mode,
+        "persisted": changed.persisted,
+    }
+    if changed.requested is not None:
+        out["requested"] = changed.requested
+    return json_response(out)
 
 
 # ---- events -------------------------------------------------------------------------------

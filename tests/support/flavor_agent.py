@@ -1,0 +1,297 @@
+"""A small ACP agent that advertises modes and models the way third-party agents do.
+
+    python -m tests.support.flavor_agent FLAVOR
+
+FLAVOR picks how modes and models are offered (issue 18; the ids are the real agents'):
+
+* ``claude``: ACP ``modes`` ``default`` ``acceptEdits`` ``plan`` ``dontAsk``
+  ``bypassPermissions`` (claude-agent-acp), ``session/set_mode``, and a ``model`` config
+  option;
+* ``gemini``: ACP ``modes`` ``default`` ``autoEdit`` ``yolo`` ``plan``;
+* ``codex``: ACP ``modes`` *and* config options of category ``mode`` (``read-only``
+  ``auto`` ``full-access``) and ``model`` (codex-acp);
+* ``opencode``: config options only: ``mode`` (``build`` ``plan``) and ``model``;
+  ``session/set_mode`` answers "mode not found: X" for an id it does not have, as opencode.
+
+Every flavor answers ``session/set_mode`` for its own ids only (``-32602 mode not found``),
+sends ``current_mode_update`` / ``config_option_update`` before answering a switch, and runs
+these prompts (the first word picks the behaviour, the rest are arguments):
+
+* ``write-diff REL TEXT``: a permission request whose tool call names the path only in a
+  ``diff`` content block (kimi), then ``fs/write_text_file`` when allowed;
+* ``write-announced REL TEXT``: a ``tool_call`` notification with ``locations``, then a
+  permission request that carries only the ``toolCallId`` and a title, then the write;
+* ``write-elsewhere REL OTHER TEXT``: like ``write-diff`` for REL, then writes OTHER;
+* ``switch-mode ID``: the agent changes its own mode (``config_option_update`` or
+  ``current_mode_update``);
+* ``shell CMDLINE``: ``terminal/create`` with the whole command line in ``command`` and no
+  ``args`` (kimi), then ``wait_for_exit``/``output``/``release``; replies with the output;
+* anything else: echoed back.
+
+Stdlib only; one thread: while waiting for an answer from the client it reads (and drops)
+whatever else arrives. Exits on stdin EOF.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from typing import Any
+
+FLAVORS = ("claude", "gemini", "codex", "opencode")
+ACP_MODES = {
+    "claude": ["default", "acceptEdits", "plan", "dontAsk", "bypassPermissions"],
+    "gemini": ["default", "autoEdit", "yolo", "plan"],
+    "codex": ["read-only", "auto", "full-access"],
+}
+OPTION_MODES = {
+    "codex": ["read-only", "auto", "full-access"],
+    "opencode": ["build", "plan"],
+}
+OPTION_MODELS = {
+    "claude": ["claude-sonnet", "claude-haiku"],
+    "codex": ["gpt-5.1-codex", "gpt-5.1-codex-mini"],
+    "opencode": ["fake/tool-model", "fake/other-model"],
+}
+INVALID_PARAMS = -32602
+
+
+class Agent:
+    def __init__(self, flavor: str) -> None:
+        self.flavor = flavor
+        self.ids = itertools.count(1)
+        self.sessions: dict[str, dict[str, Any]] = {}
+        self.mode_ids = ACP_MODES.get(flavor) or OPTION_MODES.get(flavor, [])
+        self.out = sys.stdout
+
+    # -- wire -----------------------------------------------------------------------------
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.out.write(json.dumps({"jsonrpc": "2.0", **msg}) + "\n")
+        self.out.flush()
+
+    def update(self, sid: str, update: dict[str, Any]) -> None:
+        self.send({"method": "session/update", "params": {"sessionId": sid, "update": update}})
+
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        rid = f"a{next(self.ids)}"
+        self.send({"id": rid, "method": method, "params": params})
+        for line in sys.stdin:
+            msg = json.loads(line)
+            if msg.get("id") == rid and "method" not in msg:
+                if "error" in msg:
+                    raise RuntimeError(msg["error"].get("message", "error"))
+                return msg.get("result") or {}
+        sys.exit(0)
+
+    # -- advertised state -----------------------------------------------------------------
+
+    def config_options(self, state: dict[str, Any]) -> list[dict[str, Any]]:
+        out = []
+        if self.flavor in OPTION_MODES:
+            out.append(
+                {
+                    "id": "mode",
+                    "name": "Mode",
+                    "category": "mode",
+                    "type": "select",
+                    "currentValue": state["mode"],
+                    "options": [{"value": m, "name": m.title()} for m in OPTION_MODES[self.flavor]],
+                }
+            )
+        if self.flavor in OPTION_MODELS:
+            out.append(
+                {
+                    "id": "model",
+                    "name": "Model",
+                    "category": "model",
+                    "type": "select",
+                    "currentValue": state["model"],
+                    "options": [{"value": m, "name": m} for m in OPTION_MODELS[self.flavor]],
+                }
+            )
+        return out
+
+    def setup(self, sid: str) -> dict[str, Any]:
+        state = self.sessions[sid]
+        result: dict[str, Any] = {"sessionId": sid}
+        if self.flavor in ACP_MODES:
+            result["modes"] = {
+                "currentModeId": state["mode"],
+                "availableModes": [{"id": m, "name": m} for m in ACP_MODES[self.flavor]],
+            }
+        options = self.config_options(state)
+        if options:
+            result["configOptions"] = options
+        return result
+
+    # -- methods --------------------------------------------------------------------------
+
+    def handle(self, msg: dict[str, Any]) -> Any:
+        method, params = msg["method"], msg.get("params") or {}
+        if method == "initialize":
+            return {
+                "protocolVersion": 1,
+                "agentCapabilities": {"loadSession": False},
+                "authMethods": [],
+                "agentInfo": {"name": f"flavor-{self.flavor}", "version": "0.0.1"},
+            }
+        if method == "session/new":
+            sid = f"{self.flavor}-{len(self.sessions) + 1}"
+            models = OPTION_MODELS.get(self.flavor, [""])
+            self.sessions[sid] = {
+                "mode": self.mode_ids[0],
+                "model": models[0],
+                "cwd": params["cwd"],
+            }
+            return self.setup(sid)
+        if method == "session/set_mode":
+            return self.set_mode(params["sessionId"], params["modeId"])
+        if method == "session/set_config_option":
+            return self.set_config_option(params)
+        if method == "session/prompt":
+            return self.prompt(params)
+        raise LookupError(method)
+
+    def set_mode(self, sid: str, mode: str) -> dict[str, Any]:
+        if mode not in self.mode_ids:
+            raise ValueError(f"mode not found: {mode}")
+        state = self.sessions[sid]
+        state["mode"] = mode
+        self.update(sid, {"sessionUpdate": "current_mode_update", "currentModeId": mode})
+        if self.flavor in OPTION_MODES:
+            self.update(
+                sid,
+                {
+                    "sessionUpdate": "config_option_update",
+                    "configOptions": self.config_options(state),
+                },
+            )
+        return {}
+
+    def set_config_option(self, params: dict[str, Any]) -> dict[str, Any]:
+        sid, config, value = params["sessionId"], params["configId"], params["value"]
+        state = self.sessions[sid]
+        choices = {"mode": OPTION_MODES, "model": OPTION_MODELS}.get(config, {})
+        if value not in choices.get(self.flavor, []):
+            raise ValueError(f"invalid value for {config}: {value}")
+        state[config] = value
+        if config == "mode" and self.flavor in ACP_MODES:
+            self.update(sid, {"sessionUpdate": "current_mode_update", "currentModeId": value})
+        options = self.config_options(state)
+        self.update(sid, {"sessionUpdate": "config_option_update", "configOptions": options})
+        return {"configOptions": options}
+
+    def switch_mode(self, sid: str, mode: str) -> str:
+        """The agent changes its own mode (as plan-mode exits do)."""
+        state = self.sessions[sid]
+        state["mode"] = mode
+        if self.flavor in OPTION_MODES:
+            options = self.config_options(state)
+            self.update(sid, {"sessionUpdate": "config_option_update", "configOptions": options})
+        else:
+            self.update(sid, {"sessionUpdate": "current_mode_update", "currentModeId": mode})
+        return f"now in {mode}"
+
+    def prompt(self, params: dict[str, Any]) -> dict[str, Any]:
+        sid = params["sessionId"]
+        text = " ".join(b.get("text", "") for b in params["prompt"] if b.get("type") == "text")
+        word, _, rest = text.strip().partition(" ")
+        try:
+            if word in ("write-diff", "write-announced", "write-elsewhere"):
+                reply = self.write(sid, word, rest)
+            elif word == "switch-mode":
+                reply = self.switch_mode(sid, rest)
+            elif word == "shell":
+                reply = self.shell(sid, rest)
+            else:
+                reply = text
+        except RuntimeError as exc:
+            reply = f"failed: {exc}"
+        self.update(
+            sid,
+            {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": reply}},
+        )
+        return {"stopReason": "end_turn"}
+
+    def write(self, sid: str, how: str, args: str) -> str:
+        rel, _, content = args.partition(" ")
+        target = rel
+        if how == "write-elsewhere":
+            target, _, content = content.partition(" ")
+        path = os.path.join(self.sessions[sid]["cwd"], rel)
+        tool = f"tc-{next(self.ids)}"
+        if how == "write-announced":
+            self.update(
+                sid,
+                {
+                    "sessionUpdate": "tool_call",
+                    "toolCallId": tool,
+                    "title": f"Write {rel}",
+                    "kind": "edit",
+                    "status": "pending",
+                    "locations": [{"path": path}],
+                },
+            )
+            call: dict[str, Any] = {"toolCallId": tool, "title": f"Write {rel}"}
+        else:
+            call = {
+                "toolCallId": tool,
+                "title": "WriteFile",
+                "kind": "edit",
+                "content": [{"type": "diff", "path": path, "oldText": None, "newText": content}],
+            }
+        answer = self.call(
+            "session/request_permission",
+            {
+                "sessionId": sid,
+                "toolCall": call,
+                "options": [
+                    {"optionId": "approve", "name": "Approve", "kind": "allow_once"},
+                    {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
+                ],
+            },
+        )
+        outcome = answer.get("outcome") or {}
+        if outcome.get("optionId") != "approve":
+            return "rejected"
+        written = os.path.join(self.sessions[sid]["cwd"], target)
+        self.call("fs/write_text_file", {"sessionId": sid, "path": written, "content": content})
+        return f"wrote {target}"
+
+    def shell(self, sid: str, cmdline: str) -> str:
+        created = self.call(
+            "terminal/create",
+            {"sessionId": sid, "command": cmdline, "cwd": self.sessions[sid]["cwd"]},
+        )
+        tid = {"sessionId": sid, "terminalId": created["terminalId"]}
+        status = self.call("terminal/wait_for_exit", tid)
+        output = self.call("terminal/output", tid)
+        self.call("terminal/release", tid)
+        return f"exit {status.get('exitCode')}: {output.get('output', '')}"
+
+
+def main() -> None:
+    flavor = sys.argv[1] if len(sys.argv) > 1 else "claude"
+    if flavor not in FLAVORS:
+        raise SystemExit(f"flavor must be one of {FLAVORS}")
+    agent = Agent(flavor)
+    for line in sys.stdin:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if "method" not in msg or "id" not in msg:
+            continue  # notifications (session/cancel) and stray answers
+        try:
+            agent.send({"id": msg["id"], "result": agent.handle(msg)})
+        except LookupError as exc:
+            agent.send({"id": msg["id"], "error": {"code": -32601, "message": f"{exc} unknown"}})
+        except (ValueError, KeyError) as exc:
+            agent.send({"id": msg["id"], "error": {"code": INVALID_PARAMS, "message": str(exc)}})
+
+
+if __name__ == "__main__":
+    main()
