@@ -92,6 +92,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     public_probes: bool = False
     access_log: bool = False
     device_flow_providers: tuple[str, ...] = ()
+    #: Agent children kept spawned and initialized ahead of need, per workspace.
+    warm_agents: int = 1
+    #: Sessions sharing one agent child (1: one child per session, full isolation).
+    sessions_per_agent: int = 1
     inert_flags: tuple[str, ...] = ()
 
     @property
@@ -264,6 +268,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="NAME=URL",
         help="an RFC 8628 device-flow provider (OAuth base URL; repeatable)",
+    )
+    add(
+        "--warm-agents",
+        default="1",
+        metavar="N",
+        help="agent children kept initialized ahead of need per workspace (default 1; 0 = none)",
+    )
+    add(
+        "--sessions-per-agent",
+        default="1",
+        metavar="M",
+        help="sessions sharing one agent child (default 1: one child per session)",
     )
     add(
         "--chaos-kill-rate",
@@ -598,6 +614,16 @@ def parse_settings(
         public_probes=ns.public_probes,
         access_log=ns.access_log,
         device_flow_providers=tuple(_device_flow_providers(ns.device_flow_provider or [])),
+        warm_agents=_int(
+            "--warm-agents", ns.warm_agents, minimum=0, maximum=64, what="an integer in [0, 64]"
+        ),
+        sessions_per_agent=_int(
+            "--sessions-per-agent",
+            ns.sessions_per_agent,
+            minimum=1,
+            maximum=1024,
+            what="an integer in [1, 1024]",
+        ),
         inert_flags=inert,
     )
 

@@ -196,6 +196,8 @@ class Daemon:
         states = {c["name"]: c["state"] for c in self.root.children()}
         if not self.root.running or any(state != "running" for state in states.values()):
             return False, "supervisor_not_running"
+        if self.registry.agents_failing():
+            return False, "agent_unavailable"
         limit = self.settings.max_sessions
         if limit and len(self.registry.live()) >= limit * len(self.settings.workspaces):
             return False, "session_capacity_exhausted"

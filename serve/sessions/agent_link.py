@@ -51,11 +51,30 @@ log = logging.getLogger(__name__)
 # ---- acquiring an agent -------------------------------------------------------------------
 
 
-class AgentSource(Protocol):
-    """Where a session gets its agent: one connected, initialized :class:`AgentConnection`.
+class AgentLease(Protocol):
+    """A session's hold on a connected, initialized agent (all of a child, or one slot of a
+    shared child: ``serve/agents/pool.py``)."""
 
-    The connection's tasks run in ``nursery`` (the session's); ``handler`` answers the
-    agent's requests and takes its notifications. Raise to fail the session's start."""
+    @property
+    def conn(self) -> AgentConnection: ...
+
+    @property
+    def child_id(self) -> str | None: ...
+
+    def bind(self, session_id: str, handler: ClientHandler) -> None:
+        """Route ``session_id``'s updates and requests on the connection to ``handler``."""
+
+    async def release(self) -> None:
+        """Give the agent back (stop it, or free the slot); idempotent, bounded."""
+
+
+class AgentSource(Protocol):
+    """Where a session gets its agent: a lease on a connected, initialized
+    :class:`AgentConnection`.
+
+    A source may run the connection's tasks in ``nursery`` (the session's) or in its own;
+    ``handler`` answers the agent's requests and takes its notifications (for a shared
+    connection once :meth:`AgentLease.bind` named the session). Raise to fail the start."""
 
     async def acquire(
         self,
@@ -64,7 +83,28 @@ class AgentSource(Protocol):
         cwd: str,
         handler: ClientHandler,
         timeout_s: float,
-    ) -> AgentConnection: ...
+    ) -> AgentLease: ...
+
+
+class OwnAgent:
+    """The lease of an agent spawned for one session alone: ``release`` stops it."""
+
+    def __init__(self, conn: AgentConnection) -> None:
+        self._conn = conn
+
+    @property
+    def conn(self) -> AgentConnection:
+        return self._conn
+
+    @property
+    def child_id(self) -> str | None:
+        return None
+
+    def bind(self, session_id: str, handler: ClientHandler) -> None:
+        pass  # the connection was spawned with the session as its handler
+
+    async def release(self) -> None:
+        await self._conn.aclose(grace_s=1.0)
 
 
 def agent_env(settings: Settings) -> dict[str, str]:
@@ -92,7 +132,7 @@ class SpawnAgentSource:
         cwd: str,
         handler: ClientHandler,
         timeout_s: float,
-    ) -> AgentConnection:
+    ) -> AgentLease:
         conn = await AgentConnection.spawn(
             nursery,
             self.settings.agent_argv,
@@ -107,7 +147,7 @@ class SpawnAgentSource:
             with trio.CancelScope(shield=True):
                 await conn.aclose(grace_s=1.0)
             raise
-        return conn
+        return OwnAgent(conn)
 
 
 # ---- the link -----------------------------------------------------------------------------
@@ -150,6 +190,7 @@ class AgentLink:
         self.init_timeout_s = init_timeout_s
         self.restore_timeout_s = restore_timeout_s
         self.conn: AgentConnection | None = None
+        self.lease: AgentLease | None = None
         #: The setup of the first open (a restart keeps the models/modes clients saw).
         self.setup: SessionSetup | None = None
         self.ready = trio.Event()
@@ -162,6 +203,11 @@ class AgentLink:
         return self.conn is not None and not self.conn.closed
 
     @property
+    def child_id(self) -> str | None:
+        """The pool's id of the child the session is on (None: its own, or none)."""
+        return self.lease.child_id if self.lease is not None else None
+
+    @property
     def pid(self) -> int | None:
         return self.conn.process.pid if self.connected and self.conn is not None else None
 
@@ -172,30 +218,34 @@ class AgentLink:
     async def open(self, nursery: trio.Nursery, action: str, session_id: str) -> SessionSetup:
         """Acquire an agent and open the session (``new``/``load``/``resume``/``restart``);
         returns this open's setup. The connection is closed again if any step fails."""
-        conn = await self.source.acquire(
+        await self.release()  # the slot of an agent that died
+        lease = await self.source.acquire(
             nursery, cwd=self.workspace, handler=self.handler, timeout_s=self.init_timeout_s
         )
-        self.conn = conn
+        self.lease = lease
+        self.conn = lease.conn
         try:
-            setup = await self._handshake(conn, action, session_id)
+            setup = await self._handshake(lease, action, session_id)
         except BaseException:
-            with trio.CancelScope(shield=True):
-                await conn.aclose(grace_s=1.0)
+            await self.release()
             raise
         if action != "restart" or self.setup is None:
             self.setup = setup
         self.ready.set()
         return setup
 
-    async def _handshake(self, conn: AgentConnection, action: str, session_id: str) -> SessionSetup:
+    async def _handshake(self, lease: AgentLease, action: str, session_id: str) -> SessionSetup:
+        conn = lease.conn
         info = conn.info
         mcp_servers = await self.owner.mcp_servers(info)
         if action == "new":
             setup = await conn.new_session(
                 self.workspace, mcp_servers, timeout_s=self.init_timeout_s
             )
+            lease.bind(setup.session_id, self.handler)
             await self.owner.adopt_session_id(setup.session_id)
             return setup
+        lease.bind(session_id, self.handler)  # before the agent replays anything
         if action == "load" or (action == "restart" and not can_resume(info)):
             if info is None or not info.load_session:
                 raise ApiError(
@@ -241,8 +291,17 @@ class AgentLink:
         self.ready = trio.Event()
         return exit_info
 
+    async def release(self) -> None:
+        """Give the agent back to its source (stopped, or its slot freed); bounded."""
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            with trio.CancelScope(shield=True):
+                await lease.release()
+
     async def aclose(self, grace_s: float = 1.0) -> None:
-        if self.conn is not None and not self.conn.closed:
+        if self.lease is not None:
+            await self.release()
+        elif self.conn is not None and not self.conn.closed:
             await self.conn.aclose(grace_s=grace_s)
 
     async def kill(self) -> None:
@@ -319,10 +378,12 @@ class JournalLink:
 
 
 __all__ = [
+    "AgentLease",
     "AgentLink",
     "AgentSource",
     "JournalLink",
     "LinkOwner",
+    "OwnAgent",
     "SpawnAgentSource",
     "agent_env",
     "can_resume",

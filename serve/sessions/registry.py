@@ -137,7 +137,8 @@ class SessionRegistry(Actor[RegistryMsg]):
         self.mcp_pool: Any = None
         #: Called with each session that is gone (metrics keep its totals).
         self.retire_hook: Callable[[SessionActor], None] | None = None
-        #: Where sessions get their agents (None: each spawns its own; see agent_link).
+        #: Where sessions get their agents (None: each spawns its own; see agent_link). The
+        #: workspace runtime installs its agent pool (serve/agents/pool.py) here.
         self.agent_source: AgentSource | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------

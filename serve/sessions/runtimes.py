@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors import ChildSpec, Restart, SupervisorEvent
+from serve.agents.pool import AgentPool
 from serve.sessions.registry import SessionRegistry
 
 if TYPE_CHECKING:
@@ -37,16 +38,24 @@ def workspace_id(path: str) -> str:
 
 
 class WorkspaceRuntime:
-    """One workspace: its canonical path, id, trust, and session registry."""
+    """One workspace: its canonical path, id, trust, agent pool and session registry."""
 
     def __init__(
-        self, path: str, *, primary: bool, trusted: bool, registry: SessionRegistry
+        self,
+        path: str,
+        *,
+        primary: bool,
+        trusted: bool,
+        registry: SessionRegistry,
+        agents: AgentPool,
     ) -> None:
         self.path = path
         self.id = workspace_id(path)
         self.primary = primary
         self.trusted = trusted
         self.registry = registry
+        self.agents = agents
+        registry.agent_source = agents
 
     def descriptor(self) -> dict[str, Any]:
         return {"id": self.id, "cwd": self.path, "primary": self.primary, "trusted": self.trusted}
@@ -66,8 +75,9 @@ class WorkspaceRuntimes:
                 settings, mediator, name=f"sessions:{workspace_id(path)}", restart=restart
             )
             registry.total_count = self.total_count
+            agents = AgentPool(settings, path, name=f"agents:{workspace_id(path)}")
             self.runtimes[path] = WorkspaceRuntime(
-                path, primary=index == 0, trusted=trusted, registry=registry
+                path, primary=index == 0, trusted=trusted, registry=registry, agents=agents
             )
         self._effects: Any = None
         self._journal: Any = None
@@ -86,16 +96,32 @@ class WorkspaceRuntimes:
         return next(iter(self.runtimes.values()))
 
     def child_specs(self) -> list[ChildSpec]:
-        return [
-            ChildSpec(
-                f"sessions:{rt.id}",
-                rt.registry.run,
-                Restart.PERMANENT,
-                shutdown_grace_s=5.0,
-                stop=rt.registry.close,
+        """Per workspace its agent pool, then its registry (stopped in reverse order)."""
+        specs: list[ChildSpec] = []
+        for rt in self:
+            specs.append(
+                ChildSpec(
+                    f"agents:{rt.id}",
+                    rt.agents.run,
+                    Restart.PERMANENT,
+                    shutdown_grace_s=5.0,
+                    stop=rt.agents.close,
+                )
             )
-            for rt in self
-        ]
+            specs.append(
+                ChildSpec(
+                    f"sessions:{rt.id}",
+                    rt.registry.run,
+                    Restart.PERMANENT,
+                    shutdown_grace_s=5.0,
+                    stop=rt.registry.close,
+                )
+            )
+        return specs
+
+    def agents_failing(self) -> list[WorkspaceRuntime]:
+        """Workspaces whose agent command keeps failing (for /readyz and /daemon/status)."""
+        return [rt for rt in self if rt.agents.failing]
 
     def by_ref(self, ref: str) -> WorkspaceRuntime | None:
         """A workspace by id or by (canonical) absolute path."""

@@ -170,6 +170,23 @@ def daemon_status(daemon: Daemon, detail: Detail) -> dict[str, Any]:
                 "supervisor",
             )
         )
+    runtimes = getattr(daemon, "registry", None)
+    pools = (
+        [rt.agents for rt in runtimes]
+        if runtimes is not None and hasattr(runtimes, "runtimes")
+        else []
+    )
+    for pool in pools:
+        if pool.failing:
+            issues.append(
+                _issue(
+                    "agent_command_failing",
+                    "error",
+                    f"the agent command failed {pool.failures} times in a row in "
+                    f"{pool.workspace}; warm refill stopped",
+                    "agents",
+                )
+            )
     if daemon.draining:
         issues.append(_issue("daemon_draining", "warning", "the daemon is shutting down", "daemon"))
 
@@ -236,7 +253,11 @@ def daemon_status(daemon: Daemon, detail: Detail) -> dict[str, Any]:
     }
     if rate_limit is not None:
         body["runtime"]["rateLimit"] = rate_limit
-    runtimes = getattr(daemon, "registry", None)
+    agents = [pool.status() for pool in pools]
+    for entry in agents:
+        if "lastError" in entry:
+            entry["lastError"] = _scrub(entry["lastError"], settings.token)
+    body["runtime"]["agents"] = agents
     if runtimes is not None and hasattr(runtimes, "runtimes"):
         body["workspaces"] = [
             {

@@ -424,7 +424,8 @@ async def test_killed_agent_is_restarted_in_place(
 ) -> None:
     """SIGKILL the agent child mid-prompt: same session id, ids continue, queue survives."""
     sid = (await new_session(client))["sessionId"]
-    pid = _newest_child(daemon_proc.proc.pid)
+    pid = await agent_pid(client, sid)
+    assert pid in _children(daemon_proc.proc.pid)
     first = await client.post(
         f"/session/{sid}/prompt", json=text("[sleep 30000]"), headers={"Prefer": "respond-async"}
     )
@@ -450,12 +451,19 @@ async def test_killed_agent_is_restarted_in_place(
     assert done[1]["promptId"] == queued.json()["promptId"]
     assert done[1]["type"] == "turn_complete"
     assert "session_died" not in [e["type"] for e in events]
-    assert _newest_child(daemon_proc.proc.pid) != pid
+    assert await agent_pid(client, sid) not in (pid, None)
 
 
-def _newest_child(parent: int) -> int:
-    """The most recently started child process of ``parent`` (the last spawned agent)."""
-    newest: tuple[int, int] | None = None
+async def agent_pid(client: httpx.AsyncClient, sid: str) -> int | None:
+    """The pid of the session's agent child, as /daemon/status?detail=full reports it."""
+    body = (await client.get("/daemon/status", params={"detail": "full"})).json()
+    session = next(s for s in body["full"]["sessions"] if s["sessionId"] == sid)
+    return session["agentPid"]  # type: ignore[no-any-return]
+
+
+def _children(parent: int) -> set[int]:
+    """The live child processes of ``parent``."""
+    out: set[int] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -465,11 +473,8 @@ def _newest_child(parent: int) -> int:
         except OSError:
             continue
         if int(fields[1]) == parent and fields[0] != "Z":
-            started = int(fields[19])
-            if newest is None or started >= newest[0]:
-                newest = (started, int(entry))
-    assert newest is not None, "no child process"
-    return newest[1]
+            out.add(int(entry))
+    return out
 
 
 async def test_pending_prompts_listing_removal_and_idempotent_submission(
@@ -582,9 +587,13 @@ async def test_concurrent_restores_coalesce_and_conflicting_ones_are_409(
 
 
 async def test_a_resume_while_a_load_is_in_flight_is_409() -> None:
-    """An agent that takes 0.5 s to start keeps the load in flight while resume arrives."""
+    """An agent that takes 0.5 s to start keeps the load in flight while resume arrives
+    (no warm agent: the load spawns its own)."""
     slow_agent = f"sh -c 'sleep 0.5; exec {sys.executable} -m acp.agents.scripted'"
-    daemon = spawn_daemon(["--agent", slow_agent], env={"QWEN_SERVER_TOKEN": "restore-token-0123"})
+    daemon = spawn_daemon(
+        ["--agent", slow_agent, "--warm-agents", "0"],
+        env={"QWEN_SERVER_TOKEN": "restore-token-0123"},
+    )
     auth = {"Authorization": "Bearer restore-token-0123"}
     try:
         async with httpx.AsyncClient(base_url=daemon.url, headers=auth, timeout=30) as client:

@@ -1,0 +1,549 @@
+"""The agent pool of one workspace: warm children, slots, refill with backoff.
+
+Theory of operation
+-------------------
+Every agent child of a workspace is spawned by its :class:`AgentPool`, an actor under the
+workspace runtime's supervisor (``agents:<workspace id>``, started before the session
+registry and stopped after it). A child's connection tasks run in the pool's nursery: the
+pool owns every child, and stopping the pool stops them all (drain).
+
+A child is spawned with the cwd and environment a session's child gets
+(:func:`serve.sessions.agent_link.agent_env`), ``initialize``d, and then offers ``M`` slots
+(``--sessions-per-agent``; default 1: one child per session, full isolation). Its
+connection's handler is a :class:`acp.mux.SessionMux`, which routes updates and agent
+requests by ACP ``sessionId`` to the session bound on it.
+
+A session obtains a child with :meth:`AgentPool.acquire` (the one replaceable step of the
+session's agent link): an :class:`Acquire` message whose reply is an
+:class:`AgentLease` on a slot. A ready child with a free slot is taken at once (the most
+loaded first, to pack tightly); otherwise the caller waits for a child being spawned, and
+the pool spawns as many as the waiting callers need (``ceil(waiting / M)``), whatever the
+refill state. A spawn that fails fails up to ``M`` waiting callers with its own exception
+(``OSError``, :class:`~acp.errors.RequestTimeout`...), which the HTTP layer maps as before.
+
+Warm capacity (``--warm-agents N``, default 1): the pool keeps ``N`` children with a free
+slot ready ahead of need, counting spawns in flight. With ``M = 1`` that is ``N`` idle
+children; with ``M > 1`` spare slots on live children *are* the warm capacity, so a child is
+spawned ahead only when fewer than ``N`` children have room. Warm children are not
+sessions: they are not counted against session limits, and appear in ``/daemon/status``
+under ``runtime.agents``.
+
+Failure: a spawn or ``initialize`` that fails, or a warm child that exits before any
+session used it, counts as a consecutive failure. The warm refill waits
+``REFILL_BACKOFF_S * 2**(n-1)`` (capped at :data:`MAX_REFILL_BACKOFF_S`) after each, and
+after :data:`FAILING_AFTER` in a row it stops refilling: the pool reports ``failing`` (with
+the last error, truncated) in ``/daemon/status`` and makes ``/readyz`` answer
+``agent_unavailable``, instead of respawning forever. Session creates still try their own
+spawn (so their error reaches the caller); the first child that initializes resets it.
+
+Release: :meth:`AgentLease.release` ends the session's use of its slot. On an exclusive
+child (``M = 1``) the child is stopped (by escalation) in the caller's task. On a shared
+child the session is unbound from the mux and ``session/close`` is sent when the agent
+offers it; an empty shared child is stopped unless it is needed as warm capacity.
+
+When a child exits, every session bound on it sees its connection close and restores
+itself in place by acquiring a new slot (see ``serve/sessions/actor.py``); sessions on
+other children are not involved.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+import trio
+
+from acp.client import AgentConnection
+from acp.errors import AcpError, RemoteError
+from acp.handler import ClientHandler
+from acp.mux import SessionMux
+from acp.process import ExitInfo
+from actors import Actor, ActorError, Reply
+from serve.http.errors import service_unavailable
+from serve.sessions.agent_link import agent_env
+
+if TYPE_CHECKING:
+    from serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Consecutive spawn failures after which the warm refill stops (reported as failing).
+FAILING_AFTER: Final = 3
+REFILL_BACKOFF_S: Final = 0.5
+MAX_REFILL_BACKOFF_S: Final = 30.0
+#: Characters of the last spawn error kept for /daemon/status.
+MAX_ERROR_CHARS: Final = 300
+#: Bound on ``session/close`` when a session leaves a shared child (seconds).
+CLOSE_SESSION_TIMEOUT_S: Final = 2.0
+
+
+class AgentChild:
+    """One initialized agent child and its slots (pool state; read by status pages)."""
+
+    __slots__ = (
+        "conn",
+        "id",
+        "mux",
+        "ready_at",
+        "slots",
+        "stopping",
+        "used",
+    )
+
+    def __init__(self, child_id: str, conn: AgentConnection, mux: SessionMux) -> None:
+        self.id = child_id
+        self.conn = conn
+        self.mux = mux
+        #: lease id -> ACP session id once bound ("" before).
+        self.slots: dict[int, str] = {}
+        self.ready_at = time.time()
+        self.used = False  # a session has taken a slot at least once
+        self.stopping = False
+
+    @property
+    def pid(self) -> int:
+        return self.conn.process.pid
+
+
+class AgentLease:
+    """A session's slot on a child: the connection to talk to, and how to give it back."""
+
+    def __init__(self, pool: AgentPool, child: AgentChild, lease_id: int, exclusive: bool) -> None:
+        self.pool = pool
+        self.child = child
+        self.lease_id = lease_id
+        self.exclusive = exclusive
+        self.session_id: str | None = None
+        self._handler: ClientHandler | None = None
+        self.released = False
+
+    @property
+    def conn(self) -> AgentConnection:
+        return self.child.conn
+
+    @property
+    def child_id(self) -> str:
+        return self.child.id
+
+    def bind(self, session_id: str, handler: ClientHandler) -> None:
+        """Route ``session_id``'s updates and requests on this connection to ``handler``."""
+        self.session_id = session_id
+        self._handler = handler
+        self.child.mux.bind(session_id, handler)
+        self.pool._tell(Bound(self.child.id, self.lease_id, session_id))
+
+    async def release(self) -> None:
+        """Give the slot back (idempotent; bounded; safe from a cancelled scope)."""
+        if self.released:
+            return
+        self.released = True
+        if self.session_id is not None:
+            self.child.mux.unbind(self.session_id, self._handler)
+        else:
+            self.child.mux.discard_unbound()
+        with trio.CancelScope(shield=True):
+            if self.exclusive:
+                await self.conn.aclose(grace_s=1.0)
+            elif self.session_id is not None and not self.conn.closed:
+                info = self.conn.info
+                if info is not None and info.supports_close:
+                    with trio.move_on_after(CLOSE_SESSION_TIMEOUT_S):
+                        try:
+                            await self.conn.close_session(
+                                self.session_id, timeout_s=CLOSE_SESSION_TIMEOUT_S
+                            )
+                        except (AcpError, RemoteError):
+                            pass
+        self.pool._tell(Release(self.child.id, self.lease_id))
+
+
+# ---- messages ---------------------------------------------------------------------------
+
+
+class Acquire(msgspec.Struct, frozen=True):
+    """Answered with a :class:`Reply` that resolves to an :class:`AgentLease`."""
+
+
+class Release(msgspec.Struct, frozen=True):
+    child_id: str
+    lease_id: int
+
+
+class Bound(msgspec.Struct, frozen=True):
+    child_id: str
+    lease_id: int
+    session_id: str
+
+
+class _Spawned(msgspec.Struct, frozen=True):
+    child: Any  # AgentChild
+
+
+class _SpawnFailed(msgspec.Struct, frozen=True):
+    error: Any  # Exception
+
+
+class _Exited(msgspec.Struct, frozen=True):
+    child_id: str
+    exit_info: Any  # ExitInfo
+
+
+class _Refill(msgspec.Struct, frozen=True):
+    pass
+
+
+class _Abandon(msgspec.Struct, frozen=True):
+    """A caller stopped waiting (cancelled): forget its reply, or give back its lease."""
+
+    reply: Any  # Reply[AgentLease]
+
+
+PoolMsg = Acquire | Release | Bound | _Spawned | _SpawnFailed | _Exited | _Refill | _Abandon
+
+
+class AgentPool(Actor[PoolMsg]):
+    """The agent children of one workspace (see the module docstring)."""
+
+    def __init__(self, settings: Settings, workspace: str, *, name: str = "agents") -> None:
+        super().__init__(name, inbox_size=1024)
+        self.settings = settings
+        self.workspace = workspace
+        self.warm_target = settings.warm_agents
+        self.per_agent = max(1, settings.sessions_per_agent)
+        self.children: dict[str, AgentChild] = {}
+        self.spawning = 0
+        self.waiters: deque[Reply[AgentLease]] = deque()
+        self.failures = 0
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        self.spawned_total = 0
+        self.exited_total = 0
+        self.draining = False
+        self._backoff_until = 0.0  # trio clock
+        self._refill_scheduled = False
+        self._ids = itertools.count(1)
+        self._leases = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+
+    # ---- read models -------------------------------------------------------------------
+
+    @property
+    def failing(self) -> bool:
+        return self.failures >= FAILING_AFTER
+
+    def free_slots(self, child: AgentChild) -> int:
+        return 0 if child.stopping else self.per_agent - len(child.slots)
+
+    def warm_count(self) -> int:
+        """Children with room for another session (idle ones when ``M = 1``)."""
+        return sum(1 for c in self.children.values() if self.free_slots(c) > 0)
+
+    def status(self) -> dict[str, Any]:
+        children = [
+            {
+                "id": c.id,
+                "pid": c.pid,
+                "state": "stopping"
+                if c.stopping
+                else "warm"
+                if not c.slots
+                else "full"
+                if self.free_slots(c) == 0
+                else "shared",
+                "sessions": sum(1 for sid in c.slots.values() if sid),
+                "slots": self.per_agent,
+                "readyAt": _iso(c.ready_at),
+            }
+            for c in self.children.values()
+        ]
+        out: dict[str, Any] = {
+            "workspaceCwd": self.workspace,
+            "warmTarget": self.warm_target,
+            "sessionsPerAgent": self.per_agent,
+            "warm": self.warm_count(),
+            "spawning": self.spawning,
+            "waiting": len(self.waiters),
+            "failing": self.failing,
+            "consecutiveFailures": self.failures,
+            "spawnedTotal": self.spawned_total,
+            "exitedTotal": self.exited_total,
+            "children": children,
+        }
+        if self.last_error is not None:
+            out["lastError"] = self.last_error
+            out["lastErrorAt"] = _iso(self.last_error_at or time.time())
+        return out
+
+    # ---- the session's step ------------------------------------------------------------
+
+    async def acquire(
+        self,
+        nursery: trio.Nursery | None = None,
+        *,
+        cwd: str | None = None,
+        handler: ClientHandler | None = None,
+        timeout_s: float | None = None,
+    ) -> AgentLease:
+        """A slot on an initialized child (waits for a spawn when none is free).
+
+        The :class:`~serve.sessions.agent_link.AgentSource` step: the child's tasks run in
+        the pool's nursery, not ``nursery``; its cwd is the workspace's; ``handler`` is
+        reached through :meth:`AgentLease.bind`; ``initialize`` used the daemon's
+        ``--initialize-timeout-ms``."""
+        if cwd is not None and cwd != self.workspace:
+            raise ValueError(f"agent pool of {self.workspace} asked for a child in {cwd}")
+        reply: Reply[AgentLease] = await self.ask(Acquire(), timeout_s=math.inf)
+        try:
+            return await reply.wait()
+        except BaseException:
+            # Cancelled while waiting: a lease resolved later is given back by the pool.
+            self._tell(_Abandon(reply))
+            raise
+
+    def _tell(self, msg: Any) -> None:
+        try:
+            self.tell_nowait(msg)
+        except ActorError:
+            log.debug("agent pool %s gone; dropped %s", self.name, type(msg).__name__)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Actor[PoolMsg]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.draining = False
+            try:
+                await super().run(task_status=task_status)
+            finally:
+                self._nursery = None
+                nursery.cancel_scope.cancel()
+
+    async def on_start(self) -> None:
+        self._plan()
+
+    async def on_stop(self) -> None:
+        """Drain: fail waiting callers, stop every child (bounded)."""
+        self.draining = True
+        for reply in list(self.waiters):
+            reply.fail(service_unavailable("Agent pool stopped", "daemon_draining"))
+        self.waiters.clear()
+        with trio.move_on_after(5):
+            async with trio.open_nursery() as nursery:
+                for child in list(self.children.values()):
+                    child.stopping = True
+                    nursery.start_soon(_aclose, child.conn)
+        self.children.clear()
+
+    # ---- handling ----------------------------------------------------------------------
+
+    async def handle(self, msg: PoolMsg) -> Any:
+        match msg:
+            case Acquire():
+                reply: Reply[AgentLease] = Reply()
+                if self.draining:
+                    reply.fail(service_unavailable("Agent pool is draining", "daemon_draining"))
+                    return reply
+                self.waiters.append(reply)
+                self._serve_waiters()
+                self._plan()
+                return reply
+            case Release(child_id=cid, lease_id=lid):
+                child = self.children.get(cid)
+                if child is not None:
+                    child.slots.pop(lid, None)
+                    self._after_release(child)
+                self._serve_waiters()
+                self._plan()
+            case Bound(child_id=cid, lease_id=lid, session_id=sid):
+                child = self.children.get(cid)
+                if child is not None and lid in child.slots:
+                    child.slots[lid] = sid
+            case _Spawned(child=child):
+                self.spawning -= 1
+                self.spawned_total += 1
+                self.failures = 0
+                self._backoff_until = 0.0
+                if self.draining:
+                    child.stopping = True
+                    self._stop_child(child)
+                    return None
+                self.children[child.id] = child
+                assert self._nursery is not None
+                self._nursery.start_soon(self._watch, child)
+                self._serve_waiters()
+                self._plan()
+            case _SpawnFailed(error=error):
+                self.spawning -= 1
+                self._note_failure(error)
+                for _ in range(self.per_agent):
+                    if not self.waiters:
+                        break
+                    self.waiters.popleft().fail(error)
+                self._plan()
+            case _Exited(child_id=cid, exit_info=info):
+                child = self.children.pop(cid, None)
+                self.exited_total += 1
+                if child is not None and not child.stopping and not child.used:
+                    self._note_failure(
+                        RuntimeError(
+                            f"warm agent exited (code {info.exit_code}, signal {info.signal})"
+                        )
+                    )
+                self._plan()
+            case _Refill():
+                self._refill_scheduled = False
+                self._plan()
+            case _Abandon(reply=reply):
+                try:
+                    self.waiters.remove(reply)
+                except ValueError:
+                    if reply.done and self._nursery is not None:
+                        self._nursery.start_soon(_give_back, reply)
+        return None
+
+    def _serve_waiters(self) -> None:
+        while self.waiters:
+            child = self._pick()
+            if child is None:
+                return
+            reply = self.waiters.popleft()
+            lease_id = next(self._leases)
+            child.slots[lease_id] = ""
+            child.used = True
+            reply.set(AgentLease(self, child, lease_id, exclusive=self.per_agent == 1))
+
+    def _pick(self) -> AgentChild | None:
+        """The live child with a free slot and the most sessions (pack tightly)."""
+        best: AgentChild | None = None
+        for child in self.children.values():
+            if self.free_slots(child) <= 0 or child.conn.closed:
+                continue
+            if best is None or len(child.slots) > len(best.slots):
+                best = child
+        return best
+
+    def _after_release(self, child: AgentChild) -> None:
+        if child.slots or child.stopping:
+            return
+        if self.per_agent == 1:
+            # The lease closed it; a used exclusive child never goes back to warm.
+            child.stopping = True
+            self._stop_child(child)
+            return
+        others = sum(1 for c in self.children.values() if c is not child and self.free_slots(c) > 0)
+        if others >= self.warm_target:
+            child.stopping = True
+            self._stop_child(child)
+
+    def _plan(self) -> None:
+        """Spawn what waiting callers need, then refill the warm capacity."""
+        if self.draining or self._nursery is None:
+            return
+        needed = math.ceil(len(self.waiters) / self.per_agent)
+        while self.spawning < needed:
+            self._spawn()
+        if self.failing or not self.warm_target:
+            return
+        now = trio.current_time()
+        if now < self._backoff_until:
+            if not self._refill_scheduled:
+                self._refill_scheduled = True
+                self._nursery.start_soon(self._refill_later, self._backoff_until - now)
+            return
+        spare = self.warm_count() + self.spawning - needed
+        while spare < self.warm_target:
+            self._spawn()
+            spare += 1
+
+    async def _refill_later(self, delay_s: float) -> None:
+        await trio.sleep(delay_s)
+        self._tell(_Refill())
+
+    def _note_failure(self, error: BaseException) -> None:
+        self.failures += 1
+        self.last_error = _truncate(f"{type(error).__name__}: {error}")
+        self.last_error_at = time.time()
+        backoff = min(MAX_REFILL_BACKOFF_S, REFILL_BACKOFF_S * 2 ** (self.failures - 1))
+        self._backoff_until = trio.current_time() + backoff
+        if self.failing:
+            log.error(
+                "agent command keeps failing in %s (%d in a row): %s; warm refill stopped",
+                self.workspace,
+                self.failures,
+                self.last_error,
+            )
+        else:
+            log.warning("agent spawn failed in %s: %s", self.workspace, self.last_error)
+
+    # ---- tasks -------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        assert self._nursery is not None
+        self.spawning += 1
+        self._nursery.start_soon(self._spawn_child, f"agent-{next(self._ids)}")
+
+    async def _spawn_child(self, child_id: str) -> None:
+        settings = self.settings
+        init_timeout = settings.initialize_timeout_ms / 1000
+        mux = SessionMux()
+        assert self._nursery is not None
+        try:
+            conn = await AgentConnection.spawn(
+                self._nursery,
+                settings.agent_argv,
+                cwd=self.workspace,
+                env=agent_env(settings),
+                handler=mux,
+                request_timeout_s=init_timeout,
+            )
+        except OSError as exc:
+            self._tell(_SpawnFailed(exc))
+            return
+        try:
+            await conn.initialize(timeout_s=init_timeout)
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                await conn.aclose(grace_s=1.0)
+            if not isinstance(exc, Exception):
+                raise
+            self._tell(_SpawnFailed(exc))
+            return
+        self._tell(_Spawned(AgentChild(child_id, conn, mux)))
+
+    async def _watch(self, child: AgentChild) -> None:
+        info: ExitInfo = await child.conn.wait_closed()
+        self._tell(_Exited(child.id, info))
+
+    def _stop_child(self, child: AgentChild) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(_aclose, child.conn)
+
+
+async def _give_back(reply: Reply[AgentLease]) -> None:
+    try:
+        lease = await reply.wait()
+    except Exception:
+        return
+    await lease.release()
+
+
+async def _aclose(conn: AgentConnection) -> None:
+    await conn.aclose(grace_s=1.0)
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+def _iso(epoch_s: float) -> str:
+    from datetime import UTC, datetime
+
+    moment = datetime.fromtimestamp(epoch_s, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

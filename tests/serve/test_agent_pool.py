@@ -1,0 +1,196 @@
+"""The agent pool (issue 17): warm children, refill, backoff, a failing command, drain.
+
+Real daemon, real scripted-agent children, SIGKILL from the test; no timed assertions
+(waits poll /daemon/status with a generous bound and assert on what it reports).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from serve.settings import SettingsError, parse_settings
+from tests.conftest import AUTH, TOKEN
+from tests.support.daemon import DaemonProcess, spawn_daemon
+
+POLLS = 600  # x 0.05 s: a generous bound for a loaded machine
+
+
+async def status(client: httpx.AsyncClient) -> dict[str, Any]:
+    body = (await client.get("/daemon/status", params={"detail": "full"})).json()
+    return body  # type: ignore[no-any-return]
+
+
+async def pool_until(
+    client: httpx.AsyncClient, check: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """Poll the primary workspace's pool status until ``check`` holds (or fail)."""
+    pool: dict[str, Any] = {}
+    for _ in range(POLLS):
+        pool = (await status(client))["runtime"]["agents"][0]
+        if check(pool):
+            return pool
+        await trio.sleep(0.05)
+    raise AssertionError(f"pool never reached the state; last: {pool}")
+
+
+def warm_pids(pool: dict[str, Any]) -> list[int]:
+    return [c["pid"] for c in pool["children"] if c["state"] == "warm"]
+
+
+def children_of(parent: int) -> set[int]:
+    out: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z":
+            out.add(int(entry))
+    return out
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        raw = f.read()
+    pairs = [item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item]
+    return {k.decode(): v.decode(errors="replace") for k, v in pairs}
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def pool_daemon() -> Any:
+    d = spawn_daemon(env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+async def test_a_warm_child_waits_ready_and_a_session_takes_it(pool_daemon: DaemonProcess) -> None:
+    async with httpx.AsyncClient(base_url=pool_daemon.url, headers=AUTH, timeout=30) as client:
+        pool = await pool_until(client, lambda p: len(warm_pids(p)) == 1)
+        assert pool["warmTarget"] == 1 and pool["sessionsPerAgent"] == 1
+        (warm,) = warm_pids(pool)
+        # A real, initialized child of the daemon, with a session child's cwd and env...
+        assert warm in children_of(pool_daemon.proc.pid)
+        assert os.readlink(f"/proc/{warm}/cwd") == str(pool_daemon.workspace)
+        env = environ_of(warm)
+        assert env["QWEN_CODE_NO_RELAUNCH"] == "true"
+        assert env["ACP_SCRIPTED_STATE_DIR"] == str(pool_daemon.state_dir / "scripted")
+        assert "QWEN_SERVER_TOKEN" not in env
+        # ... that is not a session.
+        body = await status(client)
+        assert body["runtime"]["sessions"]["active"] == 0
+
+        created = await client.post("/session", json={"sessionScope": "thread"})
+        assert created.status_code == 200, created.text
+        sid = created.json()["sessionId"]
+        body = await status(client)
+        session = next(s for s in body["full"]["sessions"] if s["sessionId"] == sid)
+        assert session["agentPid"] == warm  # the warm child, only session/new was left
+        reply = await client.post(
+            f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hi"}]}
+        )
+        assert reply.status_code == 200 and reply.json()["stopReason"] == "end_turn"
+
+        # The pool refills in the background with a fresh child.
+        pool = await pool_until(
+            client, lambda p: len(warm_pids(p)) == 1 and warm not in warm_pids(p)
+        )
+        assert pool["spawnedTotal"] == 2
+        assert any(c["pid"] == warm and c["sessions"] == 1 for c in pool["children"])
+
+        # Closing the session stops its child; the warm one stays.
+        assert (await client.delete(f"/session/{sid}")).status_code == 204
+        pool = await pool_until(client, lambda p: all(c["pid"] != warm for c in p["children"]))
+        assert not alive(warm)
+        assert len(warm_pids(pool)) == 1
+
+
+async def test_a_killed_warm_child_is_replaced_and_drain_stops_it() -> None:
+    daemon = spawn_daemon(env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            (first,) = warm_pids(await pool_until(client, lambda p: len(warm_pids(p)) == 1))
+            os.killpg(first, signal.SIGKILL)
+            pool = await pool_until(
+                client, lambda p: len(warm_pids(p)) == 1 and first not in warm_pids(p)
+            )
+            assert pool["exitedTotal"] == 1
+            assert pool["consecutiveFailures"] == 0 and not pool["failing"]  # reset by the refill
+            assert "signal 9" in pool["lastError"]
+            (second,) = warm_pids(pool)
+            assert (await client.get("/readyz")).status_code == 200
+        assert daemon.stop() == 0
+        assert not alive(second)  # drain stopped the warm child
+    finally:
+        daemon.stop()
+
+
+async def test_a_failing_agent_command_is_reported_not_respawned_forever() -> None:
+    daemon = spawn_daemon(
+        ["--agent", "sh -c 'echo broken agent >&2; exit 3'"],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            pool = await pool_until(client, lambda p: p["failing"])
+            assert pool["consecutiveFailures"] == 3
+            assert pool["children"] == [] and pool["spawning"] == 0
+            body = await status(client)
+            issue = next(i for i in body["issues"] if i["code"] == "agent_command_failing")
+            assert issue["severity"] == "error" and body["status"] == "error"
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["reason"] == "agent_unavailable"
+            # A create still tries once and answers with the agent's failure.
+            created = await client.post("/session", json={"sessionScope": "thread"})
+            assert created.status_code == 503, created.text
+            assert created.json()["code"] == "acp_channel_unavailable"
+            # The warm refill stayed stopped: only the create's own spawn was added.
+            pool = (await status(client))["runtime"]["agents"][0]
+            assert pool["consecutiveFailures"] == 4 and pool["spawning"] == 0
+            assert body["runtime"]["sessions"]["active"] == 0
+    finally:
+        daemon.stop()
+
+
+async def test_without_warm_agents_no_child_runs_before_a_session() -> None:
+    daemon = spawn_daemon(["--warm-agents", "0"], env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            pool = (await status(client))["runtime"]["agents"][0]
+            assert pool["warmTarget"] == 0 and pool["children"] == []
+            assert children_of(daemon.proc.pid) == set()
+            created = await client.post("/session", json={"sessionScope": "thread"})
+            assert created.status_code == 200
+            pool = (await status(client))["runtime"]["agents"][0]
+            assert [c["sessions"] for c in pool["children"]] == [1]
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--warm-agents", "-1"), ("--warm-agents", "x"), ("--sessions-per-agent", "0")],
+)
+def test_pool_flags_are_validated(flag: str, value: str) -> None:
+    with pytest.raises(SettingsError, match=flag):
+        parse_settings([flag, value], env={})
