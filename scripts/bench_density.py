@@ -126,16 +126,19 @@ class Result:
         return (self.loaded_rss - self.idle_rss) / n if n else float("nan")
 
 
-def start(argv: list[str], env: dict[str, str], port: int, cwd: Path) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
+def start(
+    argv: list[str], env: dict[str, str], port: int, cwd: Path, log: Path
+) -> subprocess.Popen[str]:
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=err,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         try:
@@ -145,7 +148,7 @@ def start(argv: list[str], env: dict[str, str], port: int, cwd: Path) -> subproc
         except httpx.HTTPError:
             pass
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {argv}")
+            raise RuntimeError(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
         time.sleep(0.05)
     stop(proc)
     raise RuntimeError("server did not answer /health in time")
@@ -292,7 +295,7 @@ def run_mode(
         argv = acp_serve_argv(workspace, tmp / f"state-{mode}", port, agent, extra)
         cwd = ROOT
     result = Result(mode)
-    proc = start(argv, env, port, cwd)
+    proc = start(argv, env, port, cwd, tmp / f"{mode.replace(':', '-')}.log")
     try:
         time.sleep(args.settle_s)
         result.idle_rss = tree_rss_mib(proc.pid)
