@@ -96,6 +96,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     warm_agents: int = 1
     #: Sessions sharing one agent child (1: one child per session, full isolation).
     sessions_per_agent: int = 1
+    #: An idle session lets its agent go after this long (0 = never).
+    agent_idle_release_ms: int = 600_000
     inert_flags: tuple[str, ...] = ()
 
     @property
@@ -280,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="1",
         metavar="M",
         help="sessions sharing one agent child (default 1: one child per session)",
+    )
+    add(
+        "--agent-idle-release-ms",
+        default="600000",
+        metavar="MS",
+        help="an idle session lets its agent go after this long (default 10 min; 0 = never)",
     )
     add(
         "--chaos-kill-rate",
@@ -623,6 +631,9 @@ def parse_settings(
             minimum=1,
             maximum=1024,
             what="an integer in [1, 1024]",
+        ),
+        agent_idle_release_ms=_timer(
+            "--agent-idle-release-ms", ns.agent_idle_release_ms, positive=False
         ),
         inert_flags=inert,
     )

@@ -92,6 +92,7 @@ from serve.sessions.messages import (
     ModeSet,
     PublishEvent,
     ReapIfIdle,
+    ReleaseAgent,
     RemovePending,
     SessionBusy,
     SessionGone,
@@ -243,6 +244,12 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.supervisor: Supervisor | None = None
         #: The Host's effect gate (grants, approvals, workspace boundary); set by the registry.
         self.effects: Any = None
+        #: Idle release: the agent was let go; ``_rebound`` fires when one is bound again.
+        self.agent_released = False
+        self.release_count = 0
+        self._rebinding = False
+        self._rebound = trio.Event()
+        self._last_agent_use = 0.0  # trio clock: the agent was bound or a prompt ended
 
     # ---- read models (sync, for in-process status pages and metrics) -------------------
 
@@ -337,6 +344,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                     raise
                 nursery.start_soon(self._prompt_worker)
                 nursery.start_soon(self._supervise_child, nursery)
+                if self.settings.agent_idle_release_ms:
+                    nursery.start_soon(self._idle_release_watch)
                 await Actor.run(self, task_status=task_status)
                 nursery.cancel_scope.cancel()
         finally:
@@ -349,6 +358,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             self.gone.set()
 
     def _adopt_setup(self, setup: SessionSetup | None) -> None:
+        self._last_agent_use = trio.current_time()
         if setup is None:
             return
         if setup.models is not None:
@@ -414,6 +424,11 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             exit_info = await self.link.wait_exit()
             if self._stopping or self.ended.is_set():
                 return
+            if self.agent_released:  # let go on purpose (idle release): wait for a new one
+                await self._rebound.wait()
+                if self.agent_released:
+                    return  # binding again failed; the session is ending
+                continue
             self.exit_info = exit_info
             log.warning(
                 "agent of session %s exited (code %s, signal %s)",
@@ -450,6 +465,102 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 },
             )
 
+    # ---- idle release (--agent-idle-release-ms) -----------------------------------------
+
+    def _idle_now(self) -> bool:
+        return (
+            not self.closing
+            and not self.agent_released
+            and self.link.ready.is_set()
+            and self.link.connected
+            and self.pending_count == 0
+            and self.calls.exclusive is None
+            and self.mediator.pending_count(self.session_id) == 0
+            and self.link.restorable()
+        )
+
+    async def _idle_release_watch(self) -> None:
+        """After ``--agent-idle-release-ms`` without a prompt, let the agent go."""
+        period_s = self.settings.agent_idle_release_ms / 1000
+        while not self.closing:
+            if self.agent_released:
+                await self._rebound.wait()
+                continue
+            now = trio.current_time()
+            due = self._last_agent_use + period_s
+            if now < due:
+                await trio.sleep(due - now)
+                continue
+            if self._idle_now():
+                try:
+                    await self.ask(ReleaseAgent("idle"), timeout_s=30)
+                except (ActorError, SessionGone):
+                    return
+            if not self.agent_released:
+                self._last_agent_use = trio.current_time()  # busy: look again a period later
+
+    async def _release_agent(self, reason: str) -> bool:
+        if not self._idle_now():
+            return False
+        idle_ms = int((trio.current_time() - self._last_agent_use) * 1000)
+        pid = self.link.pid
+        self.agent_released = True
+        self._rebound = trio.Event()
+        await self.link.let_go()
+        self.release_count += 1
+        log.info("session %s let its agent (pid %s) go: %s", self.session_id, pid, reason)
+        self.log.publish(
+            "agent_released", {"sessionId": self.session_id, "reason": reason, "idleMs": idle_ms}
+        )
+        return True
+
+    def _ensure_bound(self, trigger: str) -> None:
+        """A released session binds an agent again (in the background) for ``trigger``."""
+        if not self.agent_released or self._rebinding or self._nursery is None:
+            return
+        self._rebinding = True
+        self._nursery.start_soon(self._rebind, trigger)
+
+    async def _bound_now(self, trigger: str) -> None:
+        """Until the session has an agent again (model/mode changes and calls need one)."""
+        if not self.agent_released:
+            return
+        self._ensure_bound(trigger)
+        await self._rebound.wait()
+        if self.agent_released or self.closing:
+            raise SessionGone(self.session_id)
+
+    async def _bound_then(
+        self, trigger: str, fn: Callable[[Any, float], Awaitable[Any]], msg: Any, timeout_s: float
+    ) -> Any:
+        """A switch on a released session: bind an agent again first (within the bound)."""
+        start = trio.current_time()
+        await self._bound_now(trigger)
+        return await fn(msg, max(0.001, timeout_s - (trio.current_time() - start)))
+
+    async def _rebind(self, trigger: str) -> None:
+        assert self._nursery is not None
+        try:
+            setup = await self.link.open(self._nursery, "restart", self.session_id)
+        except Exception as exc:
+            log.warning("session %s could not bind an agent again: %r", self.session_id, exc)
+            self._rebinding = False
+            await self._abort_everything("channel_closed", died=True)
+            self._rebound.set()
+            self._stopping = True
+            self.close()
+            return
+        self._adopt_setup(setup)
+        self.agent_released = False
+        self._rebinding = False
+        info = self.link.conn.info if self.link.conn is not None else None
+        via = "resume" if info is not None and info.supports_resume else "load"
+        # Published before the prompt worker (woken by the link's ready) runs: no checkpoint.
+        self.log.publish(
+            "agent_rebound", {"sessionId": self.session_id, "via": via, "trigger": trigger}
+        )
+        self._rebound.set()
+
     def _record_supervision(self, kind: str, reason: str, attempt: int) -> None:
         if self.supervisor is not None:
             from actors import EventKind
@@ -480,16 +591,16 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 return self.calls.start_switch(
                     "model switch",
                     msg.timeout_s,
-                    functools.partial(self._set_model, msg),
-                    connected=lambda: self.link.connected,
+                    functools.partial(self._bound_then, "model", self._set_model, msg),
+                    connected=lambda: self.link.connected or self.agent_released,
                 )
             case SetApprovalMode():
                 self._check_approval_mode(msg.mode)
                 return self.calls.start_switch(
                     "approval mode change",
                     msg.timeout_s,
-                    functools.partial(self._set_approval_mode, msg),
-                    connected=lambda: self.link.connected,
+                    functools.partial(self._bound_then, "mode", self._set_approval_mode, msg),
+                    connected=lambda: self.link.connected or self.agent_released,
                 )
             case UpdateMetadata(display_name=name, client_id=cid):
                 self.display_name = name
@@ -515,6 +626,10 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             case Summarize():
                 return self.summary()
             case AgentCall():
+                if self.agent_released:  # bind an agent first, then call it
+                    return self.calls.start_vendor(
+                        msg, _BindingConn(self), busy=self.pending_count > 0
+                    )
                 if not self.link.connected:
                     raise AgentUnavailable(self.session_id)
                 return self.calls.start_vendor(msg, self.link.conn, busy=self.pending_count > 0)
@@ -526,6 +641,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 return self._remove_pending(pid, cid)
             case PublishEvent(event_type=etype, data=data, prompt_id=pid, originator=orig):
                 return self.log.publish(etype, data, prompt_id=pid, originator=orig)
+            case ReleaseAgent(reason=reason):
+                return await self._release_agent(reason)
             case Heartbeat(client_id=cid):
                 now = _now_ms()
                 self.last_seen_ms = now
@@ -616,6 +733,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             )
         job.token = Admission(job.prompt_id, watermark, self.log.epoch, job, done)
         self._work.set()  # wake the worker
+        self._ensure_bound("prompt")
         return job.token  # type: ignore[no-any-return]
 
     def _remove_pending(self, prompt_id: str, client_id: str | None) -> bool:
@@ -857,6 +975,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         job: Job = terminal.job
         data = {"sessionId": self.session_id, **terminal.data}
         self.log.publish(terminal.kind, data, prompt_id=job.prompt_id, originator=job.client_id)
+        self._last_agent_use = trio.current_time()
         if job.queued:
             state = "completed" if terminal.started else "removed"
             self.log.publish(
@@ -931,6 +1050,20 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 return
             await self._dispatch(envelope)
+
+
+class _BindingConn:
+    """What a vendor call on a released session talks to: binds an agent, then calls it."""
+
+    def __init__(self, session: SessionActor) -> None:
+        self.session = session
+
+    async def request(self, method: str, params: Any, timeout_s: float | None) -> Any:
+        await self.session._bound_now("extension")
+        conn = self.session.link.conn
+        if conn is None:
+            raise AgentUnavailable(self.session.session_id)
+        return await conn.request(method, params, timeout_s)
 
 
 def _signal_name(signum: int | None) -> str | None:

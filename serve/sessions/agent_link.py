@@ -288,8 +288,14 @@ class AgentLink:
         """Until the current agent's channel closes (it exited or was stopped)."""
         assert self.conn is not None
         exit_info = await self.conn.wait_closed()
-        self.ready = trio.Event()
+        if self.ready.is_set():  # (let_go already replaced it: waiters hold that one)
+            self.ready = trio.Event()
         return exit_info
+
+    async def let_go(self) -> None:
+        """Idle release: not ready until :meth:`open` again, and the agent given back."""
+        self.ready = trio.Event()
+        await self.release()
 
     async def release(self) -> None:
         """Give the agent back to its source (stopped, or its slot freed); bounded."""

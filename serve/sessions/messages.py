@@ -166,6 +166,15 @@ class ReapIfIdle(msgspec.Struct, frozen=True):
     settled_grace_ms: int
 
 
+class ReleaseAgent(msgspec.Struct, frozen=True):
+    """Let the agent go while the session is idle (``--agent-idle-release-ms``, the agent
+    pool's memory budget). Answered True when released; False when busy, already released,
+    or when its agent cannot load or resume. The next prompt, model or mode change (or
+    extension call) binds an agent again."""
+
+    reason: str = "idle"
+
+
 SessionMsg = (
     PromptRequest
     | CancelTurn
@@ -186,6 +195,7 @@ SessionMsg = (
     | ListPending
     | RemovePending
     | PublishEvent
+    | ReleaseAgent
 )
 
 # ---- typed replies ------------------------------------------------------------------------

@@ -53,6 +53,9 @@ def diagnostics(session: SessionActor) -> dict[str, Any]:
     out: dict[str, Any] = {
         "agentPid": session.link.pid,
         "agentRestarts": session.restart_count,
+        "agentReleased": session.agent_released,
+        "agentReleases": session.release_count,
+        "agentChild": session.link.child_id,
         "subscribers": session.subscribers,
         "queuedPrompts": len(session.prompts.queued),
     }

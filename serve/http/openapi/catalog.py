@@ -301,7 +301,10 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
             CLIENT_ID,
         ),
         description="Each frame: `id: N`, `event: <type>`, `data: <DaemonEvent JSON>`; "
-        "`: heartbeat` every 15 s. Reconnect with `Last-Event-ID` and `X-Qwen-Event-Epoch`.",
+        "`: heartbeat` every 15 s. Reconnect with `Last-Event-ID` and `X-Qwen-Event-Epoch`. "
+        "Agent pool events (tag `agent_idle_release`): `agent_released` "
+        "(data `AgentReleasedEvent`) when an idle session lets its agent go, "
+        "`agent_rebound` (data `AgentReboundEvent`) when it has one again.",
     ),
     ("GET", "/session/<session_id>/context"): Operation(
         "The session's models, modes and config options",
@@ -474,7 +477,13 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
 #: Error bodies the security front answers on any route (see serve.http.middleware).
 FRONT_ERROR: Final = ErrorBody
 #: Wire types referenced outside operations (listed in ``components.schemas``).
-EXTRA_SCHEMAS: Final = (t.DaemonEvent, EnvCell, PreflightCell)
+EXTRA_SCHEMAS: Final = (
+    t.DaemonEvent,
+    EnvCell,
+    PreflightCell,
+    t.AgentReleasedEvent,
+    t.AgentReboundEvent,
+)
 
 
 _PLURAL: Final = re.compile(r"^/workspaces//?<path:workspace>(?P<rest>/.*)$")

@@ -340,6 +340,28 @@ class DaemonEvent(_Wire, frozen=True):
     meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
 
 
+class AgentReleasedEvent(_Wire, frozen=True):
+    """``agent_released`` data: the idle session let its agent child go (or its slot on a
+    shared child). The session stays listed, streams stay open; the next prompt, model or
+    mode change binds a child again (``agent_rebound``). Reasons: ``idle``
+    (``--agent-idle-release-ms``), ``memory_budget`` (``--agent-memory-budget-mb``)."""
+
+    session_id: str
+    reason: Literal["idle", "memory_budget"]
+    idle_ms: Annotated[int, Meta(ge=0)]
+
+
+class AgentReboundEvent(_Wire, frozen=True):
+    """``agent_rebound`` data: a released session has an agent again, restored with
+    ``session/resume`` (or ``session/load``, its replay dropped: the log already holds it);
+    event ids continue. ``trigger``: what needed the agent (``extension``: a vendor
+    extension route)."""
+
+    session_id: str
+    via: Literal["resume", "load"]
+    trigger: Literal["prompt", "model", "mode", "extension"]
+
+
 # ---- workspace -------------------------------------------------------------------------------
 
 

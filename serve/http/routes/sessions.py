@@ -112,6 +112,11 @@ capabilities.register(
     Feature("session_set_model", (("POST", "/session/<session_id>/model"),)),
     Feature("session_approval_mode_control", (("POST", "/session/<session_id>/approval-mode"),)),
     Feature("session_events", (("GET", "/session/<session_id>/events"),)),
+    Feature(
+        "agent_idle_release",
+        (("GET", "/session/<session_id>/events"),),
+        when=lambda d: d.settings.agent_idle_release_ms > 0,
+    ),
     Feature("slow_client_warning", (("GET", "/session/<session_id>/events"),)),
     Feature("typed_event_schema", (("GET", "/session/<session_id>/events"),)),
     Feature(
