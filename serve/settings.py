@@ -98,6 +98,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     sessions_per_agent: int = 1
     #: An idle session lets its agent go after this long (0 = never).
     agent_idle_release_ms: int = 600_000
+    #: PSS budget of a workspace's agent children, in MiB (0 = none).
+    agent_memory_budget_mb: int = 0
     inert_flags: tuple[str, ...] = ()
 
     @property
@@ -288,6 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="600000",
         metavar="MS",
         help="an idle session lets its agent go after this long (default 10 min; 0 = never)",
+    )
+    add(
+        "--agent-memory-budget-mb",
+        default="0",
+        metavar="MiB",
+        help="PSS budget of a workspace's agent children: idle sessions are released "
+        "first, else 503 memory_budget_exceeded (default 0: none)",
     )
     add(
         "--chaos-kill-rate",
@@ -634,6 +643,13 @@ def parse_settings(
         ),
         agent_idle_release_ms=_timer(
             "--agent-idle-release-ms", ns.agent_idle_release_ms, positive=False
+        ),
+        agent_memory_budget_mb=_int(
+            "--agent-memory-budget-mb",
+            ns.agent_memory_budget_mb,
+            minimum=0,
+            maximum=1 << 20,
+            what="an integer in [0, 1048576] (MiB)",
         ),
         inert_flags=inert,
     )

@@ -44,6 +44,17 @@ offers it; an empty shared child is stopped unless it is needed as warm capacity
 When a child exits, every session bound on it sees its connection close and restores
 itself in place by acquiring a new slot (see ``serve/sessions/actor.py``); sessions on
 other children are not involved.
+
+Memory (``--agent-memory-budget-mb``): a sampler task measures each child's PSS (its
+process tree, ``/proc/<pid>/smaps_rollup``, in a worker thread) every
+:data:`SAMPLE_S` (:data:`SAMPLE_BUDGET_S` with a budget). A new child is assumed to cost
+as much as the largest child measured so far. When spawning one would pass the budget
+(stopping children do not count), the warm refill waits, and a caller that needs a child
+makes the pool first ask the workspace runtime to release the least recently used idle
+session (its agent is let go as with idle release, ``agent_released {reason:
+"memory_budget"}``); when nothing can be released the caller gets ``503
+memory_budget_exceeded`` with ``Retry-After``. Per-child memory is in ``/daemon/status``
+(``runtime.agents[].children[].pssKiB``) and ``/metrics`` (``acp_serve_agent_pss_bytes``).
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -64,6 +76,7 @@ from acp.handler import ClientHandler
 from acp.mux import SessionMux
 from acp.process import ExitInfo
 from actors import Actor, ActorError, Reply
+from serve.agents.memory import measure_trees
 from serve.http.errors import service_unavailable
 from serve.sessions.agent_link import agent_env
 
@@ -80,6 +93,11 @@ MAX_REFILL_BACKOFF_S: Final = 30.0
 MAX_ERROR_CHARS: Final = 300
 #: Bound on ``session/close`` when a session leaves a shared child (seconds).
 CLOSE_SESSION_TIMEOUT_S: Final = 2.0
+#: Memory sampling period without / with a budget (seconds).
+SAMPLE_S: Final = 5.0
+SAMPLE_BUDGET_S: Final = 1.0
+#: Retry-After of ``503 memory_budget_exceeded`` (seconds).
+BUDGET_RETRY_AFTER_S: Final = 10
 
 
 class AgentChild:
@@ -197,13 +215,32 @@ class _Refill(msgspec.Struct, frozen=True):
     pass
 
 
+class _Measured(msgspec.Struct, frozen=True):
+    pss_kib: dict[str, int]  # child id -> KiB
+
+
+class _RoomResult(msgspec.Struct, frozen=True):
+    released: bool
+
+
 class _Abandon(msgspec.Struct, frozen=True):
     """A caller stopped waiting (cancelled): forget its reply, or give back its lease."""
 
     reply: Any  # Reply[AgentLease]
 
 
-PoolMsg = Acquire | Release | Bound | _Spawned | _SpawnFailed | _Exited | _Refill | _Abandon
+PoolMsg = (
+    Acquire
+    | Release
+    | Bound
+    | _Spawned
+    | _SpawnFailed
+    | _Exited
+    | _Refill
+    | _Abandon
+    | _Measured
+    | _RoomResult
+)
 
 
 class AgentPool(Actor[PoolMsg]):
@@ -229,6 +266,16 @@ class AgentPool(Actor[PoolMsg]):
         self._ids = itertools.count(1)
         self._leases = itertools.count(1)
         self._nursery: trio.Nursery | None = None
+        self.budget_kib = settings.agent_memory_budget_mb * 1024
+        self.pss_kib: dict[str, int] = {}
+        self._largest_kib = 0  # the largest child measured: what a new one is assumed to cost
+        self._making_room = False
+        self.budget_refusals = 0
+        self.budget_releases = 0
+        #: Installed by the workspace runtime: release the least recently used idle session
+        #: (True when one let its agent go), and whether any session could be released.
+        self.releaser: Callable[[], Awaitable[bool]] | None = None
+        self.has_releasable: Callable[[], bool] | None = None
 
     # ---- read models -------------------------------------------------------------------
 
@@ -242,6 +289,39 @@ class AgentPool(Actor[PoolMsg]):
     def warm_count(self) -> int:
         """Children with room for another session (idle ones when ``M = 1``)."""
         return sum(1 for c in self.children.values() if self.free_slots(c) > 0)
+
+    def used_kib(self) -> int:
+        """Measured PSS of the live children plus the assumed cost of spawns in flight."""
+        live = sum(
+            self.pss_kib.get(c.id, self._largest_kib)
+            for c in self.children.values()
+            if not c.stopping
+        )
+        return live + self.spawning * self._largest_kib
+
+    def fits_new_child(self) -> bool:
+        return not self.budget_kib or self.used_kib() + self._largest_kib <= self.budget_kib
+
+    def budget_error(self) -> Exception:
+        used_mb = round(self.used_kib() / 1024)
+        return service_unavailable(
+            f"Agent memory budget exceeded ({used_mb} of {self.budget_kib // 1024} MiB in "
+            "use) and no idle session can be released",
+            "memory_budget_exceeded",
+            retry_after_s=BUDGET_RETRY_AFTER_S,
+            budgetMb=self.budget_kib // 1024,
+            usedMb=used_mb,
+        )
+
+    def refusal(self) -> Exception | None:
+        """For a released session's next prompt: the 503 to answer at once, or None when a
+        slot is free, a child fits the budget, or an idle session can make room."""
+        if self._pick() is not None or self.fits_new_child():
+            return None
+        if self.has_releasable is not None and self.has_releasable():
+            return None
+        self.budget_refusals += 1
+        return self.budget_error()
 
     def status(self) -> dict[str, Any]:
         children = [
@@ -258,6 +338,7 @@ class AgentPool(Actor[PoolMsg]):
                 "sessions": sum(1 for sid in c.slots.values() if sid),
                 "slots": self.per_agent,
                 "readyAt": _iso(c.ready_at),
+                "pssKiB": self.pss_kib.get(c.id),
             }
             for c in self.children.values()
         ]
@@ -272,6 +353,12 @@ class AgentPool(Actor[PoolMsg]):
             "consecutiveFailures": self.failures,
             "spawnedTotal": self.spawned_total,
             "exitedTotal": self.exited_total,
+            "memoryBudgetMb": self.budget_kib // 1024 or None,
+            "memoryUsedKiB": sum(
+                self.pss_kib.get(c.id, 0) for c in self.children.values() if not c.stopping
+            ),
+            "budgetReleases": self.budget_releases,
+            "budgetRefusals": self.budget_refusals,
             "children": children,
         }
         if self.last_error is not None:
@@ -319,6 +406,7 @@ class AgentPool(Actor[PoolMsg]):
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.draining = False
+            nursery.start_soon(self._sample_memory)
             try:
                 await super().run(task_status=task_status)
             finally:
@@ -389,6 +477,7 @@ class AgentPool(Actor[PoolMsg]):
                 self._plan()
             case _Exited(child_id=cid, exit_info=info):
                 child = self.children.pop(cid, None)
+                self.pss_kib.pop(cid, None)
                 self.exited_total += 1
                 if child is not None and not child.stopping and not child.used:
                     self._note_failure(
@@ -400,6 +489,26 @@ class AgentPool(Actor[PoolMsg]):
             case _Refill():
                 self._refill_scheduled = False
                 self._plan()
+            case _Measured(pss_kib=measured):
+                for cid, kib in measured.items():
+                    if cid in self.children:
+                        self.pss_kib[cid] = kib
+                        self._largest_kib = max(self._largest_kib, kib)
+                if self.budget_kib:
+                    self._plan()
+            case _RoomResult(released=released):
+                self._making_room = False
+                if released:
+                    self.budget_releases += 1
+                    self._serve_waiters()
+                    self._plan()
+                else:
+                    # Nothing could be released: the callers no spawn in flight will serve
+                    # get the 503 now (the newest first; the oldest keep their place).
+                    capacity = self.spawning * self.per_agent
+                    while len(self.waiters) > capacity:
+                        self.budget_refusals += 1
+                        self.waiters.pop().fail(self.budget_error())
             case _Abandon(reply=reply):
                 try:
                     self.waiters.remove(reply)
@@ -448,6 +557,9 @@ class AgentPool(Actor[PoolMsg]):
             return
         needed = math.ceil(len(self.waiters) / self.per_agent)
         while self.spawning < needed:
+            if not self.fits_new_child():
+                self._make_room()
+                return
             self._spawn()
         if self.failing or not self.warm_target:
             return
@@ -458,9 +570,34 @@ class AgentPool(Actor[PoolMsg]):
                 self._nursery.start_soon(self._refill_later, self._backoff_until - now)
             return
         spare = self.warm_count() + self.spawning - needed
-        while spare < self.warm_target:
+        while spare < self.warm_target and self.fits_new_child():
             self._spawn()
             spare += 1
+
+    def _make_room(self) -> None:
+        """Ask the runtime to release the least recently used idle session (a task)."""
+        if self._making_room or self._nursery is None:
+            return
+        self._making_room = True
+        self._nursery.start_soon(self._room_task)
+
+    async def _room_task(self) -> None:
+        released = False
+        if self.releaser is not None:
+            try:
+                released = await self.releaser()
+            except Exception:
+                log.exception("releasing an idle session for the memory budget failed")
+        self._tell(_RoomResult(released))
+
+    async def _sample_memory(self) -> None:
+        period = SAMPLE_BUDGET_S if self.budget_kib else SAMPLE_S
+        while True:
+            pids = {c.id: c.pid for c in self.children.values() if not c.stopping}
+            if pids:
+                by_pid = await trio.to_thread.run_sync(measure_trees, list(pids.values()))
+                self._tell(_Measured({cid: by_pid.get(pid, 0) for cid, pid in pids.items()}))
+            await trio.sleep(period)
 
     async def _refill_later(self, delay_s: float) -> None:
         await trio.sleep(delay_s)

@@ -199,6 +199,27 @@ def _state_series(d: Daemon) -> Iterator[Any]:
         "Agent children restarted in place by live sessions",
         sum(s.restart_count for s in live),
     )
+    runtimes = list(d.registry) if hasattr(d.registry, "runtimes") else []
+    pss = GaugeMetricFamily(
+        "acp_serve_agent_pss_bytes",
+        "PSS of each agent child's process tree (sampled by the workspace's agent pool)",
+        labels=("workspace", "child"),
+    )
+    children = GaugeMetricFamily(
+        "acp_serve_agent_children",
+        "Agent children per workspace by state (warm, shared, full, stopping)",
+        labels=("workspace", "state"),
+    )
+    for rt in runtimes:
+        by_state: dict[str, int] = {}
+        for child in rt.agents.status()["children"]:
+            by_state[child["state"]] = by_state.get(child["state"], 0) + 1
+            if child["pssKiB"] is not None:
+                pss.add_metric((rt.id, child["id"]), child["pssKiB"] * 1024)
+        for state, count in sorted(by_state.items()):
+            children.add_metric((rt.id, state), count)
+    yield pss
+    yield children
     if d.journal is not None:
         js = d.journal.statistics()
         yield counter(

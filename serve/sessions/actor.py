@@ -250,6 +250,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self._rebinding = False
         self._rebound = trio.Event()
         self._last_agent_use = 0.0  # trio clock: the agent was bound or a prompt ended
+        self._rebind_error: Exception | None = None
 
     # ---- read models (sync, for in-process status pages and metrics) -------------------
 
@@ -425,8 +426,9 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             if self._stopping or self.ended.is_set():
                 return
             if self.agent_released:  # let go on purpose (idle release): wait for a new one
-                await self._rebound.wait()
-                if self.agent_released:
+                while self.agent_released and not self.closing:
+                    await self._rebound.wait()
+                if self.closing:
                     return  # binding again failed; the session is ending
                 continue
             self.exit_info = exit_info
@@ -466,6 +468,15 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             )
 
     # ---- idle release (--agent-idle-release-ms) -----------------------------------------
+
+    @property
+    def releasable(self) -> bool:
+        """Could let its agent go now (read model for the memory budget's LRU choice)."""
+        return self._idle_now()
+
+    @property
+    def last_agent_use(self) -> float:
+        return self._last_agent_use
 
     def _idle_now(self) -> bool:
         return (
@@ -527,8 +538,10 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             return
         self._ensure_bound(trigger)
         await self._rebound.wait()
-        if self.agent_released or self.closing:
+        if self.closing:
             raise SessionGone(self.session_id)
+        if self.agent_released:
+            raise self._rebind_error or AgentUnavailable(self.session_id)
 
     async def _bound_then(
         self, trigger: str, fn: Callable[[Any, float], Awaitable[Any]], msg: Any, timeout_s: float
@@ -543,8 +556,23 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         try:
             setup = await self.link.open(self._nursery, "restart", self.session_id)
         except Exception as exc:
-            log.warning("session %s could not bind an agent again: %r", self.session_id, exc)
             self._rebinding = False
+            if getattr(exc, "body", {}).get("code") == "memory_budget_exceeded":
+                # No room for an agent now: the waiting prompts end, the session stays
+                # (released); a later prompt tries again.
+                self._rebind_error = exc
+                data = {
+                    "sessionId": self.session_id,
+                    "message": str(exc),
+                    "code": "memory_budget_exceeded",
+                    "errorKind": "memory_budget_exceeded",
+                }
+                for terminal in self.prompts.abort_all("turn_error", data):
+                    self._publish_terminal(terminal)
+                rebound, self._rebound = self._rebound, trio.Event()
+                rebound.set()
+                return
+            log.warning("session %s could not bind an agent again: %r", self.session_id, exc)
             await self._abort_everything("channel_closed", died=True)
             self._rebound.set()
             self._stopping = True
@@ -553,6 +581,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self._adopt_setup(setup)
         self.agent_released = False
         self._rebinding = False
+        self._rebind_error = None
         info = self.link.conn.info if self.link.conn is not None else None
         via = "resume" if info is not None and info.supports_resume else "load"
         # Published before the prompt worker (woken by the link's ready) runs: no checkpoint.
@@ -712,6 +741,10 @@ class SessionActor(Actor[SessionMsg], AgentSide):
     # ---- prompts -----------------------------------------------------------------------
 
     def _admit(self, msg: SubmitPrompt) -> Admission:
+        if self.agent_released and not self._rebinding:
+            refusal = self.link.refusal()  # e.g. 503 memory_budget_exceeded
+            if refusal is not None:
+                raise refusal
         admitted = self.prompts.admit(msg, now=trio.current_time(), queued_at=iso_now())
         job: Job = admitted.job
         if not admitted.fresh:

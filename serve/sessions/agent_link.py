@@ -211,6 +211,11 @@ class AgentLink:
     def pid(self) -> int | None:
         return self.conn.process.pid if self.connected and self.conn is not None else None
 
+    def refusal(self) -> Exception | None:
+        """Why the source could not give an agent now (the pool's memory budget), if so."""
+        check = getattr(self.source, "refusal", None)
+        return check() if check is not None else None
+
     def restorable(self) -> bool:
         info = self.conn.info if self.conn is not None else None
         return info is not None and (bool(info.load_session) or can_resume(info))

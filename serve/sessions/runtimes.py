@@ -56,6 +56,26 @@ class WorkspaceRuntime:
         self.registry = registry
         self.agents = agents
         registry.agent_source = agents
+        agents.releaser = self.release_lru_idle
+        agents.has_releasable = lambda: bool(self._releasable())
+
+    def _releasable(self) -> list[SessionActor]:
+        """Live sessions that could let their agent go now, least recently used first."""
+        candidates = [s for s in self.registry.live() if s.releasable]
+        candidates.sort(key=lambda s: s.last_agent_use)
+        return candidates
+
+    async def release_lru_idle(self) -> bool:
+        """For the pool's memory budget: release the least recently used idle session."""
+        from serve.sessions.messages import ReleaseAgent
+
+        for session in self._releasable():
+            try:
+                if await session.ask(ReleaseAgent("memory_budget"), timeout_s=10):
+                    return True
+            except Exception:  # closing meanwhile, or busy: the next one
+                continue
+        return False
 
     def descriptor(self) -> dict[str, Any]:
         return {"id": self.id, "cwd": self.path, "primary": self.primary, "trusted": self.trusted}
