@@ -22,6 +22,9 @@ Per mode: after start-up and ``--settle-s`` (warm children initialize) the idle 
 then ``--sessions`` sessions arrive (``--gap-s`` apart except ``burst``); each is created
 (``POST /session``, ``sessionScope: thread``) and prompted once (time from the prompt POST
 to its ``turn_complete`` on the SSE stream); then the tree RSS with every session live.
+``iso`` runs with ``--agent-idle-release-ms`` set to end ``--release-after-s`` after the
+last arrival, and measures the tree again once the released children are gone ("released";
+the ratio is against qwen serve's tree with the same sessions, which it never releases).
 Printed: create p50 (first and the rest), first-prompt p50, tree RSS idle and loaded, RSS
 per extra session, and each figure's ratio to ``qwen`` from the same run. Process-tree RSS
 is summed over the daemon and all its descendants (VmRSS).
@@ -98,6 +101,7 @@ class Result:
     prompt_ms: list[float] = field(default_factory=list)
     idle_rss: float = float("nan")
     loaded_rss: float = float("nan")
+    released_rss: float = float("nan")
     agents: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -265,6 +269,17 @@ def qwen_serve_argv(cli: Path, workspace: Path, port: int) -> list[str]:
     ]
 
 
+def agent_count(pid: int) -> int:
+    count = 0
+    for p in tree_pids(pid)[1:]:
+        try:
+            cmdline = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        count += "--acp" in cmdline
+    return count
+
+
 def run_mode(
     mode: str, cli: Path, tmp: Path, env: dict[str, str], args: argparse.Namespace
 ) -> Result:
@@ -274,6 +289,8 @@ def run_mode(
     port = free_port()
     n = args.sessions
     gap = args.gap_s
+    release_ms = 0
+    warm_n = 0
     if mode == "qwen":
         argv = qwen_serve_argv(cli, workspace, port)
         cwd = workspace
@@ -281,6 +298,7 @@ def run_mode(
         agent = shlex.join(qwen_acp_argv(cli))
         kind, _, warm = mode.partition(":")
         warm = warm or str(args.warm)
+        warm_n = int(warm)
         extra = {
             # One child for the whole workspace: it never fills, nothing is spawned ahead.
             "packed": ["--sessions-per-agent", "1024", "--warm-agents", "1"],
@@ -290,6 +308,9 @@ def run_mode(
         }[kind]
         if kind in ("iso", "burst"):
             n = args.iso_sessions or n
+        # Idle release only in iso, after every session arrived and was prompted.
+        release_ms = int((n * gap + args.release_after_s) * 1000) if kind == "iso" else 0
+        extra += ["--agent-idle-release-ms", str(release_ms)]
         if kind == "burst":
             gap = 0.0
         argv = acp_serve_argv(workspace, tmp / f"state-{mode}", port, agent, extra)
@@ -299,14 +320,19 @@ def run_mode(
     try:
         time.sleep(args.settle_s)
         result.idle_rss = tree_rss_mib(proc.pid)
+        t_run = time.monotonic()
         trio.run(drive, f"http://127.0.0.1:{port}", result, n, gap)
         time.sleep(2.0)  # let refills settle before measuring
         result.loaded_rss = tree_rss_mib(proc.pid)
-        result.agents = sum(
-            1
-            for p in tree_pids(proc.pid)[1:]
-            if "--acp" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-        )
+        result.agents = agent_count(proc.pid)
+        if release_ms:
+            # The last session arrived by n * gap and is released release_ms after its prompt.
+            time.sleep(max(0.0, t_run + n * gap + release_ms / 1000 + 5.0 - time.monotonic()))
+            for _ in range(60):  # until the released children are reaped
+                if agent_count(proc.pid) <= warm_n:
+                    break
+                time.sleep(1.0)
+            result.released_rss = tree_rss_mib(proc.pid)
     finally:
         stop(proc)
     return result
@@ -320,6 +346,12 @@ def main() -> int:
     parser.add_argument("--warm", type=int, default=1, help="--warm-agents in iso/burst")
     parser.add_argument("--settle-s", type=float, default=8.0)
     parser.add_argument("--modes", default="qwen,packed,m8,iso,burst")
+    parser.add_argument(
+        "--release-after-s",
+        type=float,
+        default=15.0,
+        help="iso: --agent-idle-release-ms = sessions * gap + this (after the last prompt)",
+    )
     args = parser.parse_args()
 
     from tests.support.fake_openai import FakeOpenAI
@@ -353,6 +385,7 @@ def main() -> int:
         ("first prompt p50 (ms)", lambda r: r.prompt_p50, "{:.0f}"),
         ("tree RSS idle (MiB)", lambda r: r.idle_rss, "{:.0f}"),
         ("tree RSS loaded (MiB)", lambda r: r.loaded_rss, "{:.0f}"),
+        ("tree RSS released (MiB)", lambda r: r.released_rss, "{:.0f}"),
         ("RSS per session (MiB)", lambda r: r.per_session, "{:.1f}"),
         ("agent processes", lambda r: float(r.agents), "{:.0f}"),
     ]

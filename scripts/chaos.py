@@ -18,7 +18,14 @@ Invariants checked at the end, written to a JSON report and printed:
 4. every kill that hit a live session is visible as ``session_restarted`` or
    ``session_died`` in that session's history;
 5. no process was left behind: after the daemon's SIGTERM every agent it spawned is gone;
-6. the daemon's RSS stayed bounded (max and final reported; bound checked).
+6. the daemon's RSS stayed bounded (max and final reported; bound checked);
+7. every session bound to an agent is on a child the agent pool lists (sampled each second).
+
+The agent pool (issue 17) is configurable: ``--warm-agents``, ``--sessions-per-agent`` (a
+kill of a shared child must then be visible in *every* session on it),
+``--agent-idle-release-ms`` (idle sessions let their agents go and bind again on their next
+prompt), and ``--kill-warm-share`` (the share of kills aimed at warm children, which no
+session uses: the pool must replace them).
 """
 
 from __future__ import annotations
@@ -92,6 +99,9 @@ class Chaos:
         self.sessions: set[str] = set()
         self.stream_checks = {"streams": 0, "gapFree": 0, "resyncExplained": 0, "violations": []}
         self.kills: list[dict[str, Any]] = []
+        self.warm_kills = 0
+        self.pool_violations: list[dict[str, Any]] = []
+        self.pool_samples = 0
         self.agent_pids: set[int] = set()
         self.rss: list[float] = []
         self.health_failures = 0
@@ -275,19 +285,32 @@ class Chaos:
                     status = (await client.get("/daemon/status", params={"detail": "full"})).json()
                 except (httpx.HTTPError, ValueError):
                     continue
-                live = [
-                    (s["sessionId"], s["agentPid"])
-                    for s in status.get("full", {}).get("sessions", [])
-                    if s.get("agentPid")
+                sessions = status.get("full", {}).get("sessions", [])
+                live = [(s["sessionId"], s["agentPid"]) for s in sessions if s.get("agentPid")]
+                warm = [
+                    c["pid"]
+                    for pool in status.get("runtime", {}).get("agents", [])
+                    for c in pool["children"]
+                    if c["state"] == "warm"
                 ]
+                if warm and self.rng.random() < self.args.kill_warm_share:
+                    try:
+                        os.kill(self.rng.choice(warm), signal.SIGKILL)
+                        self.warm_kills += 1
+                    except ProcessLookupError:
+                        pass
+                    continue
                 if not live:
                     continue
-                sid, pid = self.rng.choice(live)
+                _, pid = self.rng.choice(live)
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     continue
-                self.kills.append({"at": time.time(), "sessionId": sid, "pid": pid})
+                # A shared child: every session on it was hit.
+                for other, other_pid in live:
+                    if other_pid == pid:
+                        self.kills.append({"at": time.time(), "sessionId": other, "pid": pid})
 
     async def prober(self) -> None:
         async with httpx.AsyncClient(base_url=self.url, headers=AUTH, timeout=10) as client:
@@ -300,6 +323,20 @@ class Chaos:
                         self.health_failures += 1
                 except httpx.HTTPError:
                     self.health_failures += 1
+                try:
+                    status = (await client.get("/daemon/status", params={"detail": "full"})).json()
+                except (httpx.HTTPError, ValueError):
+                    status = {}
+                if status:
+                    self.pool_samples += 1
+                    pids = {
+                        c["pid"] for pool in status["runtime"]["agents"] for c in pool["children"]
+                    }
+                    for s in status["full"]["sessions"]:
+                        if s.get("agentPid") and s["agentPid"] not in pids:
+                            self.pool_violations.append(
+                                {"sessionId": s["sessionId"], "agentPid": s["agentPid"]}
+                            )
                 await trio.sleep(1.0)
 
     async def run(self) -> None:
@@ -348,6 +385,7 @@ class Chaos:
             "everyCrashVisible": not unexplained,
             "noLeakedProcesses": not leaked,
             "rssBounded": max_rss <= self.args.max_rss_mib,
+            "sessionsOnPoolChildren": not self.pool_violations,
         }
         return {
             "ok": all(checks.values()),
@@ -356,6 +394,23 @@ class Chaos:
             "clients": self.args.clients,
             "killsPerMinuteTarget": self.args.kills_per_minute,
             "kills": len(self.kills),
+            "warmKills": self.warm_kills,
+            "pool": {
+                "warmAgents": self.args.warm_agents,
+                "sessionsPerAgent": self.args.sessions_per_agent,
+                "agentIdleReleaseMs": self.args.agent_idle_release_ms,
+            },
+            "poolSamples": self.pool_samples,
+            "poolViolations": self.pool_violations[:20],
+            "agentReleased": sum(
+                1
+                for h in self.history.values()
+                for e in h.values()
+                if e["type"] == "agent_released"
+            ),
+            "agentRebound": sum(
+                1 for h in self.history.values() for e in h.values() if e["type"] == "agent_rebound"
+            ),
             "killsRacingAClose": racing_close,
             "sessions": len(self.sessions),
             "promptsAdmitted": sum(len(p) for p in self.admitted.values()),
@@ -394,6 +449,10 @@ def main() -> int:
     parser.add_argument("--max-rss-mib", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--report", default=None, help="JSON report path (default reports/)")
+    parser.add_argument("--warm-agents", type=int, default=1)
+    parser.add_argument("--sessions-per-agent", type=int, default=1)
+    parser.add_argument("--agent-idle-release-ms", type=int, default=0)
+    parser.add_argument("--kill-warm-share", type=float, default=0.0)
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="acp-serve-chaos-"))
@@ -407,6 +466,12 @@ def main() -> int:
             "30000",
             "--session-reap-interval-ms",
             "5000",
+            "--warm-agents",
+            str(args.warm_agents),
+            "--sessions-per-agent",
+            str(args.sessions_per_agent),
+            "--agent-idle-release-ms",
+            str(args.agent_idle_release_ms),
         ],
         workspace=tmp / "ws",
         state_dir=tmp / "state",
@@ -429,6 +494,10 @@ def main() -> int:
         "ok",
         "checks",
         "kills",
+        "warmKills",
+        "pool",
+        "agentReleased",
+        "agentRebound",
         "sessions",
         "promptsAdmitted",
         "eventsAudited",
