@@ -18,7 +18,8 @@ its own handler under its ACP ``sessionId`` with :meth:`SessionMux.bind`, and
 Updates for a ``sessionId`` nobody has bound yet are kept, in order, in a bounded buffer
 (:data:`MAX_UNBOUND_UPDATES` messages for the whole connection; older ones are dropped) and
 handed to the handler when it binds. That covers ``session/new``: the agent may send
-updates (``available_commands_update``...) before the answer that tells us the id.
+updates (``available_commands_update``...) before the answer that tells us the id. (Those of
+a ``session/new`` that failed stay until pushed out: other sessions' may be in the buffer.)
 
 Terminals: the connection gives the mux a :class:`~acp.terminal.TerminalManager`; every
 handler bound to it that is a :class:`~acp.handler.BaseClientHandler` uses that manager
@@ -105,10 +106,6 @@ class SessionMux(BaseClientHandler):
             del self._handlers[session_id]
             if self._last is current:
                 self._last = None
-
-    def discard_unbound(self) -> None:
-        """Drop buffered updates of sessions nobody bound (a failed ``session/new``)."""
-        self._unbound.clear()
 
     @property
     def session_ids(self) -> list[str]:

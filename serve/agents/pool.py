@@ -162,8 +162,6 @@ class AgentLease:
         self.released = True
         if self.session_id is not None:
             self.child.mux.unbind(self.session_id, self._handler)
-        else:
-            self.child.mux.discard_unbound()
         with trio.CancelScope(shield=True):
             if self.exclusive:
                 await self.conn.aclose(grace_s=1.0)
