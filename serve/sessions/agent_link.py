@@ -69,12 +69,13 @@ class AgentLease(Protocol):
 
 
 class AgentSource(Protocol):
-    """Where a session gets its agent: a lease on a connected, initialized
-    :class:`AgentConnection`.
+    """Where a session gets its agent: a connected, initialized :class:`AgentConnection`,
+    or an :class:`AgentLease` on one (a pool's child, or a slot of a shared child).
 
-    A source may run the connection's tasks in ``nursery`` (the session's) or in its own;
-    ``handler`` answers the agent's requests and takes its notifications (for a shared
-    connection once :meth:`AgentLease.bind` named the session). Raise to fail the start."""
+    A bare connection is the session's own (the link stops it when done); its tasks run in
+    ``nursery`` (the session's). A lease's connection may run elsewhere, and ``handler``
+    answers the agent for this session once :meth:`AgentLease.bind` named it. Raise to fail
+    the session's start."""
 
     async def acquire(
         self,
@@ -83,7 +84,7 @@ class AgentSource(Protocol):
         cwd: str,
         handler: ClientHandler,
         timeout_s: float,
-    ) -> AgentLease: ...
+    ) -> AgentConnection | AgentLease: ...
 
 
 class OwnAgent:
@@ -132,7 +133,7 @@ class SpawnAgentSource:
         cwd: str,
         handler: ClientHandler,
         timeout_s: float,
-    ) -> AgentLease:
+    ) -> AgentConnection:
         conn = await AgentConnection.spawn(
             nursery,
             self.settings.agent_argv,
@@ -147,7 +148,7 @@ class SpawnAgentSource:
             with trio.CancelScope(shield=True):
                 await conn.aclose(grace_s=1.0)
             raise
-        return OwnAgent(conn)
+        return conn
 
 
 # ---- the link -----------------------------------------------------------------------------
@@ -224,9 +225,10 @@ class AgentLink:
         """Acquire an agent and open the session (``new``/``load``/``resume``/``restart``);
         returns this open's setup. The connection is closed again if any step fails."""
         await self.release()  # the slot of an agent that died
-        lease = await self.source.acquire(
+        got = await self.source.acquire(
             nursery, cwd=self.workspace, handler=self.handler, timeout_s=self.init_timeout_s
         )
+        lease = OwnAgent(got) if isinstance(got, AgentConnection) else got
         self.lease = lease
         self.conn = lease.conn
         try:
