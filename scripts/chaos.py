@@ -114,9 +114,13 @@ class Chaos:
     async def follow(
         self, client: httpx.AsyncClient, sid: str, *, audit: bool, stop: trio.Event
     ) -> None:
-        """Follow a session's stream, reconnecting with Last-Event-ID; check id continuity."""
+        """Follow a session's stream, reconnecting with Last-Event-ID; check id continuity.
+
+        Clients stop at the deadline; an auditor keeps reconnecting until the session's log
+        ends (or the run is over), so the last terminals of a stream that broke near the
+        deadline are still collected."""
         last: int | None = 0 if audit else None
-        while not stop.is_set() and trio.current_time() < self.deadline:
+        while not stop.is_set() and (audit or trio.current_time() < self.deadline):
             headers = {} if last is None else {"Last-Event-ID": str(last)}
             ended = False
             try:
