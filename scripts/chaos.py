@@ -21,6 +21,9 @@ Invariants checked at the end, written to a JSON report and printed:
 6. the daemon's RSS stayed bounded (max and final reported; bound checked);
 7. every session bound to an agent is on a child the agent pool lists (sampled each second).
 
+A session whose auditor's stream broke and which was gone (closed) when the auditor came
+back has a cut history: it is counted (``unauditedCount``) and left out of check 2.
+
 The agent pool (issue 17) is configurable: ``--warm-agents``, ``--sessions-per-agent`` (a
 kill of a shared child must then be visible in *every* session on it),
 ``--agent-idle-release-ms`` (idle sessions let their agents go and bind again on their next
@@ -102,6 +105,8 @@ class Chaos:
         self.warm_kills = 0
         self.pool_violations: list[dict[str, Any]] = []
         self.pool_samples = 0
+        #: Sessions whose auditor lost the tail (reconnected after the session was gone).
+        self.unaudited: set[str] = set()
         self.agent_pids: set[int] = set()
         self.rss: list[float] = []
         self.health_failures = 0
@@ -133,6 +138,10 @@ class Chaos:
                             "GET", f"/session/{sid}/events", headers=headers, timeout=None
                         ) as response:
                             if response.status_code == 404:
+                                if audit and last:
+                                    # The session was gone before the auditor caught up
+                                    # (its stream broke near the close): its tail is unknown.
+                                    self.unaudited.add(sid)
                                 return
                             verdict["opened"] = True
                             self.stream_checks["streams"] += 1
@@ -361,6 +370,8 @@ class Chaos:
         missing: list[dict[str, Any]] = []
         duplicated: list[dict[str, Any]] = []
         for sid, prompt_ids in self.admitted.items():
+            if sid in self.unaudited:
+                continue  # counted below; not judged on a history known to be cut
             terminals: dict[str, int] = defaultdict(int)
             for event in self.history.get(sid, {}).values():
                 if event["type"] in TERMINAL and event.get("promptId"):
@@ -405,6 +416,8 @@ class Chaos:
                 "agentIdleReleaseMs": self.args.agent_idle_release_ms,
             },
             "poolSamples": self.pool_samples,
+            "unauditedSessions": sorted(self.unaudited)[:20],
+            "unauditedCount": len(self.unaudited),
             "poolViolations": self.pool_violations[:20],
             "agentReleased": sum(
                 1
@@ -502,6 +515,7 @@ def main() -> int:
         "pool",
         "agentReleased",
         "agentRebound",
+        "unauditedCount",
         "sessions",
         "promptsAdmitted",
         "eventsAudited",
