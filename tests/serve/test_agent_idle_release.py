@@ -206,3 +206,53 @@ def test_the_events_are_in_the_openapi_document(tmp_path: Any) -> None:
     events = doc["paths"]["/session/{session_id}/events"]["get"]
     assert "agent_released" in events["description"] and "agent_rebound" in events["description"]
     assert "agent_idle_release" in events["tags"]
+
+
+async def test_an_agent_that_cannot_load_or_resume_is_never_released(tmp_path: Any) -> None:
+    import json
+    import shlex
+    import sys
+
+    from tests.support.daemon import ROOT
+
+    config = tmp_path / "puppet.json"
+    config.write_text(
+        json.dumps(
+            {
+                "respond": {
+                    "initialize": {"protocolVersion": 1, "agentCapabilities": {}},
+                    "session/new": {"sessionId": "puppet-session-1"},
+                    "session/prompt": {"stopReason": "end_turn"},
+                }
+            }
+        )
+    )
+    agent = shlex.join(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "acp" / "puppet_agent.py"),
+            str(config),
+            str(tmp_path / "puppet.log"),
+        ]
+    )
+    daemon = spawn_daemon(
+        ["--agent", agent, "--agent-idle-release-ms", str(RELEASE_MS), "--warm-agents", "0"],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            sid = (await client.post("/session", json={"sessionScope": "thread"})).json()[
+                "sessionId"
+            ]
+            assert (await client.post(f"/session/{sid}/prompt", json=text("hi"))).status_code == 200
+            pid = (await session_diag(client, sid))["agentPid"]
+            await trio.sleep(5 * RELEASE_MS / 1000)  # several release periods, idle
+            diag = await session_diag(client, sid)
+            assert diag["agentReleased"] is False and diag["agentPid"] == pid and alive(pid)
+            async with client.stream(
+                "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+            ) as stream:
+                events = await collect_until(stream, lambda e: e["type"] == "replay_complete")
+            assert "agent_released" not in [e["type"] for e in events]
+    finally:
+        daemon.stop()
