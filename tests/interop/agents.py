@@ -1,0 +1,276 @@
+"""The third-party agents of the interop matrix: where they are installed, how each one is set
+up to run offline against :class:`tests.support.fake_models.FakeModels`, and the steps each one
+cannot do for a reason of its own.
+
+``scripts/install-agents`` puts them under ``.cache/agents`` at pinned versions (scripts/test
+runs it; :func:`ensure_installed` runs it too when the stamp is missing). Every run gets a fresh
+``HOME`` with the XDG directories under it, and an environment stripped of inherited model
+credentials and proxies (facts from ``shared/reference/third-party-agents.md``).
+
+Runs live under ``.cache/agents/runs/`` rather than the system temp dir: codex's sandbox
+(bubblewrap) hides the system temp dir from its commands, so a ``CODEX_HOME`` or workspace
+there breaks every sandboxed command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+REPO: Final = Path(__file__).resolve().parents[2]
+PREFIX: Final = Path(os.environ.get("ACP_AGENTS_PREFIX") or REPO / ".cache" / "agents")
+NODE_MODULES: Final = PREFIX / "node" / "node_modules"
+PY_SDK: Final = PREFIX / "python-sdk"
+RUNS: Final = PREFIX / "runs"
+INSTALL_SCRIPT: Final = REPO / "scripts" / "install-agents"
+
+#: Inherited variables that would point an agent at a real service or a proxy.
+_STRIP_PREFIXES: Final = (
+    "OPENAI_",
+    "ANTHROPIC_",
+    "CLAUDE_",
+    "GEMINI_",
+    "GOOGLE_",
+    "QWEN_",
+    "DASHSCOPE_",
+    "CODEX_",
+    "OPENCODE_",
+    "XDG_",
+)
+_STRIP_EXACT: Final = frozenset(
+    {"http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"}
+)
+
+#: The steps of the flow, in order (test names in test_agent_matrix.py follow them).
+STEPS: Final = (
+    "create",
+    "streamed_reply",
+    "permission",
+    "file_on_disk",
+    "cancel",
+    "sigkill_restart",
+    "delete",
+    "no_process_left",
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One agent's private directories for one test module."""
+
+    root: Path
+    home: Path
+    workspace: Path
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    version: str
+    #: Files that must exist for the agent to run (install check).
+    entry: Path
+    argv: Callable[[], list[str]]
+    #: Writes the agent's config under run.home; returns extra environment variables.
+    setup: Callable[[Run, str], dict[str, str]]
+    #: Steps this agent cannot do offline, with the reason (a skip, never a pass).
+    skips: dict[str, str] = field(default_factory=dict)
+    #: Whether the agent streams a reply in more than one chunk.
+    streams_chunks: bool = True
+    needs: tuple[str, ...] = ()
+
+    def missing(self) -> str | None:
+        """Why this agent cannot run here, or None."""
+        for tool in self.needs:
+            if shutil.which(tool) is None:
+                return f"{tool} not found on PATH (scripts/install-agents installs it)"
+        if not self.entry.exists():
+            return f"{self.name} {self.version} not installed at {self.entry}"
+        return None
+
+
+def ensure_installed() -> str | None:
+    """Run scripts/install-agents when its stamp is missing; None, or why it failed."""
+    if (PREFIX / ".installed").is_file():
+        return None
+    proc = subprocess.run(
+        [str(INSTALL_SCRIPT)], capture_output=True, text=True, timeout=900, check=False
+    )
+    if proc.returncode != 0:
+        return f"scripts/install-agents failed ({proc.returncode}): {proc.stderr[-2000:]}"
+    return None
+
+
+def base_env(run: Run) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(_STRIP_PREFIXES) and k not in _STRIP_EXACT
+    }
+    env.update(
+        {
+            "HOME": str(run.home),
+            "XDG_CONFIG_HOME": str(run.home / ".config"),
+            "XDG_CACHE_HOME": str(run.home / ".cache"),
+            "XDG_DATA_HOME": str(run.home / ".local" / "share"),
+            "XDG_STATE_HOME": str(run.home / ".local" / "state"),
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+            "NO_COLOR": "1",
+            "CI": "true",
+        }
+    )
+    return env
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+# -- Claude Agent (@zed-industries/claude-agent-acp) -----------------------------------------
+
+CLAUDE_DIR: Final = NODE_MODULES / "@zed-industries" / "claude-agent-acp"
+
+
+def _claude_setup(run: Run, base_url: str) -> dict[str, str]:
+    # defaultMode "default": every write asks (no approval-mode change needed).
+    _write(
+        run.home / ".claude" / "settings.json",
+        json.dumps({"permissions": {"defaultMode": "default"}}),
+    )
+    return {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "sk-ant-dummy",
+        "ANTHROPIC_MODEL": "claude-sonnet-4-5",
+        "ANTHROPIC_SMALL_FAST_MODEL": "claude-haiku-4-5",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+    }
+
+
+CLAUDE: Final = AgentSpec(
+    name="claude-agent-acp",
+    version="0.23.1",
+    entry=CLAUDE_DIR / "dist" / "index.js",
+    argv=lambda: [shutil.which("node") or "node", str(CLAUDE_DIR / "dist" / "index.js")],
+    setup=_claude_setup,
+    needs=("node",),
+)
+
+
+# -- Codex (@zed-industries/codex-acp) -------------------------------------------------------
+
+CODEX_BIN: Final = NODE_MODULES / "@zed-industries" / "codex-acp-linux-x64" / "bin" / "codex-acp"
+
+
+def _codex_setup(run: Run, base_url: str) -> dict[str, str]:
+    codex_home = run.home / ".codex"
+    ws = json.dumps(str(run.workspace))  # a TOML basic string is a JSON string here
+    _write(
+        codex_home / "config.toml",
+        f"""model = "gpt-5.1-codex"
+model_provider = "fake"
+approval_policy = "untrusted"
+sandbox_mode = "workspace-write"
+check_for_update_on_startup = false
+
+[model_providers.fake]
+name = "fake"
+base_url = "{base_url}/v1"
+env_key = "FAKE_MODEL_API_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+
+[projects.{ws}]
+trust_level = "trusted"
+""",
+    )
+    return {"CODEX_HOME": str(codex_home), "FAKE_MODEL_API_KEY": "dummy-key"}
+
+
+CODEX: Final = AgentSpec(
+    name="codex-acp",
+    version="0.16.0",
+    entry=CODEX_BIN,
+    argv=lambda: [str(CODEX_BIN)],
+    setup=_codex_setup,
+    needs=("bwrap",),
+)
+
+
+# -- OpenCode (opencode-ai, `opencode acp`) --------------------------------------------------
+
+OPENCODE_BIN: Final = NODE_MODULES / "opencode-linux-x64" / "bin" / "opencode"
+
+
+def _opencode_setup(run: Run, base_url: str) -> dict[str, str]:
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "fake": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Fake",
+                "options": {"baseURL": f"{base_url}/v1", "apiKey": "dummy-key"},
+                "models": {"fake": {"name": "Fake", "tool_call": True}},
+            }
+        },
+        "model": "fake/fake",
+        "small_model": "fake/fake",
+        # Writes and commands ask the client (no mode change needed).
+        "permission": {"edit": "ask", "bash": "ask"},
+        "autoupdate": False,
+        "share": "disabled",
+    }
+    _write(run.home / ".config" / "opencode" / "opencode.json", json.dumps(config))
+    return {
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_SHARE": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+    }
+
+
+OPENCODE: Final = AgentSpec(
+    name="opencode",
+    version="1.18.33",
+    entry=OPENCODE_BIN,
+    argv=lambda: [str(OPENCODE_BIN), "acp"],
+    setup=_opencode_setup,
+)
+
+
+# -- the Python SDK's example echo agent (PyPI agent-client-protocol) ------------------------
+
+ECHO_SCRIPT: Final = PY_SDK / "examples" / "echo_agent.py"
+
+
+ECHO: Final = AgentSpec(
+    name="python-sdk-echo",
+    version="0.12.1",
+    entry=ECHO_SCRIPT,
+    argv=lambda: [str(PY_SDK / "venv" / "bin" / "python"), str(ECHO_SCRIPT)],
+    setup=lambda run, base_url: {},
+    streams_chunks=False,
+    skips={
+        "permission": "agent-client-protocol 0.12.1 examples/echo_agent.py only echoes the "
+        "prompt: it calls no tool and never asks permission",
+        "file_on_disk": "agent-client-protocol 0.12.1 examples/echo_agent.py never writes a file",
+        "cancel": "agent-client-protocol 0.12.1 examples/echo_agent.py answers each prompt at "
+        "once and has no cancel handler: no turn stays in flight to cancel",
+        "sigkill_restart": "agent-client-protocol 0.12.1 examples/echo_agent.py advertises "
+        "neither loadSession nor sessionCapabilities.resume, so no agent can restore its session "
+        "in place (the daemon ends it with session_died; tests/serve/test_sessions.py covers that)",
+    },
+)
+
+MATRIX: Final = (CLAUDE, CODEX, OPENCODE, ECHO)
