@@ -153,6 +153,11 @@ def _claude_setup(run: Run, base_url: str) -> dict[str, str]:
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_TELEMETRY": "1",
         "DISABLE_ERROR_REPORTING": "1",
+        # As root (CI) the bundled Claude Code CLI exits at start-up ("--dangerously-skip-
+        # permissions cannot be used with root/sudo privileges"), and session/new fails with
+        # "Query closed before response received"; IS_SANDBOX=1 is its switch for that case.
+        # Permissions still ask: the mode stays defaultMode "default".
+        "IS_SANDBOX": "1",
     }
 
 
