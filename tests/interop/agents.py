@@ -78,10 +78,13 @@ class AgentSpec:
     argv: Callable[[], list[str]]
     #: Writes the agent's config under run.home; returns extra environment variables.
     setup: Callable[[Run, str], dict[str, str]]
-    #: Steps this agent cannot do offline, with the reason (a skip, never a pass).
+    #: Steps this agent cannot do offline, with the reason naming the package and version
+    #: (a skip, never a pass).
     skips: dict[str, str] = field(default_factory=dict)
     #: Whether the agent streams a reply in more than one chunk.
     streams_chunks: bool = True
+    #: Why the permission step writes over an existing file rather than a new one ("" = new).
+    overwrite_reason: str = ""
     needs: tuple[str, ...] = ()
 
     def missing(self) -> str | None:
@@ -254,6 +257,46 @@ OPENCODE: Final = AgentSpec(
 )
 
 
+# -- Gemini CLI (@google/gemini-cli, `gemini --acp`) ----------------------------------------
+
+GEMINI_JS: Final = NODE_MODULES / "@google" / "gemini-cli" / "bundle" / "gemini.js"
+
+
+def _gemini_setup(run: Run, base_url: str) -> dict[str, str]:
+    settings = {
+        "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+        "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+        "telemetry": {"enabled": False},
+        "privacy": {"usageStatisticsEnabled": False},
+        "model": {"name": "gemini-2.5-flash"},
+    }
+    _write(run.home / ".gemini" / "settings.json", json.dumps(settings))
+    return {
+        "GEMINI_API_KEY": "dummy-key",
+        "GOOGLE_GEMINI_BASE_URL": base_url,
+        "GEMINI_CLI_NO_RELAUNCH": "true",
+    }
+
+
+GEMINI: Final = AgentSpec(
+    name="gemini-cli",
+    version="0.61.0",
+    entry=GEMINI_JS,
+    argv=lambda: [shutil.which("node") or "node", str(GEMINI_JS), "--acp"],
+    setup=_gemini_setup,
+    needs=("node",),
+    skips={
+        "sigkill_restart": "gemini-cli 0.61.0 answers every session/load with -32603 (\"No "
+        'previous sessions found") and offers no session/resume, so its session cannot be '
+        "restored in place after a kill (the daemon ends it with session_died)",
+    },
+    overwrite_reason="gemini-cli 0.61.0 cannot create a new file when the client offers "
+    "fs.readTextFile: its not-found check misses ACP's -32002 answer and the write_file call "
+    'fails with "Error checking existing file: not found" before it asks; an existing file '
+    "takes the same permission-then-fs/write_text_file path",
+)
+
+
 # -- the Python SDK's example echo agent (PyPI agent-client-protocol) ------------------------
 
 ECHO_SCRIPT: Final = PY_SDK / "examples" / "echo_agent.py"
@@ -273,9 +316,9 @@ ECHO: Final = AgentSpec(
         "cancel": "agent-client-protocol 0.12.1 examples/echo_agent.py answers each prompt at "
         "once and has no cancel handler: no turn stays in flight to cancel",
         "sigkill_restart": "agent-client-protocol 0.12.1 examples/echo_agent.py advertises "
-        "neither loadSession nor sessionCapabilities.resume, so no agent can restore its session "
+        "neither loadSession nor sessionCapabilities.resume, so its session cannot be restored "
         "in place (the daemon ends it with session_died; tests/serve/test_sessions.py covers that)",
     },
 )
 
-MATRIX: Final = (CLAUDE, CODEX, OPENCODE, ECHO)
+MATRIX: Final = (CLAUDE, CODEX, OPENCODE, GEMINI, ECHO)

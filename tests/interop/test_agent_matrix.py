@@ -47,8 +47,6 @@ TURN_GUARD_S = 120.0
 #: How long the processes of a deleted session may take to go (stop escalation is ~5 s).
 EXIT_GUARD_S = 20.0
 
-_INSTALL_ERROR = ensure_installed()
-
 
 @dataclass
 class Flow:
@@ -68,11 +66,16 @@ class Flow:
         return {"X-Qwen-Client-Id": self.client_id}
 
 
+@pytest.fixture(scope="session")
+def agents_installed() -> None:
+    """scripts/install-agents has run (scripts/test runs it first; this covers a bare pytest)."""
+    if error := ensure_installed():
+        pytest.fail(error)
+
+
 @pytest.fixture(scope="class", params=MATRIX, ids=lambda spec: spec.name)
-def flow(request: pytest.FixtureRequest) -> Iterator[Flow]:
+def flow(request: pytest.FixtureRequest, agents_installed: None) -> Iterator[Flow]:
     spec: AgentSpec = request.param
-    if _INSTALL_ERROR:
-        pytest.skip(_INSTALL_ERROR)
     if reason := spec.missing():
         pytest.skip(reason)
     RUNS.mkdir(parents=True, exist_ok=True)
@@ -118,7 +121,7 @@ def _step_gate(request: pytest.FixtureRequest) -> None:
     flow: Flow = request.getfixturevalue("flow")
     step = marker.args[0]
     if reason := flow.spec.skips.get(step):
-        pytest.skip(f"{flow.spec.name} {flow.spec.version}: {reason}")
+        pytest.skip(reason)
     for needed in marker.kwargs.get("needs", ()):
         if needed not in flow.passed:
             pytest.skip(f"needs step {needed!r}, which did not pass")
@@ -283,6 +286,9 @@ class TestAgentFlow:
     @pytest.mark.step("permission", needs=("streamed_reply",))
     async def test_3_permission(self, flow: Flow) -> None:
         target = flow.workspace / f"matrix-{flow.spec.name}.txt"
+        if flow.spec.overwrite_reason:
+            target.write_text("placeholder\n")  # see AgentSpec.overwrite_reason
+        before = target.read_text() if target.exists() else None
         asked: list[dict[str, Any]] = []
 
         async with http(flow) as client:
@@ -290,8 +296,9 @@ class TestAgentFlow:
             async def vote(event: dict[str, Any]) -> None:
                 if event["type"] != "permission_request":
                     return
-                # The agent asks before it writes: nothing is on disk yet.
-                assert not target.exists(), "written before the permission was answered"
+                # The agent asks before it writes: nothing is written yet.
+                now = target.read_text() if target.exists() else None
+                assert now == before, "written before the permission was answered"
                 asked.append(event)
                 options = {o["kind"]: o["optionId"] for o in event["data"]["options"]}
                 assert "allow_once" in options, options
@@ -311,10 +318,16 @@ class TestAgentFlow:
         resolved = [e for e in events if e["type"] == "permission_resolved"]
         assert resolved and resolved[0]["data"]["requestId"] == asked[0]["data"]["requestId"]
         assert resolved[0]["data"]["outcome"]["outcome"] == "selected"
-        updates = {
-            e["data"]["update"].get("sessionUpdate") for e in events if e["type"] == "session_update"
-        }
-        assert "tool_call" in updates, updates
+        # The asked tool call ran to completion.
+        call_id = asked[0]["data"]["toolCall"]["toolCallId"]
+        statuses = [
+            e["data"]["update"].get("status")
+            for e in events
+            if e["type"] == "session_update"
+            and e["data"]["update"].get("sessionUpdate") in ("tool_call", "tool_call_update")
+            and e["data"]["update"].get("toolCallId") == call_id
+        ]
+        assert "completed" in statuses, f"tool call {call_id}: {statuses}\n{diagnostics(flow)}"
         flow.passed.add("permission")
 
     @pytest.mark.step("file_on_disk", needs=("permission",))
