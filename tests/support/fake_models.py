@@ -24,7 +24,7 @@ Replies (:func:`plan`), from the last user text (wrapper blocks such as ``<syste
 * ``please write FILE CONTENT`` (FILE one word, made absolute against ``workdir``; CONTENT to
   the end of the line) and a write tool is offered → a streamed call of that tool. The tool is
   picked from the offered names (:data:`WRITE_TOOLS`: qwen/gemini ``write_file``, claude
-  ``Write``, opencode ``write``, codex ``shell_command`` / ``shell`` / ``exec_command``);
+  ``Write``, opencode ``write``, kimi ``WriteFile``, codex ``shell_command`` / ``shell`` / ``exec_command``);
 * ``please stall`` and tools are offered (a main turn, not a background title call) → one text
   chunk, then the stream is held open until the client goes away, :meth:`FakeModels.stop`, or
   ``stall_s`` seconds (then it finishes normally);
@@ -77,6 +77,8 @@ def _write_args(tool: str, path: str, content: str, workdir: str) -> dict[str, A
         return {"file_path": path, "content": content}
     if tool == "write":
         return {"filePath": path, "content": content}
+    if tool == "WriteFile":
+        return {"path": path, "content": content}
     script = f"printf '%s' {shlex.quote(content)} > {shlex.quote(path)}"
     if tool == "shell":
         return {"command": ["bash", "-lc", script], "workdir": workdir}
@@ -86,7 +88,15 @@ def _write_args(tool: str, path: str, content: str, workdir: str) -> dict[str, A
 
 
 #: Write tools by agent, in preference order (the first one offered is used).
-WRITE_TOOLS: Final = ("write_file", "Write", "write", "shell_command", "shell", "exec_command")
+WRITE_TOOLS: Final = (
+    "write_file",
+    "Write",
+    "write",
+    "WriteFile",
+    "shell_command",
+    "shell",
+    "exec_command",
+)
 
 
 def plan(turn: Turn, workdir: str) -> Reply:
