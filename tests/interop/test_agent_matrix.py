@@ -125,6 +125,8 @@ def _step_gate(request: pytest.FixtureRequest) -> None:
     if reason := flow.spec.skips.get(step):
         pytest.skip(reason)
     for needed in marker.kwargs.get("needs", ()):
+        if needed == "write_turn" and not flow.spec.asks_permission:
+            continue  # the file step runs the write turn itself
         if needed not in flow.passed:
             pytest.skip(f"needs step {needed!r}, which did not pass")
     if reason := flow.spec.xfails.get(step):
@@ -194,6 +196,41 @@ def message_text(events: list[dict[str, Any]], prompt_id: str) -> tuple[str, int
         if update.get("sessionUpdate") == "agent_message_chunk" and content.get("text"):
             texts.append(content["text"])
     return "".join(texts), len(texts)
+
+
+async def write_turn(flow: Flow) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Ask the agent to write ``matrix-<agent>.txt``; allow once whatever it asks, checking that
+    nothing is written before the answer. Returns the turn's events and the permission requests.
+    """
+    target = flow.workspace / f"matrix-{flow.spec.name}.txt"
+    if flow.spec.overwrite_reason:
+        target.write_text("placeholder\n")  # see AgentSpec.overwrite_reason
+    before = target.read_text() if target.exists() else None
+    asked: list[dict[str, Any]] = []
+    async with http(flow) as client:
+
+        async def vote(event: dict[str, Any]) -> None:
+            if event["type"] != "permission_request":
+                return
+            now = target.read_text() if target.exists() else None
+            assert now == before, "written before the permission was answered"
+            asked.append(event)
+            options = {o["kind"]: o["optionId"] for o in event["data"]["options"]}
+            assert "allow_once" in options, options
+            r = await client.post(
+                f"/session/{flow.session_id}/permission/{event['data']['requestId']}",
+                json={"outcome": {"outcome": "selected", "optionId": options["allow_once"]}},
+                headers=flow.headers,
+            )
+            assert r.status_code == 200, r.text
+
+        prompt_id = await submit(
+            client, flow, f"please write {target.name} hello from {flow.spec.name}"
+        )
+        events = await read_events(client, flow, terminal_of(prompt_id), vote)
+    assert events[-1]["type"] == "turn_complete", f"{events[-1]}\n{diagnostics(flow)}"
+    flow.passed.add("write_turn")
+    return events, asked
 
 
 def _stat(pid: int) -> tuple[int, int, str] | None:
@@ -289,36 +326,7 @@ class TestAgentFlow:
 
     @pytest.mark.step("permission", needs=("streamed_reply",))
     async def test_3_permission(self, flow: Flow) -> None:
-        target = flow.workspace / f"matrix-{flow.spec.name}.txt"
-        if flow.spec.overwrite_reason:
-            target.write_text("placeholder\n")  # see AgentSpec.overwrite_reason
-        before = target.read_text() if target.exists() else None
-        asked: list[dict[str, Any]] = []
-
-        async with http(flow) as client:
-
-            async def vote(event: dict[str, Any]) -> None:
-                if event["type"] != "permission_request":
-                    return
-                # The agent asks before it writes: nothing is written yet.
-                now = target.read_text() if target.exists() else None
-                assert now == before, "written before the permission was answered"
-                asked.append(event)
-                options = {o["kind"]: o["optionId"] for o in event["data"]["options"]}
-                assert "allow_once" in options, options
-                r = await client.post(
-                    f"/session/{flow.session_id}/permission/{event['data']['requestId']}",
-                    json={"outcome": {"outcome": "selected", "optionId": options["allow_once"]}},
-                    headers=flow.headers,
-                )
-                assert r.status_code == 200, r.text
-
-            prompt_id = await submit(
-                client, flow, f"please write {target.name} hello from {flow.spec.name}"
-            )
-            events = await read_events(client, flow, terminal_of(prompt_id), vote)
-        assert events[-1]["type"] == "turn_complete", f"{events[-1]}\n{diagnostics(flow)}"
-        flow.passed.add("write_turn")
+        events, asked = await write_turn(flow)
         assert len(asked) == 1, f"asked {len(asked)} times\n{diagnostics(flow)}"
         resolved = [e for e in events if e["type"] == "permission_resolved"]
         assert resolved and resolved[0]["data"]["requestId"] == asked[0]["data"]["requestId"]
@@ -332,11 +340,18 @@ class TestAgentFlow:
             and e["data"]["update"].get("sessionUpdate") in ("tool_call", "tool_call_update")
             and e["data"]["update"].get("toolCallId") == call_id
         ]
-        assert "completed" in statuses, f"tool call {call_id}: {statuses}\n{diagnostics(flow)}"
+        if "completed" not in statuses and flow.spec.completion_note:
+            # See AgentSpec.completion_note: the approved call's effect is the proof.
+            target = flow.workspace / f"matrix-{flow.spec.name}.txt"
+            assert target.read_text().rstrip("\n") == f"hello from {flow.spec.name}"
+        else:
+            assert "completed" in statuses, f"{call_id}: {statuses}\n{diagnostics(flow)}"
         flow.passed.add("permission")
 
     @pytest.mark.step("file_on_disk", needs=("write_turn",))
     async def test_4_file_on_disk(self, flow: Flow) -> None:
+        if "write_turn" not in flow.passed:  # an agent that writes without asking (the gate)
+            await write_turn(flow)
         target = flow.workspace / f"matrix-{flow.spec.name}.txt"
         assert target.is_file(), diagnostics(flow)
         assert target.read_text().rstrip("\n") == f"hello from {flow.spec.name}"

@@ -24,7 +24,8 @@ Replies (:func:`plan`), from the last user text (wrapper blocks such as ``<syste
 * ``please write FILE CONTENT`` (FILE one word, made absolute against ``workdir``; CONTENT to
   the end of the line) and a write tool is offered → a streamed call of that tool. The tool is
   picked from the offered names (:data:`WRITE_TOOLS`: qwen/gemini ``write_file``, claude
-  ``Write``, opencode ``write``, kimi ``WriteFile``, codex ``shell_command`` / ``shell`` / ``exec_command``);
+  ``Write``, opencode / pi ``write``, kimi ``WriteFile``, codex ``shell_command`` / ``shell`` /
+  ``exec_command``);
 * ``please stall`` and tools are offered (a main turn, not a background title call) → one text
   chunk, then the stream is held open until the client goes away, :meth:`FakeModels.stop`, or
   ``stall_s`` seconds (then it finishes normally);
@@ -62,6 +63,8 @@ class Turn:
     user_text: str
     after_tool_result: bool
     tools: list[str] = field(default_factory=list)
+    #: Parameter names of each offered tool (where the API tells them).
+    params: dict[str, set[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,11 +75,13 @@ class Reply:
     stall: bool = False
 
 
-def _write_args(tool: str, path: str, content: str, workdir: str) -> dict[str, Any]:
+def _write_args(
+    tool: str, params: set[str], path: str, content: str, workdir: str
+) -> dict[str, Any]:
     if tool in ("write_file", "Write"):
         return {"file_path": path, "content": content}
-    if tool == "write":
-        return {"filePath": path, "content": content}
+    if tool == "write":  # opencode names it filePath, pi path
+        return {"path" if "path" in params else "filePath": path, "content": content}
     if tool == "WriteFile":
         return {"path": path, "content": content}
     script = f"printf '%s' {shlex.quote(content)} > {shlex.quote(path)}"
@@ -107,7 +112,8 @@ def plan(turn: Turn, workdir: str) -> Reply:
     tool = next((t for t in WRITE_TOOLS if t in turn.tools), None)
     if match and tool is not None:
         path = os.path.normpath(os.path.join(workdir, match.group(1)))
-        return Reply(tool=tool, arguments=_write_args(tool, path, match.group(2), workdir))
+        params = turn.params.get(tool, set())
+        return Reply(tool=tool, arguments=_write_args(tool, params, path, match.group(2), workdir))
     if STALL_TRIGGER.search(text) and turn.tools:
         return Reply("stalling", stall=True)
     return Reply(text or "(empty)")
@@ -128,11 +134,12 @@ def _last_text(texts: list[str]) -> str:
 
 def chat_turn(body: dict[str, Any]) -> Turn:
     messages = body.get("messages") or []
-    tools = [
-        str((t.get("function") or {}).get("name", ""))
-        for t in body.get("tools") or []
-        if isinstance(t, dict)
-    ]
+    functions = [t.get("function") or {} for t in body.get("tools") or [] if isinstance(t, dict)]
+    tools = [str(f.get("name", "")) for f in functions]
+    params = {
+        str(f.get("name", "")): set((f.get("parameters") or {}).get("properties") or {})
+        for f in functions
+    }
     after_tool = bool(messages) and messages[-1].get("role") == "tool"
     for message in reversed(messages):
         if message.get("role") != "user":
@@ -147,8 +154,8 @@ def chat_turn(body: dict[str, Any]) -> Turn:
                 if isinstance(p, dict) and p.get("type") == "text"
             ]
         if text := _last_text(texts):
-            return Turn(text, after_tool, tools)
-    return Turn("", after_tool, tools)
+            return Turn(text, after_tool, tools, params)
+    return Turn("", after_tool, tools, params)
 
 
 def responses_turn(body: dict[str, Any]) -> Turn:
@@ -227,9 +234,7 @@ def gemini_turn(body: dict[str, Any]) -> Turn:
 class FakeModels:
     """See the module docstring. Thread-safe; one instance per agent under test."""
 
-    def __init__(
-        self, *, workdir: str, model: str = "fake", stall_s: float = 30.0
-    ) -> None:
+    def __init__(self, *, workdir: str, model: str = "fake", stall_s: float = 30.0) -> None:
         self.workdir = workdir
         self.model = model
         self.stall_s = stall_s
@@ -661,7 +666,9 @@ class _Handler(BaseHTTPRequestHandler):
             parts = [{"text": reply.text}]
         merged = {
             **chunks[-1],
-            "candidates": [{**chunks[-1]["candidates"][0], "content": {"role": "model", "parts": parts}}],
+            "candidates": [
+                {**chunks[-1]["candidates"][0], "content": {"role": "model", "parts": parts}}
+            ],
         }
         self._json(200, merged)
 
