@@ -7,9 +7,10 @@ runs it; :func:`ensure_installed` runs it too when the stamp is missing). Every 
 ``HOME`` with the XDG directories under it, and an environment stripped of inherited model
 credentials and proxies (facts from ``shared/reference/third-party-agents.md``).
 
-Runs live under ``.cache/agents/runs/`` rather than the system temp dir: codex's sandbox
-(bubblewrap) hides the system temp dir from its commands, so a ``CODEX_HOME`` or workspace
-there breaks every sandboxed command.
+Runs live under ``.cache/agents/runs/`` (or ``~/.cache/acp-serve`` when the checkout itself is
+in the system temp dir), never in the system temp dir: codex's sandbox (bubblewrap) mounts a
+fresh one, so with ``CODEX_HOME`` there every sandboxed command fails with "bwrap: execvp
+codex-linux-sandbox: No such file or directory".
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,18 @@ REPO: Final = Path(__file__).resolve().parents[2]
 PREFIX: Final = Path(os.environ.get("ACP_AGENTS_PREFIX") or REPO / ".cache" / "agents")
 NODE_MODULES: Final = PREFIX / "node" / "node_modules"
 PY_SDK: Final = PREFIX / "python-sdk"
-RUNS: Final = PREFIX / "runs"
+
+
+def _runs_dir() -> Path:
+    """Where the runs live: never under the system temp dir (see the module docstring)."""
+    tmp = Path(tempfile.gettempdir()).resolve()
+    for candidate in (REPO / ".cache" / "agents" / "runs", Path.home() / ".cache" / "acp-serve"):
+        if not candidate.resolve().is_relative_to(tmp):
+            return candidate
+    raise RuntimeError(f"no place outside {tmp} for the agent runs")
+
+
+RUNS: Final = _runs_dir()
 INSTALL_SCRIPT: Final = REPO / "scripts" / "install-agents"
 
 #: Inherited variables that would point an agent at a real service or a proxy.
@@ -56,6 +69,7 @@ STEPS: Final = (
     "permission",
     "file_on_disk",
     "cancel",
+    "own_mode",
     "sigkill_restart",
     "delete",
     "no_process_left",
@@ -83,6 +97,9 @@ class AgentSpec:
     #: Steps this agent cannot do offline, with the reason naming the package and version
     #: (a skip, never a pass).
     skips: dict[str, str] = field(default_factory=dict)
+    #: One of the agent's own advertised mode ids, other than its start mode where it has
+    #: another (the own_mode step).
+    own_mode: str = ""
     #: Steps that fail on this branch until a fix of issue 18 lands: xfail(strict=True).
     xfails: dict[str, str] = field(default_factory=dict)
     #: Whether the agent streams a reply in more than one chunk.
@@ -183,6 +200,8 @@ CLAUDE: Final = AgentSpec(
     argv=lambda: [shutil.which("node") or "node", str(CLAUDE_DIR / "dist" / "index.js")],
     setup=_claude_setup,
     needs=("node",),
+    own_mode="acceptEdits",
+    xfails={"own_mode": "needs agents-fix item 1 (the agent's own mode ids)"},
 )
 
 
@@ -227,6 +246,11 @@ CODEX: Final = AgentSpec(
     completion_note="codex-acp 0.16.0 sometimes sends no tool_call_update with status "
     '"completed" for an approved command that ran (seen directly over ACP too, about one run '
     "in three)",
+    skips={
+        "own_mode": "codex-acp 0.16.0 advertises its modes (read-only, auto, full-access) only "
+        'when its approval policy matches one of them; with approval_policy = "untrusted", what '
+        "makes its writes ask, it advertises no mode at all",
+    },
 )
 
 
@@ -269,6 +293,10 @@ OPENCODE: Final = AgentSpec(
     entry=OPENCODE_BIN,
     argv=lambda: [str(OPENCODE_BIN), "acp"],
     setup=_opencode_setup,
+    own_mode="plan",
+    xfails={
+        "own_mode": "needs agents-fix items 1 and 2 (opencode's modes are a config option)",
+    },
 )
 
 
@@ -309,6 +337,8 @@ GEMINI: Final = AgentSpec(
     "fs.readTextFile: its not-found check misses ACP's -32002 answer and the write_file call "
     'fails with "Error checking existing file: not found" before it asks; an existing file '
     "takes the same permission-then-fs/write_text_file path",
+    own_mode="autoEdit",
+    xfails={"own_mode": "needs agents-fix item 1 (the agent's own mode ids)"},
 )
 
 
@@ -356,6 +386,7 @@ KIMI: Final = AgentSpec(
         # daemon does not link its own fs/write_text_file approval to the answered request.
         "permission": "needs agents-fix item 3 (an approved write is asked twice for kimi)",
     },
+    own_mode="default",  # its only mode
 )
 
 
@@ -403,6 +434,8 @@ PI: Final = AgentSpec(
     skips={
         "permission": "pi-acp 0.0.34 never asks permission: pi runs its tools without "
         "session/request_permission (the write itself is checked by the file step)",
+        "own_mode": "pi-acp 0.0.34 advertises no modes (its config options are model and "
+        "thought_level only)",
     },
 )
 
@@ -423,6 +456,7 @@ ECHO: Final = AgentSpec(
         "permission": "agent-client-protocol 0.12.1 examples/echo_agent.py only echoes the "
         "prompt: it calls no tool and never asks permission",
         "file_on_disk": "agent-client-protocol 0.12.1 examples/echo_agent.py never writes a file",
+        "own_mode": "agent-client-protocol 0.12.1 examples/echo_agent.py advertises no modes",
         "cancel": "agent-client-protocol 0.12.1 examples/echo_agent.py answers each prompt at "
         "once and has no cancel handler: no turn stays in flight to cancel",
         "sigkill_restart": "agent-client-protocol 0.12.1 examples/echo_agent.py advertises "

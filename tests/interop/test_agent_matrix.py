@@ -382,8 +382,29 @@ class TestAgentFlow:
         assert [e["type"] for e in events].count("prompt_cancelled") == 1
         flow.passed.add("cancel")
 
+    @pytest.mark.step("own_mode", needs=("streamed_reply",))
+    async def test_6_own_mode(self, flow: Flow) -> None:
+        """The agent's own mode ids are listed by /context and accepted by /approval-mode
+        (issue 18 items 1 and 2), whichever way the agent advertises them."""
+        mode = flow.spec.own_mode
+        async with http(flow) as client:
+            r = await client.get(f"/session/{flow.session_id}/context", headers=flow.headers)
+            assert r.status_code == 200, r.text
+            modes = r.json()["state"]["modes"]
+            ids = [m.get("id") for m in modes.get("availableModes") or []]
+            assert mode in ids, f"{mode!r} not among the listed modes {ids}"
+            r = await client.post(
+                f"/session/{flow.session_id}/approval-mode",
+                json={"mode": mode},
+                headers=flow.headers,
+            )
+            assert r.status_code == 200, r.text
+            events = await read_events(client, flow, lambda e: e["type"] == "approval_mode_changed")
+        assert events[-1]["data"]["next"] == mode, events[-1]
+        flow.passed.add("own_mode")
+
     @pytest.mark.step("sigkill_restart", needs=("streamed_reply",))
-    async def test_6_sigkill_restart(self, flow: Flow) -> None:
+    async def test_7_sigkill_restart(self, flow: Flow) -> None:
         victim = agent_pid(flow)
         flow.processes |= session_processes(flow)
         os.kill(victim, signal.SIGKILL)
@@ -403,7 +424,7 @@ class TestAgentFlow:
         flow.passed.add("sigkill_restart")
 
     @pytest.mark.step("delete", needs=("create",))
-    async def test_7_delete(self, flow: Flow) -> None:
+    async def test_8_delete(self, flow: Flow) -> None:
         flow.processes |= session_processes(flow)
         async with http(flow) as client:
             r = await client.delete(f"/session/{flow.session_id}", headers=flow.headers)
@@ -413,7 +434,7 @@ class TestAgentFlow:
         flow.passed.add("delete")
 
     @pytest.mark.step("no_process_left", needs=("delete",))
-    async def test_8_no_process_left(self, flow: Flow) -> None:
+    async def test_9_no_process_left(self, flow: Flow) -> None:
         assert flow.processes, "no agent process was ever seen"
         deadline = time.monotonic() + EXIT_GUARD_S
         while left := [p for p in flow.processes if alive(p)]:
