@@ -264,11 +264,12 @@ def session_processes(flow: Flow) -> set[tuple[int, str]]:
 
 
 def agent_pid(flow: Flow) -> int:
-    """The agent child: the daemon's direct child (one session per daemon here)."""
+    """The agent child: the daemon's direct child leading its own process group (one session
+    per daemon here; an orphan re-parented to the daemon keeps its old group)."""
     children = [
         pid
         for pid, _ in session_processes(flow)
-        if (st := _stat(pid)) is not None and st[0] == flow.daemon.proc.pid
+        if (st := _stat(pid)) is not None and st[0] == flow.daemon.proc.pid and st[1] == pid
     ]
     assert len(children) == 1, f"expected one agent child, found {children}"
     return children[0]
