@@ -1,19 +1,21 @@
 """Third-party ACP agents behind the real daemon, offline: one flow, every agent.
 
-Each agent of :data:`tests.interop.agents.MATRIX` (claude-agent-acp, codex-acp, opencode, the
-Python SDK's echo agent) runs behind its own ``acp-serve`` process, against its own
-:class:`~tests.support.fake_models.FakeModels` server on 127.0.0.1, with a private HOME. The
-flow is one session taken through eight steps, one test each, in order:
+Each agent of :data:`tests.interop.agents.MATRIX` (claude-agent-acp, codex-acp, opencode,
+gemini-cli, kimi-cli, pi-acp, the Python SDK's echo agent) runs behind its own ``acp-serve``
+process, against its own :class:`~tests.support.fake_models.FakeModels` server on 127.0.0.1,
+with a private HOME. The flow is one session taken through nine steps, one test each, in order:
 
-create → streamed reply → permission request answered → file on disk → cancel → SIGKILL of the
-agent and restart in place → delete → no process left.
+create → streamed reply → permission request answered → file on disk → cancel → the agent's own
+mode → SIGKILL of the agent and restart in place → delete → no process left.
 
 A class-scoped fixture parametrized by agent holds the daemon and the session, so pytest runs
 each agent's steps together and starts each agent once. A step whose predecessor failed skips
 ("needs step X"); a step an agent cannot do offline for a reason of its own skips with that
-reason (``AgentSpec.skips``); nothing is faked as a pass. Permissions ask because of the agents'
-own configuration (claude ``defaultMode: default``, codex ``approval_policy = "untrusted"``,
-opencode ``permission.edit: ask``): no approval-mode change is needed.
+reason (``AgentSpec.skips``); a step that needs a fix of issue 18 not on this branch is
+``xfail(strict=True)`` (``AgentSpec.xfails``); nothing is faked as a pass. Permissions ask
+because of the agents' own configuration (claude ``defaultMode: default``, codex
+``approval_policy = "untrusted"``, opencode ``permission.edit: ask``; gemini and kimi ask by
+default): no approval-mode change is needed.
 
 Only the HTTP API and the daemon's process tree (``/proc``) are used.
 """
