@@ -3,7 +3,8 @@ up to run offline against :class:`tests.support.fake_models.FakeModels`, and the
 cannot do for a reason of its own.
 
 ``scripts/install-agents`` puts them under ``.cache/agents`` at pinned versions (scripts/test
-runs it; :func:`ensure_installed` runs it too when the stamp is missing). Every run gets a fresh
+runs it; :func:`ensure_installed` runs it too when the stamp is missing); qwen-code comes from
+``scripts/install-node-deps`` (``.cache/node``, see tests/support/node.py). Every run gets a fresh
 ``HOME`` with the XDG directories under it, and an environment stripped of inherited model
 credentials and proxies (facts from ``shared/reference/third-party-agents.md``).
 
@@ -24,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
+
+from tests.support.node import QWEN_PACKAGE, QWEN_SETTINGS, qwen_acp_argv
 
 REPO: Final = Path(__file__).resolve().parents[2]
 PREFIX: Final = Path(os.environ.get("ACP_AGENTS_PREFIX") or REPO / ".cache" / "agents")
@@ -163,6 +166,32 @@ def base_env(run: Run) -> dict[str, str]:
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+# -- qwen-code (scripts/install-node-deps puts it in .cache/node) ----------------------------
+
+
+def _qwen_setup(run: Run, base_url: str) -> dict[str, str]:
+    # tools.approvalMode "default": writes ask (qwen starts in "auto" otherwise).
+    settings = {**QWEN_SETTINGS, "tools": {"approvalMode": "default"}}
+    _write(run.home / ".qwen" / "settings.json", json.dumps(settings))
+    return {
+        "OPENAI_API_KEY": "dummy-key",
+        "OPENAI_BASE_URL": f"{base_url}/v1",
+        "OPENAI_MODEL": "fake",
+        "QWEN_CODE_NO_RELAUNCH": "true",  # one process, not three
+    }
+
+
+QWEN: Final = AgentSpec(
+    name="qwen-code",
+    version="0.24.4",
+    entry=QWEN_PACKAGE / "cli.js",
+    argv=lambda: qwen_acp_argv(QWEN_PACKAGE / "cli.js"),
+    setup=_qwen_setup,
+    needs=("node",),
+    own_mode="auto-edit",
+)
 
 
 # -- Claude Agent (@zed-industries/claude-agent-acp) -----------------------------------------
@@ -465,4 +494,4 @@ ECHO: Final = AgentSpec(
     },
 )
 
-MATRIX: Final = (CLAUDE, CODEX, OPENCODE, GEMINI, KIMI, PI, ECHO)
+MATRIX: Final = (QWEN, CLAUDE, CODEX, OPENCODE, GEMINI, KIMI, PI, ECHO)

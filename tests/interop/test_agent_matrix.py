@@ -1,7 +1,7 @@
 """Third-party ACP agents behind the real daemon, offline: one flow, every agent.
 
-Each agent of :data:`tests.interop.agents.MATRIX` (claude-agent-acp, codex-acp, opencode,
-gemini-cli, kimi-cli, pi-acp, the Python SDK's echo agent) runs behind its own ``acp-serve``
+Each agent of :data:`tests.interop.agents.MATRIX` (qwen-code, claude-agent-acp, codex-acp,
+opencode, gemini-cli, kimi-cli, pi-acp, the Python SDK's echo agent) runs behind its own ``acp-serve``
 process, against its own :class:`~tests.support.fake_models.FakeModels` server on 127.0.0.1,
 with a private HOME. The flow is one session taken through nine steps, one test each, in order:
 
@@ -13,7 +13,8 @@ each agent's steps together and starts each agent once. A step whose predecessor
 ("needs step X"); a step an agent cannot do offline for a reason of its own skips with that
 reason (``AgentSpec.skips``); a step that needs a fix of issue 18 not on this branch is
 ``xfail(strict=True)`` (``AgentSpec.xfails``); nothing is faked as a pass. Permissions ask
-because of the agents' own configuration (claude ``defaultMode: default``, codex
+because of the agents' own configuration (qwen ``tools.approvalMode: default``, claude
+``defaultMode: default``, codex
 ``approval_policy = "untrusted"``, opencode ``permission.edit: ask``; gemini and kimi ask by
 default): no approval-mode change is needed.
 
