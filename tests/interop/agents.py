@@ -410,11 +410,6 @@ KIMI: Final = AgentSpec(
     entry=KIMI_BIN,
     argv=lambda: [str(KIMI_BIN), "acp"],
     setup=_kimi_setup,
-    xfails={
-        # kimi names the write's path only in a diff block of its permission request, so the
-        # daemon does not link its own fs/write_text_file approval to the answered request.
-        "permission": "needs agents-fix item 3 (an approved write is asked twice for kimi)",
-    },
     own_mode="default",  # its only mode
 )
 
