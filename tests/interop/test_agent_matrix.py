@@ -3,7 +3,8 @@
 Each agent of :data:`tests.interop.agents.MATRIX` (qwen-code, claude-agent-acp, codex-acp,
 opencode, gemini-cli, kimi-cli, pi-acp, the Python SDK's echo agent) runs behind its own
 ``acp-serve`` process, against its own :class:`~tests.support.fake_models.FakeModels` server on
-127.0.0.1, with a private HOME. The flow is one session taken through nine steps, one test each, in order:
+127.0.0.1, with a private HOME. The flow is one session taken through nine steps, one test
+each, in order:
 
 create → streamed reply → permission request answered → file on disk → cancel → the agent's own
 mode → SIGKILL of the agent and restart in place → delete → no process left.
