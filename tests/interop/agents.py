@@ -103,8 +103,6 @@ class AgentSpec:
     #: One of the agent's own advertised mode ids, other than its start mode where it has
     #: another (the own_mode step).
     own_mode: str = ""
-    #: Steps that fail on this branch until a fix of issue 18 lands: xfail(strict=True).
-    xfails: dict[str, str] = field(default_factory=dict)
     #: Whether the agent streams a reply in more than one chunk.
     streams_chunks: bool = True
     #: Set when the agent may not report the asked tool call "completed" (why): the permission
@@ -230,7 +228,6 @@ CLAUDE: Final = AgentSpec(
     setup=_claude_setup,
     needs=("node",),
     own_mode="acceptEdits",
-    xfails={"own_mode": "needs agents-fix item 1 (the agent's own mode ids)"},
 )
 
 
@@ -323,9 +320,6 @@ OPENCODE: Final = AgentSpec(
     argv=lambda: [str(OPENCODE_BIN), "acp"],
     setup=_opencode_setup,
     own_mode="plan",
-    xfails={
-        "own_mode": "needs agents-fix items 1 and 2 (opencode's modes are a config option)",
-    },
 )
 
 
@@ -367,7 +361,6 @@ GEMINI: Final = AgentSpec(
     'fails with "Error checking existing file: not found" before it asks; an existing file '
     "takes the same permission-then-fs/write_text_file path",
     own_mode="autoEdit",
-    xfails={"own_mode": "needs agents-fix item 1 (the agent's own mode ids)"},
 )
 
 

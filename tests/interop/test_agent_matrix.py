@@ -12,8 +12,7 @@ mode → SIGKILL of the agent and restart in place → delete → no process lef
 A class-scoped fixture parametrized by agent holds the daemon and the session, so pytest runs
 each agent's steps together and starts each agent once. A step whose predecessor failed skips
 ("needs step X"); a step an agent cannot do offline for a reason of its own skips with that
-reason (``AgentSpec.skips``); a step that needs a fix of issue 18 not on this branch is
-``xfail(strict=True)`` (``AgentSpec.xfails``); nothing is faked as a pass. Permissions ask
+reason (``AgentSpec.skips``); nothing is faked as a pass. Permissions ask
 because of the agents' own configuration (qwen ``tools.approvalMode: default``, claude
 ``defaultMode: default``, codex
 ``approval_policy = "untrusted"``, opencode ``permission.edit: ask``; gemini and kimi ask by
@@ -133,8 +132,6 @@ def _step_gate(request: pytest.FixtureRequest) -> None:
             continue  # the file step runs the write turn itself
         if needed not in flow.passed:
             pytest.skip(f"needs step {needed!r}, which did not pass")
-    if reason := flow.spec.xfails.get(step):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -390,7 +387,7 @@ class TestAgentFlow:
     @pytest.mark.step("own_mode", needs=("streamed_reply",))
     async def test_6_own_mode(self, flow: Flow) -> None:
         """The agent's own mode ids are listed by /context and accepted by /approval-mode
-        (issue 18 items 1 and 2), whichever way the agent advertises them."""
+        (issue 18 items 1 and 2), whether the agent advertises ACP modes or a mode option."""
         mode = flow.spec.own_mode
         async with http(flow) as client:
             r = await client.get(f"/session/{flow.session_id}/context", headers=flow.headers)
