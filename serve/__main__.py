@@ -18,6 +18,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from serve.client.cli import main as client_main
 
         return client_main(args[1:])
+    if args[:1] == ["attach"]:
+        # `acp-serve attach URL [--token T]`: a stdio ACP agent forwarding to a remote /acp.
+        from serve.client.attach import main as attach_main
+
+        return attach_main(args[1:])
     argv = args
     try:
         settings = parse_settings(argv)

@@ -455,21 +455,29 @@ async def _websocket(workspace_ref: str | None) -> None:
 
             async def sender() -> None:
                 token = conn.outbox.attach()
-                while True:
-                    batch = await conn.outbox.take(token, HEARTBEAT_INTERVAL_S)
-                    if batch is None:
-                        break
-                    for _event_id, payload in batch:
-                        await websocket.send(payload.decode())
+                try:
+                    while True:
+                        batch = await conn.outbox.take(token, HEARTBEAT_INTERVAL_S)
+                        if batch is None:
+                            break
+                        for _event_id, payload in batch:
+                            await websocket.send(payload.decode())
+                except ClientDisconnectedError:
+                    pass
+                nursery.cancel_scope.cancel()
+
+            async def receiver() -> None:
+                try:
+                    while True:
+                        data = await websocket.receive()
+                        raw = data.encode() if isinstance(data, str) else data
+                        front.submit(conn, jsonrpc.parse(raw), None)
+                except ClientDisconnectedError:
+                    pass  # a dropped socket: released below
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(sender)
-            while True:
-                data = await websocket.receive()
-                raw = data.encode() if isinstance(data, str) else data
-                front.submit(conn, jsonrpc.parse(raw), None)
-    except ClientDisconnectedError:
-        pass  # a dropped socket: release below
+            nursery.start_soon(receiver)
     finally:
         conn.open_streams -= 1
         front.close(conn)
