@@ -36,7 +36,7 @@ last event the client was handed) through the log's ring. A connection outbox (o
 WebSocket's) that overflows ends the connection. HTTP connections with no open stream and
 no request for ``idle_timeout_s`` expire. Closing a connection (DELETE, a dropped socket,
 expiry) releases everything it held: pumps stop, its client registrations are released,
-and each of its sessions that no other client holds is closed.
+and each of its sessions to which no other client is attached is closed.
 
 The front knows nothing of HTTP: the transports call :meth:`AcpFront.initialize`,
 :meth:`AcpFront.submit`, :meth:`AcpFront.session_outbox` and :meth:`AcpFront.close`.
@@ -177,6 +177,7 @@ class SessionLink:
         "pump_done",
         "pump_scope",
         "pushed",
+        "resume_from",
         "session",
     )
 
@@ -191,6 +192,8 @@ class SessionLink:
         #: Set (and replaced) whenever the pump has queued a batch.
         self.pushed = trio.Event()
         self.evicted = False
+        #: After an eviction: the last event id before the first dropped one.
+        self.resume_from: int | None = None
         self.ended = False
         self.hold_end = False
 
@@ -410,8 +413,8 @@ class AcpFront:
         async with trio.open_nursery() as nursery:
             for link in links:
                 session = link.session
-                if session.closing or session.clients or session.subscribers:
-                    continue  # another client holds it
+                if session.closing or session.clients:
+                    continue  # another client is attached to it
                 nursery.start_soon(self._close_quietly, session)
 
     async def _close_quietly(self, session: Any) -> None:
@@ -550,11 +553,13 @@ class AcpFront:
             return False
         # Evict this session stream's queued events; the client resumes from the ring.
         self.evictions += 1
-        dropped = outbox.drop_events()
+        dropped, lowest = outbox.drop_events()
+        if event_id is not None and (lowest is None or event_id < lowest):
+            lowest = event_id
         link.evicted = True
+        link.resume_from = (lowest - 1) if lowest is not None else outbox.last_taken
         if link.pump_scope is not None:
             link.pump_scope.cancel()
-        resume_from = outbox.last_taken if outbox.last_taken is not None else None
         outbox.push(
             None,
             notify(
@@ -562,7 +567,7 @@ class AcpFront:
                 {
                     "sessionId": link.session_id,
                     "reason": "queue_overflow",
-                    "droppedAfter": resume_from,
+                    "droppedAfter": link.resume_from,
                     "dropped": dropped,
                     "maxQueued": outbox.max_messages,
                 },
@@ -684,7 +689,7 @@ class AcpFront:
                 return None
             return link.outbox, link.session.log.epoch
         if last_event_id is None and link.evicted:
-            last_event_id = link.outbox.last_taken
+            last_event_id = link.resume_from if link.resume_from is not None else 0
         if last_event_id is not None:
             link.outbox.drop_events()
             self._start_pump(conn, link, last_event_id, epoch)

@@ -61,13 +61,14 @@ class Outbox:
         self._wake.set()
         return True
 
-    def drop_events(self) -> int:
-        """Remove every session-bus message (keep replies); returns how many were dropped."""
+    def drop_events(self) -> tuple[int, int | None]:
+        """Remove every session-bus message (keep replies): how many were dropped, and the
+        lowest dropped event id (None when none was)."""
         kept = deque(item for item in self._items if item[0] is None)
-        dropped = len(self._items) - len(kept)
+        ids = [item[0] for item in self._items if item[0] is not None]
         self._items = kept
         self._bytes = sum(len(p) for _, p in kept)
-        return dropped
+        return len(ids), (min(ids) if ids else None)
 
     def end(self) -> None:
         self.ended = True

@@ -51,7 +51,9 @@ runs (so no handler, no body read, no session or disk change):
 Keep-alive: before answering early, the front reads and discards the request body (up to
 :data:`DRAIN_LIMIT_BYTES`, within :data:`DRAIN_TIMEOUT_S`) so the connection can serve the
 next request; a body too large or too slow to drain gets ``Connection: close`` instead.
-WebSocket scopes get checks 1–5 and are closed (code 1008) when refused; lifespan passes.
+WebSocket scopes get checks 1–5; a refused upgrade is answered with the HTTP status and
+body a request would get (401/403; close code 1008 where the server cannot answer HTTP).
+Lifespan passes.
 
 Logging: rate-limit refusals are logged sampled; the configured token is redacted from
 every log record (:func:`serve.logs.install_redaction`). No error body ever contains a
@@ -471,18 +473,36 @@ class SecurityFront:
             self._rebind(port)
         if origins and self._loopback and len(origins) == 1 and origins[0] in self._self_origins:
             origins = []
-        refused = (
-            (self._loopback and (len(hosts) != 1 or hosts[0].lower() not in self._hosts))
-            or (
-                bool(origins)
-                and self._cors.evaluate([o.decode("latin-1") for o in origins], "GET").action
-                is not CorsAction.ALLOW
-            )
-            or (self._bearer is not None and not self._authorized(auths))
-        )
-        if refused:
+        refusal: tuple[int, bytes] | None = None
+        if self._loopback and (len(hosts) != 1 or hosts[0].lower() not in self._hosts):
+            refusal = (403, _HOST_403)
+        elif (
+            bool(origins)
+            and self._cors.evaluate([o.decode("latin-1") for o in origins], "GET").action
+            is not CorsAction.ALLOW
+        ):
+            refusal = (403, _CORS_403)
+        elif self._bearer is not None and not self._authorized(auths):
+            refusal = (401, _UNAUTHORIZED_401)
+        if refusal is not None:
             message = await receive()
-            if message["type"] == "websocket.connect":
+            if message["type"] != "websocket.connect":
+                return
+            if "websocket.http.response" in scope.get("extensions", {}):
+                # Refuse the upgrade with the same status and body as an HTTP request.
+                status, body = refusal
+                await send(
+                    {
+                        "type": "websocket.http.response.start",
+                        "status": status,
+                        "headers": [
+                            (b"content-type", _JSON),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "websocket.http.response.body", "body": body})
+            else:
                 await send({"type": "websocket.close", "code": 1008})
             return
         await self._app(scope, receive, send)
