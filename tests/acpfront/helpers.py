@@ -153,3 +153,80 @@ class AcpHttp:
         reply = await conn.reply(rid)
         assert "result" in reply.message, reply
         return reply.message["result"]  # type: ignore[no-any-return]
+
+
+class WsClosed(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"closed {code}")
+        self.code = code
+
+
+class Ws:
+    """A minimal WebSocket client (wsproto over a trio TCP stream)."""
+
+    def __init__(self, stream: trio.SocketStream, conn: Any) -> None:
+        self.stream = stream
+        self.conn = conn
+        self._pending: list[Any] = []
+
+    @classmethod
+    async def connect(cls, port: int, path: str = "/acp", headers: dict[str, str] | None = None):
+        from wsproto import ConnectionType, WSConnection
+        from wsproto.events import AcceptConnection, RejectConnection, Request
+
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        conn = WSConnection(ConnectionType.CLIENT)
+        extra = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+        await stream.send_all(
+            conn.send(Request(host=f"127.0.0.1:{port}", target=path, extra_headers=extra))
+        )
+        ws = cls(stream, conn)
+        while True:
+            for event in await ws._events():
+                if isinstance(event, AcceptConnection):
+                    return ws
+                if isinstance(event, RejectConnection):
+                    await stream.aclose()
+                    raise WsClosed(-event.status_code)
+
+    async def _events(self) -> list[Any]:
+        with trio.fail_after(GUARD_S):
+            data = await self.stream.receive_some(65536)
+        self.conn.receive_data(data or None)
+        return list(self.conn.events())
+
+    async def send(self, obj: Any) -> None:
+        from wsproto.events import TextMessage
+
+        text = obj if isinstance(obj, str) else json.dumps(obj)
+        await self.stream.send_all(self.conn.send(TextMessage(data=text)))
+
+    async def recv(self) -> dict[str, Any]:
+        """The next JSON message; raises :class:`WsClosed` when the server closes."""
+        from wsproto.events import CloseConnection, Ping, TextMessage
+
+        buffer = ""
+        while True:
+            if not self._pending:
+                self._pending = await self._events()
+            event = self._pending.pop(0)
+            if isinstance(event, TextMessage):
+                buffer += event.data
+                if event.message_finished:
+                    return json.loads(buffer)  # type: ignore[no-any-return]
+            elif isinstance(event, CloseConnection):
+                raise WsClosed(event.code)
+            elif isinstance(event, Ping):
+                await self.stream.send_all(self.conn.send(event.response()))
+
+    async def until(self, predicate: Any) -> list[dict[str, Any]]:
+        out = []
+        while True:
+            msg = await self.recv()
+            out.append(msg)
+            if predicate(msg):
+                return out
+
+    async def abort(self) -> None:
+        """Drop the socket without a closing handshake."""
+        await self.stream.aclose()
