@@ -29,11 +29,13 @@ SDK), so no client sees its stream end with the close still unanswered.
 
 Bounds (units named): at most :data:`MAX_CONNECTIONS` connections, :data:`MAX_SESSIONS`
 sessions and :data:`MAX_INFLIGHT` requests in flight per connection; every outbox holds at
-most ``max_messages`` messages and ``max_bytes`` bytes. A session outbox that overflows is
-*evicted*: its queued events are dropped, an id-less ``_qwen/notify client_evicted`` is
-queued, and the pump stops; reopening the stream resumes from ``Last-Event-ID`` (or from the
-last event the client was handed) through the log's ring. A connection outbox (or a
-WebSocket's) that overflows ends the connection. HTTP connections with no open stream and
+most ``max_messages`` messages and ``max_bytes`` bytes. While a reader is attached and
+draining, a full outbox makes the pump wait (at most :data:`WRITER_STALL_S`); a session
+outbox that overflows with no reader (or a stalled one) is *evicted*: its queued events are
+dropped, an id-less ``_qwen/notify client_evicted`` is queued, and the pump stops;
+reopening the stream resumes from ``Last-Event-ID`` (or from the first dropped event)
+through the log's ring, and replies queued meanwhile follow the replay. A connection outbox
+(or a WebSocket's) that overflows ends the connection. HTTP connections with no open stream and
 no request for ``idle_timeout_s`` expire. Closing a connection (DELETE, a dropped socket,
 expiry) releases everything it held: pumps stop, its client registrations are released,
 and each of its sessions to which no other client is attached is closed.
@@ -99,6 +101,8 @@ DEFAULT_IDLE_TIMEOUT_S = 300.0
 #: The pump's subscriber bound (frames), as ``?maxQueued`` on the REST stream.
 PUMP_MAX_QUEUED = 2048
 ASK_TIMEOUT_S = 30.0
+#: How long a pump waits for a stream reader that is attached but not draining (seconds).
+WRITER_STALL_S = 30.0
 
 PROTOCOL_VERSION = 1
 
@@ -169,6 +173,7 @@ class SessionLink:
 
     __slots__ = (
         "client_id",
+        "deferred",
         "ended",
         "evicted",
         "hold_end",
@@ -194,6 +199,8 @@ class SessionLink:
         self.evicted = False
         #: After an eviction: the last event id before the first dropped one.
         self.resume_from: int | None = None
+        #: Replies queued before a resume, re-queued after its replay (replay_complete).
+        self.deferred: list[bytes] = []
         self.ended = False
         self.hold_end = False
 
@@ -641,11 +648,21 @@ class AcpFront:
                             conn.server_requests[rid] = (sid, request_id)
                             while len(conn.server_requests) > MAX_SERVER_REQUESTS:
                                 conn.server_requests.popitem(last=False)
+                        outbox = link.outbox if conn.transport == "http" else conn.outbox
+                        if not outbox.has_room(len(msg.payload)) and outbox.has_reader:
+                            # A reader is draining: backpressure, not eviction (the log's
+                            # own subscriber bound still evicts a pump that falls behind).
+                            with trio.move_on_after(WRITER_STALL_S):
+                                await outbox.wait_room(len(msg.payload))
                         if not self._push_session(conn, link, msg.event_id, msg.payload):
                             return
                         if msg.event_type == "client_evicted":
                             link.evicted = True
                             return
+                        if msg.event_type == "replay_complete" and link.deferred:
+                            deferred, link.deferred = link.deferred, []
+                            for reply in deferred:
+                                self._push_session(conn, link, None, reply)
                     link.pushed.set()
                     link.pushed = trio.Event()
         finally:
@@ -692,6 +709,7 @@ class AcpFront:
             last_event_id = link.resume_from if link.resume_from is not None else 0
         if last_event_id is not None:
             link.outbox.drop_events()
+            link.deferred.extend(link.outbox.take_replies())
             self._start_pump(conn, link, last_event_id, epoch)
         return link.outbox, link.session.log.epoch
 

@@ -3,7 +3,8 @@
 Each item is ``(event_id, payload)``: ``event_id`` is the session log's id for a
 session-bus message (the SSE ``id:`` line, what ``Last-Event-ID`` resumes from) and None for
 a JSON-RPC reply. Bounds: :attr:`max_messages` items and :attr:`max_bytes` payload bytes;
-:meth:`push` refuses past either (the owner decides what to evict). One reader at a time:
+:meth:`push` refuses past either (the owner decides what to evict); a producer may first
+:meth:`wait_room` while a reader is attached and draining. One reader at a time:
 :meth:`attach` hands out a new reader token and wakes the previous reader, whose next
 :meth:`take` returns None (a second GET of a stream ends the first). :meth:`end` lets the
 current reader drain what is left, then its ``take`` returns None.
@@ -31,6 +32,7 @@ class Outbox:
         self._items: deque[Item] = deque()
         self._bytes = 0
         self._wake = trio.Event()
+        self._room = trio.Event()
         self._reader = 0
         self._tokens = 0
         self.ended = False
@@ -49,6 +51,16 @@ class Outbox:
     @property
     def has_reader(self) -> bool:
         return self._reader != 0
+
+    def has_room(self, size: int) -> bool:
+        return len(self._items) < self.max_messages and self._bytes + size <= self.max_bytes
+
+    async def wait_room(self, size: int) -> None:
+        """Wait until ``size`` more bytes (one message) fit (the reader took a batch)."""
+        while not self.has_room(size) and not self.ended:
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
 
     def push(self, event_id: int | None, payload: bytes) -> bool:
         """Append one message; False (nothing stored) when a bound would be exceeded."""
@@ -70,9 +82,17 @@ class Outbox:
         self._bytes = sum(len(p) for _, p in kept)
         return len(ids), (min(ids) if ids else None)
 
+    def take_replies(self) -> list[bytes]:
+        """Remove and return the queued replies (a resume re-queues them after its replay)."""
+        replies = [p for event_id, p in self._items if event_id is None]
+        self._items = deque(item for item in self._items if item[0] is not None)
+        self._bytes = sum(len(p) for _, p in self._items)
+        return replies
+
     def end(self) -> None:
         self.ended = True
         self._wake.set()
+        self._room.set()
 
     def attach(self) -> int:
         self._tokens += 1
@@ -96,6 +116,7 @@ class Outbox:
                     out = list(self._items)
                     self._items.clear()
                     self._bytes = 0
+                    self._room.set()
                     for event_id, _ in reversed(out):
                         if event_id is not None:
                             self.last_taken = event_id

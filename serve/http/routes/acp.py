@@ -25,6 +25,7 @@ strict-gate route answer ``token_required``.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from typing import Any
 
@@ -33,6 +34,7 @@ from quart import Blueprint, Response, current_app, make_response, request, webs
 from quart.wrappers.base import ClientDisconnectedError
 
 from serve.acpfront import AcpFront, Connection, jsonrpc
+from serve.acpfront.front import DEFAULT_IDLE_TIMEOUT_S
 from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
 from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
 from serve.http import capabilities
@@ -59,13 +61,29 @@ _JSON = "application/json; charset=utf-8"
 _ROUTES = ("/acp", "/workspaces/<path:workspace>/acp", "/workspaces//<path:workspace>/acp")
 
 _ROUTES = ("/acp", "/workspaces/<path:workspace>/acp", "/workspaces//<path:workspace>/acp")
+
+
+def acp_enabled(_daemon: Any = None) -> bool:
+    """``/acp`` is on unless ``QWEN_SERVE_ACP_HTTP=0`` (as in the reference)."""
+    return os.environ.get("QWEN_SERVE_ACP_HTTP", "1").strip().lower() not in ("0", "false")
+
+
+def _idle_timeout_s() -> float:
+    """``QWEN_SERVE_ACP_IDLE_TIMEOUT_MS`` (default 300000): HTTP connection expiry."""
+    raw = os.environ.get("QWEN_SERVE_ACP_IDLE_TIMEOUT_MS", "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw) / 1000
+    return DEFAULT_IDLE_TIMEOUT_S
+
+
 capabilities.register(
     Feature(
         "acp_http_transport",
         tuple((method, rule) for rule in _ROUTES for method in ("POST", "GET", "DELETE")),
+        when=acp_enabled,
     ),
     # The WebSocket upgrade is a GET of the same rules (Quart registers it as one).
-    Feature("acp_websocket_transport", tuple(("GET", rule) for rule in _ROUTES)),
+    Feature("acp_websocket_transport", tuple(("GET", rule) for rule in _ROUTES), when=acp_enabled),
 )
 
 #: JSON-RPC methods whose REST twin is a strict-gate route (see serve/http/security/strict).
@@ -87,6 +105,21 @@ def _tier(method: str) -> Tier | None:
     if method in _TIERS:
         return _TIERS[method]
     return Tier.MUTATION
+
+
+class AcpDisabled(Exception):
+    """``QWEN_SERVE_ACP_HTTP=0``: the routes answer 404 as if absent."""
+
+
+@blueprint.errorhandler(AcpDisabled)
+async def _disabled(_exc: AcpDisabled) -> Response:
+    return Response(b'{"error":"Not found"}', status=404, content_type=_JSON)
+
+
+@blueprint.before_request
+async def _gate() -> None:
+    if not acp_enabled():
+        raise AcpDisabled()
 
 
 def the_front() -> AcpFront:
@@ -144,7 +177,9 @@ async def _start_front() -> None:
         ver = version("acp-serve")
     except PackageNotFoundError:
         ver = "0"
-    front = AcpFront(d, policy=_policy_for(d), version=ver)
+    if not acp_enabled():
+        return
+    front = AcpFront(d, policy=_policy_for(d), idle_timeout_s=_idle_timeout_s(), version=ver)
     scope = trio.CancelScope()
 
     async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -417,6 +452,9 @@ async def delete_workspace_acp(workspace: str) -> Response:
 
 
 async def _websocket(workspace_ref: str | None) -> None:
+    if not acp_enabled():
+        await websocket.close(1008)
+        return
     await websocket.accept()
     first: Any = None
     with trio.move_on_after(WS_INIT_TIMEOUT_S):
