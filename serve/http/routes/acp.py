@@ -202,7 +202,9 @@ async def _stop_front() -> None:
 # ---- helpers ------------------------------------------------------------------------------
 
 
-def _rpc_response(status: int, rid: Any, error: RpcError, headers: dict[str, str] | None = None):
+def _rpc_response(
+    status: int, rid: Any, error: RpcError, headers: dict[str, str] | None = None
+) -> Response:
     return Response(
         jsonrpc.error_bytes(rid, error), status=status, headers=headers, content_type=_JSON
     )
