@@ -79,6 +79,7 @@ from serve.sessions.actor import (
     CloseSession,
     Heartbeat,
     PromptQueueFull,
+    PublishEvent,
     SetApprovalMode,
     SetModel,
     SubmitPrompt,
@@ -298,6 +299,16 @@ class AcpFront:
             "_qwen/session/heartbeat": self._heartbeat,
             "_qwen/session/update_metadata": self._update_metadata,
             "_qwen/session/detach": self._detach,
+            "_qwen/session/context": self._context,
+            "_qwen/session/supported_commands": self._supported_commands,
+            "_qwen/status": self._status,
+            "_qwen/file/read": self._file_read,
+            "_qwen/file/read_bytes": self._file_read_bytes,
+            "_qwen/file/stat": self._file_stat,
+            "_qwen/file/list": self._file_list,
+            "_qwen/file/glob": self._file_glob,
+            "_qwen/file/write": self._file_write,
+            "_qwen/file/edit": self._file_edit,
         }
 
     @property
@@ -1037,6 +1048,155 @@ class AcpFront:
         conn.server_requests.pop(PERMISSION_ID_PREFIX + request_id, None)
         return out
 
+    async def _context(self, conn: Connection, params: dict[str, Any]) -> Any:
+        from serve.status.agent import context_state
+
+        link = self._owned(conn, params)
+        session = link.session
+        return {
+            "v": 1,
+            "sessionId": session.session_id,
+            "workspaceCwd": session.workspace,
+            "state": context_state(session),
+        }
+
+    async def _supported_commands(self, conn: Connection, params: dict[str, Any]) -> Any:
+        from serve.status.agent import supported_commands
+
+        link = self._owned(conn, params)
+        return {
+            "v": 1,
+            "sessionId": link.session_id,
+            "availableCommands": supported_commands(link.session),
+        }
+
+    async def _status(self, conn: Connection, params: dict[str, Any]) -> Any:
+        from serve.status.daemon_status import daemon_status
+
+        detail = params.get("detail", "summary")
+        if detail not in ("summary", "full"):
+            raise _params_error("`detail` must be one of: summary, full")
+        return daemon_status(self.host, detail)
+
+    # ---- files (the REST file routes' functions) ---------------------------------------
+
+    async def _file_read(self, conn: Connection, params: dict[str, Any]) -> Any:
+        from serve.workspace import read_text
+        from serve.workspace.files import MAX_READ_LINES, MAX_TEXT_READ_BYTES
+
+        path = _Files.text(params, "path")
+        max_bytes = _Files.number(params, "maxBytes", 1, MAX_TEXT_READ_BYTES)
+        line = _Files.number(params, "line", 1, 2**31 - 1)
+        limit = _Files.number(params, "limit", 1, MAX_READ_LINES)
+        ws = _Files.workspace(self, conn)
+        return await _Files.run(
+            lambda: read_text(ws, path, max_bytes=max_bytes, line=line, limit=limit)
+        )
+
+    async def _file_read_bytes(self, conn: Connection, params: dict[str, Any]) -> Any:
+        from serve.workspace import read_bytes
+        from serve.workspace.files import DEFAULT_BYTES_WINDOW, MAX_BYTES_WINDOW
+
+        path = _Files.text(params, "path")
+        offset = _Files.number(params, "offset", 0, 2**63 - 1) or 0
+        max_bytes = _Files.number(params, "maxBytes", 1, MAX_BYTES_WINDOW) or DEFAULT_BYTES_WINDOW
+        ws = _Files.workspace(self, conn)
+        return await _Files.run(lambda: read_bytes(ws, path, offset=offset, max_bytes=max_bytes))
+
+    async def _file_stat(self, conn: Connection, params: dict[str, Any]) -> Any:
+        from serve.workspace import stat
+
+        path = _Files.text(params, "path")
+        ws = _Files.workspace(self, conn)
+        return await _Files.run(lambda: stat(ws, path))
+
+    async def _file_list(self, conn: Connection, params: dict[str, Any]) -> Any:
+        from serve.workspace import list_dir
+
+        path = _Files.text(params, "path", required=False) or "."
+        include_ignored = _Files.flag(params, "includeIgnored")
+        ws = _Files.workspace(self, conn)
+        return await _Files.run(lambda: list_dir(ws, path, include_ignored=include_ignored))
+
+    async def _file_glob(self, conn: Connection, params: dict[str, Any]) -> Any:
+        from serve.workspace import glob
+        from serve.workspace.listing import DEFAULT_GLOB_RESULTS, MAX_GLOB_RESULTS
+
+        pattern = _Files.text(params, "pattern")
+        cwd = _Files.text(params, "cwd", required=False)
+        include_ignored = _Files.flag(params, "includeIgnored")
+        max_results = (
+            _Files.number(params, "maxResults", 1, MAX_GLOB_RESULTS) or DEFAULT_GLOB_RESULTS
+        )
+        ws = _Files.workspace(self, conn)
+        return await _Files.run(
+            lambda: glob(
+                ws, pattern, cwd=cwd, include_ignored=include_ignored, max_results=max_results
+            )
+        )
+
+    def _publish_change(self, conn: Connection, result: Any, action: str) -> None:
+        """``workspace_file_changed`` on every live session of the workspace, through the
+        session actors (each is its log's only writer)."""
+        originator = next(
+            (
+                link.client_id
+                for link in conn.sessions.values()
+                if link.session.workspace == conn.workspace
+            ),
+            None,
+        )
+        data = {
+            "path": result.path,
+            "action": action,
+            "hash": result.hash,
+            "size": result.size_bytes,
+            "matchedIgnore": result.matched_ignore,
+        }
+        for session in self.host.registry.live(conn.workspace):
+            try:
+                session.tell_nowait(
+                    PublishEvent("workspace_file_changed", data, originator=originator)
+                )
+            except Exception:
+                pass  # a full or closed inbox: the change itself stands
+
+    async def _file_write(self, conn: Connection, params: dict[str, Any]) -> Any:
+        from serve.workspace import write_text
+
+        path = _Files.text(params, "path")
+        content = params.get("content")
+        if not isinstance(content, str):
+            raise _params_error("`content` must be a string")
+        ws = _Files.workspace(self, conn)
+        result = await _Files.run(
+            lambda: write_text(
+                ws,
+                path,
+                content,
+                mode=params.get("mode"),
+                expected_hash=params.get("expectedHash"),
+                encoding=params.get("encoding"),
+                bom=params.get("bom"),
+                line_ending=params.get("lineEnding"),
+            )
+        )
+        self._publish_change(conn, result, "created" if result.created else "replaced")
+        return result
+
+    async def _file_edit(self, conn: Connection, params: dict[str, Any]) -> Any:
+        from serve.workspace import edit_text
+
+        path = _Files.text(params, "path")
+        old, new = params.get("oldText"), params.get("newText")
+        if not isinstance(old, str) or not isinstance(new, str):
+            raise _params_error("`oldText` and `newText` must be strings")
+        expected = _Files.text(params, "expectedHash")
+        ws = _Files.workspace(self, conn)
+        result = await _Files.run(lambda: edit_text(ws, path, old, new, expected_hash=expected))
+        self._publish_change(conn, result, "edited")
+        return result
+
     async def _health(self, conn: Connection, params: dict[str, Any]) -> Any:
         return {"status": "ok"}
 
@@ -1064,6 +1224,58 @@ async def _caught_up(link: SessionLink, event_id: int, max_wait_s: float = 1.0) 
     with trio.move_on_after(max_wait_s):
         while (link.last_pushed or 0) < event_id and not link.pump_done.is_set():
             await link.pushed.wait()
+
+
+class _Files:
+    """``_qwen/file/*``: the workspace file functions the REST file routes run, on the
+    connection's workspace, in a worker thread (not abandoned on cancel)."""
+
+    @staticmethod
+    def workspace(front: AcpFront, conn: Connection) -> Any:
+        from serve.status.shared import shared_workspace
+
+        untrusted = tuple(getattr(front.host.settings, "untrusted_workspaces", ()))
+        return shared_workspace(conn.workspace, trusted=conn.workspace not in untrusted)
+
+    @staticmethod
+    def text(params: dict[str, Any], name: str, *, required: bool = True) -> Any:
+        value = params.get(name)
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or (required and not value):
+            raise _params_error(f"`{name}` must be a non-empty string")
+        return value
+
+    @staticmethod
+    def number(params: dict[str, Any], name: str, low: int, high: int) -> int | None:
+        value = params.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise _params_error(f"`{name}` must be an integer in [{low}, {high}]")
+        return value
+
+    @staticmethod
+    def flag(params: dict[str, Any], name: str) -> bool:
+        value = params.get(name, False)
+        if not isinstance(value, bool):
+            raise _params_error(f"`{name}` must be a boolean")
+        return value
+
+    @staticmethod
+    async def run(fn: Callable[[], Any]) -> Any:
+        from serve.workspace import WorkspaceFsError
+
+        try:
+            return await trio.to_thread.run_sync(fn)
+        except WorkspaceFsError as exc:
+            body = exc.to_body()
+            code = (
+                INVALID_PARAMS
+                if exc.status == 400
+                else (RESOURCE_NOT_FOUND if exc.status == 404 else SERVER_ERROR)
+            )
+            raise RpcError(code, exc.message, {"httpStatus": exc.status, **body}) from None
 
 
 class _Replied:

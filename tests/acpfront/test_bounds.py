@@ -3,6 +3,7 @@ expiry of HTTP connections, and QWEN_SERVE_ACP_HTTP=0 (real daemons, scripted ag
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -113,3 +114,51 @@ async def test_capabilities_advertise_acp_tags_and_rest_transport(
     assert {"acp_http_transport", "acp_websocket_transport"} <= set(caps["features"])
     # Deliberately REST only: see the README (negotiateTransport would pick acp-ws first).
     assert caps["transports"] == ["rest"]
+
+
+def test_strict_gate_and_rate_limit_apply_per_method() -> None:
+    """A daemon without a token: the strict twins answer token_required; with rate limits
+    on, the prompt tier is counted per JSON-RPC method (429 on the POST, as on REST)."""
+    d = spawn_daemon(env={"QWEN_SERVE_RATE_LIMIT": "1", "QWEN_SERVE_RATE_LIMIT_PROMPT": "1"})
+    try:
+        with httpx.Client(base_url=d.url, timeout=30) as client:
+            r = client.post(
+                "/acp",
+                json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
+            )
+            assert r.status_code == 200
+            headers = {"Acp-Connection-Id": r.headers["acp-connection-id"]}
+            with client.stream(
+                "GET", "/acp", headers={**headers, "Accept": "text/event-stream"}
+            ) as stream:
+                lines = stream.iter_lines()
+                r = client.post(
+                    "/acp",
+                    json={
+                        "jsonrpc": "2.0",
+                        "id": 2,
+                        "method": "_qwen/file/write",
+                        "params": {"path": "x.txt", "content": "x", "mode": "create"},
+                    },
+                    headers=headers,
+                )
+                assert r.status_code == 202
+                reply = next(json.loads(line[6:]) for line in lines if line.startswith("data: "))
+            assert reply["id"] == 2
+            assert reply["error"]["data"]["code"] == "token_required"
+            assert reply["error"]["data"]["httpStatus"] == 401
+            assert not (d.workspace / "x.txt").exists()
+            prompt = {
+                "jsonrpc": "2.0",
+                "method": "session/prompt",
+                "params": {"sessionId": "s", "prompt": [{"type": "text", "text": "x"}]},
+            }
+            first = client.post("/acp", json={**prompt, "id": 3}, headers=headers)
+            second = client.post("/acp", json={**prompt, "id": 4}, headers=headers)
+            assert first.status_code == 202
+            assert second.status_code == 429
+            assert second.json()["error"]["data"]["code"] == "rate_limit_exceeded"
+            assert second.json()["id"] == 4
+            assert int(second.headers["retry-after"]) >= 1
+    finally:
+        d.stop()

@@ -491,3 +491,70 @@ async def test_fuzz_frame_shape_of_errors(acp: AcpHttp) -> None:
             assert r.status_code == 202
             frame: Frame = await conn.reply(message["id"])
             assert frame.message["error"]["code"] == code, frame
+
+
+# ---- the daemon surface as _qwen/* methods ------------------------------------------------
+
+
+async def test_qwen_file_status_and_context_methods(
+    acp: AcpHttp, daemon_proc: DaemonProcess, client: httpx.AsyncClient
+) -> None:
+    await acp.initialize({"protocolVersion": 1})
+    async with acp.stream() as conn:
+        sid = (await acp.new_session(_ws(daemon_proc), conn))["sessionId"]
+
+        async def call(method: str, params: dict) -> dict:
+            rid = await acp.request(method, params)
+            return (await conn.reply(rid)).message
+
+        async with client.stream(
+            "GET", f"/session/{sid}/events", headers={"Accept": "text/event-stream"}
+        ) as watcher:
+            wrote = await call(
+                "_qwen/file/write", {"path": "f.txt", "content": "one\ntwo\n", "mode": "create"}
+            )
+            assert wrote.get("result", {}).get("created") is True, wrote
+            changed = await collect_until(
+                watcher, lambda e: e.get("type") == "workspace_file_changed"
+            )
+            assert changed[-1]["data"]["path"] == "f.txt"
+        read = await call("_qwen/file/read", {"path": "f.txt"})
+        assert read["result"]["content"] == "one\ntwo\n"
+        edited = await call(
+            "_qwen/file/edit",
+            {
+                "path": "f.txt",
+                "oldText": "two",
+                "newText": "2",
+                "expectedHash": read["result"]["hash"],
+            },
+        )
+        assert "result" in edited, edited
+        assert (daemon_proc.workspace / "f.txt").read_text() == "one\n2\n"
+        stale = await call(
+            "_qwen/file/edit",
+            {
+                "path": "f.txt",
+                "oldText": "one",
+                "newText": "1",
+                "expectedHash": read["result"]["hash"],
+            },
+        )
+        assert stale["error"]["data"]["httpStatus"] == 409
+        assert stale["error"]["data"]["errorKind"] == "hash_mismatch"
+        missing = await call("_qwen/file/stat", {"path": "nope.txt"})
+        assert missing["error"]["data"]["httpStatus"] == 404
+        outside = await call("_qwen/file/read", {"path": "../../etc/passwd"})
+        assert "error" in outside
+        listed = await call("_qwen/file/list", {})
+        assert "f.txt" in json.dumps(listed["result"])
+        globbed = await call("_qwen/file/glob", {"pattern": "*.txt"})
+        assert "f.txt" in json.dumps(globbed["result"])
+        bad = await call("_qwen/file/read", {"path": "f.txt", "maxBytes": "10"})
+        assert bad["error"]["code"] == -32602
+        status = await call("_qwen/status", {})
+        assert "daemon" in status["result"] or status["result"]
+        context = await call("_qwen/session/context", {"sessionId": sid})
+        assert context["result"]["sessionId"] == sid
+        commands = await call("_qwen/session/supported_commands", {"sessionId": sid})
+        assert isinstance(commands["result"]["availableCommands"], list)

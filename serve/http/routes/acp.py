@@ -90,11 +90,21 @@ capabilities.register(
 _STRICT_TWINS = {
     "session/set_mode": ("POST", "/session/<id>/approval-mode"),
     "_qwen/session/update_metadata": ("PATCH", "/session/<id>/metadata"),
+    "_qwen/file/write": ("POST", "/file/write"),
+    "_qwen/file/edit": ("POST", "/file/edit"),
 }
 #: Rate-limit tiers per method; methods absent are exempt (as heartbeats and SSE are).
 _TIERS = {
     "session/prompt": Tier.PROMPT,
     "session/list": Tier.READ,
+    "_qwen/status": Tier.READ,
+    "_qwen/session/context": Tier.READ,
+    "_qwen/session/supported_commands": Tier.READ,
+    "_qwen/file/read": Tier.READ,
+    "_qwen/file/read_bytes": Tier.READ,
+    "_qwen/file/stat": Tier.READ,
+    "_qwen/file/list": Tier.READ,
+    "_qwen/file/glob": Tier.READ,
     "_qwen/session/heartbeat": None,
     "_qwen/health": None,
     "session/cancel": None,
