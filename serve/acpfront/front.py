@@ -449,7 +449,7 @@ class AcpFront:
         if not link.ended:
             link.ended = True
             session.subscribers -= 1
-        session.release_client(link.client_id)
+            session.release_client(link.client_id)
         session.last_seen_ms = int(time.time() * 1000)
 
     # ---- incoming messages -------------------------------------------------------------

@@ -231,6 +231,8 @@ class Daemon:
         config.graceful_timeout = 2.0
         config.keep_alive_timeout = 5.0
         config.include_server_header = False
+        # WebSocket pings keep idle /acp sockets alive through proxies and surface dead peers.
+        config.websocket_ping_interval = 15.0
         if self.settings.tls_cert and self.settings.tls_key:
             config.certfile = self.settings.tls_cert
             config.keyfile = self.settings.tls_key
