@@ -1174,7 +1174,7 @@ class AcpFront:
                 ws,
                 path,
                 content,
-                mode=params.get("mode"),
+                mode=params.get("mode"),  # type: ignore[arg-type]  # checked by write_text
                 expected_hash=params.get("expectedHash"),
                 encoding=params.get("encoding"),
                 bom=params.get("bom"),
