@@ -45,6 +45,8 @@ MAX_SESSIONS = 64
 POST_RETRY_S = 30.0
 BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 5.0
+#: How long a renewal waits for the daemon to answer one session/resume.
+RESUME_TIMEOUT_S = 60.0
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -66,8 +68,11 @@ class Bridge:
         self.init_params: dict[str, Any] | None = None
         self.generation = 0  # bumped when a new connection replaces a lost one
         self.reconnecting: trio.Event | None = None
+        self.resuming: trio.Event | None = None
         self.sessions: dict[str, SessionStream] = {}
         self.reply_sessions: dict[Any, str] = {}  # id of a request we forwarded to the editor
+        #: Our own requests (renewal resumes) awaiting their reply, which the editor never sees.
+        self.internal: dict[Any, trio.Event] = {}
         self.nursery: trio.Nursery | None = None
         self._internal = 0
 
@@ -114,23 +119,36 @@ class Bridge:
             self.generation += 1
             return response.content
 
-    async def _renew(self, generation: int) -> None:
-        """Replace a lost connection (once per loss, however many tasks noticed it)."""
-        if generation != self.generation:
-            return  # already renewed
-        if self.reconnecting is not None:
+    async def _renew(self, generation: int, *, wait_resume: bool = True) -> None:
+        """Replace a lost connection (once per loss, however many tasks noticed it).
+
+        The connection stream is read again as soon as the new connection exists (the
+        resumes are answered there); POSTs and session streams also wait for the resumes
+        (``wait_resume``), since the sessions are the new connection's only after them."""
+        if generation == self.generation and self.reconnecting is None:
+            self.reconnecting = trio.Event()
+            self.resuming = trio.Event()
+            try:
+                self._internal += 1
+                message = {
+                    "jsonrpc": "2.0",
+                    "id": f"attach-init-{self._internal}",
+                    "method": "initialize",
+                    "params": self.init_params or {},
+                }
+                await self._post_initialize(message)
+            finally:
+                event, self.reconnecting = self.reconnecting, None
+                event.set()
+            assert self.nursery is not None
+            self.nursery.start_soon(self._resume_all, self.resuming)
+        elif self.reconnecting is not None:
             await self.reconnecting.wait()
-            return
-        self.reconnecting = trio.Event()
+        if wait_resume and self.resuming is not None:
+            await self.resuming.wait()
+
+    async def _resume_all(self, done: trio.Event) -> None:
         try:
-            self._internal += 1
-            message = {
-                "jsonrpc": "2.0",
-                "id": f"attach-init-{self._internal}",
-                "method": "initialize",
-                "params": self.init_params or {},
-            }
-            await self._post_initialize(message)
             for sid, stream in list(self.sessions.items()):
                 self._internal += 1
                 resume = {
@@ -139,11 +157,17 @@ class Bridge:
                     "method": "session/resume",
                     "params": {"sessionId": sid, **({"cwd": stream.cwd} if stream.cwd else {})},
                 }
-                stream.swallow.add(resume["id"])
-                await self._post(_encoder.encode(resume), None)
+                answered = self.internal[resume["id"]] = trio.Event()
+                try:
+                    await self._post(_encoder.encode(resume), None, renewing=True)
+                except httpx.HTTPError:
+                    continue
+                # The session is ours again only once the resume is answered.
+                with trio.move_on_after(RESUME_TIMEOUT_S):
+                    await answered.wait()
+                self.internal.pop(resume["id"], None)
         finally:
-            event, self.reconnecting = self.reconnecting, None
-            event.set()
+            done.set()
 
     def _conn_headers(self, session_id: str | None = None) -> dict[str, str]:
         headers = dict(self.headers)
@@ -153,7 +177,9 @@ class Bridge:
             headers["Acp-Session-Id"] = session_id
         return headers
 
-    async def _post(self, body: bytes, session_id: str | None) -> httpx.Response:
+    async def _post(
+        self, body: bytes, session_id: str | None, *, renewing: bool = False
+    ) -> httpx.Response:
         delay = BACKOFF_START_S
         deadline = trio.current_time() + POST_RETRY_S
         while True:
@@ -172,7 +198,7 @@ class Bridge:
                 delay = min(BACKOFF_MAX_S, delay * 2)
                 continue
             if response.status_code == 404 and self.init_params is not None:
-                await self._renew(generation)
+                await self._renew(generation, wait_resume=not renewing)
                 if trio.current_time() > deadline:
                     return response
                 continue
@@ -232,7 +258,15 @@ class Bridge:
             try:
                 async with self.http.stream("GET", self.endpoint, headers=headers) as response:
                     if response.status_code == 404:
-                        await self._renew(generation)
+                        await self._renew(generation, wait_resume=session is not None)
+                        continue
+                    if (
+                        response.status_code == 403
+                        and session is not None
+                        and self.resuming is not None
+                        and not self.resuming.is_set()
+                    ):
+                        await self.resuming.wait()  # ours again once resumed
                         continue
                     if response.status_code == 403 and session is not None:
                         session.opened.set()
@@ -285,10 +319,10 @@ class Bridge:
                 return False  # already delivered before the drop
             session.last_event_id = event_id
         mid = message.get("id")
-        if session is not None and mid in session.swallow and "method" not in message:
-            session.swallow.discard(mid)
-            return False
         if "method" not in message and isinstance(mid, str) and mid.startswith("attach-"):
+            waiter = self.internal.get(mid)
+            if waiter is not None:
+                waiter.set()
             return False  # our own renewal's replies
         method = message.get("method")
         if method is not None and mid is not None and session is not None:
@@ -328,7 +362,6 @@ class SessionStream:
         self.cwd = cwd
         self.last_event_id: int | None = None
         self.opened = trio.Event()
-        self.swallow: set[Any] = set()
 
     async def run(self) -> None:
         await self.bridge._read_stream(self, None)

@@ -186,3 +186,64 @@ async def test_attach_survives_a_cut_link(daemon_proc: DaemonProcess) -> None:
                 code = await process.wait()
             nursery.cancel_scope.cancel()
     assert code == 0
+
+
+async def test_attach_renews_a_connection_the_daemon_forgot() -> None:
+    """The link stays down past the idle expiry: the daemon drops the connection and closes
+    its session; back online, the bridge initialises a new connection, resumes the session
+    (restored from the journal) and carries on."""
+    from tests.support.daemon import spawn_daemon
+
+    d = spawn_daemon(env={"QWEN_SERVER_TOKEN": TOKEN, "QWEN_SERVE_ACP_IDLE_TIMEOUT_MS": "300"})
+    proxy = Proxy(d.port)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run)
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "serve", "attach", f"http://127.0.0.1:{proxy.port}"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                cwd=ROOT,
+                env={"QWEN_SERVER_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
+            )
+            editor = Editor(process)
+            try:
+                await editor.request(1, "initialize", {"protocolVersion": 1})
+                cwd = str(d.workspace.resolve())
+                sid = (await editor.request(2, "session/new", {"cwd": cwd}))["result"]["sessionId"]
+                first = await editor.request(
+                    3,
+                    "session/prompt",
+                    {"sessionId": sid, "prompt": [{"type": "text", "text": "a"}]},
+                )
+                assert first["result"]["stopReason"] == "end_turn"
+                async with httpx.AsyncClient(base_url=d.url, headers=AUTH, timeout=30) as rest:
+                    async with rest.stream(
+                        "GET", f"/session/{sid}/events", headers={"Accept": "text/event-stream"}
+                    ) as watcher:
+                        proxy.cut()
+                        # Expired: the connection's session is closed.
+                        from tests.support.sse import collect_until
+
+                        ended = await collect_until(
+                            watcher, lambda e: e.get("type") == "session_closed"
+                        )
+                        assert ended[-1]["data"]["reason"] == "acp_connection_closed"
+                proxy.restore()
+                after = await editor.request(
+                    4,
+                    "session/prompt",
+                    {"sessionId": sid, "prompt": [{"type": "text", "text": "b"}]},
+                )
+                assert after.get("result", {}).get("stopReason") == "end_turn", after
+                assert editor.texts()[-1] == "echo: b"
+                assert editor.texts().count("echo: a") == 1  # nothing delivered twice
+            finally:
+                assert process.stdin is not None
+                await process.stdin.aclose()
+                with trio.fail_after(GUARD_S):
+                    code = await process.wait()
+                nursery.cancel_scope.cancel()
+        assert code == 0
+    finally:
+        d.stop()
