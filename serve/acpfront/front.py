@@ -603,7 +603,15 @@ class AcpFront:
         existing = conn.sessions.get(sid)
         if existing is not None and not existing.ended:
             return existing
-        if len(conn.sessions) >= MAX_SESSIONS:
+        # Ended links stay until their stream is drained; drop the drained ones, and past
+        # twice the limit the oldest ended ones (a client that never reads them).
+        for key, old in list(conn.sessions.items()):
+            if old.ended and old.outbox.ended and not len(old.outbox):
+                del conn.sessions[key]
+        ended = [key for key, old in conn.sessions.items() if old.ended]
+        while ended and len(conn.sessions) >= 2 * MAX_SESSIONS:
+            del conn.sessions[ended.pop(0)]
+        if sum(1 for old in conn.sessions.values() if not old.ended) >= MAX_SESSIONS:
             raise RpcError(
                 SERVER_ERROR,
                 f"A connection may own at most {MAX_SESSIONS} sessions",
