@@ -548,3 +548,117 @@ async def test_qwen_file_status_and_context_methods(
         assert context["result"]["sessionId"] == sid
         commands = await call("_qwen/session/supported_commands", {"sessionId": sid})
         assert isinstance(commands["result"]["availableCommands"], list)
+
+
+# ---- the session methods ------------------------------------------------------------------
+
+
+async def test_mode_model_config_and_cancel(acp: AcpHttp, daemon_proc: DaemonProcess) -> None:
+    await acp.initialize({"protocolVersion": 1})
+    async with acp.stream() as conn:
+        sid = (await acp.new_session(_ws(daemon_proc), conn))["sessionId"]
+        async with acp.stream(sid) as sess:
+            rid = await acp.request("session/set_mode", {"sessionId": sid, "modeId": "auto-edit"})
+            frames = await sess.until(lambda f: f.message.get("id") == rid)
+            assert frames[-1].message["result"]["mode"] == "auto-edit"
+            assert any(f.kind == "approval_mode_changed" for f in frames)
+            # In auto-edit the agent writes without asking.
+            rid = await acp.request(
+                "session/prompt",
+                {"sessionId": sid, "prompt": [{"type": "text", "text": "[write mode.txt m]"}]},
+            )
+            frames = await sess.until(lambda f: f.message.get("id") == rid)
+            assert not any(f.method == "session/request_permission" for f in frames)
+            assert (daemon_proc.workspace / "mode.txt").read_text() == "m"
+
+            rid = await acp.request(
+                "session/set_model", {"sessionId": sid, "modelId": "scripted-slow"}
+            )
+            frames = await sess.until(lambda f: f.message.get("id") == rid)
+            assert frames[-1].message["result"]["modelId"] == "scripted-slow"
+            assert any(f.kind == "model_switched" for f in frames)
+            rid = await acp.request(
+                "session/set_config_option",
+                {"sessionId": sid, "configId": "model", "value": "scripted-fast"},
+            )
+            reply = (await sess.until(lambda f: f.message.get("id") == rid))[-1]
+            assert isinstance(reply.message["result"]["configOptions"], list)
+            rid = await acp.request(
+                "session/set_config_option", {"sessionId": sid, "configId": "x", "value": "y"}
+            )
+            assert (await sess.reply(rid)).message["error"]["code"] == -32602
+            rid = await acp.request(
+                "session/set_mode", {"sessionId": sid, "modeId": "no-such-mode"}
+            )
+            assert (await sess.reply(rid)).message["error"]["code"] == -32602
+
+            # session/cancel as a notification ends the running turn.
+            rid = await acp.request(
+                "session/prompt",
+                {"sessionId": sid, "prompt": [{"type": "text", "text": "[sleep 20000] late"}]},
+            )
+            await sess.until(
+                lambda f: (
+                    f.method == "session/update"
+                    and f.message["params"]["update"]["sessionUpdate"] == "user_message_chunk"
+                )
+            )
+            r = await acp.post(
+                {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}}
+            )
+            assert r.status_code == 202
+            reply = await sess.reply(rid)
+            assert reply.message["result"]["stopReason"] == "cancelled"
+
+
+async def test_load_replays_history_and_resume_does_not(
+    acp: AcpHttp, client: httpx.AsyncClient, daemon_proc: DaemonProcess
+) -> None:
+    ws = _ws(daemon_proc)
+    await acp.initialize({"protocolVersion": 1})
+    async with acp.stream() as conn:
+        sid = (await acp.new_session(ws, conn))["sessionId"]
+        async with acp.stream(sid) as sess:
+            rid = await acp.request(
+                "session/prompt",
+                {"sessionId": sid, "prompt": [{"type": "text", "text": "remember me"}]},
+            )
+            await sess.reply(rid)
+    # A second connection loads the (live) session: its history is replayed to it.
+    async with trio.open_nursery() as nursery:
+        other = AcpHttp(client, nursery)
+        await other.initialize({"protocolVersion": 1})
+        async with other.stream() as conn2:
+            rid = await other.request("session/load", {"sessionId": sid, "cwd": ws})
+            loaded = (await conn2.reply(rid)).message["result"]
+            assert loaded["sessionId"] == sid and loaded["attached"] is True
+            assert loaded["lastEventId"] >= 1 and loaded["eventEpoch"]
+            async with other.stream(sid) as sess2:
+                frames = await sess2.until(lambda f: f.kind == "replay_complete")
+            texts = [
+                f.message["params"]["update"].get("content", {}).get("text")
+                for f in frames
+                if f.method == "session/update"
+            ]
+            assert "remember me" in texts and "echo: remember me" in texts
+            # resume on a third connection: no replay, live from now.
+            third = AcpHttp(client, nursery)
+            await third.initialize({"protocolVersion": 1})
+            async with third.stream() as conn3:
+                rid = await third.request("session/resume", {"sessionId": sid, "cwd": ws})
+                assert (await conn3.reply(rid)).message["result"]["sessionId"] == sid
+                async with third.stream(sid) as sess3:
+                    rid = await third.request(
+                        "session/prompt",
+                        {"sessionId": sid, "prompt": [{"type": "text", "text": "now"}]},
+                    )
+                    frames = await sess3.until(lambda f: f.message.get("id") == rid)
+            texts = [
+                f.message["params"]["update"].get("content", {}).get("text")
+                for f in frames
+                if f.method == "session/update"
+            ]
+            assert "remember me" not in texts and "echo: now" in texts
+            await client.delete("/acp", headers=other.headers())
+            await client.delete("/acp", headers=third.headers())
+            nursery.cancel_scope.cancel()
