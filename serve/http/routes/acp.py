@@ -196,7 +196,10 @@ async def _start_front() -> None:
         with scope:
             await front.run(task_status=task_status)
 
-    await current_app.nursery.start(run)  # type: ignore[attr-defined]
+    nursery = getattr(current_app, "nursery", None)  # quart-trio's serving nursery
+    if nursery is None:
+        return  # not served (an in-process test app): /acp answers 503
+    await nursery.start(run)
     current_app.extensions["acpfront"] = front
     current_app.extensions["acpfront_scope"] = scope
 
