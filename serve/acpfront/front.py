@@ -530,9 +530,17 @@ class AcpFront:
                 except Exception as exc:
                     if rid is not None:
                         error = _rpc_from_exception(exc, sid if isinstance(sid, str) else None)
+                        link = conn.sessions.get(sid) if isinstance(sid, str) else None
+                        if link is not None and method in SESSION_REPLIES:
+                            await _caught_up(link, link.session.log.last_id)
                         self._reply(conn, method, sid, jsonrpc.error_bytes(rid, error))
                     return
                 if rid is not None and not isinstance(result, _Replied):
+                    link = conn.sessions.get(sid) if isinstance(sid, str) else None
+                    if link is not None and method in SESSION_REPLIES:
+                        # A reply follows the events its request caused (model_switched,
+                        # approval_mode_changed, the turn's updates) on the stream.
+                        await _caught_up(link, link.session.log.last_id)
                     self._reply(conn, method, sid, jsonrpc.result_bytes(rid, result))
                 elif isinstance(result, _Replied) and rid is not None:
                     await result.deliver(rid)
@@ -640,6 +648,9 @@ class AcpFront:
                 str(exc),
                 {"httpStatus": 429, "code": "subscriber_limit_exceeded", "limit": exc.limit},
             ) from None
+        # What the pump will have queued once it reaches the head (for _caught_up).
+        start = link.session.log.last_id if last_event_id is None else last_event_id
+        link.last_pushed = start if link.last_pushed is None else max(link.last_pushed, start)
         scope = trio.CancelScope()
         link.pump_scope = scope
         link.evicted = False
@@ -959,7 +970,6 @@ class AcpFront:
                     pass
             raise
         event_type, data = job.result
-        await _caught_up(link, session.log.last_id)
         if event_type == "turn_complete":
             out: dict[str, Any] = {
                 "stopReason": data["stopReason"],

@@ -217,7 +217,10 @@ class Ws:
             elif isinstance(event, CloseConnection):
                 raise WsClosed(event.code)
             elif isinstance(event, Ping):
-                await self.stream.send_all(self.conn.send(event.response()))
+                from wsproto.connection import ConnectionState
+
+                if self.conn.state is ConnectionState.OPEN:  # not once the server closes
+                    await self.stream.send_all(self.conn.send(event.response()))
 
     async def until(self, predicate: Any) -> list[dict[str, Any]]:
         out = []
