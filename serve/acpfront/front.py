@@ -72,6 +72,7 @@ from serve.acpfront.jsonrpc import (
 from serve.acpfront.outbox import Outbox
 from serve.acpfront.translate import PERMISSION_ID_PREFIX, notify, split_frames, translate
 from serve.events import SubscriberLimitExceeded
+from serve.events.messages import PublishEvent
 from serve.permissions.mediator import CastVote
 from serve.sessions.actor import (
     Attach,
@@ -79,7 +80,6 @@ from serve.sessions.actor import (
     CloseSession,
     Heartbeat,
     PromptQueueFull,
-    PublishEvent,
     SetApprovalMode,
     SetModel,
     SubmitPrompt,
