@@ -1153,9 +1153,11 @@ class AcpFront:
             )
         )
 
-    def _publish_change(self, conn: Connection, result: Any, action: str) -> None:
+    async def _publish_change(self, conn: Connection, result: Any, action: str) -> None:
         """``workspace_file_changed`` on every live session of the workspace, through the
-        session actors (each is its log's only writer)."""
+        workspace hub (the session actors stay their logs' only writers)."""
+        from serve.status.shared import hub_of
+
         originator = next(
             (
                 link.client_id
@@ -1171,6 +1173,10 @@ class AcpFront:
             "size": result.size_bytes,
             "matchedIgnore": result.matched_ignore,
         }
+        hub = hub_of(self.host)
+        if hub is not None:
+            await hub.broadcast(conn.workspace, "workspace_file_changed", data, originator)
+            return
         for session in self.host.registry.live(conn.workspace):
             try:
                 session.tell_nowait(
@@ -1199,7 +1205,7 @@ class AcpFront:
                 line_ending=params.get("lineEnding"),
             )
         )
-        self._publish_change(conn, result, "created" if result.created else "replaced")
+        await self._publish_change(conn, result, "created" if result.created else "replaced")
         return result
 
     async def _file_edit(self, conn: Connection, params: dict[str, Any]) -> Any:
@@ -1212,7 +1218,7 @@ class AcpFront:
         expected = _Files.text(params, "expectedHash")
         ws = _Files.workspace(self, conn)
         result = await _Files.run(lambda: edit_text(ws, path, old, new, expected_hash=expected))
-        self._publish_change(conn, result, "edited")
+        await self._publish_change(conn, result, "edited")
         return result
 
     async def _health(self, conn: Connection, params: dict[str, Any]) -> Any:
