@@ -662,3 +662,32 @@ async def test_load_replays_history_and_resume_does_not(
             await client.delete("/acp", headers=other.headers())
             await client.delete("/acp", headers=third.headers())
             nursery.cancel_scope.cancel()
+
+
+async def test_workspace_qualified_endpoint(
+    client: httpx.AsyncClient, daemon_proc: DaemonProcess
+) -> None:
+    ws = _ws(daemon_proc)
+    path = f"/workspaces/{quote(ws, safe='')}/acp"
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
+    r = await client.post(path, json=init)
+    assert r.status_code == 200
+    headers = {"Acp-Connection-Id": r.headers["acp-connection-id"]}
+    async with client.stream(
+        "GET", path, headers={**headers, "Accept": "text/event-stream"}
+    ) as stream:
+        r = await client.post(
+            path,
+            json={"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {}},
+            headers=headers,
+        )
+        assert r.status_code == 202
+        async for line in stream.aiter_lines():
+            if line.startswith("data: "):
+                reply = json.loads(line[6:])
+                break
+    # No cwd: the session is made in the endpoint's workspace.
+    assert reply["result"]["workspaceCwd"] == ws
+    assert (await client.delete(path, headers=headers)).status_code == 202
+    r = await client.post("/workspaces/%2Fno%2Fsuch/acp", json=init)
+    assert r.status_code == 404
