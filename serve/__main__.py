@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from serve.runtime.daemon import Daemon
 
-    daemon = Daemon(settings)
+    daemon = Daemon(settings, config)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -25,6 +25,8 @@ from pathlib import Path
 import msgspec
 
 MAX_TIMER_MS = 2_147_483_647
+#: Upper bound of ``--max-body-bytes`` (1 GiB): a body is buffered in memory whole.
+MAX_BODY_BYTES = 1024 * 1024 * 1024
 DEFAULT_PORT = 4170
 
 
@@ -82,6 +84,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     session_prompt_settled_close_grace_ms: int = 0
     permission_response_timeout_ms: int = 0
     drain_timeout_ms: int = 10_000
+    #: Largest request body accepted; beyond it ``413`` (``--max-body-bytes``).
+    max_body_bytes: int = 10 * 1024 * 1024
+    #: How long hypercorn lets open requests finish once the listener stops.
+    http_graceful_timeout_ms: int = 2_000
+    #: How long an idle keep-alive connection stays open.
+    http_keep_alive_timeout_ms: int = 5_000
     rate_limit: RateLimitSettings = RateLimitSettings()
     memory_project_scope: str = "workspace"
     memory_file_name: str = "QWEN.md"
@@ -91,6 +99,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     access_log: bool = False
     device_flow_providers: tuple[str, ...] = ()
     inert_flags: tuple[str, ...] = ()
+
+    @property
+    def body_too_large_message(self) -> str:
+        """The 413 body's message: ``max 10 MB`` for whole mebibytes, else bytes."""
+        mib, rest = divmod(self.max_body_bytes, 1024 * 1024)
+        size = f"{mib} MB" if not rest else f"{self.max_body_bytes} bytes"
+        return f"Request body too large (max {size})"
 
     @property
     def primary_workspace(self) -> str:
@@ -242,6 +257,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="permission answer timeout; 0 = wait forever (default 300000)",
     )
     add("--drain-timeout-ms", default="10000", help="graceful drain budget on SIGTERM")
+    add("--max-body-bytes", default=str(10 * 1024 * 1024), help="largest request body (bytes)")
+    add(
+        "--http-graceful-timeout-ms",
+        default="2000",
+        help="time open requests may finish after the listener stops",
+    )
+    add("--http-keep-alive-timeout-ms", default="5000", help="idle keep-alive connection lifetime")
     add("--memory-project-scope", default="workspace", help="workspace|git-root")
     add("--memory-file-name", default="QWEN.md", help="memory file for /workspace/init")
     add("--rate-limit", action="store_true", default=None, help="enable rate limiting")
@@ -582,6 +604,13 @@ def parse_settings(
         ),
         permission_response_timeout_ms=permission_timeout,
         drain_timeout_ms=_timer("--drain-timeout-ms", ns.drain_timeout_ms, positive=False),
+        max_body_bytes=_positive("--max-body-bytes", ns.max_body_bytes, maximum=MAX_BODY_BYTES),
+        http_graceful_timeout_ms=_timer(
+            "--http-graceful-timeout-ms", ns.http_graceful_timeout_ms, positive=False
+        ),
+        http_keep_alive_timeout_ms=_timer(
+            "--http-keep-alive-timeout-ms", ns.http_keep_alive_timeout_ms, positive=True
+        ),
         rate_limit=rate,
         memory_project_scope=scope,
         memory_file_name=memory_file,

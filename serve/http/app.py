@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 10 * 1024 * 1024
-
 
 def route_modules() -> list[ModuleType]:
     """Every module of :mod:`serve.http.routes` (each exposes ``blueprint``), imported once."""
@@ -80,7 +78,7 @@ def create_app(daemon: Daemon) -> QuartTrio:
     app = QuartTrio("acp_serve", static_folder=None)
     app.config.update(
         RESPONSE_TIMEOUT=None,
-        MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
+        MAX_CONTENT_LENGTH=daemon.settings.max_body_bytes,
         BODY_TIMEOUT=60,
         JSON_SORT_KEYS=False,
         PROVIDE_AUTOMATIC_OPTIONS=False,
@@ -110,7 +108,7 @@ def create_app(daemon: Daemon) -> QuartTrio:
     async def _http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
         if status == 413:
-            return json_response({"error": "Request body too large (max 10 MB)"}, 413)
+            return json_response({"error": daemon.settings.body_too_large_message}, 413)
         if status == 404:
             return json_response({"error": "Not found"}, 404)
         if status == 405:

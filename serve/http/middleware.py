@@ -34,8 +34,8 @@ runs (so no handler, no body read, no session or disk change):
    tier; ``429`` with ``Retry-After``/``X-RateLimit-*``. Exempt tiers never touch a bucket;
    draining daemons are not limited. The limiter is ``daemon.rate_limiter``
    (:func:`rate_limit_hits` reads its refusal counters).
-7. **body limit**: a declared ``Content-Length`` above the app's ``MAX_CONTENT_LENGTH``
-   (10 MB) is ``413 {"error":"Request body too large (max 10 MB)"}`` at once. Any other
+7. **body limit**: a declared ``Content-Length`` above ``--max-body-bytes`` (default 10 MB)
+   is ``413 {"error":"Request body too large (max 10 MB)"}`` at once. Any other
    body (declared or chunked) is read here in full, bounded by the same limit, and replayed
    to the app as one message. Handlers read whole bodies anyway; reading first means no
    response can leave before the request has fully arrived, which hypercorn 0.18 +
@@ -132,7 +132,6 @@ _HOST_403 = INVALID_HOST_BODY.encode()
 _CORS_403 = CORS_DENIED_BODY.encode()
 _UNAUTHORIZED_401 = UNAUTHORIZED_BODY.encode()
 _TOKEN_REQUIRED_401 = TOKEN_REQUIRED_BODY.encode()
-_TOO_LARGE_413 = b'{"error":"Request body too large (max 10 MB)"}'
 _MALFORMED_400 = msgspec.json.encode({"error": "Malformed URL encoding", "code": "invalid_request"})
 _BODY_TIMEOUT_408 = b'{"error":"Request body timeout"}'
 _VARY_ORIGIN = (b"vary", b"Origin")
@@ -222,11 +221,12 @@ def _cors_sender(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
 class SecurityFront:
     """The ASGI middleware of checks 1–8 (see the module docstring). One per app."""
 
-    def __init__(self, app: ASGIApp, daemon: Daemon, *, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, daemon: Daemon) -> None:
         settings = daemon.settings
         self._app = app
         self._daemon = daemon
-        self._max_body = max_body_bytes
+        self._max_body = settings.max_body_bytes
+        self._too_large_413 = msgspec.json.encode({"error": settings.body_too_large_message})
         self._bound_host = settings.hostname
         self._loopback = is_loopback_host(settings.hostname)
         self._bearer = BearerAuth.from_token(settings.token) if settings.token else None
@@ -382,14 +382,14 @@ class SecurityFront:
         # 7. body limit; the whole body is read here (bounded) and replayed to the app
         if has_body:
             if declared > self._max_body:
-                await refuse(413, _TOO_LARGE_413)
+                await refuse(413, self._too_large_413)
                 return
             buffered = await _read_body(receive, self._max_body)
             if buffered is None:  # the client went away
                 return
             if buffered is _TOO_LARGE:
                 drained = await _drain(receive, DRAIN_LIMIT_BYTES)
-                await _respond(send, 413, _TOO_LARGE_413, (), close=not drained)
+                await _respond(send, 413, self._too_large_413, (), close=not drained)
                 return
             if buffered is _TIMED_OUT:
                 await _respond(send, 408, _BODY_TIMEOUT_408, (), close=True)
@@ -618,11 +618,7 @@ def install_middleware(app: QuartTrio, daemon: Daemon) -> None:
     without a token puts the strict gate first among the ``before_request`` hooks.
     """
     settings = daemon.settings
-    front = SecurityFront(
-        app.asgi_app,  # type: ignore[arg-type]
-        daemon,
-        max_body_bytes=int(app.config["MAX_CONTENT_LENGTH"]),
-    )
+    front = SecurityFront(app.asgi_app, daemon)  # type: ignore[arg-type]
     app.asgi_app = front  # type: ignore[assignment,method-assign]
     daemon.rate_limiter = front.limiter
     install_redaction([settings.token])

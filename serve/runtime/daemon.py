@@ -31,6 +31,7 @@ import hypercorn.trio
 import trio
 
 from actors import ChildSpec, Restart, Supervisor, SupervisorEvent
+from serve.config import DaemonConfig, load_daemon_config
 from serve.journal import Journal
 from serve.permissions.mediator import PermissionMediator
 from serve.sessions.runtimes import WorkspaceRuntimes, workspace_id
@@ -45,14 +46,14 @@ PORT_ATTEMPTS = 10
 class Daemon:
     """Owns the settings, the supervisor tree and the HTTP front of one daemon process."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, config: DaemonConfig | None = None) -> None:
         self.settings = settings
         self.started_monotonic = time.monotonic()
-        # The config file (--config): mediation policy, grants/approvals, restart policy.
-        from serve.config import load_daemon_config
+        # The config file (--config): mediation policy, grants/approvals, restart policy;
+        # parsed once by the entry point and passed in (tests may let it be read here).
         from serve.permissions.effects import EffectGate
 
-        self.config = load_daemon_config(settings)  # SettingsError names a bad key
+        self.config = config if config is not None else load_daemon_config(settings)
         self.permission_policy: str = self.config.policy.permission_strategy
         root = self.config.restart.root
         self.root = Supervisor(
@@ -228,8 +229,8 @@ class Daemon:
         config = hypercorn.config.Config()
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
-        config.graceful_timeout = 2.0
-        config.keep_alive_timeout = 5.0
+        config.graceful_timeout = self.settings.http_graceful_timeout_ms / 1000
+        config.keep_alive_timeout = self.settings.http_keep_alive_timeout_ms / 1000
         config.include_server_header = False
         # WebSocket pings keep idle /acp sockets alive through proxies and surface dead peers.
         config.websocket_ping_interval = 15.0
