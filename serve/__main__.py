@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 import trio
 
+from acp.children import become_subreaper
 from serve.settings import SettingsError, parse_settings
 
 
@@ -51,7 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from serve.runtime.daemon import Daemon
 
-    daemon = Daemon(settings, config)
+    # Orphaned descendants of agents are re-parented to us (PID 1 in a container anyway),
+    # and the daemon's reaper collects them: no zombies.
+    subreaper = become_subreaper()
+    if not subreaper and os.getpid() != 1:
+        log.warning("cannot become a child subreaper: orphans of agents go to PID 1")
+    daemon = Daemon(settings, config, reaper=subreaper or os.getpid() == 1)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -6,6 +6,7 @@ Tree (see docs/architecture.md)::
     ├── signal watcher                     first SIGINT/SIGTERM drains, a second forces exit
     └── root Supervisor
         ├── sessions  SessionRegistry      (permanent)
+        ├── reaper                         (permanent; when a subreaper or PID 1)
         └── http      HttpFront            (permanent; started last, stopped first)
 
 Shutdown order: stop accepting (``draining``), end every session (each publishes
@@ -13,13 +14,17 @@ Shutdown order: stop accepting (``draining``), end every session (each publishes
 cleanly instead of being cut by hypercorn's graceful timeout), then the root supervisor
 stops its children in reverse start order: the HTTP listener first, the session actors
 (and their agent processes, stopped by escalation) after it. The whole drain is bounded by
-:data:`SHUTDOWN_FORCE_S`; past it the remaining tasks are cancelled.
+:data:`SHUTDOWN_FORCE_S`; past it the remaining tasks are cancelled, and a cleanup that
+cannot be cancelled (a shielded flush on a stalled disk) gets :data:`HARD_EXIT_MARGIN_S` more
+before every agent group is SIGKILLed and the process exits 1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import os
 import signal
 import socket
 import sys
@@ -30,6 +35,7 @@ import hypercorn.config
 import hypercorn.trio
 import trio
 
+from acp.children import run_reaper
 from actors import ChildSpec, Restart, Supervisor, SupervisorEvent
 from serve.config import DaemonConfig, load_daemon_config
 from serve.journal import Journal
@@ -40,14 +46,21 @@ from serve.settings import Settings
 log = logging.getLogger(__name__)
 
 SHUTDOWN_FORCE_S = 5.0
+#: Past SHUTDOWN_FORCE_S plus this, a shutdown stuck in uncancellable cleanup exits hard.
+HARD_EXIT_MARGIN_S = 2.0
 PORT_ATTEMPTS = 10
 
 
 class Daemon:
     """Owns the settings, the supervisor tree and the HTTP front of one daemon process."""
 
-    def __init__(self, settings: Settings, config: DaemonConfig | None = None) -> None:
+    def __init__(
+        self, settings: Settings, config: DaemonConfig | None = None, *, reaper: bool = False
+    ) -> None:
         self.settings = settings
+        #: Reap adopted orphans (the entry point sets it once the process is a subreaper or
+        #: PID 1; never in a test process, whose own children are not ours to wait for).
+        self.reaper = reaper
         self.started_monotonic = time.monotonic()
         # The config file (--config): mediation policy, grants/approvals, restart policy;
         # parsed once by the entry point and passed in (tests may let it be read here).
@@ -128,6 +141,10 @@ class Daemon:
         from serve.runtime.services import SERVICES
 
         service_specs: list[ChildSpec] = []
+        if self.reaper:
+            service_specs.append(
+                ChildSpec("reaper", run_reaper, Restart.PERMANENT, shutdown_grace_s=0.0)
+            )
         if self.settings.chaos_kill_rate > 0:
             from serve.runtime.chaos import ChaosMonkey
 
@@ -176,6 +193,7 @@ class Daemon:
         log.info("draining: no new sessions or prompts")
         await self._drain_prompts(self.settings.drain_timeout_ms / 1000)
         log.info("shutting down")
+        trio.lowlevel.spawn_system_task(self._hard_deadline, SHUTDOWN_FORCE_S + HARD_EXIT_MARGIN_S)
         with trio.move_on_after(SHUTDOWN_FORCE_S):
             await self._close_sessions("daemon_shutdown")
             self.root.shutdown()
@@ -183,6 +201,20 @@ class Daemon:
             if self.journal is not None:
                 await self.journal.aclose()
         self._stopped.set()
+
+    async def _hard_deadline(self, after_s: float) -> None:
+        """The last resort of the shutdown bound: a cleanup that cannot be cancelled (a
+        shielded journal flush on a stalled disk, a child that will not stop) must not hold
+        the process. Past ``after_s`` every agent group is SIGKILLed and the process exits 1."""
+        await trio.sleep(after_s)
+        log.error("shutdown did not finish within %.1f s; exiting now", after_s)
+        for session in self.registry.all_sessions():
+            conn = session.conn
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    os.killpg(conn.process.pgid, signal.SIGKILL)
+        logging.shutdown()
+        os._exit(1)
 
     async def _drain_prompts(self, timeout_s: float) -> None:
         """Let admitted prompts finish, up to ``timeout_s`` (then they are cancelled)."""

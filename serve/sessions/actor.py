@@ -86,6 +86,8 @@ log = logging.getLogger(__name__)
 APPROVAL_MODES = MODES_OF_QWEN  # qwen serve's five names (serve/sessions/modes.py)
 #: Client-chosen prompt ids remembered for idempotent re-submission.
 MAX_REMEMBERED_PROMPTS = 256
+#: Seconds an agent closed while idle gets after stdin EOF before SIGTERM.
+IDLE_EOF_GRACE_S = 0.2
 _encoder = msgspec.json.Encoder()
 
 
@@ -284,6 +286,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.closing = False
         self.ended = trio.Event()
         self._stopping = False
+        self._idle_at_close = False
         self._worker_scope: trio.CancelScope | None = None
         self._turn_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
@@ -628,8 +631,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
     async def on_stop(self) -> None:
         self._stopping = True
         if self.conn is not None and not self.conn.closed:
+            # An agent closed while idle has nothing to finish: a short wait after stdin
+            # EOF, then SIGTERM (an agent that ignores EOF must not hold up a shutdown).
+            eof_grace_s = IDLE_EOF_GRACE_S if self._idle_at_close else None
             with trio.move_on_after(5):
-                await self.conn.aclose(grace_s=1.0)
+                await self.conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
         if self.journal_writer is not None:
             with trio.move_on_after(5):
                 await self.journal_writer.aclose()
@@ -1094,6 +1100,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
     async def _close(self, msg: CloseSession) -> None:
         if self.closing:
             return
+        self._idle_at_close = self.active is None and not self.queue
         if msg.died:
             await self._abort_everything(msg.reason, died=True)
         else:

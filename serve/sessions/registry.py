@@ -181,8 +181,13 @@ class SessionRegistry(Actor[RegistryMsg]):
         ]
 
     def _count(self, workspace: str | None) -> int:
+        # A session being torn down (closing) no longer counts against --max-sessions.
         live = len(
-            [s for s in self.sessions.values() if workspace is None or s.workspace == workspace]
+            [
+                s
+                for s in self.sessions.values()
+                if not s.closing and (workspace is None or s.workspace == workspace)
+            ]
         )
         inflight = len(
             [p for p in self.inflight.values() if workspace is None or p.workspace == workspace]

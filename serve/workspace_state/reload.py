@@ -21,7 +21,8 @@ kept as it was (``restartRequired``). A config file that does not decode is refu
 whole (:class:`~serve.settings.SettingsError`) and nothing changes.
 
 Ownership: the service object is touched only from the trio thread; file reads run in
-worker threads. Its run task only loads the baselines and then waits to be cancelled;
+worker threads. Its run task only loads the baselines and then waits for
+:meth:`WorkspaceState.close`;
 a restart reloads them.
 """
 
@@ -86,12 +87,18 @@ class WorkspaceState:
         self._loaded: dict[str, dict[str, Any]] = {}
         self.reloads = 0
         self.last_reload_ms: int | None = None
+        self._stop = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._stop = trio.Event()
         for root in self.workspaces:
             self._loaded[root] = await trio.to_thread.run_sync(load_settings_doc, root)
         task_status.started()
-        await trio.sleep_forever()
+        await self._stop.wait()
+
+    def close(self) -> None:
+        """End :meth:`run` at once (shutdown waits for no grace)."""
+        self._stop.set()
 
     def baseline(self, root: str) -> dict[str, Any]:
         return self._loaded.get(root, {})
@@ -105,7 +112,9 @@ class WorkspaceState:
 
 def _build(daemon: Daemon) -> tuple[WorkspaceState, ChildSpec]:
     state = WorkspaceState(daemon.settings.workspaces)
-    return state, ChildSpec(SERVICE_NAME, state.run, Restart.PERMANENT, shutdown_grace_s=1.0)
+    return state, ChildSpec(
+        SERVICE_NAME, state.run, Restart.PERMANENT, shutdown_grace_s=1.0, stop=state.close
+    )
 
 
 def state_of(daemon: Daemon) -> WorkspaceState:
