@@ -10,14 +10,17 @@ from collections.abc import Sequence
 import trio
 
 from acp.children import become_subreaper
+from serve.config import config_warnings, load_daemon_config
+from serve.logs import setup_logging
 from serve.settings import SettingsError, parse_settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["client"]:
-        # `acp-serve client ...` is the CLI client (also `acp-serve-client`).
-        from serve.client.cli import main as client_main
+        # `acp-serve client ...` is the CLI client (also `acp-serve-client`); lazy: the
+        # client does not load the daemon, and the daemon does not load the client.
+        from serve.client.cli import main as client_main  # lazy (see above)
 
         return client_main(args[1:])
     if args[:1] == ["attach"]:
@@ -28,14 +31,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = args
     try:
         settings = parse_settings(argv)
-        from serve.config import config_warnings, load_daemon_config
-
         config = load_daemon_config(settings)  # a bad --config file stops start-up here
     except SettingsError as exc:
         print(f"acp-serve: {exc}", file=sys.stderr)
         return 1
-    from serve.logs import setup_logging
-
     setup_logging(settings.log_format)
     log = logging.getLogger("serve")
     for warning in config_warnings(config):
@@ -51,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for flag in settings.inert_flags:
         log.warning("%s is accepted for compatibility and has no effect in acp-serve", flag)
 
-    from serve.runtime.daemon import Daemon
+    from serve.runtime.daemon import Daemon  # lazy: `acp-serve client` never loads it
 
     # Orphaned descendants of agents are re-parented to us (PID 1 in a container anyway),
     # and the daemon's reaper collects them: no zombies.

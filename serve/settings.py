@@ -24,6 +24,9 @@ from pathlib import Path
 
 import msgspec
 
+from serve.http.security.bearer import InvalidBearerToken, resolve_startup_token
+from serve.http.security.cors import CorsPolicy, InvalidAllowOriginPattern, parse_allow_origin
+
 MAX_TIMER_MS = 2_147_483_647
 #: Upper bound of ``--max-body-bytes`` (1 GiB): a body is buffered in memory whole.
 MAX_BODY_BYTES = 1024 * 1024 * 1024
@@ -388,8 +391,6 @@ def parse_settings(
 
     # Token: flag wins over env; trimmed; empty = none; generated on a non-loopback bind
     # when neither source is present (§2.3).
-    from serve.http.security.bearer import InvalidBearerToken, resolve_startup_token
-
     try:
         resolution = resolve_startup_token(
             ns.token, env, loopback_bind=is_loopback_hostname(hostname)
@@ -450,8 +451,6 @@ def parse_settings(
         maximum=1_000_000,
         what="an integer in [1, 1000000]",
     )
-
-    from serve.http.security.cors import CorsPolicy, InvalidAllowOriginPattern, parse_allow_origin
 
     origins: list[str] = []
     for pattern in ns.allow_origin or []:

@@ -32,7 +32,7 @@ runs (so no handler, no body read, no session or disk change):
    case, digests compared in constant time), else the uniform ``401 {"error":"Unauthorized"}``.
 6. **rate limit** (``--rate-limit``): :class:`serve.http.security.RateLimiter`, per client key and
    tier; ``429`` with ``Retry-After``/``X-RateLimit-*``. Exempt tiers never touch a bucket;
-   draining daemons are not limited. The limiter is ``daemon.rate_limiter``
+   draining daemons are not limited. The limiter is ``host.front.rate_limiter``
    (:func:`rate_limit_hits` reads its refusal counters).
 7. **body limit**: a declared ``Content-Length`` above ``--max-body-bytes`` (default 10 MB)
    is ``413 {"error":"Request body too large (max 10 MB)"}`` at once. Any other
@@ -85,7 +85,6 @@ from serve.http.security import (
     CorsAction,
     CorsPolicy,
     HostAllowlist,
-    RateLimitConfig,
     RateLimiter,
     Tier,
     client_key,
@@ -94,12 +93,15 @@ from serve.http.security import (
     is_strict,
 )
 from serve.http.security.cors import self_origins
-from serve.http.security.ratelimit import classify
+from serve.http.security.ratelimit import classify, limiter_for
 from serve.logs import install_redaction
 from serve.settings import Settings
 
 if TYPE_CHECKING:
-    from serve.runtime.daemon import Daemon
+    from collections.abc import Sequence
+
+    from serve.host import Host
+    from serve.http.metrics import DaemonMetrics
 
 __all__ = [
     "DRAIN_LIMIT_BYTES",
@@ -148,38 +150,38 @@ _PUBLIC_PAGES = frozenset({"/demo", "/doc", "/openapi.json", "/favicon.ico"})
 _NO_TIERS = {tier.value: 0 for tier in Tier}
 
 
-def _require_auth(daemon: Daemon) -> bool:
-    settings: Settings = daemon.settings
+def _require_auth(host: Host) -> bool:
+    settings: Settings = host.settings
     return settings.require_auth
 
 
-def _allow_origin(daemon: Daemon) -> bool:
-    settings: Settings = daemon.settings
+def _allow_origin(host: Host) -> bool:
+    settings: Settings = host.settings
     return bool(settings.allow_origins)
 
 
-def _rate_limited(daemon: Daemon) -> bool:
-    settings: Settings = daemon.settings
+def _rate_limited(host: Host) -> bool:
+    settings: Settings = host.settings
     return settings.rate_limit.enabled
 
 
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature("require_auth", (("GET", "/health"),), when=_require_auth),
     Feature("allow_origin", (("GET", "/capabilities"),), when=_allow_origin),
     Feature("rate_limit", (("GET", "/health"),), when=_rate_limited),
 )
 
 
-def rate_limiter(daemon: Daemon) -> RateLimiter | None:
-    """The daemon's rate limiter (set by :func:`install_middleware`), or ``None`` before."""
-    limiter = getattr(daemon, "rate_limiter", None)
+def rate_limiter(host: Host) -> RateLimiter | None:
+    """The front's rate limiter (``host.front.rate_limiter``)."""
+    limiter = getattr(getattr(host, "front", None), "rate_limiter", None)
     return limiter if isinstance(limiter, RateLimiter) else None
 
 
-def rate_limit_hits(daemon: Daemon) -> dict[str, int]:
+def rate_limit_hits(host: Host) -> dict[str, int]:
     """Rate-limit refusals per tier since start (``{"prompt","mutation","read"}``; zeros
     when rate limiting is off). For ``/health?deep=1`` and ``/daemon/status``."""
-    limiter = rate_limiter(daemon)
+    limiter = rate_limiter(host)
     return limiter.hits() if limiter is not None else dict(_NO_TIERS)
 
 
@@ -221,10 +223,18 @@ def _cors_sender(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
 class SecurityFront:
     """The ASGI middleware of checks 1–8 (see the module docstring). One per app."""
 
-    def __init__(self, app: ASGIApp, daemon: Daemon) -> None:
-        settings = daemon.settings
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: Host,
+        features: Sequence[Feature] = (),
+        metrics: DaemonMetrics | None = None,
+    ) -> None:
+        settings = host.settings
         self._app = app
-        self._daemon = daemon
+        self._host = host
+        self._features = tuple(features)
+        self._metrics = metrics
         self._max_body = settings.max_body_bytes
         self._too_large_413 = msgspec.json.encode({"error": settings.body_too_large_message})
         self._bound_host = settings.hostname
@@ -236,17 +246,11 @@ class SecurityFront:
         self._public_probes = settings.public_probes
         self._remote_same_origin = not self._loopback and self._bearer is not None
         self._cors = CorsPolicy.from_patterns(settings.allow_origins)
-        rl = settings.rate_limit
-        self.limiter = RateLimiter(
-            RateLimitConfig(
-                enabled=rl.enabled,
-                prompt=rl.prompt,
-                mutation=rl.mutation,
-                read=rl.read,
-                window_ms=rl.window_ms,
-            )
+        limiter = getattr(getattr(host, "front", None), "rate_limiter", None)
+        self.limiter = (
+            limiter if isinstance(limiter, RateLimiter) else limiter_for(settings.rate_limit)
         )
-        self._limiting = rl.enabled
+        self._limiting = settings.rate_limit.enabled
         self._last_sweep = time.monotonic()
         self._port = -1
         self._hosts: frozenset[bytes] = frozenset()
@@ -309,7 +313,7 @@ class SecurityFront:
                 close = too_big or not await _drain(receive, DRAIN_LIMIT_BYTES)
             await _respond(send, status, body, headers, close=close)
 
-        port = self._daemon.port
+        port = self._host.port
         if port != self._port:
             self._rebind(port)
         method: str = scope["method"]
@@ -370,7 +374,7 @@ class SecurityFront:
                 return
 
         # 6. rate limit
-        if self._limiting and not self._daemon.draining:
+        if self._limiting and not self._host.draining:
             tier = classify(method, path)
             if tier is not None:
                 refusal = self._rate_limit(scope, tier, client_id)
@@ -414,8 +418,8 @@ class SecurityFront:
         if path == "/health":
             body = _HEALTH_OK
         else:
-            body = msgspec.json.encode(capabilities.envelope(self._daemon))
-        metrics = getattr(self._daemon, "metrics", None)
+            body = msgspec.json.encode(capabilities.envelope(self._host, self._features))
+        metrics = self._metrics
         if metrics is not None:
             metrics.requests.labels("GET", path, "200").inc()
         await _respond(send, 200, body, (), close=False)
@@ -468,7 +472,7 @@ class SecurityFront:
                 origins.append(value)
             elif name == b"authorization":
                 auths.append(value)
-        port = self._daemon.port
+        port = self._host.port
         if port != self._port:
             self._rebind(port)
         if origins and self._loopback and len(origins) == 1 and origins[0] in self._self_origins:
@@ -611,16 +615,20 @@ def _strict_gate() -> Callable[[], Awaitable[Response | None]]:
     return strict_gate
 
 
-def install_middleware(app: QuartTrio, daemon: Daemon) -> None:
-    """Wrap ``app`` in the security front for ``daemon`` (call after the blueprints).
+def install_middleware(
+    app: QuartTrio,
+    host: Host,
+    features: Sequence[Feature] = (),
+    metrics: DaemonMetrics | None = None,
+) -> None:
+    """Wrap ``app`` in the security front for ``host`` (call after the blueprints).
 
-    Sets ``daemon.rate_limiter``, installs log redaction of the token, and on a daemon
-    without a token puts the strict gate first among the ``before_request`` hooks.
+    Installs log redaction of the token, and on a daemon without a token puts the strict
+    gate first among the ``before_request`` hooks.
     """
-    settings = daemon.settings
-    front = SecurityFront(app.asgi_app, daemon)  # type: ignore[arg-type]
+    settings = host.settings
+    front = SecurityFront(app.asgi_app, host, features, metrics)  # type: ignore[arg-type]
     app.asgi_app = front  # type: ignore[assignment,method-assign]
-    daemon.rate_limiter = front.limiter
     install_redaction([settings.token])
     if settings.token is None:
         app.before_request_funcs.setdefault(None, []).insert(0, _strict_gate())

@@ -1,13 +1,12 @@
-"""The daemon: the root supervisor and its children, signals, start-up and shutdown.
+"""The daemon: lifecycle only: run the Host's supervisor tree, signals, drain, serve HTTP.
 
 Tree (see docs/architecture.md)::
 
     Daemon.run (trio)
     ├── signal watcher                     first SIGINT/SIGTERM drains, a second forces exit
     └── root Supervisor
-        ├── sessions  SessionRegistry      (permanent)
-        ├── reaper                         (permanent; when a subreaper or PID 1)
-        └── http      HttpFront            (permanent; started last, stopped first)
+        ├── ... the Host's children         (serve/runtime/host.py, in start order)
+        └── http      hypercorn + the app   (permanent; started last, stopped first)
 
 Shutdown order: stop accepting (``draining``), end every session (each publishes
 ``session_died {reason: "daemon_shutdown"}`` and closes its event log, so SSE streams end
@@ -28,19 +27,17 @@ import os
 import signal
 import socket
 import sys
-import time
-from typing import Any
 
 import hypercorn.config
 import hypercorn.trio
 import trio
 
-from acp.children import run_reaper
-from actors import ChildSpec, Restart, Supervisor, SupervisorEvent
-from serve.config import DaemonConfig, load_daemon_config
-from serve.journal import Journal
-from serve.permissions.mediator import PermissionMediator
-from serve.sessions.runtimes import WorkspaceRuntimes, workspace_id
+from actors import ChildSpec, Restart
+from serve.config import DaemonConfig
+from serve.host import Host
+from serve.http.app import create_app
+from serve.runtime.host import build_host
+from serve.sessions.runtimes import workspace_id
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,82 +49,26 @@ PORT_ATTEMPTS = 10
 
 
 class Daemon:
-    """Owns the settings, the supervisor tree and the HTTP front of one daemon process."""
+    """Runs one Host: the root supervisor and its children, signals, drain, the HTTP front.
+
+    The Host (what the daemon is made of) comes from :func:`serve.runtime.host.build_host`;
+    the daemon only runs it. ``Daemon(settings)`` builds one (tests); the entry point passes
+    the config it already parsed.
+    """
 
     def __init__(
-        self, settings: Settings, config: DaemonConfig | None = None, *, reaper: bool = False
+        self,
+        settings: Settings,
+        config: DaemonConfig | None = None,
+        *,
+        reaper: bool = False,
+        built: tuple[Host, list[ChildSpec]] | None = None,
     ) -> None:
+        self.host, self._children = built or build_host(settings, config, reaper=reaper)
         self.settings = settings
-        #: Reap adopted orphans (the entry point sets it once the process is a subreaper or
-        #: PID 1; never in a test process, whose own children are not ours to wait for).
-        self.reaper = reaper
-        self.started_monotonic = time.monotonic()
-        # The config file (--config): mediation policy, grants/approvals, restart policy;
-        # parsed once by the entry point and passed in (tests may let it be read here).
-        from serve.permissions.effects import EffectGate
-
-        self.config = config if config is not None else load_daemon_config(settings)
-        self.permission_policy: str = self.config.policy.permission_strategy
-        root = self.config.restart.root
-        self.root = Supervisor(
-            "root", intensity=root.intensity, period_s=root.period_s, history=512
-        )
-        self.urls: list[str] = []
-        self.port: int = settings.port
-        self.draining = False
-        self.sse_streams = 0
-        self.mediator = PermissionMediator(
-            policy=self.permission_policy,
-            consensus_quorum=self.config.policy.consensus_quorum,
-            response_timeout_ms=settings.permission_response_timeout_ms,
-        )
-        self.registry = WorkspaceRuntimes(settings, self.mediator, self.config.restart.session)
-        self.journal: Journal | None = None
-        if settings.journal:
-            self.journal = Journal(settings.state_dir)
-            self.registry.journal = self.journal
-        self.registry.effects = EffectGate(self, self.config)
-        self.services: dict[str, Any] = {}
-        #: serve.http.security.RateLimiter when --rate-limit (set by the middleware).
-        self.rate_limiter: Any = None
-        #: serve.http.metrics.DaemonMetrics (set when the app is created).
-        self.metrics: Any = None
-        self.registry.retire_hook = self._retire
+        self._app = create_app(self.host)
         self._http_stop = trio.Event()
         self._stopped = trio.Event()
-        self._app: Any = None
-
-    # ---- read models -------------------------------------------------------------------
-
-    def workspace_descriptors(self) -> list[dict[str, Any]]:
-        return [rt.descriptor() for rt in self.registry]
-
-    def deep_health(self) -> dict[str, Any]:
-        live = self.registry.live()
-        return {
-            "status": "ok",
-            "workspaceCount": len(self.settings.workspaces)
-            + len(self.settings.untrusted_workspaces),
-            "sessions": len(live),
-            "pendingPermissions": self.mediator.pending_count(),
-            "activePrompts": sum(1 for s in live if s.has_active_prompt),
-            "connectedClients": self.sse_streams,
-            **({"rateLimitHits": hits} if (hits := self._rate_limit_hits()) else {}),
-        }
-
-    def _rate_limit_hits(self) -> dict[str, int] | None:
-        if self.rate_limiter is None:
-            return None
-        from serve.http.middleware import rate_limit_hits
-
-        return rate_limit_hits(self)
-
-    def _retire(self, session: Any) -> None:
-        if self.metrics is not None:
-            self.metrics.retire(session.log.statistics())
-
-    def supervisor_events(self) -> list[SupervisorEvent]:
-        return list(self.root.events)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -135,43 +76,13 @@ class Daemon:
         self, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Run until shut down; readiness value is the list of bound URLs."""
-        from serve.http.app import create_app
-
-        self._app = create_app(self)
-        from serve.runtime.services import SERVICES
-
-        service_specs: list[ChildSpec] = []
-        if self.reaper:
-            service_specs.append(
-                ChildSpec("reaper", run_reaper, Restart.PERMANENT, shutdown_grace_s=0.0)
-            )
-        if self.settings.chaos_kill_rate > 0:
-            from serve.runtime.chaos import ChaosMonkey
-
-            monkey = ChaosMonkey(self, self.settings.chaos_kill_rate)
-            self.services["chaos"] = monkey
-            service_specs.append(
-                ChildSpec("chaos", monkey.run, Restart.PERMANENT, stop=monkey.close)
-            )
-        for service in SERVICES:
-            obj, spec = service.build(self)
-            self.services[service.name] = obj
-            service_specs.append(spec)
-        self.registry.mcp_pool = self.services.get("mcp-pool")
+        root = self.host.root
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_signals, nursery.cancel_scope)
             await nursery.start(
-                self.root.run,
+                root.run,
                 [
-                    ChildSpec(
-                        "permission-mediator",
-                        self.mediator.run,
-                        Restart.PERMANENT,
-                        shutdown_grace_s=1.0,
-                        stop=self.mediator.close,
-                    ),
-                    *self.registry.child_specs(),
-                    *service_specs,
+                    *self._children,
                     ChildSpec(
                         "http",
                         self._serve_http,
@@ -181,25 +92,26 @@ class Daemon:
                     ),
                 ],
             )
-            task_status.started(self.urls)
+            task_status.started(self.host.lifecycle.urls)
             await self._stopped.wait()
             nursery.cancel_scope.cancel()
 
     async def shutdown(self) -> None:
         """Drain and stop everything; bounded by :data:`SHUTDOWN_FORCE_S`."""
-        if self.draining:
+        lifecycle = self.host.lifecycle
+        if lifecycle.draining:
             return
-        self.draining = True
+        lifecycle.draining = True
         log.info("draining: no new sessions or prompts")
         await self._drain_prompts(self.settings.drain_timeout_ms / 1000)
         log.info("shutting down")
         trio.lowlevel.spawn_system_task(self._hard_deadline, SHUTDOWN_FORCE_S + HARD_EXIT_MARGIN_S)
         with trio.move_on_after(SHUTDOWN_FORCE_S):
             await self._close_sessions("daemon_shutdown")
-            self.root.shutdown()
-            await self.root.finished.wait()
-            if self.journal is not None:
-                await self.journal.aclose()
+            self.host.root.shutdown()
+            await self.host.root.finished.wait()
+            if self.host.journal is not None:
+                await self.host.journal.aclose()
         self._stopped.set()
 
     async def _hard_deadline(self, after_s: float) -> None:
@@ -208,7 +120,7 @@ class Daemon:
         the process. Past ``after_s`` every agent group is SIGKILLed and the process exits 1."""
         await trio.sleep(after_s)
         log.error("shutdown did not finish within %.1f s; exiting now", after_s)
-        for session in self.registry.all_sessions():
+        for session in self.host.registry.all_sessions():
             conn = session.conn
             if conn is not None:
                 with contextlib.suppress(OSError):
@@ -219,33 +131,18 @@ class Daemon:
     async def _drain_prompts(self, timeout_s: float) -> None:
         """Let admitted prompts finish, up to ``timeout_s`` (then they are cancelled)."""
         with trio.move_on_after(timeout_s):
-            while any(s.pending_count for s in self.registry.live()):  # noqa: ASYNC110
+            while any(s.pending_count for s in self.host.registry.live()):  # noqa: ASYNC110
                 await trio.sleep(0.05)
-
-    def readiness(self) -> tuple[bool, str]:
-        """For ``/readyz``: (ready, reason)."""
-        if self.draining:
-            return False, "draining"
-        states = {c["name"]: c["state"] for c in self.root.children()}
-        if not self.root.running or any(state != "running" for state in states.values()):
-            return False, "supervisor_not_running"
-        limit = self.settings.max_sessions
-        if limit and len(self.registry.live()) >= limit * len(self.settings.workspaces):
-            return False, "session_capacity_exhausted"
-        total = self.settings.max_total_sessions
-        if total and len(self.registry.live()) >= total:
-            return False, "session_capacity_exhausted"
-        return True, "ready"
 
     async def _close_sessions(self, reason: str) -> None:
         """End every session: ``session_died {reason}``, logs closed, SSE streams end."""
         with trio.move_on_after(SHUTDOWN_FORCE_S - 1):
-            await self.registry.close_all(reason)
+            await self.host.registry.close_all(reason)
 
     async def _watch_signals(self, cancel_scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                if not self.draining:
+                if not self.host.draining:
                     log.info("received %s, draining", signal.Signals(signum).name)
                     trio.lowlevel.spawn_system_task(self.shutdown)
                 else:
@@ -269,15 +166,18 @@ class Daemon:
         if self.settings.tls_cert and self.settings.tls_key:
             config.certfile = self.settings.tls_cert
             config.keyfile = self.settings.tls_key
+        lifecycle = self.host.lifecycle
         fd, port = bind_listener(
-            self.settings.hostname, self.port, user_timeout_ms=self.settings.writer_idle_timeout_ms
+            self.settings.hostname,
+            lifecycle.port,
+            user_timeout_ms=self.settings.writer_idle_timeout_ms,
         )
-        self.port = port
+        lifecycle.port = port
         config.bind = [f"fd://{fd}"]
         scheme = "https" if config.ssl_enabled else "http"
         host = self.settings.hostname
         display_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-        self.urls = [f"{scheme}://{display_host}:{port}"]
+        lifecycle.urls[:] = [f"{scheme}://{display_host}:{port}"]
         self._app.config["ACP_SERVE_PORT"] = port
         await hypercorn.trio.serve(
             self._app, config, shutdown_trigger=self._http_stop.wait, task_status=task_status

@@ -55,7 +55,7 @@ from acp.schema import (
     SessionSetup,
     WriteTextFileParams,
 )
-from actors import Actor, ActorError, RestartWindow, Supervisor
+from actors import Actor, ActorError, EventKind, RestartWindow, Supervisor
 from serve.events import EventLog
 from serve.events.messages import PublishEvent
 from serve.http.errors import ApiError, bad_request
@@ -79,6 +79,8 @@ from serve.sessions.modes import (
 )
 
 if TYPE_CHECKING:
+    from serve.mcp.pool import McpPool
+    from serve.permissions.effects import EffectGate
     from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -254,6 +256,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         restart_period_s: float = 60.0,
         restart_backoff_s: float = 0.1,
         journal: Journal | None = None,
+        effects: EffectGate | None = None,
+        mcp_pool: McpPool | None = None,
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
         BaseClientHandler.__init__(self)
@@ -295,8 +299,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self._drop_updates = False
         self._update_head: bytes | None = None
         self.journal = journal
-        #: The workspace MCP pool (serve/mcp), set by the registry when it runs.
-        self.mcp_pool: Any = None
+        #: The workspace MCP pool (serve/mcp), or None (unit tests).
+        self.mcp_pool = mcp_pool
         self.journal_writer: SessionJournal | None = None
         self.restored_from_journal = False
         self._admitted: dict[str, PromptJob] = {}
@@ -306,8 +310,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.restart_count = 0
         #: The supervisor whose history records this session's agent restarts.
         self.supervisor: Supervisor | None = None
-        #: The Host's effect gate (grants, approvals, workspace boundary); set by the registry.
-        self.effects: Any = None
+        #: The Host's effect gate (grants, approvals, workspace boundary), or None.
+        self.effects = effects
 
     # ---- read models -------------------------------------------------------------------
 
@@ -624,8 +628,6 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
 
     def _record_supervision(self, kind: str, reason: str, attempt: int) -> None:
         if self.supervisor is not None:
-            from actors import EventKind
-
             self.supervisor.record(self.name, EventKind(kind), reason, attempt)
 
     async def on_stop(self) -> None:

@@ -41,6 +41,9 @@ from serve.http.errors import ApiError, service_unavailable
 from serve.sessions.actor import CloseSession, SessionActor
 
 if TYPE_CHECKING:
+    from serve.journal import Journal
+    from serve.mcp.pool import McpPool
+    from serve.permissions.effects import EffectGate
     from serve.permissions.mediator import PermissionMediator
     from serve.settings import Settings
 
@@ -103,13 +106,18 @@ class SessionRegistry(Actor[RegistryMsg]):
         *,
         name: str = "sessions",
         restart: Any = None,
+        effects: EffectGate | None = None,
+        journal: Journal | None = None,
+        mcp_pool: McpPool | None = None,
+        retire_hook: Callable[[SessionActor], None] | None = None,
+        total_count: Callable[[], int] | None = None,
     ) -> None:
         super().__init__(name, inbox_size=1024)
         #: serve.config.RestartIntensity for the sessions' agent restarts (None: defaults).
         self.restart = restart
         self.supervisor_name = name
-        #: Sessions daemon-wide (all workspaces); the runtimes facade replaces this.
-        self.total_count: Callable[[], int] = self.local_count
+        #: Sessions daemon-wide (all workspaces); the runtimes facade passes its own.
+        self.total_count: Callable[[], int] = total_count or self.local_count
         self.settings = settings
         self.mediator = mediator
         self.sessions: dict[str, SessionActor] = {}
@@ -119,14 +127,14 @@ class SessionRegistry(Actor[RegistryMsg]):
         self._nursery: trio.Nursery | None = None
         self._counter = 0
         self.accepting = True
-        #: Installed by the daemon: the Host's EffectGate (serve/permissions/effects.py) or None.
-        self.effects: Any = None
+        #: The Host's EffectGate (serve/permissions/effects.py) or None.
+        self.effects = effects
         #: The daemon's durable event journal (None with --no-journal).
-        self.journal: Any = None
-        #: The workspace MCP pool service (set by the daemon when it starts).
-        self.mcp_pool: Any = None
+        self.journal = journal
+        #: The workspace MCP pool service.
+        self.mcp_pool = mcp_pool
         #: Called with each session that is gone (metrics keep its totals).
-        self.retire_hook: Callable[[SessionActor], None] | None = None
+        self.retire_hook = retire_hook
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -285,10 +293,10 @@ class SessionRegistry(Actor[RegistryMsg]):
                 session_id=session_id,
                 on_gone=self._forget,
                 journal=self.journal,
+                effects=self.effects,
+                mcp_pool=self.mcp_pool,
                 **self._restart_kwargs(),
             )
-            session.effects = self.effects
-            session.mcp_pool = self.mcp_pool
             session.supervisor = self.supervisor
             await self.supervisor.start_child(
                 ChildSpec(spec_name, session.run, Restart.TEMPORARY, shutdown_grace_s=5.0)
