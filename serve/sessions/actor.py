@@ -58,7 +58,6 @@ from acp.schema import (
 from actors import Actor, ActorError, EventKind, RestartWindow, Supervisor
 from serve.events import EventLog
 from serve.events.messages import PublishEvent
-from serve.http.errors import ApiError, bad_request
 from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
 from serve.permissions.mediator import (
     CancelPromptPermissions,
@@ -69,6 +68,7 @@ from serve.permissions.mediator import (
 )
 from serve.permissions.voting import PermissionOption
 from serve.sessions.clients import DEFAULT_CLIENT_IDLE_TIMEOUT_MS, ClientTable
+from serve.sessions.errors import AgentRefusedError, NotSupportedByAgent, SessionRequestError
 from serve.sessions.modes import APPROVAL_MODES as MODES_OF_QWEN
 from serve.sessions.modes import (
     AgentModes,
@@ -455,12 +455,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 self._early.clear()
             elif action == "load" or (action == "restart" and not _can_resume(info)):
                 if info is None or not info.load_session:
-                    raise ApiError(
-                        501,
-                        {
-                            "error": "The agent does not support session/load",
-                            "code": "not_supported_by_agent",
-                        },
+                    raise NotSupportedByAgent(
+                        "The agent does not support session/load", "not_supported_by_agent"
                     )
                 if action == "load":
                     await self._restore_from_journal(nursery)
@@ -907,7 +903,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 {"sessionId": self.session_id, "requestedModelId": msg.model_id, "error": error},
                 originator=msg.client_id,
             )
-            raise bad_request(
+            raise AgentRefusedError(
                 f"Model switch failed: {error}",
                 "model_switch_failed",
                 requestedModelId=msg.model_id,
@@ -927,13 +923,15 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         try:
             mode_id = resolve_mode(msg.mode, modes)
         except UnknownApprovalMode as exc:
-            raise bad_request(str(exc), "invalid_approval_mode", allowed=exc.allowed) from None
+            raise SessionRequestError(
+                str(exc), "invalid_approval_mode", allowed=exc.allowed
+            ) from None
         previous = self.current_mode
         try:
             reported = await apply_mode(self.conn, self.session_id, modes, mode_id)
         except (RemoteError, RequestTimeout) as exc:
             error = exc.message if isinstance(exc, RemoteError) else str(exc)
-            raise bad_request(f"Approval mode change failed: {error}", "approval_mode_failed")
+            raise AgentRefusedError(f"Approval mode change failed: {error}", "approval_mode_failed")
         if reported is None:  # set_mode answers {}: a current_mode_update may have come
             seen = self.current_mode
             reported = seen if seen is not None and seen != previous else mode_id

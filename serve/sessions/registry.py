@@ -37,8 +37,8 @@ import msgspec
 import trio
 
 from actors import Actor, ChildSpec, Restart, Supervisor, unwrap_group
-from serve.http.errors import ApiError, service_unavailable
 from serve.sessions.actor import CloseSession, SessionActor
+from serve.sessions.errors import SessionConflictError, SessionLimitError, SessionsUnavailable
 
 if TYPE_CHECKING:
     from serve.journal import Journal
@@ -153,7 +153,7 @@ class SessionRegistry(Actor[RegistryMsg]):
 
     async def on_stop(self) -> None:
         for pending in list(self.inflight.values()):
-            error = service_unavailable("Session registry restarted", "daemon_draining")
+            error = SessionsUnavailable("Session registry restarted", "daemon_draining")
             pending.resolve(None, error)
         self.inflight.clear()
 
@@ -161,7 +161,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         """End every session (daemon shutdown); bounded by the caller's deadline."""
         self.accepting = False
         for pending in list(self.inflight.values()):
-            pending.resolve(None, service_unavailable("Daemon is shutting down", "daemon_draining"))
+            pending.resolve(None, SessionsUnavailable("Daemon is shutting down", "daemon_draining"))
         async with trio.open_nursery() as nursery:
             for session in list(self.sessions.values()):
                 nursery.start_soon(self._close_one, session, reason, died)
@@ -206,7 +206,7 @@ class SessionRegistry(Actor[RegistryMsg]):
 
     async def handle(self, msg: RegistryMsg) -> Ticket:
         if not self.accepting:
-            raise service_unavailable("Daemon is draining", "daemon_draining")
+            raise SessionsUnavailable("Daemon is draining", "daemon_draining")
         match msg:
             case CreateSession(workspace=ws, scope=scope):
                 if scope == "single":
@@ -240,19 +240,14 @@ class SessionRegistry(Actor[RegistryMsg]):
                 if joining is not None:
                     pending = joining
                     if pending.action != action:
-                        raise ApiError(
-                            409,
-                            {
-                                "error": f"A session/{pending.action} of this session "
-                                "is in progress",
-                                "code": "restore_in_progress",
-                                "reason": "conflicting_restore",
-                                "retryable": True,
-                                "sessionId": sid,
-                                "activeAction": pending.action,
-                                "requestedAction": action,
-                            },
-                            {"Retry-After": "5"},
+                        raise SessionConflictError(
+                            f"A session/{pending.action} of this session is in progress",
+                            "restore_in_progress",
+                            reason="conflicting_restore",
+                            retryable=True,
+                            sessionId=sid,
+                            activeAction=pending.action,
+                            requestedAction=action,
                         )
                     pending.joined += 1
                     return Ticket(pending, True)
@@ -363,7 +358,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         self._nursery.start_soon(self._close_one, session, reason, False)
 
 
-def _limit_error(limit: int, scope: str) -> ApiError:
-    return service_unavailable(
+def _limit_error(limit: int, scope: str) -> SessionLimitError:
+    return SessionLimitError(
         f"Session limit reached ({limit})", "session_limit_exceeded", limit=limit, scope=scope
     )

@@ -56,6 +56,7 @@ from serve.sessions.actor import (
     SubmitPrompt,
     UpdateMetadata,
 )
+from serve.sessions.errors import SessionError
 from serve.sessions.modes import MAX_MODE_ID_CHARS
 from serve.sessions.registry import CreateSession, RestoreSession
 
@@ -170,6 +171,8 @@ async def ask(session: SessionActor, msg: Any, timeout_s: float = _ASK_TIMEOUT_S
         return await session.ask(msg, timeout_s=timeout_s)
     except (SessionGone, ActorStopped):
         raise session_not_found(session.session_id) from None
+    except SessionError as exc:
+        raise to_api_error(exc) or exc from None
 
 
 def canonical_cwd(raw: object) -> str:
