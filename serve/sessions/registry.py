@@ -41,6 +41,7 @@ from serve.sessions.actor import CloseSession, SessionActor
 from serve.sessions.errors import SessionConflictError, SessionLimitError, SessionsUnavailable
 
 if TYPE_CHECKING:
+    from serve.config import RestartIntensity
     from serve.journal import Journal
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
@@ -105,7 +106,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         mediator: PermissionMediator,
         *,
         name: str = "sessions",
-        restart: Any = None,
+        restart: RestartIntensity | None = None,
         effects: EffectGate | None = None,
         journal: Journal | None = None,
         mcp_pool: McpPool | None = None,
