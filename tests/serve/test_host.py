@@ -25,6 +25,7 @@ def test_children_in_start_order(tmp_path: Path) -> None:
     assert names == [
         "permission-mediator",
         f"sessions:{ws}",
+        "workspace-hub",
         "device-flow-poller",
         "mcp-pool",
         "workspace-state",
