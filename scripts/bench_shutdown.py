@@ -142,6 +142,8 @@ def main() -> int:
                     held = prepare(server)
                     time.sleep(0.3)  # let the agent settle into idleness
                     results.setdefault(name, []).append(stop_time_ms(server))
+                except (RuntimeError, OSError) as exc:  # e.g. a session that never started
+                    print(f"  {name}: run {run} failed: {exc}", file=sys.stderr)
                 finally:
                     if isinstance(held, socket.socket):
                         held.close()
