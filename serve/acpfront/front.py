@@ -51,12 +51,13 @@ import os
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
 import trio
 
+from actors import ActorError
 from serve.acpfront import jsonrpc
 from serve.acpfront.jsonrpc import (
     INTERNAL_ERROR,
@@ -73,6 +74,10 @@ from serve.acpfront.outbox import Outbox
 from serve.acpfront.translate import PERMISSION_ID_PREFIX, notify, split_frames, translate
 from serve.events import SubscriberLimitExceeded
 from serve.events.messages import PublishEvent
+from serve.host import Host
+from serve.http.capabilities import Feature
+from serve.http.daemon_status import daemon_status
+from serve.http.errors import to_api_error
 from serve.permissions.mediator import CastVote
 from serve.sessions.actor import (
     Attach,
@@ -80,12 +85,32 @@ from serve.sessions.actor import (
     CloseSession,
     Heartbeat,
     PromptQueueFull,
+    SessionGone,
     SetApprovalMode,
     SetModel,
     SubmitPrompt,
     UpdateMetadata,
 )
 from serve.sessions.registry import CreateSession, RestoreSession
+from serve.status.agent import context_state, supported_commands
+from serve.status.shared import shared_workspace
+from serve.workspace import (
+    WorkspaceFsError,
+    edit_text,
+    glob,
+    list_dir,
+    read_bytes,
+    read_text,
+    stat,
+    write_text,
+)
+from serve.workspace.files import (
+    DEFAULT_BYTES_WINDOW,
+    MAX_BYTES_WINDOW,
+    MAX_READ_LINES,
+    MAX_TEXT_READ_BYTES,
+)
+from serve.workspace.listing import DEFAULT_GLOB_RESULTS, MAX_GLOB_RESULTS
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +148,6 @@ Policy = Callable[["Connection", str], RpcError | None]
 
 def _rpc_from_exception(exc: BaseException, session_id: str | None = None) -> RpcError:
     """A domain or actor failure as a JSON-RPC error (``data.httpStatus`` mirrors REST)."""
-    from actors import ActorError
-    from serve.sessions.actor import SessionGone
-
     if isinstance(exc, RpcError):
         return exc
     if isinstance(exc, SessionGone | ActorError):
@@ -143,8 +165,6 @@ def _rpc_from_exception(exc: BaseException, session_id: str | None = None) -> Rp
             status, SERVER_ERROR if status < 500 else INTERNAL_ERROR
         )
         return RpcError(code, str(body.get("error", "error")), {"httpStatus": status, **body})
-    from serve.http.errors import to_api_error  # the one mapping of domain errors
-
     mapped = to_api_error(exc)
     if mapped is not None:
         return _rpc_from_exception(mapped, session_id)
@@ -265,15 +285,18 @@ class AcpFront:
 
     def __init__(
         self,
-        host: Any,
+        host: Host,
         *,
         policy: Policy | None = None,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         max_messages: int = 2048,
         max_bytes: int = 8 * 1024 * 1024,
         version: str = "0",
+        all_features: Sequence[Feature] = (),
     ) -> None:
         self.host = host
+        #: Every feature the app serves (``_qwen/status`` reports the advertised ones).
+        self.all_features = tuple(all_features)
         self.policy = policy
         self.idle_timeout_s = idle_timeout_s
         self.max_messages = max_messages
@@ -1067,8 +1090,6 @@ class AcpFront:
         return out
 
     async def _context(self, conn: Connection, params: dict[str, Any]) -> Any:
-        from serve.status.agent import context_state
-
         link = self._owned(conn, params)
         session = link.session
         return {
@@ -1079,8 +1100,6 @@ class AcpFront:
         }
 
     async def _supported_commands(self, conn: Connection, params: dict[str, Any]) -> Any:
-        from serve.status.agent import supported_commands
-
         link = self._owned(conn, params)
         return {
             "v": 1,
@@ -1089,19 +1108,14 @@ class AcpFront:
         }
 
     async def _status(self, conn: Connection, params: dict[str, Any]) -> Any:
-        from serve.status.daemon_status import daemon_status
-
         detail = params.get("detail", "summary")
         if detail not in ("summary", "full"):
             raise _params_error("`detail` must be one of: summary, full")
-        return daemon_status(self.host, detail)
+        return daemon_status(self.host, detail, self.all_features)
 
     # ---- files (the REST file routes' functions) ---------------------------------------
 
     async def _file_read(self, conn: Connection, params: dict[str, Any]) -> Any:
-        from serve.workspace import read_text
-        from serve.workspace.files import MAX_READ_LINES, MAX_TEXT_READ_BYTES
-
         path = _Files.text(params, "path")
         max_bytes = _Files.number(params, "maxBytes", 1, MAX_TEXT_READ_BYTES)
         line = _Files.number(params, "line", 1, 2**31 - 1)
@@ -1112,9 +1126,6 @@ class AcpFront:
         )
 
     async def _file_read_bytes(self, conn: Connection, params: dict[str, Any]) -> Any:
-        from serve.workspace import read_bytes
-        from serve.workspace.files import DEFAULT_BYTES_WINDOW, MAX_BYTES_WINDOW
-
         path = _Files.text(params, "path")
         offset = _Files.number(params, "offset", 0, 2**63 - 1) or 0
         max_bytes = _Files.number(params, "maxBytes", 1, MAX_BYTES_WINDOW) or DEFAULT_BYTES_WINDOW
@@ -1122,24 +1133,17 @@ class AcpFront:
         return await _Files.run(lambda: read_bytes(ws, path, offset=offset, max_bytes=max_bytes))
 
     async def _file_stat(self, conn: Connection, params: dict[str, Any]) -> Any:
-        from serve.workspace import stat
-
         path = _Files.text(params, "path")
         ws = _Files.workspace(self, conn)
         return await _Files.run(lambda: stat(ws, path))
 
     async def _file_list(self, conn: Connection, params: dict[str, Any]) -> Any:
-        from serve.workspace import list_dir
-
         path = _Files.text(params, "path", required=False) or "."
         include_ignored = _Files.flag(params, "includeIgnored")
         ws = _Files.workspace(self, conn)
         return await _Files.run(lambda: list_dir(ws, path, include_ignored=include_ignored))
 
     async def _file_glob(self, conn: Connection, params: dict[str, Any]) -> Any:
-        from serve.workspace import glob
-        from serve.workspace.listing import DEFAULT_GLOB_RESULTS, MAX_GLOB_RESULTS
-
         pattern = _Files.text(params, "pattern")
         cwd = _Files.text(params, "cwd", required=False)
         include_ignored = _Files.flag(params, "includeIgnored")
@@ -1156,8 +1160,6 @@ class AcpFront:
     async def _publish_change(self, conn: Connection, result: Any, action: str) -> None:
         """``workspace_file_changed`` on every live session of the workspace, through the
         workspace hub (the session actors stay their logs' only writers)."""
-        from serve.status.shared import hub_of
-
         originator = next(
             (
                 link.client_id
@@ -1173,7 +1175,7 @@ class AcpFront:
             "size": result.size_bytes,
             "matchedIgnore": result.matched_ignore,
         }
-        hub = hub_of(self.host)
+        hub = self.host.hub
         if hub is not None:
             await hub.broadcast(conn.workspace, "workspace_file_changed", data, originator)
             return
@@ -1186,8 +1188,6 @@ class AcpFront:
                 pass  # a full or closed inbox: the change itself stands
 
     async def _file_write(self, conn: Connection, params: dict[str, Any]) -> Any:
-        from serve.workspace import write_text
-
         path = _Files.text(params, "path")
         content = params.get("content")
         if not isinstance(content, str):
@@ -1209,8 +1209,6 @@ class AcpFront:
         return result
 
     async def _file_edit(self, conn: Connection, params: dict[str, Any]) -> Any:
-        from serve.workspace import edit_text
-
         path = _Files.text(params, "path")
         old, new = params.get("oldText"), params.get("newText")
         if not isinstance(old, str) or not isinstance(new, str):
@@ -1256,8 +1254,6 @@ class _Files:
 
     @staticmethod
     def workspace(front: AcpFront, conn: Connection) -> Any:
-        from serve.status.shared import shared_workspace
-
         untrusted = tuple(getattr(front.host.settings, "untrusted_workspaces", ()))
         return shared_workspace(conn.workspace, trusted=conn.workspace not in untrusted)
 
@@ -1288,8 +1284,6 @@ class _Files:
 
     @staticmethod
     async def run(fn: Callable[[], Any]) -> Any:
-        from serve.workspace import WorkspaceFsError
-
         try:
             return await trio.to_thread.run_sync(fn)
         except WorkspaceFsError as exc:

@@ -22,6 +22,7 @@ from serve.http.capabilities import Feature
 from serve.http.context import FEATURES_KEY, HOST_KEY
 from serve.http.errors import ApiError, to_api_error
 from serve.http.routes import (
+    acp,
     auth,
     docs,
     extensions,
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 #: tags) and ``PLURAL_ROUTES`` (its workspace-qualified rules). Blueprints are registered in
 #: this order.
 ROUTE_MODULES: tuple[ModuleType, ...] = (
+    acp,
     auth,
     docs,
     extensions,
@@ -71,6 +73,7 @@ _FEATURE_ORDER: tuple[ModuleType, ...] = (
     shell,
     status,
     workspace,
+    acp,
 )
 
 

@@ -34,12 +34,12 @@ from quart import Blueprint, Response, current_app, make_response, request, webs
 from quart.wrappers.base import ClientDisconnectedError
 
 from serve.acpfront import AcpFront, Connection, jsonrpc
-from serve.acpfront.front import DEFAULT_IDLE_TIMEOUT_S
+from serve.acpfront.front import DEFAULT_IDLE_TIMEOUT_S, Policy
 from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
 from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
-from serve.http import capabilities
+from serve.host import Host
 from serve.http.capabilities import Feature
-from serve.http.context import daemon
+from serve.http.context import daemon, features
 from serve.http.security import (
     TOKEN_REQUIRED_BODY,
     Tier,
@@ -76,7 +76,7 @@ def _idle_timeout_s() -> float:
     return DEFAULT_IDLE_TIMEOUT_S
 
 
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature(
         "acp_http_transport",
         tuple((method, rule) for rule in _ROUTES for method in ("POST", "GET", "DELETE")),
@@ -139,7 +139,7 @@ def the_front() -> AcpFront:
     return front  # type: ignore[no-any-return]
 
 
-def _policy_for(d: Any) -> Any:
+def _policy_for(d: Host) -> Policy:
     def policy(conn: Connection, method: str) -> RpcError | None:
         """The strict gate (and, for WebSocket connections, the rate limit) per method."""
         twin = _STRICT_TWINS.get(method)
@@ -156,8 +156,8 @@ def _policy_for(d: Any) -> Any:
     return policy
 
 
-def _rate_limit(d: Any, key: str, method: str) -> RpcError | None:
-    limiter = getattr(d, "rate_limiter", None)
+def _rate_limit(d: Host, key: str, method: str) -> RpcError | None:
+    limiter = d.front.rate_limiter
     if limiter is None or not d.settings.rate_limit.enabled or d.draining:
         return None
     tier = _tier(method)
@@ -189,7 +189,13 @@ async def _start_front() -> None:
         ver = "0"
     if not acp_enabled():
         return
-    front = AcpFront(d, policy=_policy_for(d), idle_timeout_s=_idle_timeout_s(), version=ver)
+    front = AcpFront(
+        d,
+        policy=_policy_for(d),
+        idle_timeout_s=_idle_timeout_s(),
+        version=ver,
+        all_features=features(),
+    )
     scope = trio.CancelScope()
 
     async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -351,7 +357,7 @@ async def _get(workspace_ref: str | None) -> Response:
     front = the_front()
     d = daemon()
     limit = d.settings.max_connections
-    if limit and d.sse_streams >= limit:
+    if limit and d.front.sse_streams >= limit:
         return _rpc_response(
             503,
             None,
@@ -397,7 +403,7 @@ async def _get(workspace_ref: str | None) -> Response:
         outbox = conn.outbox
     token = outbox.attach()
     conn.open_streams += 1
-    d.sse_streams += 1
+    d.front.sse_streams += 1
 
     async def stream() -> Any:
         try:
@@ -418,7 +424,7 @@ async def _get(workspace_ref: str | None) -> Response:
         finally:
             outbox.detach(token)
             conn.open_streams -= 1
-            d.sse_streams -= 1
+            d.front.sse_streams -= 1
             conn.touch()
 
     response = await make_response(stream(), 200, headers)
