@@ -77,8 +77,8 @@ from acp.mux import SessionMux
 from acp.process import ExitInfo
 from actors import Actor, ActorError, Reply
 from serve.agents.memory import measure_trees
-from serve.http.errors import service_unavailable
 from serve.sessions.agent_link import agent_env
+from serve.sessions.errors import MemoryBudgetExceeded, SessionsUnavailable
 
 if TYPE_CHECKING:
     from serve.settings import Settings
@@ -97,7 +97,6 @@ CLOSE_SESSION_TIMEOUT_S: Final = 2.0
 SAMPLE_S: Final = 5.0
 SAMPLE_BUDGET_S: Final = 1.0
 #: Retry-After of ``503 memory_budget_exceeded`` (seconds).
-BUDGET_RETRY_AFTER_S: Final = 10
 
 
 class AgentChild:
@@ -302,11 +301,10 @@ class AgentPool(Actor[PoolMsg]):
 
     def budget_error(self) -> Exception:
         used_mb = round(self.used_kib() / 1024)
-        return service_unavailable(
+        return MemoryBudgetExceeded(
             f"Agent memory budget exceeded ({used_mb} of {self.budget_kib // 1024} MiB in "
             "use) and no idle session can be released",
             "memory_budget_exceeded",
-            retry_after_s=BUDGET_RETRY_AFTER_S,
             budgetMb=self.budget_kib // 1024,
             usedMb=used_mb,
         )
@@ -418,7 +416,7 @@ class AgentPool(Actor[PoolMsg]):
         """Drain: fail waiting callers, stop every child (bounded)."""
         self.draining = True
         for reply in list(self.waiters):
-            reply.fail(service_unavailable("Agent pool stopped", "daemon_draining"))
+            reply.fail(SessionsUnavailable("Agent pool stopped", "daemon_draining"))
         self.waiters.clear()
         with trio.move_on_after(5):
             async with trio.open_nursery() as nursery:
@@ -434,7 +432,7 @@ class AgentPool(Actor[PoolMsg]):
             case Acquire():
                 reply: Reply[AgentLease] = Reply()
                 if self.draining:
-                    reply.fail(service_unavailable("Agent pool is draining", "daemon_draining"))
+                    reply.fail(SessionsUnavailable("Agent pool is draining", "daemon_draining"))
                     return reply
                 self.waiters.append(reply)
                 self._serve_waiters()

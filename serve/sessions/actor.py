@@ -58,7 +58,7 @@ from acp.process import ExitInfo
 from acp.schema import (
     SessionSetup,
 )
-from actors import Actor, ActorError, Reply, RestartWindow, Supervisor
+from actors import Actor, ActorError, EventKind, Reply, RestartWindow, Supervisor
 from serve.events import EventLog, Subscriber
 from serve.permissions.mediator import (
     CancelPromptPermissions,
@@ -123,10 +123,15 @@ from serve.sessions.prompt_queue import (
 )
 
 if TYPE_CHECKING:
+    from serve.journal import Journal
+    from serve.mcp.pool import McpPool
+    from serve.permissions.effects import EffectGate
     from serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
+#: Seconds an agent closed while idle gets after stdin EOF before SIGTERM.
+IDLE_EOF_GRACE_S = 0.2
 #: Bound on the permission mediator's answer (an actor: quick) on cancel and close.
 MEDIATOR_TIMEOUT_S = 2.0
 
@@ -188,8 +193,10 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         restart_intensity: int = 3,
         restart_period_s: float = 60.0,
         restart_backoff_s: float = 0.1,
-        journal: Any = None,
+        journal: Journal | None = None,
         source: AgentSource | None = None,
+        effects: EffectGate | None = None,
+        mcp_pool: McpPool | None = None,
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
         self._init_agent_side()
@@ -230,6 +237,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         #: Set once run() is over: the child reaped, the journal closed, the registry told.
         self.gone = trio.Event()
         self._stopping = False
+        self._idle_at_close = False
         self._turn_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._work = trio.Event()  # the worker's wake-up: a job was admitted or released
@@ -237,13 +245,13 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         #: Open SSE subscriptions and the registered client each one names (or None).
         self._streams: dict[Subscriber, str | None] = {}
         self.exit_info: ExitInfo | None = None
-        #: The workspace MCP pool (serve/mcp), set by the registry when it runs.
-        self.mcp_pool: Any = None
+        #: The workspace MCP pool (serve/mcp), or None (unit tests).
+        self.mcp_pool = mcp_pool
         self.restored_from_journal = False
         #: The supervisor whose history records this session's agent restarts.
         self.supervisor: Supervisor | None = None
-        #: The Host's effect gate (grants, approvals, workspace boundary); set by the registry.
-        self.effects: Any = None
+        #: The Host's effect gate (grants, approvals, workspace boundary), or None.
+        self.effects = effects
         #: Idle release: the agent was let go; ``_rebound`` fires when one is bound again.
         self.agent_released = False
         self.release_count = 0
@@ -592,14 +600,15 @@ class SessionActor(Actor[SessionMsg], AgentSide):
 
     def _record_supervision(self, kind: str, reason: str, attempt: int) -> None:
         if self.supervisor is not None:
-            from actors import EventKind
-
             self.supervisor.record(self.name, EventKind(kind), reason, attempt)
 
     async def on_stop(self) -> None:
         self._stopping = True
         with trio.move_on_after(5):
-            await self.link.aclose(grace_s=1.0)
+            # An agent closed while idle has nothing to finish: a short wait after stdin
+            # EOF, then SIGTERM (an agent that ignores EOF must not hold up a shutdown).
+            eof_grace_s = IDLE_EOF_GRACE_S if self._idle_at_close else None
+            await self.link.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
         await self.journal_link.aclose()
 
     # ---- the actor loop ----------------------------------------------------------------
@@ -1032,6 +1041,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
     async def _close(self, msg: CloseSession) -> None:
         if self.closing:
             return
+        self._idle_at_close = self.prompts.pending_count == 0
         if msg.died:
             await self._abort_everything(msg.reason, died=True)
         else:

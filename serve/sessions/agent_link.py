@@ -39,8 +39,8 @@ from acp.process import ExitInfo, scrub_env
 from acp.schema import SessionSetup
 from actors import RestartWindow
 from serve.events import EventLog
-from serve.http.errors import ApiError
 from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
+from serve.sessions.errors import NotSupportedByAgent
 
 if TYPE_CHECKING:
     from serve.settings import Settings
@@ -255,12 +255,8 @@ class AgentLink:
         lease.bind(session_id, self.handler)  # before the agent replays anything
         if action == "load" or (action == "restart" and not can_resume(info)):
             if info is None or not info.load_session:
-                raise ApiError(
-                    501,
-                    {
-                        "error": "The agent does not support session/load",
-                        "code": "not_supported_by_agent",
-                    },
+                raise NotSupportedByAgent(
+                    "The agent does not support session/load", "not_supported_by_agent"
                 )
             restored = await self.owner.restore_history() if action == "load" else False
             # After a restart, or when the journal already holds the history, the agent's
@@ -311,11 +307,13 @@ class AgentLink:
             with trio.CancelScope(shield=True):
                 await lease.release()
 
-    async def aclose(self, grace_s: float = 1.0) -> None:
+    async def aclose(self, grace_s: float = 1.0, *, eof_grace_s: float | None = None) -> None:
+        """Let the agent go: a pooled slot back to its pool, an own child stopped (an idle
+        one gets only ``eof_grace_s`` after stdin EOF before SIGTERM)."""
         if self.lease is not None:
             await self.release()
         elif self.conn is not None and not self.conn.closed:
-            await self.conn.aclose(grace_s=grace_s)
+            await self.conn.aclose(grace_s=grace_s, eof_grace_s=eof_grace_s)
 
     async def kill(self) -> None:
         """Stop an unresponsive agent at once (its watcher then restarts it in place)."""

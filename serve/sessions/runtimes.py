@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from actors import ChildSpec, Restart, SupervisorEvent
 from serve.agents.pool import AgentPool
+from serve.sessions.messages import ReleaseAgent
 from serve.sessions.registry import SessionRegistry
 
 if TYPE_CHECKING:
+    from serve.config import RestartIntensity
+    from serve.journal import Journal
+    from serve.mcp.pool import McpPool
+    from serve.permissions.effects import EffectGate
     from serve.permissions.mediator import PermissionMediator
     from serve.sessions.actor import SessionActor
     from serve.sessions.agent_link import AgentSource
@@ -67,8 +72,6 @@ class WorkspaceRuntime:
 
     async def release_lru_idle(self) -> bool:
         """For the pool's memory budget: release the least recently used idle session."""
-        from serve.sessions.messages import ReleaseAgent
-
         for session in self._releasable():
             try:
                 if await session.ask(ReleaseAgent("memory_budget"), timeout_s=10):
@@ -82,26 +85,47 @@ class WorkspaceRuntime:
 
 
 class WorkspaceRuntimes:
+    """The workspace set: one :class:`WorkspaceRuntime` (and session registry) per workspace.
+
+    The shared parts every registry hands to its sessions (the effect gate, the journal, the
+    MCP pool, the retire hook) are constructor arguments, given once by the Host builder.
+    """
+
     def __init__(
-        self, settings: Settings, mediator: PermissionMediator, restart: Any = None
+        self,
+        settings: Settings,
+        mediator: PermissionMediator,
+        restart: RestartIntensity | None = None,
+        *,
+        effects: EffectGate | None = None,
+        journal: Journal | None = None,
+        mcp_pool: McpPool | None = None,
+        retire_hook: Callable[[SessionActor], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.effects = effects
+        self.journal = journal
+        self.mcp_pool = mcp_pool
         self.runtimes: dict[str, WorkspaceRuntime] = {}
         paths = [(p, True) for p in settings.workspaces] + [
             (p, False) for p in settings.untrusted_workspaces
         ]
         for index, (path, trusted) in enumerate(paths):
             registry = SessionRegistry(
-                settings, mediator, name=f"sessions:{workspace_id(path)}", restart=restart
+                settings,
+                mediator,
+                name=f"sessions:{workspace_id(path)}",
+                restart=restart,
+                effects=effects,
+                journal=journal,
+                mcp_pool=mcp_pool,
+                retire_hook=retire_hook,
+                total_count=self.total_count,
             )
-            registry.total_count = self.total_count
             agents = AgentPool(settings, path, name=f"agents:{workspace_id(path)}")
             self.runtimes[path] = WorkspaceRuntime(
                 path, primary=index == 0, trusted=trusted, registry=registry, agents=agents
             )
-        self._effects: Any = None
-        self._journal: Any = None
-        self._mcp_pool: Any = None
 
     # ---- structure ---------------------------------------------------------------------
 
@@ -158,56 +182,17 @@ class WorkspaceRuntimes:
     def registry_for(self, workspace: str) -> SessionRegistry:
         return self.runtimes[workspace].registry
 
-    # ---- shared wiring (set by the daemon, applied to every registry) ------------------
-
-    @property
-    def effects(self) -> Any:
-        return self._effects
-
-    @effects.setter
-    def effects(self, value: Any) -> None:
-        self._effects = value
-        for rt in self:
-            rt.registry.effects = value
-
-    @property
-    def journal(self) -> Any:
-        return self._journal
-
-    @journal.setter
-    def journal(self, value: Any) -> None:
-        self._journal = value
-        for rt in self:
-            rt.registry.journal = value
-
-    @property
-    def retire_hook(self) -> Any:
-        return self.primary.registry.retire_hook
-
-    @retire_hook.setter
-    def retire_hook(self, value: Any) -> None:
-        for rt in self:
-            rt.registry.retire_hook = value
+    # ---- where sessions get their agents ----------------------------------------------
 
     @property
     def agent_source(self) -> AgentSource | None:
-        """Where sessions get their agents (None: each spawns its own; see agent_link)."""
+        """Where sessions get their agents (each workspace's pool; None: each spawns its own)."""
         return self.primary.registry.agent_source
 
     @agent_source.setter
     def agent_source(self, value: AgentSource | None) -> None:
         for rt in self:
             rt.registry.agent_source = value
-
-    @property
-    def mcp_pool(self) -> Any:
-        return self._mcp_pool
-
-    @mcp_pool.setter
-    def mcp_pool(self, value: Any) -> None:
-        self._mcp_pool = value
-        for rt in self:
-            rt.registry.mcp_pool = value
 
     # ---- the registry facade -----------------------------------------------------------
 

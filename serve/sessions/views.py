@@ -6,14 +6,40 @@ Pure functions of the session actor's state, called by the actor (answers to ``D
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
 from acp.schema import SessionSetup
 
-if TYPE_CHECKING:
-    from serve.sessions.actor import SessionActor
+
+class SessionState(Protocol):
+    """What the read models read of a session (the actor itself, inside its own handlers;
+    a Protocol so this module does not import the actor that imports it)."""
+
+    session_id: str
+    workspace: str
+    created_at: str
+    display_name: str | None
+    mediator: Any
+    clients: Any
+    link: Any
+    prompts: Any
+    journal_link: Any
+    agent_released: bool
+    release_count: int
+
+    @property
+    def has_active_prompt(self) -> bool: ...
+
+    @property
+    def pending_count(self) -> int: ...
+
+    @property
+    def restart_count(self) -> int: ...
+
+    @property
+    def subscribers(self) -> int: ...
 
 
 def setup_state(setup: SessionSetup | None) -> dict[str, Any]:
@@ -28,7 +54,7 @@ def setup_state(setup: SessionSetup | None) -> dict[str, Any]:
     return state
 
 
-def summary(session: SessionActor) -> dict[str, Any]:
+def summary(session: SessionState) -> dict[str, Any]:
     pending = session.mediator.pending_count(session.session_id)
     return {
         "sessionId": session.session_id,
@@ -48,7 +74,7 @@ def summary(session: SessionActor) -> dict[str, Any]:
     }
 
 
-def diagnostics(session: SessionActor) -> dict[str, Any]:
+def diagnostics(session: SessionState) -> dict[str, Any]:
     """Operator detail for ``/daemon/status?detail=full`` (no client ids, no secrets)."""
     out: dict[str, Any] = {
         "agentPid": session.link.pid,
@@ -65,7 +91,7 @@ def diagnostics(session: SessionActor) -> dict[str, Any]:
     return out
 
 
-def pending_list(session: SessionActor) -> dict[str, Any]:
+def pending_list(session: SessionState) -> dict[str, Any]:
     """``GET /session/:id/pending-prompts``: the running prompt, then the queue."""
     running = session.prompts.running
     return {

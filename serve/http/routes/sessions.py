@@ -25,15 +25,22 @@ from serve.events import (
     RETRY_FRAME,
     SubscriberLimitExceeded,
 )
-from serve.http import capabilities, plural
+from serve.http import plural
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
-from serve.http.errors import ApiError, bad_request, service_unavailable, session_not_found
+from serve.http.errors import (
+    ApiError,
+    bad_request,
+    service_unavailable,
+    session_not_found,
+    to_api_error,
+)
 from serve.http.security.clientid import InvalidClientId, validate_client_id
 from serve.http.security.hosts import is_loopback_address
 from serve.http.wire import json_body, json_response
 from serve.permissions.mediator import CastVote, SessionOf
 from serve.sessions.actor import SessionActor
+from serve.sessions.errors import SessionError
 from serve.sessions.messages import (
     APPROVAL_MODES,
     AgentUnavailable,
@@ -77,13 +84,12 @@ MAX_SAFE_INTEGER = 2**53 - 1
 _EPOCH_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ASK_TIMEOUT_S = 30.0
 
-plural.PLURAL_ROUTES.extend(
-    [
-        ("GET", "/workspaces/<path:workspace>/sessions"),
-        ("GET", "/workspaces//<path:workspace>/sessions"),
-    ]
+PLURAL_ROUTES = plural.PluralRoutes(blueprint)
+PLURAL_ROUTES.declare(
+    ("GET", "/workspaces/<path:workspace>/sessions"),
+    ("GET", "/workspaces//<path:workspace>/sessions"),
 )
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature("session_create", (("POST", "/session"),)),
     Feature("session_scope_override", (("POST", "/session"),)),
     Feature("session_load", (("POST", "/session/<session_id>/load"),)),
@@ -230,6 +236,8 @@ async def publish(
         await session.ask(PublishEvent(event_type, data, originator=originator), timeout_s=10)
     except (SessionGone, ActorError):
         pass  # the session closed: its log is closed too
+    except SessionError as exc:
+        raise to_api_error(exc) or exc from None
 
 
 def canonical_cwd(raw: object) -> str:
@@ -280,8 +288,6 @@ async def _await_ticket(ticket: Any) -> SessionActor:
     except ApiError:
         raise
     except Exception as exc:
-        from serve.http.errors import to_api_error
-
         mapped = to_api_error(exc)
         if mapped is not None:
             raise mapped from None
@@ -684,7 +690,7 @@ async def events(session_id: str) -> Response:
     session = find_session(session_id)
     max_queued = _max_queued()
     limit = daemon().settings.max_connections
-    if limit and daemon().sse_streams >= limit:
+    if limit and daemon().front.sse_streams >= limit:
         # Event streams are the connections that stay open; --max-connections caps them.
         raise service_unavailable(
             f"Connection limit reached ({limit} event streams)",
@@ -714,7 +720,7 @@ async def events(session_id: str) -> Response:
         ) from None
     sub = subscription.subscriber
     d = daemon()
-    d.sse_streams += 1
+    d.front.sse_streams += 1
 
     async def stream() -> Any:
         try:
@@ -726,7 +732,7 @@ async def events(session_id: str) -> Response:
                 yield chunk or HEARTBEAT_FRAME
         finally:
             sub.close()
-            d.sse_streams -= 1
+            d.front.sse_streams -= 1
             try:  # the session counts the stream's end as being seen
                 session.tell_nowait(StreamEnded())
             except (InboxFull, ActorStopped):

@@ -1,0 +1,447 @@
+"""Third-party ACP agents behind the real daemon, offline: one flow, every agent.
+
+Each agent of :data:`tests.interop.agents.MATRIX` (qwen-code, claude-agent-acp, codex-acp,
+opencode, gemini-cli, kimi-cli, pi-acp, the Python SDK's echo agent) runs behind its own
+``acp-serve`` process, against its own :class:`~tests.support.fake_models.FakeModels` server on
+127.0.0.1, with a private HOME. The flow is one session taken through nine steps, one test
+each, in order:
+
+create → streamed reply → permission request answered → file on disk → cancel → the agent's own
+mode → SIGKILL of the agent and restart in place → delete → no process left.
+
+A class-scoped fixture parametrized by agent holds the daemon and the session, so pytest runs
+each agent's steps together and starts each agent once. A step whose predecessor failed skips
+("needs step X"); a step an agent cannot do offline for a reason of its own skips with that
+reason (``AgentSpec.skips``); nothing is faked as a pass. Permissions ask
+because of the agents' own configuration (qwen ``tools.approvalMode: default``, claude
+``defaultMode: default``, codex
+``approval_policy = "untrusted"``, opencode ``permission.edit: ask``; gemini and kimi ask by
+default): no approval-mode change is needed.
+
+Only the HTTP API and the daemon's process tree (``/proc``) are used.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.conftest import AUTH, TOKEN
+from tests.interop.agents import MATRIX, RUNS, AgentSpec, Run, base_env, ensure_installed
+from tests.support.daemon import DaemonProcess, spawn_daemon
+from tests.support.fake_models import FakeModels
+from tests.support.sse import iter_events
+
+#: A guard against a wedged agent (a failure, not a timed assertion): one turn's events.
+TURN_GUARD_S = 120.0
+#: How long the processes of a deleted session may take to go (stop escalation is ~5 s).
+EXIT_GUARD_S = 20.0
+
+
+@dataclass
+class Flow:
+    spec: AgentSpec
+    daemon: DaemonProcess
+    model: FakeModels
+    workspace: Path
+    session_id: str = ""
+    client_id: str = ""
+    last_event_id: int = 0
+    passed: set[str] = field(default_factory=set)
+    #: (pid, start time) of every process of the session seen before delete.
+    processes: set[tuple[int, str]] = field(default_factory=set)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"X-Qwen-Client-Id": self.client_id}
+
+
+@pytest.fixture(scope="session")
+def install_error() -> str | None:
+    """Run scripts/install-agents unless its stamp is there (scripts/test runs it first; this
+    covers a bare pytest). Its error, if any, fails the rows of the agents it did not install."""
+    return ensure_installed()
+
+
+@pytest.fixture(scope="class", params=MATRIX, ids=lambda spec: spec.name)
+def flow(request: pytest.FixtureRequest, install_error: str | None) -> Iterator[Flow]:
+    spec: AgentSpec = request.param
+    if reason := spec.missing():
+        if install_error:
+            pytest.fail(f"{reason}: {install_error}")
+        pytest.skip(reason)  # e.g. no node on PATH, no bwrap and not root
+    RUNS.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f"{spec.name}-", dir=RUNS))
+    run = Run(root=root, home=root / "home", workspace=root / "ws")
+    run.home.mkdir()
+    run.workspace.mkdir()
+    try:
+        with FakeModels(workdir=str(run.workspace)) as model:
+            env = base_env(run)
+            env.update(spec.setup(run, model.base_url))
+            env["QWEN_SERVER_TOKEN"] = TOKEN
+            daemon = spawn_daemon(
+                [
+                    "--agent",
+                    shlex.join(spec.argv()),
+                    "--initialize-timeout-ms",
+                    "60000",
+                    "--session-restore-timeout-ms",
+                    "60000",
+                ],
+                workspace=run.workspace,
+                state_dir=root / "state",
+                env=env,
+            )
+            try:
+                yield Flow(spec=spec, daemon=daemon, model=model, workspace=run.workspace)
+            finally:
+                daemon.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _step_gate(request: pytest.FixtureRequest) -> None:
+    """Skip a step the agent cannot do (its reason) or whose predecessor did not pass.
+
+    A sync fixture on purpose: pytest-trio drops the reason of a skip raised in an async test.
+    """
+    marker = request.node.get_closest_marker("step")
+    if marker is None:
+        return
+    flow: Flow = request.getfixturevalue("flow")
+    step = marker.args[0]
+    if reason := flow.spec.skips.get(step):
+        pytest.skip(reason)
+    for needed in marker.kwargs.get("needs", ()):
+        if needed == "write_turn" and not flow.spec.asks_permission:
+            continue  # the file step runs the write turn itself
+        if needed not in flow.passed:
+            pytest.skip(f"needs step {needed!r}, which did not pass")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def http(flow: Flow) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(
+        base_url=flow.daemon.url, timeout=TURN_GUARD_S, headers=AUTH
+    ) as client:
+        yield client
+
+
+async def read_events(
+    client: httpx.AsyncClient,
+    flow: Flow,
+    stop: Callable[[dict[str, Any]], bool],
+    on_event: Callable[[dict[str, Any]], Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Events after ``flow.last_event_id`` until ``stop(event)`` (included)."""
+    events: list[dict[str, Any]] = []
+    with trio.fail_after(TURN_GUARD_S):
+        async with client.stream(
+            "GET",
+            f"/session/{flow.session_id}/events",
+            headers={"Last-Event-ID": str(flow.last_event_id)},
+        ) as stream:
+            async for event in iter_events(stream):
+                if "comment" in event:
+                    continue
+                if isinstance(event.get("id"), int):
+                    flow.last_event_id = event["id"]
+                events.append(event)
+                if on_event is not None:
+                    await on_event(event)
+                if stop(event):
+                    return events
+    raise AssertionError(f"event stream ended before the stop event: {events[-5:]}")
+
+
+async def submit(client: httpx.AsyncClient, flow: Flow, text: str) -> str:
+    r = await client.post(
+        f"/session/{flow.session_id}/prompt",
+        json={"prompt": [{"type": "text", "text": text}]},
+        headers={**flow.headers, "Prefer": "respond-async"},
+    )
+    assert r.status_code == 202, r.text
+    return str(r.json()["promptId"])
+
+
+def terminal_of(prompt_id: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e["type"] in ("turn_complete", "turn_error") and e.get("promptId") == prompt_id
+
+
+def message_text(events: list[dict[str, Any]], prompt_id: str) -> tuple[str, int]:
+    """The agent_message_chunk text of one prompt, and how many chunks carried text."""
+    texts = []
+    for e in events:
+        if e["type"] != "session_update" or e.get("promptId") != prompt_id:
+            continue
+        update = e["data"]["update"]
+        content = update.get("content") or {}
+        if update.get("sessionUpdate") == "agent_message_chunk" and content.get("text"):
+            texts.append(content["text"])
+    return "".join(texts), len(texts)
+
+
+async def write_turn(flow: Flow) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Ask the agent to write ``matrix-<agent>.txt``; allow once whatever it asks, checking that
+    nothing is written before the answer. Returns the turn's events and the permission requests.
+    """
+    target = flow.workspace / f"matrix-{flow.spec.name}.txt"
+    if flow.spec.overwrite_reason:
+        target.write_text("placeholder\n")  # see AgentSpec.overwrite_reason
+    before = target.read_text() if target.exists() else None
+    asked: list[dict[str, Any]] = []
+    async with http(flow) as client:
+
+        async def vote(event: dict[str, Any]) -> None:
+            if event["type"] != "permission_request":
+                return
+            now = target.read_text() if target.exists() else None
+            assert now == before, "written before the permission was answered"
+            asked.append(event)
+            options = {o["kind"]: o["optionId"] for o in event["data"]["options"]}
+            assert "allow_once" in options, options
+            r = await client.post(
+                f"/session/{flow.session_id}/permission/{event['data']['requestId']}",
+                json={"outcome": {"outcome": "selected", "optionId": options["allow_once"]}},
+                headers=flow.headers,
+            )
+            assert r.status_code == 200, r.text
+
+        prompt_id = await submit(
+            client, flow, f"please write {target.name} hello from {flow.spec.name}"
+        )
+        events = await read_events(client, flow, terminal_of(prompt_id), vote)
+    assert events[-1]["type"] == "turn_complete", f"{events[-1]}\n{diagnostics(flow)}"
+    flow.passed.add("write_turn")
+    return events, asked
+
+
+def _stat(pid: int) -> tuple[int, int, str] | None:
+    """(ppid, pgid, start time) of a live, non-zombie pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[1]), int(fields[2]), fields[19]
+
+
+def session_processes(flow: Flow) -> set[tuple[int, str]]:
+    """Every live descendant of the daemon (its only session's agent and that agent's children),
+    plus any process left in their process groups, as (pid, start time)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _stat(int(entry))) is not None:
+            table[int(entry)] = st
+    found: set[int] = set()
+    frontier = {flow.daemon.proc.pid}
+    while frontier:
+        children = {p for p, (ppid, _, _) in table.items() if ppid in frontier} - found
+        found |= children
+        frontier = children
+    groups = {table[p][1] for p in found} - {flow.daemon.proc.pid}
+    found |= {p for p, (_, pgid, _) in table.items() if pgid in groups}
+    return {(p, table[p][2]) for p in found}
+
+
+def agent_pid(flow: Flow) -> int:
+    """The agent child: the daemon's direct child leading its own process group (one session
+    per daemon here; an orphan re-parented to the daemon keeps its old group)."""
+    children = [
+        pid
+        for pid, _ in session_processes(flow)
+        if (st := _stat(pid)) is not None and st[0] == flow.daemon.proc.pid and st[1] == pid
+    ]
+    assert len(children) == 1, f"expected one agent child, found {children}"
+    return children[0]
+
+
+def alive(process: tuple[int, str]) -> bool:
+    st = _stat(process[0])
+    return st is not None and st[2] == process[1]
+
+
+def diagnostics(flow: Flow) -> str:
+    stderr = flow.daemon.stderr()[-3000:]
+    calls = [(api, path) for api, path, _ in flow.model.requests][-10:]
+    return f"model calls: {calls}\ndaemon stderr tail:\n{stderr}"
+
+
+# -- the flow ---------------------------------------------------------------------------------
+
+
+class TestAgentFlow:
+    @pytest.mark.step("create")
+    async def test_1_create(self, flow: Flow) -> None:
+        async with http(flow) as client:
+            r = await client.post("/session", json={"sessionScope": "thread"})
+            assert r.status_code == 200, f"{r.text}\n{diagnostics(flow)}"
+            body = r.json()
+        flow.session_id, flow.client_id = body["sessionId"], body["clientId"]
+        assert flow.session_id
+        flow.processes |= session_processes(flow)
+        agent_pid(flow)  # exactly one agent child runs for the session
+        flow.passed.add("create")
+
+    @pytest.mark.step("streamed_reply", needs=("create",))
+    async def test_2_streamed_reply(self, flow: Flow) -> None:
+        words = f"matrix hello from {flow.spec.name}"
+        async with http(flow) as client:
+            prompt_id = await submit(client, flow, words)
+            events = await read_events(client, flow, terminal_of(prompt_id))
+        last = events[-1]
+        assert last["type"] == "turn_complete", f"{last}\n{diagnostics(flow)}"
+        assert last["data"]["stopReason"] == "end_turn"
+        text, chunks = message_text(events, prompt_id)
+        # The fake model echoes the user text in three pieces; the agent relays them.
+        assert words in text, f"{text!r}\n{diagnostics(flow)}"
+        assert chunks >= (2 if flow.spec.streams_chunks else 1), (chunks, text)
+        # The chunks arrived as the turn ran, before its terminal event.
+        first_chunk = next(
+            i
+            for i, e in enumerate(events)
+            if e["type"] == "session_update"
+            and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
+        )
+        assert first_chunk < len(events) - 1
+        flow.passed.add("streamed_reply")
+
+    @pytest.mark.step("permission", needs=("streamed_reply",))
+    async def test_3_permission(self, flow: Flow) -> None:
+        events, asked = await write_turn(flow)
+        assert len(asked) == 1, f"asked {len(asked)} times\n{diagnostics(flow)}"
+        resolved = [e for e in events if e["type"] == "permission_resolved"]
+        assert resolved and resolved[0]["data"]["requestId"] == asked[0]["data"]["requestId"]
+        assert resolved[0]["data"]["outcome"]["outcome"] == "selected"
+        # The asked tool call ran to completion.
+        call_id = asked[0]["data"]["toolCall"]["toolCallId"]
+        statuses = [
+            e["data"]["update"].get("status")
+            for e in events
+            if e["type"] == "session_update"
+            and e["data"]["update"].get("sessionUpdate") in ("tool_call", "tool_call_update")
+            and e["data"]["update"].get("toolCallId") == call_id
+        ]
+        if "completed" not in statuses and flow.spec.completion_note:
+            # See AgentSpec.completion_note: the approved call's effect is the proof.
+            target = flow.workspace / f"matrix-{flow.spec.name}.txt"
+            assert target.read_text().rstrip("\n") == f"hello from {flow.spec.name}"
+        else:
+            assert "completed" in statuses, f"{call_id}: {statuses}\n{diagnostics(flow)}"
+        flow.passed.add("permission")
+
+    @pytest.mark.step("file_on_disk", needs=("write_turn",))
+    async def test_4_file_on_disk(self, flow: Flow) -> None:
+        if "write_turn" not in flow.passed:  # an agent that writes without asking (the gate)
+            await write_turn(flow)
+        target = flow.workspace / f"matrix-{flow.spec.name}.txt"
+        assert target.is_file(), diagnostics(flow)
+        assert target.read_text().rstrip("\n") == f"hello from {flow.spec.name}"
+        flow.passed.add("file_on_disk")
+
+    @pytest.mark.step("cancel", needs=("streamed_reply",))
+    async def test_5_cancel(self, flow: Flow) -> None:
+        async with http(flow) as client:
+            prompt_id = await submit(client, flow, "please stall")
+
+            def streaming(e: dict[str, Any]) -> bool:
+                return (
+                    e["type"] == "session_update"
+                    and e.get("promptId") == prompt_id
+                    and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
+                    and bool((e["data"]["update"].get("content") or {}).get("text"))
+                ) or terminal_of(prompt_id)(e)
+
+            # The model has started streaming and now holds the reply open.
+            started = await read_events(client, flow, streaming)
+            assert started[-1]["type"] == "session_update", f"{started[-1]}\n{diagnostics(flow)}"
+            r = await client.post(f"/session/{flow.session_id}/cancel", headers=flow.headers)
+            assert r.status_code == 204, r.text
+            events = await read_events(client, flow, terminal_of(prompt_id))
+        last = events[-1]
+        assert last["type"] == "turn_complete", f"{last}\n{diagnostics(flow)}"
+        assert last["data"]["stopReason"] == "cancelled", last
+        assert [e["type"] for e in events].count("prompt_cancelled") == 1
+        flow.passed.add("cancel")
+
+    @pytest.mark.step("own_mode", needs=("streamed_reply",))
+    async def test_6_own_mode(self, flow: Flow) -> None:
+        """The agent's own mode ids are listed by /context and accepted by /approval-mode
+        (issue 18 items 1 and 2), whether the agent advertises ACP modes or a mode option."""
+        mode = flow.spec.own_mode
+        async with http(flow) as client:
+            r = await client.get(f"/session/{flow.session_id}/context", headers=flow.headers)
+            assert r.status_code == 200, r.text
+            modes = r.json()["state"]["modes"]
+            ids = [m.get("id") for m in modes.get("availableModes") or []]
+            assert mode in ids, f"{mode!r} not among the listed modes {ids}"
+            r = await client.post(
+                f"/session/{flow.session_id}/approval-mode",
+                json={"mode": mode},
+                headers=flow.headers,
+            )
+            assert r.status_code == 200, r.text
+            events = await read_events(client, flow, lambda e: e["type"] == "approval_mode_changed")
+        assert events[-1]["data"]["next"] == mode, events[-1]
+        flow.passed.add("own_mode")
+
+    @pytest.mark.step("sigkill_restart", needs=("streamed_reply",))
+    async def test_7_sigkill_restart(self, flow: Flow) -> None:
+        victim = agent_pid(flow)
+        flow.processes |= session_processes(flow)
+        os.kill(victim, signal.SIGKILL)
+        async with http(flow) as client:
+            events = await read_events(
+                client, flow, lambda e: e["type"] in ("session_restarted", "session_died")
+            )
+            assert events[-1]["type"] == "session_restarted", f"{events[-1]}\n{diagnostics(flow)}"
+            # Same session id, a new agent child, and the session answers again.
+            words = f"matrix after restart {flow.spec.name}"
+            prompt_id = await submit(client, flow, words)
+            events = await read_events(client, flow, terminal_of(prompt_id))
+        assert events[-1]["type"] == "turn_complete", f"{events[-1]}\n{diagnostics(flow)}"
+        assert words in message_text(events, prompt_id)[0]
+        assert agent_pid(flow) != victim
+        flow.processes |= session_processes(flow)
+        flow.passed.add("sigkill_restart")
+
+    @pytest.mark.step("delete", needs=("create",))
+    async def test_8_delete(self, flow: Flow) -> None:
+        flow.processes |= session_processes(flow)
+        async with http(flow) as client:
+            r = await client.delete(f"/session/{flow.session_id}", headers=flow.headers)
+            assert r.status_code == 204, r.text
+            r = await client.post(f"/session/{flow.session_id}/heartbeat", headers=flow.headers)
+            assert r.status_code == 404, r.text
+        flow.passed.add("delete")
+
+    @pytest.mark.step("no_process_left", needs=("delete",))
+    async def test_9_no_process_left(self, flow: Flow) -> None:
+        assert flow.processes, "no agent process was ever seen"
+        deadline = time.monotonic() + EXIT_GUARD_S
+        while left := [p for p in flow.processes if alive(p)]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"processes left after delete: {left}")
+            await trio.sleep(0.1)
+        assert not session_processes(flow)
+        flow.passed.add("no_process_left")
