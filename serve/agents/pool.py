@@ -93,6 +93,8 @@ MAX_REFILL_BACKOFF_S: Final = 30.0
 MAX_ERROR_CHARS: Final = 300
 #: Bound on ``session/close`` when a session leaves a shared child (seconds).
 CLOSE_SESSION_TIMEOUT_S: Final = 2.0
+#: Seconds an idle child gets after stdin EOF before SIGTERM (nothing of a turn to finish).
+IDLE_EOF_GRACE_S: Final = 0.2
 #: Memory sampling period without / with a budget (seconds).
 SAMPLE_S: Final = 5.0
 SAMPLE_BUDGET_S: Final = 1.0
@@ -154,8 +156,9 @@ class AgentLease:
         self.child.mux.bind(session_id, handler)
         self.pool._tell(Bound(self.child.id, self.lease_id, session_id))
 
-    async def release(self) -> None:
-        """Give the slot back (idempotent; bounded; safe from a cancelled scope)."""
+    async def release(self, *, eof_grace_s: float | None = None) -> None:
+        """Give the slot back (idempotent; bounded; safe from a cancelled scope). An
+        exclusive child stopped while idle gets ``eof_grace_s`` after stdin EOF."""
         if self.released:
             return
         self.released = True
@@ -163,7 +166,7 @@ class AgentLease:
             self.child.mux.unbind(self.session_id, self._handler)
         with trio.CancelScope(shield=True):
             if self.exclusive:
-                await self.conn.aclose(grace_s=1.0)
+                await self.conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
             elif self.session_id is not None and not self.conn.closed:
                 info = self.conn.info
                 if info is not None and info.supports_close:
@@ -668,7 +671,9 @@ async def _give_back(reply: Reply[AgentLease]) -> None:
 
 
 async def _aclose(conn: AgentConnection) -> None:
-    await conn.aclose(grace_s=1.0)
+    """Stop a child the pool holds: warm, spare or drained, so nothing of a turn is running;
+    an agent that ignores stdin EOF gets only IDLE_EOF_GRACE_S before SIGTERM."""
+    await conn.aclose(grace_s=1.0, eof_grace_s=IDLE_EOF_GRACE_S)
 
 
 def _truncate(text: str) -> str:

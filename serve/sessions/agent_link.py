@@ -64,8 +64,9 @@ class AgentLease(Protocol):
     def bind(self, session_id: str, handler: ClientHandler) -> None:
         """Route ``session_id``'s updates and requests on the connection to ``handler``."""
 
-    async def release(self) -> None:
-        """Give the agent back (stop it, or free the slot); idempotent, bounded."""
+    async def release(self, *, eof_grace_s: float | None = None) -> None:
+        """Give the agent back (stop it, or free the slot); idempotent, bounded. An agent
+        stopped while idle gets ``eof_grace_s`` after stdin EOF before SIGTERM."""
 
 
 class AgentSource(Protocol):
@@ -104,8 +105,8 @@ class OwnAgent:
     def bind(self, session_id: str, handler: ClientHandler) -> None:
         pass  # the connection was spawned with the session as its handler
 
-    async def release(self) -> None:
-        await self._conn.aclose(grace_s=1.0)
+    async def release(self, *, eof_grace_s: float | None = None) -> None:
+        await self._conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
 
 
 def agent_env(settings: Settings) -> dict[str, str]:
@@ -300,18 +301,18 @@ class AgentLink:
         self.ready = trio.Event()
         await self.release()
 
-    async def release(self) -> None:
+    async def release(self, *, eof_grace_s: float | None = None) -> None:
         """Give the agent back to its source (stopped, or its slot freed); bounded."""
         lease, self.lease = self.lease, None
         if lease is not None:
             with trio.CancelScope(shield=True):
-                await lease.release()
+                await lease.release(eof_grace_s=eof_grace_s)
 
     async def aclose(self, grace_s: float = 1.0, *, eof_grace_s: float | None = None) -> None:
         """Let the agent go: a pooled slot back to its pool, an own child stopped (an idle
         one gets only ``eof_grace_s`` after stdin EOF before SIGTERM)."""
         if self.lease is not None:
-            await self.release()
+            await self.release(eof_grace_s=eof_grace_s)
         elif self.conn is not None and not self.conn.closed:
             await self.conn.aclose(grace_s=grace_s, eof_grace_s=eof_grace_s)
 

@@ -17,8 +17,9 @@ import pytest
 import trio
 
 from serve.http import capabilities
-from serve.http.app import create_app
-from serve.runtime.daemon import Daemon
+from serve.http.app import collect_features, create_app
+from serve.http.openapi import build_document, registered_routes
+from serve.runtime.host import build_host
 from serve.settings import parse_settings
 from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import DaemonProcess, spawn_daemon
@@ -183,23 +184,22 @@ async def test_a_pending_permission_keeps_the_agent(
 
 def test_the_capability_tag_follows_the_setting(tmp_path: Any) -> None:
     env = {"HOME": str(tmp_path)}
-    on = Daemon(parse_settings(["--workspace", str(tmp_path)], env))
-    off = Daemon(
+    on, _ = build_host(parse_settings(["--workspace", str(tmp_path)], env))
+    off, _ = build_host(
         parse_settings(["--workspace", str(tmp_path), "--agent-idle-release-ms", "0"], env)
     )
-    create_app(on)
-    assert "agent_idle_release" in {f.tag for f in capabilities.advertised(on)}
-    assert "agent_idle_release" not in {f.tag for f in capabilities.advertised(off)}
+    features = collect_features()
+    assert "agent_idle_release" in {f.tag for f in capabilities.advertised(on, features)}
+    assert "agent_idle_release" not in {f.tag for f in capabilities.advertised(off, features)}
 
 
 def test_the_events_are_in_the_openapi_document(tmp_path: Any) -> None:
-    from serve.http.openapi import build_document, registered_routes
-
-    daemon = Daemon(parse_settings(["--workspace", str(tmp_path)], {"HOME": str(tmp_path)}))
-    app = create_app(daemon)
+    host, _ = build_host(parse_settings(["--workspace", str(tmp_path)], {"HOME": str(tmp_path)}))
+    app = create_app(host)
+    features = collect_features()
     routes = registered_routes(app.url_map.iter_rules(), app.view_functions)
-    advertised = [f.tag for f in capabilities.advertised(daemon)]
-    doc = build_document(routes, capabilities.FEATURES, advertised)
+    advertised = [f.tag for f in capabilities.advertised(host, features)]
+    doc = build_document(routes, features, advertised)
     schemas = doc["components"]["schemas"]
     assert set(schemas["AgentReleasedEvent"]["required"]) == {"sessionId", "reason", "idleMs"}
     assert set(schemas["AgentReboundEvent"]["properties"]["via"]["enum"]) == {"resume", "load"}

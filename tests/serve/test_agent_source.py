@@ -31,13 +31,13 @@ class CountingSource:
 async def test_sessions_take_their_agents_from_the_registry_source(tmp_path: Path) -> None:
     async with inprocess(tmp_path) as (d, client):
         source = CountingSource(SpawnAgentSource(d.settings))
-        d.registry.agent_source = source
+        d.host.registry.agent_source = source
         sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
         r = await client.post(
             f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hello"}]}
         )
         assert r.status_code == 200 and r.json()["stopReason"] == "end_turn"
-        session = d.registry.get(sid)
+        session = d.host.registry.get(sid)
         assert session is not None
         assert source.handed == [session.conn]
         # A restart in place asks the source again.

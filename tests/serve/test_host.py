@@ -24,6 +24,7 @@ def test_children_in_start_order(tmp_path: Path) -> None:
     ws = next(iter(host.registry)).id
     assert names == [
         "permission-mediator",
+        f"agents:{ws}",
         f"sessions:{ws}",
         "workspace-hub",
         "device-flow-poller",

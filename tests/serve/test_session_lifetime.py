@@ -47,7 +47,7 @@ async def test_a_closed_session_is_released_before_the_next_one_starts(tmp_path:
             f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hello"}]}
         )
         assert r.status_code == 200
-        session = d.registry.get(sid)
+        session = d.host.registry.get(sid)
         assert session is not None
         gone = session.gone
         refs = [weakref.ref(session), weakref.ref(session.log)]  # the ring lives in the log

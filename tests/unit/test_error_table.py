@@ -17,6 +17,7 @@ from serve.http.errors import DOMAIN_ERRORS, ApiError, to_api_error
 from serve.sessions import errors as session_errors
 from serve.sessions.errors import (
     AgentRefusedError,
+    MemoryBudgetExceeded,
     NotSupportedByAgent,
     SessionConflictError,
     SessionError,
@@ -83,6 +84,19 @@ CASES: list[tuple[SessionError, int, dict[str, str], bytes]] = [
         RETRY,
         b'{"error":"Session limit reached (2)","code":"session_limit_exceeded","limit":2,'
         b'"scope":"workspace"}',
+    ),
+    (
+        MemoryBudgetExceeded(
+            "Agent memory budget exceeded (900 of 800 MiB in use) and no idle session can be "
+            "released",
+            "memory_budget_exceeded",
+            budgetMb=800,
+            usedMb=900,
+        ),
+        503,
+        {"Retry-After": "10"},
+        b'{"error":"Agent memory budget exceeded (900 of 800 MiB in use) and no idle session '
+        b'can be released","code":"memory_budget_exceeded","budgetMb":800,"usedMb":900}',
     ),
     (
         SessionsUnavailable("Daemon is draining", "daemon_draining"),
