@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -96,6 +97,9 @@ RESUME_METHODS: Final = ("session/resume", "session/unstable_resumeSession")
 
 _head_decoder: Final = msgspec.json.Decoder(SessionUpdateHead)
 _kind_decoder: Final = msgspec.json.Decoder(UpdateKind)
+#: ``{"sessionUpdate":"<kind>"`` at the start of an update (how agents write it): the kind
+#: without a second full decode of a possibly multi-MiB update.
+_KIND_PREFIX: Final = re.compile(rb'\A\s*\{\s*"sessionUpdate"\s*:\s*"([A-Za-z0-9_]{1,64})"')
 
 
 class _ConfigOptionsUpdate(msgspec.Struct, frozen=True, rename="camel"):
@@ -289,7 +293,11 @@ class AgentConnection:
         if method == "session/update":
             try:
                 head = _head_decoder.decode(params)
-                kind = _kind_decoder.decode(head.update).sessionUpdate
+                found = _KIND_PREFIX.match(head.update)
+                if found is not None:
+                    kind = found.group(1).decode()
+                else:
+                    kind = _kind_decoder.decode(head.update).sessionUpdate
             except msgspec.DecodeError as exc:
                 log.warning("dropping malformed session/update from agent: %s", exc)
                 return
@@ -298,6 +306,12 @@ class AgentConnection:
             self.handler.on_session_update(head.session_id, kind, head.update)
         else:
             self.handler.on_notification(method, params)
+
+    def on_oversized_line(self, size: int, limit: int) -> None:
+        """A line over the cap was dropped: tell the handler (if it wants to know)."""
+        hook = getattr(self.handler, "on_oversized_line", None)
+        if hook is not None:
+            hook(size, limit)
 
     async def flow_control(self) -> None:
         """Let the handler pace the reader (see :class:`acp.rpc.FlowControlled`)."""

@@ -10,7 +10,10 @@ nursery its owner provides:
   ``dispatcher.on_notification`` synchronously (so ordering is exactly the wire order: the
   updates ``session/load`` replays are delivered before its response resolves the call); starts
   a *request* in its own task in the nursery. It never awaits a handler. Garbage, oversized
-  lines and unknown response ids are logged and dropped (counted in :meth:`statistics`); a
+  lines and unknown response ids are dropped (counted in :meth:`statistics`); invalid and
+  oversized lines are logged through a :class:`ThrottledWarning` each (the first at once,
+  then at most one line per :data:`DROP_LOG_INTERVAL_S` with the count), and an oversized
+  line is also reported to the dispatcher's ``on_oversized_line`` when it has one; a
   request that is not valid JSON-RPC but has an id is answered ``-32600``.
 * the **writer** owns the send stream: every outgoing line goes through a bounded memory
   channel (``write_queue_messages``) and the writer sends whatever is queued in one write.
@@ -39,6 +42,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
 
@@ -73,6 +77,57 @@ CANCEL_REQUEST: Final = "$/cancel_request"
 DEFAULT_MAX_CONCURRENT_REQUESTS: Final = 64
 DEFAULT_WRITE_QUEUE_MESSAGES: Final = 1024
 READ_CHUNK_BYTES: Final = 256 * 1024
+#: Dropped lines (invalid, oversized) are logged at most once per this many seconds each.
+DROP_LOG_INTERVAL_S: Final = 10.0
+
+
+class ThrottledWarning:
+    """One log line for the first occurrence, then at most one per ``interval_s`` with the
+    count of the ones in between, so a peer writing 100k bad lines costs a few log lines.
+
+    ``note()`` is O(1) and cheap when suppressed; ``flush()`` reports what is still
+    uncounted (the reader calls it when it ends)."""
+
+    __slots__ = ("_last", "_next_at", "_suppressed", "interval_s", "name", "total", "what")
+
+    def __init__(self, name: str, what: str, interval_s: float = DROP_LOG_INTERVAL_S) -> None:
+        self.name = name
+        self.what = what
+        self.interval_s = interval_s
+        self.total = 0
+        self._suppressed = 0
+        self._last = ""
+        self._next_at = 0.0
+
+    def note(self, detail: str) -> None:
+        self.total += 1
+        now = time.monotonic()
+        if now < self._next_at:
+            self._suppressed += 1
+            self._last = detail
+            return
+        self._next_at = now + self.interval_s
+        if self._suppressed:
+            self._report(1, detail)
+        else:
+            log.warning("%s sent %s; dropped: %s", self.name, self.what, detail)
+
+    def flush(self) -> None:
+        if self._suppressed:
+            self._report(0, self._last)
+        self._next_at = 0.0
+
+    def _report(self, extra: int, detail: str) -> None:
+        log.warning(
+            "%s sent %d more %s in the last %g s (%d in all); dropped, the last: %s",
+            self.name,
+            self._suppressed + extra,
+            self.what,
+            self.interval_s,
+            self.total,
+            detail,
+        )
+        self._suppressed = 0
 
 
 class Dispatcher(Protocol):
@@ -83,6 +138,14 @@ class Dispatcher(Protocol):
 
     async def on_request(self, method: str, params: Raw) -> object:
         """Answer a peer request; return the result (anything msgspec encodes)."""
+
+
+class DropObserver(Protocol):
+    """A dispatcher may also hear of every line dropped for its size: ``on_oversized_line``
+    is called from the reader (synchronously, must not block or raise) with the line's
+    size and the cap, both in bytes."""
+
+    def on_oversized_line(self, size: int, limit: int) -> None: ...
 
 
 class FlowControlled(Protocol):
@@ -146,6 +209,9 @@ class RpcChannel:
         self._flow_control: Callable[[], Awaitable[None]] | None = getattr(
             dispatcher, "flow_control", None
         )
+        self._on_oversized: Callable[[int, int], None] | None = getattr(
+            dispatcher, "on_oversized_line", None
+        )
         self._framer = LineFramer(max_line_bytes)
         self._max_inflight = max_concurrent_requests
         self._out_send, self._out_recv = trio.open_memory_channel[bytes](write_queue_messages)
@@ -165,6 +231,8 @@ class RpcChannel:
         self._dropped_oversized = 0
         self._dropped_invalid = 0
         self._unknown_responses = 0
+        self._invalid_log = ThrottledWarning(name, "invalid lines")
+        self._oversized_log = ThrottledWarning(name, "oversized lines")
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -299,6 +367,8 @@ class RpcChannel:
         except trio.ClosedResourceError:
             reason = f"{self.name} stdout was closed"
         finally:
+            self._invalid_log.flush()
+            self._oversized_log.flush()
             self.reader_done.set()
         if self._on_read_closed is not None:
             await self._on_read_closed(reason)
@@ -308,12 +378,13 @@ class RpcChannel:
     def _dispatch_line(self, line: bytes | OversizedLine) -> None:
         if isinstance(line, OversizedLine):
             self._dropped_oversized += 1
-            log.warning(
-                "%s sent a %d-byte line over the %d-byte cap; dropped",
-                self.name,
-                line.size,
-                self._framer.max_line_bytes,
-            )
+            limit = self._framer.max_line_bytes
+            self._oversized_log.note(f"{line.size}-byte line over the {limit}-byte cap")
+            if self._on_oversized is not None:
+                try:
+                    self._on_oversized(line.size, limit)
+                except Exception:
+                    log.exception("on_oversized_line of %s failed", self.name)
             return
         self._lines_in += 1
         msg = jsonrpc.parse_line(line)
@@ -349,7 +420,7 @@ class RpcChannel:
 
     def _on_invalid(self, msg: Invalid, line: bytes) -> None:
         self._dropped_invalid += 1
-        log.warning("%s sent an invalid message (%s); dropped: %.200r", self.name, msg.reason, line)
+        self._invalid_log.note(f"{msg.reason[:200]}: {line[:120]!r}")
         if msg.id is not msgspec.UNSET and msg.code == INVALID_REQUEST:
             self._send_nowait(jsonrpc.encode_error(msg.id, INVALID_REQUEST, msg.reason))
 

@@ -56,7 +56,7 @@ from acp.schema import (
     WriteTextFileParams,
 )
 from actors import Actor, ActorError, RestartWindow, Supervisor
-from serve.events import EventLog
+from serve.events import EventLog, RawParts
 from serve.events.messages import PublishEvent
 from serve.http.errors import ApiError, bad_request
 from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
@@ -271,7 +271,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.clients = ClientTable(
             getattr(settings, "client_idle_timeout_ms", DEFAULT_CLIENT_IDLE_TIMEOUT_MS)
         )
-        self.log = EventLog(self.session_id, ring_size=ring_size or settings.event_ring_size)
+        self.log = EventLog(
+            self.session_id,
+            ring_size=ring_size or settings.event_ring_size,
+            ring_bytes=settings.event_ring_bytes,
+        )
         self._early: list[tuple[str, msgspec.Raw]] = []
         self.conn: AgentConnection | None = None
         self.setup: SessionSetup | None = None
@@ -430,6 +434,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             env=self._agent_env(),
             handler=self,
             request_timeout_s=init_timeout,
+            max_line_bytes=settings.max_agent_line_bytes,
         )
         self.conn = conn
         try:
@@ -543,7 +548,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         epoch = replay.meta.epoch if replay.clean else None
         first = replay.records[0].event_id if replay.records else replay.next_id
         restored = EventLog(
-            self.session_id, ring_size=self.log.ring_size, epoch=epoch, next_id=first
+            self.session_id,
+            ring_size=self.log.ring_size,
+            ring_bytes=self.log.ring_bytes,
+            epoch=epoch,
+            next_id=first,
         )
         for event_id, _type, frame in replay:
             restored.restore(event_id, frame)
@@ -640,6 +649,21 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         """Between chunks read from the agent: let lagging SSE writers catch up."""
         await self.log.wait_drained()
 
+    def on_oversized_line(self, size: int, limit: int) -> None:
+        """The agent wrote a line over ``--max-agent-line-bytes``: it was dropped, say so."""
+        active = self.active
+        self.log.publish(
+            "agent_output_dropped",
+            {
+                "sessionId": self.session_id,
+                "reason": "line_too_long",
+                "sizeBytes": size,
+                "maxBytes": limit,
+            },
+            prompt_id=active.prompt_id if active else None,
+            originator=active.client_id if active else None,
+        )
+
     def on_session_update(self, session_id: str, kind: str, update: msgspec.Raw) -> None:
         if self._drop_updates:
             return  # history replayed by session/load after a restart: already in the log
@@ -667,7 +691,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         head = self._update_head
         if head is None:  # encoded once: the session id never changes after set-up
             head = self._update_head = b'{"sessionId":' + _encoder.encode(self.session_id)
-        data = msgspec.Raw(head + b',"update":' + bytes(update) + b"}")
+        data = RawParts((head, b',"update":', update, b"}"))  # joined once, into the frame
         active = self.active
         self.log.publish(
             "session_update",
