@@ -156,3 +156,51 @@ async def test_invalid_agent_lines_are_counted_and_logged_at_most_once_per_inter
     assert "(100000 in all)" in log  # the reader's final report counts every line
     assert log.count("invalid lines") - before <= 4  # not one line per garbage line
     assert len(log) < 200_000
+
+
+async def test_a_blocked_stderr_never_blocks_the_event_loop(tmp_path: Path) -> None:
+    """stderr is a pipe nobody reads: once it is full, every log write would block. The
+    daemon keeps answering (records are queued, then dropped and counted)."""
+    import os
+    import subprocess
+
+    from tests.support.daemon import ROOT
+
+    (tmp_path / "ws").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "QWEN_SERVER_TOKEN"}
+    env["QWEN_SERVER_TOKEN"] = TOKEN
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "serve",
+            "--port",
+            "0",
+            "--workspace",
+            str(tmp_path / "ws"),
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--access-log",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        url = proc.stdout.readline().decode().split()[3]
+        # ~85 bytes of access log per request: 1500 of them overflow a 64 KiB pipe twice.
+        async with httpx.AsyncClient(base_url=url, timeout=20, headers=AUTH) as client:
+            for _ in range(1500):
+                r = await client.get("/session/no-such-session-id-padding-padding/pending")
+                assert r.status_code == 404
+            assert (await client.get("/health")).status_code == 200
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        if proc.stderr is not None:
+            tail = proc.stderr.read()  # unblocks the writer thread; the daemon then exits
+        proc.wait(20)
+    assert tail.count(b"INFO serve.access: GET") == 1500  # queued meanwhile, none lost
