@@ -128,7 +128,7 @@ class AgentConnection:
         client_info: Implementation,
     ) -> None:
         self.handler = handler
-        self._flow_hook: Callable[[], Any] | None = getattr(handler, "flow_control", None)
+        self._flow_hook: Callable[[int], Any] | None = getattr(handler, "flow_control", None)
         self.request_timeout_s = request_timeout_s
         self.client_capabilities = client_capabilities
         self.client_info = client_info
@@ -211,6 +211,8 @@ class AgentConnection:
                     max_line_bytes=max_line_bytes,
                     max_concurrent_requests=max_concurrent_requests,
                     on_read_closed=self._on_read_closed,
+                    # session/update is decoded with the envelope, in one pass.
+                    typed_notifications={"session/update": SessionUpdateHead},
                 )
                 self._channel.start(nursery)
                 nursery.start_soon(self._watch_exit)
@@ -292,7 +294,11 @@ class AgentConnection:
     def on_notification(self, method: str, params: Raw) -> None:
         if method == "session/update":
             try:
-                head = _head_decoder.decode(params)
+                head = (
+                    params
+                    if isinstance(params, SessionUpdateHead)
+                    else _head_decoder.decode(params)
+                )
                 found = _KIND_PREFIX.match(head.update)
                 if found is not None:
                     kind = found.group(1).decode()
@@ -313,11 +319,11 @@ class AgentConnection:
         if hook is not None:
             hook(size, limit)
 
-    async def flow_control(self) -> None:
+    async def flow_control(self, incoming_bytes: int = 0) -> None:
         """Let the handler pace the reader (see :class:`acp.rpc.FlowControlled`)."""
         hook = self._flow_hook
         if hook is not None:
-            await hook()
+            await hook(incoming_bytes)
 
     async def on_request(self, method: str, params: Raw) -> object:
         h = self.handler

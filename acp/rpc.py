@@ -43,7 +43,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, Protocol
 
 import msgspec
@@ -134,7 +134,8 @@ class Dispatcher(Protocol):
     """What the channel needs from its owner."""
 
     def on_notification(self, method: str, params: Raw) -> None:
-        """Called from the reader, in wire order; must not block or raise."""
+        """Called from the reader, in wire order; must not block or raise. ``params`` is
+        the Struct given in ``typed_notifications`` for such methods."""
 
     async def on_request(self, method: str, params: Raw) -> object:
         """Answer a peer request; return the result (anything msgspec encodes)."""
@@ -149,11 +150,13 @@ class DropObserver(Protocol):
 
 
 class FlowControlled(Protocol):
-    """A dispatcher may also pace the reader: ``flow_control()`` is awaited after each chunk
-    read from the peer has been dispatched. While it waits, nothing more is read, the pipe
-    fills and the peer blocks on its writes (bounded by what the owner decides)."""
+    """A dispatcher may also pace the reader: ``flow_control(incoming_bytes)`` is awaited
+    after each chunk read from the peer has been dispatched, with the bytes of the line
+    still being received (what the next message will at least weigh). While it waits,
+    nothing more is read, the pipe fills and the peer blocks on its writes (bounded by what
+    the owner decides)."""
 
-    async def flow_control(self) -> None: ...
+    async def flow_control(self, incoming_bytes: int) -> None: ...
 
 
 class RpcStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -201,12 +204,14 @@ class RpcChannel:
         max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
         write_queue_messages: int = DEFAULT_WRITE_QUEUE_MESSAGES,
         on_read_closed: Callable[[str], Awaitable[None]] | None = None,
+        typed_notifications: Mapping[str, type] | None = None,
     ) -> None:
         self.name = name
+        self._typed = jsonrpc.typed_decoders(typed_notifications) if typed_notifications else None
         self._send_stream = send_stream
         self._receive_stream = receive_stream
         self._dispatcher = dispatcher
-        self._flow_control: Callable[[], Awaitable[None]] | None = getattr(
+        self._flow_control: Callable[[int], Awaitable[None]] | None = getattr(
             dispatcher, "flow_control", None
         )
         self._on_oversized: Callable[[int, int], None] | None = getattr(
@@ -359,7 +364,7 @@ class RpcChannel:
                     for line in self._framer.feed(data):
                         self._dispatch_line(line)
                     if self._flow_control is not None:
-                        await self._flow_control()
+                        await self._flow_control(self._framer.buffered_bytes)
             if self._reader_scope.cancelled_caught:
                 reason = f"stopped reading from {self.name}"
         except trio.BrokenResourceError as exc:
@@ -375,7 +380,7 @@ class RpcChannel:
         else:
             self.close(ChannelClosed(reason))
 
-    def _dispatch_line(self, line: bytes | OversizedLine) -> None:
+    def _dispatch_line(self, line: bytes | bytearray | OversizedLine) -> None:
         if isinstance(line, OversizedLine):
             self._dropped_oversized += 1
             limit = self._framer.max_line_bytes
@@ -387,7 +392,7 @@ class RpcChannel:
                     log.exception("on_oversized_line of %s failed", self.name)
             return
         self._lines_in += 1
-        msg = jsonrpc.parse_line(line)
+        msg = jsonrpc.parse_line(line, self._typed)
         try:
             if isinstance(msg, Notification):
                 if msg.method == CANCEL_REQUEST:
@@ -418,7 +423,7 @@ class RpcChannel:
             slot.result = msg.result
         slot.event.set()
 
-    def _on_invalid(self, msg: Invalid, line: bytes) -> None:
+    def _on_invalid(self, msg: Invalid, line: bytes | bytearray) -> None:
         self._dropped_invalid += 1
         self._invalid_log.note(f"{msg.reason[:200]}: {line[:120]!r}")
         if msg.id is not msgspec.UNSET and msg.code == INVALID_REQUEST:

@@ -27,7 +27,7 @@ import msgspec
 MAX_TIMER_MS = 2_147_483_647
 DEFAULT_PORT = 4170
 MIB = 1024 * 1024
-DEFAULT_EVENT_RING_BYTES = 16 * MIB
+DEFAULT_EVENT_RING_BYTES = 32 * MIB
 DEFAULT_MAX_AGENT_LINE_BYTES = 16 * MIB
 DEFAULT_JOURNAL_RETENTION_MS = 7 * 24 * 3600 * 1000
 DEFAULT_JOURNAL_MAX_TOTAL_BYTES = 1024 * MIB
@@ -67,7 +67,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_connections: int = 256
     event_ring_size: int = 8000
     #: Bytes of SSE frames a session's replay ring holds at most (the newest frame is
-    #: always kept, however large).
+    #: always kept, however large). At least ``max_agent_line_bytes``; twice it (the
+    #: default) lets a reader one maximal frame behind survive the events that follow.
     event_ring_bytes: int = DEFAULT_EVENT_RING_BYTES
     #: Longest line accepted from an agent's stdout, in bytes; a longer one is dropped.
     max_agent_line_bytes: int = DEFAULT_MAX_AGENT_LINE_BYTES
@@ -225,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--event-ring-bytes",
         default=str(DEFAULT_EVENT_RING_BYTES),
-        help="per-session SSE replay ring bound in bytes (default 16 MiB)",
+        help="per-session SSE replay ring bound in bytes (default 32 MiB)",
     )
     add(
         "--max-agent-line-bytes",
@@ -476,6 +477,11 @@ def parse_settings(
         maximum=64 * MIB,
         what="an integer in [4096, 67108864] (bytes)",
     )
+    if ring_bytes < line_bytes:
+        raise SettingsError(
+            f'Invalid --event-ring-bytes "{ns.event_ring_bytes}": must be at least '
+            f"--max-agent-line-bytes ({line_bytes}), or one agent update could not be kept"
+        )
     journal_retention = _timer("--journal-retention-ms", ns.journal_retention_ms, positive=False)
     journal_total = _int(
         "--journal-max-total-bytes",

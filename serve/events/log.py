@@ -64,7 +64,7 @@ MIN_MAX_QUEUED, MAX_MAX_QUEUED = 16, 2048
 MAX_BATCH_FRAMES = 1024
 
 #: Default byte bound of a ring (``--event-ring-bytes``).
-DEFAULT_RING_BYTES = 16 * 1024 * 1024
+DEFAULT_RING_BYTES = 32 * 1024 * 1024
 
 _encoder = msgspec.json.Encoder()
 
@@ -192,6 +192,7 @@ class EventLog:
         self.next_id = next_id
         self._frames: list[bytes | None] = [None] * ring_size
         self._sizes: list[int] = [0] * ring_size
+        self._starts: list[int] = [0] * ring_size  # bytes_published before each frame
         # Lowest id stored in this incarnation of the ring, raised by byte evictions.
         self._lowest = next_id
         self.held_bytes = 0  # bytes of the frames in the ring (<= ring_bytes + newest frame)
@@ -243,7 +244,6 @@ class EventLog:
             return None
         self.next_id = event_id + 1
         self._store(event_id, frame)
-        self.bytes_published += len(frame)
         self.published += 1
         if self.sink is not None:
             self.sink(event_id, event_type, frame)
@@ -266,6 +266,8 @@ class EventLog:
         self.held_bytes += len(frame) - self._sizes[slot]  # the slot's old frame is gone
         self._frames[slot] = frame
         self._sizes[slot] = len(frame)
+        self._starts[slot] = self.bytes_published
+        self.bytes_published += len(frame)
         if self.held_bytes <= self.ring_bytes:
             return
         oldest = max(self._lowest, event_id + 1 - size)
@@ -285,27 +287,42 @@ class EventLog:
 
     # ---- flow control ------------------------------------------------------------------
 
-    def max_pressure(self) -> float:
-        """Highest pressure / max_queued among subscribers busy writing (0.0 if none).
+    def max_pressure(self, incoming_bytes: int = 0) -> float:
+        """Highest pressure among subscribers busy writing (0.0 if none), in [0, 1].
 
-        A subscriber already past its ``max_queued`` is ignored: it is evicted as soon as
-        its writer comes back, and a writer stuck on a dead socket must not slow the
-        session for everyone (``--writer-idle-timeout-ms`` cuts such connections)."""
+        Two measures, the worse counts: frames published since the subscriber last took a
+        batch over its ``max_queued``, and bytes of the frames it has not taken yet over
+        ``ring_bytes`` (capped at 1.0: one frame larger than the ring is pressure enough,
+        the next publish would evict it). A subscriber already past its ``max_queued``,
+        or whose cursor left the ring, is ignored: it is evicted as soon as its writer
+        comes back, and a writer stuck on a dead socket must not slow the session for
+        everyone (``--writer-idle-timeout-ms`` cuts such connections)."""
         head = self.next_id
+        first = self.first_id
         published = self.bytes_published
         ring_bytes = self.ring_bytes
+        size = self.ring_size
+        starts = self._starts
         worst = 0.0
         for sub in self.subscribers:
-            if not sub._parked:
-                ratio = (head - sub._mark) / sub.max_queued
-                if worst < ratio <= 1.0:
-                    worst = ratio
-                ratio = (published - sub._mark_bytes) / ring_bytes  # it falls out past 1.0
-                if worst < ratio <= 1.0:
-                    worst = ratio
+            if sub._parked:
+                continue
+            ratio = (head - sub._mark) / sub.max_queued
+            if ratio > 1.0:
+                continue
+            cursor = sub.cursor
+            if cursor < head and first is not None:
+                if cursor < first:
+                    continue
+                pending = published - starts[cursor % size] + incoming_bytes
+                ratio = max(ratio, min(1.0, pending / ring_bytes))
+            if ratio > worst:
+                worst = ratio
         return worst
 
-    async def wait_drained(self, threshold: float = 0.5, max_wait_s: float = 0.25) -> None:
+    async def wait_drained(
+        self, threshold: float = 0.5, max_wait_s: float = 0.25, *, incoming_bytes: int = 0
+    ) -> None:
         """Pace the publisher: wait (at most ``max_wait_s``) while a subscriber that is
         busy writing has more than ``threshold`` of its ``max_queued`` pending.
 
@@ -314,10 +331,10 @@ class EventLog:
         one costs the publisher at most ``max_wait_s`` per chunk until it is evicted.
         O(subscribers) per chunk read from the agent, never per event.
         """
-        if not self.subscribers or self.max_pressure() <= threshold:
+        if not self.subscribers or self.max_pressure(incoming_bytes) <= threshold:
             return
         with trio.move_on_after(max_wait_s):
-            while self.max_pressure() > threshold:
+            while self.max_pressure(incoming_bytes) > threshold:
                 if self._drained.is_set():
                     self._drained = trio.Event()
                 await self._drained.wait()
@@ -456,7 +473,6 @@ class Subscriber:
         self.max_queued = max_queued
         self.cursor = log.next_id
         self._mark = log.next_id
-        self._mark_bytes = log.bytes_published
         self._pending: list[bytes] = []
         self._warned = False
         self._done = False
@@ -533,7 +549,6 @@ class Subscriber:
             self.sent_frames += end - self.cursor
             self.cursor = end
         self._mark = head
-        self._mark_bytes = log.bytes_published
         log._drained.set()
         if not out and log.closed and self.cursor >= head:
             self.close()
@@ -555,5 +570,4 @@ class Subscriber:
                     self._parked = False
                 # Parked and caught up: what arrived meanwhile is backlog, not pressure.
                 self._mark = self.log.next_id
-                self._mark_bytes = self.log.bytes_published
         return b""

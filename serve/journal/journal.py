@@ -13,12 +13,13 @@ Hot path
 --------
 ``sink(event_id, event_type, frame)`` runs on the trio thread for every published event:
 it encodes the record around the frame (a 14-byte head and a CRC32, ~0.5-1 µs; the frame
-bytes are shared with the ring, not copied), appends the three parts to a list and sets
-an event; no I/O. The ``run`` task wakes on the first buffered event, waits up to
+bytes are shared with the ring, not copied; the CRC of a frame of 64 KiB or more is left
+to the writer thread, where ``zlib`` releases the GIL), appends the three parts to a list
+and sets an event; no I/O. The ``run`` task wakes on the first buffered event, waits up to
 ``flush_interval_ms`` (less when ``flush_batch_bytes`` are buffered), swaps the buffer
-and hands it to one worker thread (``trio.to_thread.run_sync``) which joins, writes and
-``fdatasync``s it, then rotates. The sink keeps filling a fresh buffer while the thread
-writes; batches grow by themselves when the disk is slow.
+and hands it to one worker thread (``trio.to_thread.run_sync``) which writes it with
+``writev`` (no joined copy), ``fdatasync``s it, then rotates. The sink keeps filling a
+fresh buffer while the thread writes; batches grow by themselves when the disk is slow.
 
 The GIL: a Python worker thread facing a busy trio thread can be starved of the GIL
 indefinitely (the trio thread releases and retakes it around every ``epoll_wait``,
@@ -70,10 +71,12 @@ import msgspec
 import trio
 
 from serve.journal.format import (
+    DEFER_CRC_BYTES,
     MAX_RECORD_BYTES,
     RECORD_OVERHEAD_BYTES,
     JournalRecord,
     record_parts,
+    record_parts_deferred,
 )
 from serve.journal.store import (
     JOURNAL_DIR,
@@ -228,8 +231,15 @@ class SessionJournal:
         if run is None or event_id != run.first_id + run.count:
             run = self._run = Run(event_id)
             self._runs.append(run)
-        head, _, crc = record_parts(event_id, event_type, frame)
-        run.parts += (head, frame, crc)  # Run.add, inlined: this is the hot path
+        crc: bytes | bytearray
+        if len(frame) < DEFER_CRC_BYTES:
+            head, _, crc = record_parts(event_id, event_type, frame)
+            run.parts += (head, frame, crc)  # Run.add, inlined: this is the hot path
+        else:  # the writer thread computes the CRC of a large frame
+            head, _, placeholder = record_parts_deferred(event_id, event_type, frame)
+            run.parts += (head, frame, placeholder)
+            run.deferred.append((head, frame, placeholder))
+            crc = placeholder
         run.count += 1
         run.nbytes += len(head) + len(frame) + len(crc)
         self._buffered_bytes += cost

@@ -645,9 +645,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
 
     # ---- the ClientHandler side --------------------------------------------------------
 
-    async def flow_control(self) -> None:
+    async def flow_control(self, incoming_bytes: int = 0) -> None:
         """Between chunks read from the agent: let lagging SSE writers catch up."""
-        await self.log.wait_drained()
+        await self.log.wait_drained(incoming_bytes=incoming_bytes)
 
     def on_oversized_line(self, size: int, limit: int) -> None:
         """The agent wrote a line over ``--max-agent-line-bytes``: it was dropped, say so."""

@@ -169,7 +169,7 @@ async def test_a_blocked_stderr_never_blocks_the_event_loop(tmp_path: Path) -> N
     (tmp_path / "ws").mkdir()
     env = {k: v for k, v in os.environ.items() if k != "QWEN_SERVER_TOKEN"}
     env["QWEN_SERVER_TOKEN"] = TOKEN
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # noqa: ASYNC220 (started once, read from this thread)
         [
             sys.executable,
             "-m",
