@@ -245,7 +245,15 @@ class Supervisor:
         *,
         task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Start ``specs`` in order, report readiness, supervise until :meth:`shutdown`."""
+        """Start ``specs`` in order, report readiness, supervise until :meth:`shutdown`.
+
+        A supervisor whose previous run ended (e.g. it gave up and its parent restarts it)
+        starts afresh: new restart window, no give-up; its history is kept."""
+        if self.finished.is_set():
+            self.finished = trio.Event()
+            self._shutdown = trio.Event()
+            self._gave_up = None
+            self._restarts = RestartWindow(self.intensity, self.period_s)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery

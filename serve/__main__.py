@@ -10,6 +10,9 @@ import trio
 
 from serve.settings import SettingsError, parse_settings
 
+#: Exit status when the root supervisor gave up (EX_SOFTWARE).
+EXIT_SUPERVISOR_GAVE_UP = 70
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
@@ -59,8 +62,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "no bearer token: local callers on this loopback listener have full API access"
                 )
 
+    from actors import SupervisorGaveUp
+
     try:
         trio.run(run)
+    except BaseExceptionGroup as group:
+        gave_up, _ = group.split(SupervisorGaveUp)
+        if gave_up is None:
+            raise
+        from serve.logs import stop_logging
+
+        stop_logging()  # what was logged comes first; the exit is the last line
+        first: BaseException = gave_up
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        print(f"acp-serve: {first}; exiting", file=sys.stderr, flush=True)
+        return EXIT_SUPERVISOR_GAVE_UP
     except OSError as exc:
         print(
             f"acp-serve: cannot listen on {settings.hostname}:{settings.port}: {exc}",

@@ -6,7 +6,15 @@ Tree (see docs/architecture.md)::
     ├── signal watcher                     first SIGINT/SIGTERM drains, a second forces exit
     └── root Supervisor
         ├── sessions  SessionRegistry      (permanent)
+        ├── services  Supervisor           (permanent, restarted with backoff): the optional
+        │   ├── chaos, mcp-pool, ...       services, with their own restart budget, so a
+        │   └── device-flow, workspace-... flapping one never exhausts the root's
         └── http      HttpFront            (permanent; started last, stopped first)
+
+When the root gives up (its restart budget is exhausted), every session is ended with
+``session_died {reason: "daemon_failure"}`` while the HTTP front is still up (so every SSE
+stream gets that terminal event and ends), then the children stop and the process exits 70
+with one line on stderr (``serve.__main__``).
 
 Shutdown order: stop accepting (``draining``), end every session (each publishes
 ``session_died {reason: "daemon_shutdown"}`` and closes its event log, so SSE streams end
@@ -19,6 +27,7 @@ stops its children in reverse start order: the HTTP listener first, the session 
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import signal
 import socket
@@ -40,6 +49,9 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_FORCE_S = 5.0
 PORT_ATTEMPTS = 10
+#: Restart budget of the optional services' supervisor (restarts within seconds).
+SERVICES_INTENSITY = 5
+SERVICES_PERIOD_S = 30.0
 
 
 class Daemon:
@@ -56,7 +68,18 @@ class Daemon:
         self.permission_policy: str = self.config.policy.permission_strategy
         root = self.config.restart.root
         self.root = Supervisor(
-            "root", intensity=root.intensity, period_s=root.period_s, history=512
+            "root",
+            intensity=root.intensity,
+            period_s=root.period_s,
+            history=512,
+            on_give_up=self._on_root_give_up,
+        )
+        #: The optional services' own supervisor (events recorded in the root's history).
+        self.services_supervisor = Supervisor(
+            "services",
+            intensity=SERVICES_INTENSITY,
+            period_s=SERVICES_PERIOD_S,
+            listener=self.root.events.append,
         )
         self.urls: list[str] = []
         self.port: int = settings.port
@@ -153,7 +176,15 @@ class Daemon:
                         stop=self.mediator.close,
                     ),
                     *self.registry.child_specs(),
-                    *service_specs,
+                    ChildSpec(
+                        "services",
+                        functools.partial(self.services_supervisor.run, service_specs),
+                        Restart.PERMANENT,
+                        shutdown_grace_s=SHUTDOWN_FORCE_S,
+                        stop=self.services_supervisor.shutdown,
+                        backoff_s=1.0,
+                        max_backoff_s=30.0,
+                    ),
                     ChildSpec(
                         "http",
                         self._serve_http,
@@ -182,6 +213,13 @@ class Daemon:
             if self.journal is not None:
                 await self.journal.aclose()
         self._stopped.set()
+
+    async def _on_root_give_up(self, exc: BaseException) -> None:
+        """The root is about to stop everything: end every session first, so each SSE
+        stream gets ``session_died {reason: "daemon_failure"}`` and ends cleanly."""
+        log.error("%s: ending every session, then exiting", exc)
+        self.draining = True
+        await self._close_sessions("daemon_failure")
 
     async def _drain_prompts(self, timeout_s: float) -> None:
         """Let admitted prompts finish, up to ``timeout_s`` (then they are cancelled)."""
