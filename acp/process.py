@@ -45,6 +45,7 @@ from typing import Final
 
 import msgspec
 import trio
+import trio.lowlevel
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +217,21 @@ class _Tail:
 
     def text(self) -> str:
         return self._buf.decode("utf-8", "replace")
+
+
+#: Threads for leftover-process scans (``/proc`` walks), apart from trio's default limiter
+#: so that slow file work elsewhere cannot delay a session's teardown, nor the reverse.
+PROCESS_SCAN_THREADS = 2
+_scan_limiters: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("scan_threads")
+
+
+def _scan_limiter() -> trio.CapacityLimiter:
+    try:
+        return _scan_limiters.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(PROCESS_SCAN_THREADS)
+        _scan_limiters.set(limiter)
+        return limiter
 
 
 class AgentProcess:
@@ -421,7 +437,9 @@ class AgentProcess:
     async def _kill_leftovers(self) -> None:
         if self.signal_group(signal.SIGTERM):
             deadline = trio.current_time() + LEFTOVER_GRACE_S
-            while await trio.to_thread.run_sync(live_group_members, self.pgid):
+            while await trio.to_thread.run_sync(
+                live_group_members, self.pgid, limiter=_scan_limiter()
+            ):
                 if trio.current_time() >= deadline:
                     self.signal_group(signal.SIGKILL)
                     break

@@ -70,6 +70,7 @@ from typing import Any
 import msgspec
 import trio
 
+from serve import threads
 from serve.journal.format import (
     DEFER_CRC_BYTES,
     MAX_RECORD_BYTES,
@@ -96,6 +97,7 @@ from serve.journal.store import (
     try_lock,
     write_meta,
 )
+from serve.threads import journal_limiter
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +348,7 @@ class SessionJournal:
             appender = self._appender
             before, before_bytes = appender.records_written, appender.bytes_written
             try:
-                await trio.to_thread.run_sync(appender.append, batch)
+                await threads.run_sync(journal_limiter(), appender.append, batch)
             except OSError as exc:
                 self._runs[:0] = batch
                 if self._run is None:
@@ -382,7 +384,7 @@ class SessionJournal:
         async with self._io_lock:
             meta_file = MetaFile(meta=meta, updated_at_ms=now_ms())
             try:
-                await trio.to_thread.run_sync(write_meta, self.directory, meta_file)
+                await threads.run_sync(journal_limiter(), write_meta, self.directory, meta_file)
             except OSError as exc:
                 raise JournalIOError(self.session_id, f"meta write failed: {exc}") from exc
             self.meta = meta
@@ -410,7 +412,7 @@ class SessionJournal:
                 complete = not self._runs and (
                     self._last_seen_id is None or self._last_seen_id == self._appender.last_id
                 )
-                await trio.to_thread.run_sync(self._finish, not discard and complete)
+                await threads.run_sync(journal_limiter(), self._finish, not discard and complete)
             self.journal._forget(self)
 
     def _finish(self, clean: bool) -> None:
@@ -488,7 +490,9 @@ class Journal:
             raise JournalBusy(sid, "a writer is already open in this daemon")
         self._writers[sid] = None
         try:
-            appender, lock_fd = await trio.to_thread.run_sync(self._open_sync, meta, fresh)
+            appender, lock_fd = await threads.run_sync(
+                journal_limiter(), self._open_sync, meta, fresh
+            )
         except BaseException:
             del self._writers[sid]
             raise
@@ -538,8 +542,8 @@ class Journal:
 
     async def read(self, session_id: str, *, tail: int | None = None) -> Replay:
         """:meth:`load` in a worker thread."""
-        return await trio.to_thread.run_sync(
-            self._load, session_id, tail, session_id in self._writers
+        return await threads.run_sync(
+            journal_limiter(), self._load, session_id, tail, session_id in self._writers
         )
 
     def load(self, session_id: str, *, tail: int | None = None) -> Replay:
@@ -572,7 +576,7 @@ class Journal:
 
     async def list_sessions(self) -> list[JournalMeta]:
         """Metas of every journal with a readable meta (oldest first); see :meth:`sessions`."""
-        return await trio.to_thread.run_sync(self.sessions)
+        return await threads.run_sync(journal_limiter(), self.sessions)
 
     def sessions(self) -> list[JournalMeta]:
         """Blocking :meth:`list_sessions`."""
@@ -598,7 +602,7 @@ class Journal:
         writer = self._writers.get(session_id)
         if writer is not None:
             await writer.aclose(discard=True)
-        return await trio.to_thread.run_sync(self._delete_sync, session_id)
+        return await threads.run_sync(journal_limiter(), self._delete_sync, session_id)
 
     def _delete_sync(self, session_id: str) -> bool:
         directory = self.session_dir(session_id)
