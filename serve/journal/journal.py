@@ -110,6 +110,8 @@ GIL_NAP_PERIOD_S = 0.0005
 #: Bytes charged per buffered event on top of its frame and type: the record's head and
 #: CRC plus Python object overhead (3 list slots, two small bytes objects).
 ENTRY_COST_BYTES = RECORD_OVERHEAD_BYTES + 96
+#: Shortest pause between two sweeps of the janitor, in seconds.
+SWEEP_MIN_GAP_S = 1.0
 
 
 class JournalError(Exception):
@@ -141,8 +143,15 @@ class JournalLimits(msgspec.Struct, frozen=True, kw_only=True):
     flush_batch_bytes: int = 256 * KIB  # buffered bytes that trigger a write at once
     max_buffer_bytes: int = 8 * MIB  # buffered + in flight; past it the sink sheds
     retry_interval_ms: int = 1000  # pause after a failed write
+    retention_ms: int = 7 * 24 * 3600 * 1000  # closed journals idle this long go (0: kept)
+    max_total_bytes: int = 1024 * MIB  # every journal on disk; closed ones go first (0: off)
+    sweep_interval_ms: int = 60_000  # how often the janitor looks (and after a close)
 
     def __post_init__(self) -> None:
+        if self.retention_ms < 0 or self.sweep_interval_ms <= 0:
+            raise ValueError("journal limits: need retention_ms >= 0, sweep_interval_ms > 0")
+        if self.max_total_bytes and self.max_total_bytes < self.max_session_bytes:
+            raise ValueError("journal limits: max_total_bytes must be 0 or >= max_session_bytes")
         if not 0 < self.segment_bytes <= self.max_session_bytes:
             raise ValueError("journal limits: need 0 < segment_bytes <= max_session_bytes")
         if self.flush_interval_ms < 0 or self.retry_interval_ms < 0:
@@ -414,6 +423,7 @@ class SessionJournal:
                 )
                 await threads.run_sync(journal_limiter(), self._finish, not discard and complete)
             self.journal._forget(self)
+            self.journal.request_sweep()
 
     def _finish(self, clean: bool) -> None:
         try:
@@ -464,6 +474,10 @@ class Journal:
         self.dropped_events = 0
         self.gil_naps = 0
         self._next_gil_nap = 0.0  # trio clock; see SessionJournal._hand_over_gil
+        self.swept_journals = 0  # closed journals deleted by the janitor
+        self.swept_bytes = 0
+        self.disk_bytes = 0  # every journal's bytes on disk at the last sweep
+        self._sweep_wanted = trio.Event()
 
     def session_dir(self, session_id: str) -> Path:
         return self.root / safe_name(session_id)
@@ -621,6 +635,81 @@ class Journal:
             raise JournalIOError(session_id, f"cannot delete {directory}: {exc}") from exc
         return True
 
+    # ---- the janitor: retention and the total bound ----------------------------------------
+
+    def request_sweep(self) -> None:
+        """Ask the janitor for a sweep soon (a journal was closed)."""
+        self._sweep_wanted.set()
+
+    async def run_janitor(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Sweep at start, every ``sweep_interval_ms``, and shortly after a journal closes
+        (at most once a second)."""
+        task_status.started()
+        interval = self.limits.sweep_interval_ms / 1000
+        while True:
+            try:
+                await self.sweep()
+            except JournalIOError as exc:
+                log.warning("journal sweep failed: %s", exc)
+            with trio.move_on_after(interval):
+                await self._sweep_wanted.wait()
+            self._sweep_wanted = trio.Event()
+            await trio.sleep(SWEEP_MIN_GAP_S)
+
+    async def sweep(self) -> int:
+        """Delete closed journals past the retention, then, while every journal together
+        exceeds ``max_total_bytes``, the closed ones oldest first. Journals with a writer
+        (here or in another process: the flock) are never touched. Returns how many went."""
+        return await threads.run_sync(journal_limiter(), self._sweep_sync, now_ms())
+
+    def _sweep_sync(self, now: int) -> int:
+        limits = self.limits
+        try:
+            entries = [e for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise JournalIOError("*", f"cannot list {self.root}: {exc}") from exc
+        found: list[tuple[int, int, Path, str | None]] = []  # (last activity, bytes, dir, id)
+        total = 0
+        for entry in entries:
+            directory = Path(entry.path)
+            size, last = _dir_usage(directory)
+            meta_file = read_meta(directory)
+            session_id = meta_file.meta.session_id if meta_file is not None else None
+            if meta_file is not None:
+                last = max(last, meta_file.updated_at_ms)
+            total += size
+            if session_id is None or session_id not in self._writers:
+                found.append((last, size, directory, session_id))
+        found.sort(key=lambda item: item[0])
+        removed = 0
+        for last, size, directory, session_id in found:
+            expired = bool(limits.retention_ms) and now - last > limits.retention_ms
+            over = bool(limits.max_total_bytes) and total > limits.max_total_bytes
+            if not (expired or over):
+                continue
+            if session_id is not None and session_id in self._writers:
+                continue  # opened meanwhile
+            if _remove_unlocked(directory):
+                total -= size
+                removed += 1
+                self.swept_journals += 1
+                self.swept_bytes += size
+                log.info(
+                    "journal of %s deleted (%s, %d bytes)",
+                    session_id or directory.name,
+                    "retention" if expired else "total bound",
+                    size,
+                )
+        if removed:
+            with contextlib.suppress(OSError):
+                fsync_dir(self.root)
+        self.disk_bytes = total
+        return removed
+
     async def aclose(self) -> None:
         """Close every open writer (drain: after this, everything published is durable)."""
         for writer in self.writers:
@@ -635,8 +724,46 @@ class Journal:
             "eventsWritten": self.events_written,
             "droppedEvents": self.dropped_events,
             "gilNaps": self.gil_naps,
+            "diskBytes": self.disk_bytes,
+            "sweptJournals": self.swept_journals,
+            "sweptBytes": self.swept_bytes,
             "degradedSessions": sorted(w.session_id for w in writers if w.degraded),
         }
+
+
+def _dir_usage(directory: Path) -> tuple[int, int]:
+    """(bytes of the files in ``directory``, newest modification in Unix ms)."""
+    size = 0
+    newest = 0
+    try:
+        for entry in os.scandir(directory):
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            size += st.st_size
+            newest = max(newest, int(st.st_mtime * 1000))
+    except FileNotFoundError:
+        pass
+    return size, newest
+
+
+def _remove_unlocked(directory: Path) -> bool:
+    """Delete a journal directory unless a writer (any process) holds its lock."""
+    try:
+        lock_fd = try_lock(directory)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        log.warning("journal sweep: cannot lock %s: %s", directory, exc)
+        return False
+    if lock_fd is None:
+        return False
+    try:
+        shutil.rmtree(directory, ignore_errors=True)
+    finally:
+        release_lock(lock_fd)
+    return not directory.exists()
 
 
 def _replay(meta_file: MetaFile, found: ScanResult) -> Replay:

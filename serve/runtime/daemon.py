@@ -40,7 +40,7 @@ import hypercorn.trio
 import trio
 
 from actors import ChildSpec, Restart, Supervisor, SupervisorEvent
-from serve.journal import Journal
+from serve.journal import Journal, JournalLimits
 from serve.permissions.mediator import PermissionMediator
 from serve.sessions.runtimes import WorkspaceRuntimes, workspace_id
 from serve.settings import Settings
@@ -93,7 +93,13 @@ class Daemon:
         self.registry = WorkspaceRuntimes(settings, self.mediator, self.config.restart.session)
         self.journal: Journal | None = None
         if settings.journal:
-            self.journal = Journal(settings.state_dir)
+            self.journal = Journal(
+                settings.state_dir,
+                JournalLimits(
+                    retention_ms=settings.journal_retention_ms,
+                    max_total_bytes=settings.journal_max_total_bytes,
+                ),
+            )
             self.registry.journal = self.journal
         self.registry.effects = EffectGate(self, self.config)
         self.services: dict[str, Any] = {}
@@ -157,6 +163,10 @@ class Daemon:
             self.services["chaos"] = monkey
             service_specs.append(
                 ChildSpec("chaos", monkey.run, Restart.PERMANENT, stop=monkey.close)
+            )
+        if self.journal is not None:
+            service_specs.append(
+                ChildSpec("journal-janitor", self.journal.run_janitor, Restart.PERMANENT)
             )
         for service in SERVICES:
             obj, spec = service.build(self)

@@ -387,6 +387,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         env = scrub_env(os.environ)
         if self.settings.agent_is_default:
             env["ACP_SCRIPTED_STATE_DIR"] = os.path.join(self.settings.state_dir, "scripted")
+            env["ACP_SCRIPTED_RETENTION_MS"] = str(self.settings.journal_retention_ms)
         env["QWEN_CODE_NO_RELAUNCH"] = "true"
         if self.settings.mcp_client_budget is not None:
             env["QWEN_SERVE_MCP_CLIENT_BUDGET"] = str(self.settings.mcp_client_budget)
