@@ -155,7 +155,8 @@ class Daemon:
         self._app = create_app(self)
         from serve.runtime.services import SERVICES
 
-        service_specs: list[ChildSpec] = []
+        service_specs: list[ChildSpec] = []  # optional: under the services supervisor
+        core_specs: list[ChildSpec] = []  # direct children of the root
         if self.settings.chaos_kill_rate > 0:
             from serve.runtime.chaos import ChaosMonkey
 
@@ -171,7 +172,7 @@ class Daemon:
         for service in SERVICES:
             obj, spec = service.build(self)
             self.services[service.name] = obj
-            service_specs.append(spec)
+            (service_specs if service.optional else core_specs).append(spec)
         self.registry.mcp_pool = self.services.get("mcp-pool")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_signals, nursery.cancel_scope)
@@ -186,6 +187,7 @@ class Daemon:
                         stop=self.mediator.close,
                     ),
                     *self.registry.child_specs(),
+                    *core_specs,
                     ChildSpec(
                         "services",
                         functools.partial(self.services_supervisor.run, service_specs),

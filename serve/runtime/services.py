@@ -22,10 +22,14 @@ if TYPE_CHECKING:
 
 
 class ServiceSpec(msgspec.Struct, frozen=True):
-    """``build(daemon)`` returns the service object and the ChildSpec that runs it."""
+    """``build(daemon)`` returns the service object and the ChildSpec that runs it.
+
+    ``optional`` services run under the daemon's ``services`` supervisor, with their own
+    restart budget; a core one (``optional=False``) is a direct child of the root."""
 
     name: str
     build: Callable[[Daemon], tuple[Any, ChildSpec]]
+    optional: bool = True
 
 
 SERVICES: list[ServiceSpec] = []

@@ -170,7 +170,7 @@ def _build_hub(daemon: Daemon) -> tuple[WorkspaceHub, ChildSpec]:
     return hub, spec
 
 
-register_service(ServiceSpec(HUB_SERVICE, _build_hub))
+register_service(ServiceSpec(HUB_SERVICE, _build_hub, optional=False))  # routes await it
 
 
 def check_workspace_client(daemon: Daemon, client_id: str | None) -> str | None:
