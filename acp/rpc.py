@@ -6,7 +6,8 @@ An :class:`RpcChannel` has two long-lived tasks, started with :meth:`RpcChannel.
 nursery its owner provides:
 
 * the **reader** frames the receive stream into lines (bounded by ``max_line_bytes``), and for
-  each line, in order: resolves the pending call a *response* answers; hands a *notification* to
+  each line, in order (letting the loop run every :data:`LINES_PER_STEP` lines, and between
+  decoding and dispatching a line of :data:`SPLIT_LINE_BYTES` or more): resolves the pending call a *response* answers; hands a *notification* to
   ``dispatcher.on_notification`` synchronously (so ordering is exactly the wire order: the
   updates ``session/load`` replays are delivered before its response resolves the call); starts
   a *request* in its own task in the nursery. It never awaits a handler. Garbage, oversized
@@ -48,6 +49,7 @@ from typing import Final, Protocol
 
 import msgspec
 import trio
+import trio.lowlevel
 from msgspec import Raw
 
 from acp import jsonrpc
@@ -77,6 +79,10 @@ CANCEL_REQUEST: Final = "$/cancel_request"
 DEFAULT_MAX_CONCURRENT_REQUESTS: Final = 64
 DEFAULT_WRITE_QUEUE_MESSAGES: Final = 1024
 READ_CHUNK_BYTES: Final = 256 * 1024
+#: Lines at least this long are decoded and dispatched in two loop steps.
+SPLIT_LINE_BYTES: Final = 1024 * 1024
+#: The reader lets the loop run after this many lines of one chunk.
+LINES_PER_STEP: Final = 256
 #: Dropped lines (invalid, oversized) are logged at most once per this many seconds each.
 DROP_LOG_INTERVAL_S: Final = 10.0
 
@@ -361,8 +367,19 @@ class RpcChannel:
                     if not data:
                         break
                     self._bytes_in += len(data)
-                    for line in self._framer.feed(data):
-                        self._dispatch_line(line)
+                    for n, line in enumerate(self._framer.feed(data), 1):
+                        if isinstance(line, OversizedLine) or len(line) < SPLIT_LINE_BYTES:
+                            self._dispatch_line(line)
+                            if not n % LINES_PER_STEP:  # a chunk of many short lines
+                                await trio.lowlevel.checkpoint()
+                            continue
+                        # A large line: decode it, let the loop run, then dispatch it, so
+                        # the two costly halves are two short steps, not one long one.
+                        self._lines_in += 1
+                        msg = jsonrpc.parse_line(line, self._typed)
+                        await trio.lowlevel.checkpoint()
+                        self._dispatch_message(msg, line)
+                        await trio.lowlevel.checkpoint()
                     if self._flow_control is not None:
                         await self._flow_control(self._framer.buffered_bytes)
             if self._reader_scope.cancelled_caught:
@@ -392,7 +409,9 @@ class RpcChannel:
                     log.exception("on_oversized_line of %s failed", self.name)
             return
         self._lines_in += 1
-        msg = jsonrpc.parse_line(line, self._typed)
+        self._dispatch_message(jsonrpc.parse_line(line, self._typed), line)
+
+    def _dispatch_message(self, msg: jsonrpc.Message, line: bytes | bytearray) -> None:
         try:
             if isinstance(msg, Notification):
                 if msg.method == CANCEL_REQUEST:

@@ -13,6 +13,11 @@ of log the daemon wrote.
 
 ``--root`` runs ``python -m serve`` from another source tree (e.g. ``git archive main``), so
 before/after figures come from the same script. Extra daemon flags go after ``--``.
+
+Latencies measured from outside include whatever else the machine runs; so the daemon is
+also started with a trio instrument (injected by this script, no daemon change) that times
+every task step on the event loop: the longest steps while the noisy session works, in wall
+time and in CPU time of the loop thread (what the loop itself spent; immune to preemption).
 """
 
 from __future__ import annotations
@@ -43,6 +48,29 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+_PROFILED = """
+import atexit, json, sys, time, runpy
+import trio
+steps = []
+class _Steps(trio.abc.Instrument):
+    def before_task_step(self, task):
+        self.w = time.perf_counter(); self.c = time.thread_time()
+    def after_task_step(self, task):
+        w = time.perf_counter() - self.w
+        if w > 0.005:
+            steps.append((time.time() - w, w, time.thread_time() - self.c, task.name))
+_run = trio.run
+def run(*args, **kwargs):
+    kwargs["instruments"] = [*kwargs.get("instruments", ()), _Steps()]
+    return _run(*args, **kwargs)
+trio.run = run
+out = sys.argv[1]
+atexit.register(lambda: open(out, "w").write(json.dumps(steps)))
+sys.argv = ["serve", *sys.argv[2:]]
+runpy.run_module("serve", run_name="__main__", alter_sys=True)
+"""
+
+
 def start(root: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], str, Path]:
     tmp = Path(tempfile.mkdtemp(prefix="bench-isolation-"))
     (tmp / "ws").mkdir()
@@ -50,8 +78,9 @@ def start(root: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], str, P
     env = {**os.environ, "QWEN_SERVER_TOKEN": TOKEN, "QWEN_SERVE_NO_MCP_POOL": "1"}
     argv = [
         sys.executable,
-        "-m",
-        "serve",
+        "-c",
+        _PROFILED,
+        str(tmp / "steps.json"),
         "--port",
         "0",
         "--workspace",
@@ -133,6 +162,7 @@ async def run(args: argparse.Namespace) -> None:
                 nursery.start_soon(probe_health)
                 nursery.start_soon(probe_quiet)
                 started = time.perf_counter()
+                window_start = time.time()
                 for _ in range(args.rounds):
                     if args.mode == "big":
                         size = args.update_bytes - 512  # the JSON-RPC line stays under the size
@@ -140,6 +170,7 @@ async def run(args: argparse.Namespace) -> None:
                     else:
                         await prompt(client, noisy, f"garbage {args.lines}; say end")
                 elapsed = time.perf_counter() - started
+                window_end = time.time()
                 await trio.sleep(0.5)
                 done.set()
                 await trio.sleep(0.1)
@@ -171,7 +202,7 @@ async def run(args: argparse.Namespace) -> None:
             f"daemon RSS: {rss_before / 1024:.1f} MiB before, {rss_after / 1024:.1f} MiB after "
             f"(+{(rss_after - rss_before) / 1024:.1f} MiB retained)"
         )
-        print(f"log written during the run: {(log_after - log_before) / 1e6:.2f} MB")
+        print(f"log written during the run: {log_after - log_before} bytes")
     finally:
         proc.terminate()
         try:
@@ -179,6 +210,22 @@ async def run(args: argparse.Namespace) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    steps_file = err.parent / "steps.json"
+    if steps_file.exists():
+        import json
+
+        steps = [
+            s for s in json.loads(steps_file.read_text()) if window_start <= s[0] <= window_end
+        ]
+        steps.sort(key=lambda s: -s[2])
+        over = sum(1 for s in steps if s[2] > 0.05)
+        top = ", ".join(f"{s[3].split('.')[-1][:24]} {s[2] * 1000:.0f}" for s in steps[:3])
+        worst_wall = max((s[1] for s in steps), default=0.0)
+        print(
+            f"event loop: longest step {steps[0][2] * 1000 if steps else 0:.1f} ms CPU "
+            f"(longest wall {worst_wall * 1000:.1f} ms); steps over 50 ms CPU: {over}; "
+            f"top (task ms CPU): {top}"
+        )
 
 
 def main() -> None:

@@ -89,8 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+#: glibc's mallopt(M_MMAP_THRESHOLD): allocations from this size up get their own mapping,
+#: returned to the OS when freed. Fixed, so glibc's dynamic threshold (which rises to 32 MiB
+#: after the first large free) cannot keep a multi-MiB agent update's pages in the heap.
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 1024 * 1024
+
+
 def _release_startup_memory() -> None:
-    """Hand the heap pages freed by start-up (import churn) back to the OS (glibc only)."""
+    """Hand the heap pages freed by start-up (import churn) back to the OS, and fix the
+    mmap threshold (glibc only)."""
     import ctypes
     import ctypes.util
     import gc
@@ -100,7 +108,9 @@ def _release_startup_memory() -> None:
     if libc is None:
         return
     try:
-        ctypes.CDLL(libc).malloc_trim(0)
+        c = ctypes.CDLL(libc)
+        c.malloc_trim(0)
+        c.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     except (OSError, AttributeError):
         pass
 
