@@ -7,7 +7,8 @@ nursery its owner provides:
 
 * the **reader** frames the receive stream into lines (bounded by ``max_line_bytes``), and for
   each line, in order (letting the loop run every :data:`LINES_PER_STEP` lines, and between
-  decoding and dispatching a line of :data:`SPLIT_LINE_BYTES` or more): resolves the pending call a *response* answers; hands a *notification* to
+  decoding and dispatching a line of :data:`SPLIT_LINE_BYTES` or more): resolves the
+  pending call a *response* answers; hands a *notification* to
   ``dispatcher.on_notification`` synchronously (so ordering is exactly the wire order: the
   updates ``session/load`` replays are delivered before its response resolves the call); starts
   a *request* in its own task in the nursery. It never awaits a handler. Garbage, oversized
