@@ -20,7 +20,9 @@ Strategy is ``one_for_one``: a crash is caught in its runner, so it never cancel
 sibling. That includes a child that fails *while being cancelled* (its cleanup raises while
 another of its tasks ends ``Cancelled``): the runner splits the resulting mixed exception
 group, records the failure as a crash ("... (while stopping)") and lets the ``Cancelled``
-part go on to the scope that asked for it, so the child simply stops. Every restart is counted in a window shared by the supervisor (intensity ``N``
+part go on to the scope that asked for it, so the child simply stops.
+
+Every restart is counted in a window shared by the supervisor (intensity ``N``
 restarts within ``period_s`` seconds); one more than that makes the supervisor give up:
 it records ``give_up``, awaits its ``on_give_up`` hook (bounded by ``give_up_grace_s``;
 the daemon uses it to end every SSE stream with a terminal event while the HTTP front is

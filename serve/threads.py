@@ -6,15 +6,15 @@ reading a FIFO) holds every token and the others wait behind them: a journal flu
 then wait for a file route, and every session's durability with it. So each kind has its
 own limiter (and its own bound, in threads):
 
-=================  =======  ==========================================================
-kind               threads  used by
-=================  =======  ==========================================================
-journal            8        the event journal (``serve.journal``): writes, fsyncs, scans
-file routes        8        the workspace file and settings routes (``serve.routes``)
-agent fs           8        an agent's ``fs/*`` effects (``serve.effects``)
-process scans      2        leftover-process scans of a stopped agent (``acp.process``;
-                            its limiter lives there, ``acp`` does not import ``serve``)
-=================  =======  ==========================================================
+=============  =======  ==============================================================
+kind           threads  used by
+=============  =======  ==============================================================
+journal        8        the event journal (``serve.journal``): writes, fsyncs, scans
+file routes    8        the workspace file and settings routes (``serve.http.routes``)
+agent fs       8        an agent's ``fs/*`` effects (``serve.permissions.effects``)
+process scans  2        leftover-process scans of a stopped agent (``acp.process``; its
+                        limiter lives there, ``acp`` does not import ``serve``)
+=============  =======  ==============================================================
 
 Limiters are per ``trio.run`` (a ``RunVar``), created on first use.
 """

@@ -32,7 +32,7 @@ async def _wait_for(trigger: str) -> None:
 
 
 def _flaky_service(trigger: str) -> None:
-    from serve.services import ServiceSpec, register_service
+    from serve.runtime.services import ServiceSpec, register_service
 
     async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -46,7 +46,7 @@ def _flaky_service(trigger: str) -> None:
 
 
 def _crashing_mediator(trigger: str) -> None:
-    from serve.mediator import PermissionMediator
+    from serve.permissions.mediator import PermissionMediator
 
     original = PermissionMediator.run
 

@@ -16,8 +16,8 @@ import trio.testing
 
 from acp.handler import BaseClientHandler
 from acp.schema import ReadTextFileParams
+from serve.http.routes import files as file_routes
 from serve.journal import Journal, JournalMeta
-from serve.routes import files as file_routes
 
 BLOCKED_CALLS = 48
 
