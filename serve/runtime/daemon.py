@@ -167,7 +167,12 @@ class Daemon:
             )
         if self.journal is not None:
             service_specs.append(
-                ChildSpec("journal-janitor", self.journal.run_janitor, Restart.PERMANENT)
+                ChildSpec(
+                    "journal-janitor",
+                    self.journal.run_janitor,
+                    Restart.PERMANENT,
+                    shutdown_grace_s=0,  # nothing to finish: cancelled at once
+                )
             )
         for service in SERVICES:
             obj, spec = service.build(self)
