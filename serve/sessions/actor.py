@@ -277,6 +277,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             ring_bytes=settings.event_ring_bytes,
         )
         self._early: list[tuple[str, msgspec.Raw]] = []
+        #: The journal of a new session is being opened: updates wait in ``_early`` (else
+        #: the first ones, e.g. available_commands_update, could miss the journal).
+        self._journal_pending = False
         self.conn: AgentConnection | None = None
         self.setup: SessionSetup | None = None
         self.current_model: str | None = None
@@ -448,7 +451,11 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 self.session_id = setup.session_id
                 self.log.session_id = setup.session_id
                 self.name = f"session-{setup.session_id}"
-                await self._open_journal(nursery, fresh=True)
+                self._journal_pending = True
+                try:
+                    await self._open_journal(nursery, fresh=True)
+                finally:
+                    self._journal_pending = False
                 for kind, update in self._early:
                     self._relay(kind, update)
                 self._early.clear()
@@ -672,6 +679,9 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
             self._early.append((kind, update))
             return
         if session_id != self.session_id:
+            return
+        if self._journal_pending:
+            self._early.append((kind, update))
             return
         self._relay(kind, update)
 
