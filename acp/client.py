@@ -140,6 +140,7 @@ class AgentConnection:
         self._config_options: dict[str, list[SessionConfigOption]] = {}
         self._resume_method: str | None = None
         self._stop_grace_s = DEFAULT_GRACE_S
+        self._stop_eof_grace_s: float | None = None
 
     # -- construction and lifecycle -----------------------------------------------------------
 
@@ -222,7 +223,7 @@ class AgentConnection:
                     # Let the writer flush what was queued before stdin is closed.
                     with trio.move_on_after(min(self._stop_grace_s, 1.0)):
                         await self._channel.writer_done.wait()
-                    await self.process.stop(self._stop_grace_s)
+                    await self.process.stop(self._stop_grace_s, eof_grace_s=self._stop_eof_grace_s)
                     if self._terminals is not None:
                         await self._terminals.aclose()
                 nursery.cancel_scope.cancel()
@@ -270,14 +271,18 @@ class AgentConnection:
         assert info is not None
         return info
 
-    async def aclose(self, grace_s: float = DEFAULT_GRACE_S) -> ExitInfo:
+    async def aclose(
+        self, grace_s: float = DEFAULT_GRACE_S, *, eof_grace_s: float | None = None
+    ) -> ExitInfo:
         """Close: refuse new calls, fail pending ones, flush, then stop the child by escalation
-        (close stdin, ``grace_s``, SIGTERM group, ``grace_s``, SIGKILL group) and reap it.
-        Idempotent; shielded with its own deadline, so safe from a cancelled scope."""
+        (close stdin, ``eof_grace_s`` (default ``grace_s``), SIGTERM group, ``grace_s``, SIGKILL
+        group) and reap it. Idempotent; shielded with its own deadline, so safe from a
+        cancelled scope."""
         with trio.CancelScope(shield=True):
             with trio.move_on_after(2 * grace_s + 10):
                 if self._channel is not None and not self._closed_event.is_set():
                     self._stop_grace_s = grace_s
+                    self._stop_eof_grace_s = eof_grace_s
                     self._close(ChannelClosed("connection closed by the client"))
                 await self._done.wait()
         info = self.process.exit_info

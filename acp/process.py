@@ -34,6 +34,7 @@ child, are replaced by ``[REDACTED]`` before the tail is shown to anyone.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -46,6 +47,16 @@ from typing import Final
 import msgspec
 import trio
 import trio.lowlevel
+
+from acp.children import (
+    MARKER_ENV,
+    agent_marker,
+    become_subreaper,
+    marked_descendants,
+    open_process,
+    reap_adopted,
+    scan_limiter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -135,20 +146,6 @@ class ExitInfo(msgspec.Struct, frozen=True, kw_only=True):
         return f"{what}; last stderr: {last[0][:200]!r}" if last else what
 
 
-def become_subreaper() -> bool:
-    """Make this process a child subreaper (Linux) so orphaned grandchildren are re-parented to
-    it and can be reaped; returns whether it worked. A daemon-wide decision: call it once at
-    start-up, never from a library. Without it orphans are re-parented to PID 1."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_child_subreaper = 36
-        return bool(libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
 def live_group_members(pgid: int) -> list[int]:
     """Pids of the non-zombie processes in process group ``pgid`` (Linux ``/proc`` scan)."""
     members: list[int] = []
@@ -219,21 +216,6 @@ class _Tail:
         return self._buf.decode("utf-8", "replace")
 
 
-#: Threads for leftover-process scans (``/proc`` walks), apart from trio's default limiter
-#: so that slow file work elsewhere cannot delay a session's teardown, nor the reverse.
-PROCESS_SCAN_THREADS = 2
-_scan_limiters: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("scan_threads")
-
-
-def _scan_limiter() -> trio.CapacityLimiter:
-    try:
-        return _scan_limiters.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(PROCESS_SCAN_THREADS)
-        _scan_limiters.set(limiter)
-        return limiter
-
-
 class AgentProcess:
     """One supervised agent child. Create with :meth:`spawn`; see the module docstring."""
 
@@ -244,6 +226,8 @@ class AgentProcess:
         self.argv = tuple(argv)
         self.pid: int = proc.pid
         self.pgid: int = proc.pid  # start_new_session: the child leads its own group
+        #: The MARKER_ENV value given to the child (None when it was spawned elsewhere).
+        self.marker: str | None = None
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self.stdin: trio.abc.SendStream = proc.stdin
         self.stdout: trio.abc.ReceiveStream = proc.stdout
@@ -303,7 +287,9 @@ class AgentProcess:
             raise ValueError("empty agent command")
         child_env = scrub_env(os.environ if env is None else env)
         secrets = [v for k, v in child_env.items() if _SECRET_NAME.search(k)]
-        proc = await trio.lowlevel.open_process(
+        marker = agent_marker()  # inherited by every descendant, even one that leaves the group
+        child_env[MARKER_ENV] = marker
+        proc = await open_process(
             list(argv),
             cwd=cwd,
             env=child_env,
@@ -313,6 +299,7 @@ class AgentProcess:
             start_new_session=True,
         )
         self = cls(proc, argv=argv, secrets=secrets, tail_bytes=stderr_tail_bytes)
+        self.marker = marker
         self._cancel_grace_s = cancel_grace_s
         return self
 
@@ -359,9 +346,15 @@ class AgentProcess:
         """Send ``sig`` to the whole process group; False if the group is gone."""
         return _killpg(self.pgid, sig)
 
-    async def stop(self, grace_s: float = DEFAULT_GRACE_S) -> ExitInfo:
+    async def stop(
+        self, grace_s: float = DEFAULT_GRACE_S, *, eof_grace_s: float | None = None
+    ) -> ExitInfo:
         """Stop by escalation (close stdin, SIGTERM group, SIGKILL group), reap, return how it
-        ended. Shielded, bounded by about ``2 * grace_s + 5`` s, idempotent."""
+        ended. Shielded, bounded by about ``2 * grace_s + 5`` s, idempotent.
+
+        ``eof_grace_s`` (default ``grace_s``) is the wait after stdin EOF: an idle agent has
+        nothing to finish, so its owner may pass a short one and go on to SIGTERM sooner."""
+        eof_wait_s = grace_s if eof_grace_s is None else min(eof_grace_s, grace_s)
         if not self._started:  # never supervised: escalate and reap inline
             with trio.CancelScope(shield=True):
                 await self._escalate_inline(grace_s)
@@ -376,10 +369,12 @@ class AgentProcess:
             self._stopping = True
             if not self._exited.is_set():
                 await self.close_stdin()
-                with trio.move_on_after(grace_s):
+                with trio.move_on_after(eof_wait_s):
                     await self._exited.wait()
             if not self._exited.is_set():
-                log.info("agent %d ignored stdin EOF for %.1fs; sending SIGTERM", self.pid, grace_s)
+                log.info(
+                    "agent %d ignored stdin EOF for %.1fs; sending SIGTERM", self.pid, eof_wait_s
+                )
                 self.signal_group(signal.SIGTERM)
                 with trio.move_on_after(grace_s):
                     await self._exited.wait()
@@ -438,13 +433,26 @@ class AgentProcess:
         if self.signal_group(signal.SIGTERM):
             deadline = trio.current_time() + LEFTOVER_GRACE_S
             while await trio.to_thread.run_sync(
-                live_group_members, self.pgid, limiter=_scan_limiter()
+                live_group_members, self.pgid, limiter=scan_limiter()
             ):
                 if trio.current_time() >= deadline:
                     self.signal_group(signal.SIGKILL)
                     break
                 await trio.sleep(0.02)
+        # Descendants that left the group (setsid) carry the agent's marker: they die too.
+        if self.marker is not None:
+            escaped = await trio.to_thread.run_sync(
+                marked_descendants, os.getpid(), self.marker, limiter=scan_limiter()
+            )
+            for pid in escaped:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            if escaped:
+                log.info(
+                    "killed %d descendant(s) of agent %d outside its group", len(escaped), self.pid
+                )
         _reap_adopted(self.pgid)
+        await reap_adopted()
 
     async def _drain_stderr(self) -> None:
         try:

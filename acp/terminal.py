@@ -45,6 +45,7 @@ from typing import Final
 
 import trio
 
+from acp.children import open_process
 from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, RESOURCE_NOT_FOUND, HandlerError
 from acp.process import scrub_env
 from acp.schema import (
@@ -238,7 +239,7 @@ class TerminalManager:
             )
         )
         try:
-            proc = await trio.lowlevel.open_process(
+            proc = await open_process(
                 argv,
                 cwd=cwd,
                 env=env,

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 import trio
 
+from acp.children import become_subreaper
+from actors import SupervisorGaveUp
+from serve.config import config_warnings, load_daemon_config
+from serve.logs import setup_logging, stop_logging
 from serve.settings import SettingsError, parse_settings
 
 #: Exit status when the root supervisor gave up (EX_SOFTWARE).
@@ -17,21 +22,23 @@ EXIT_SUPERVISOR_GAVE_UP = 70
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["client"]:
-        # `acp-serve client ...` is the CLI client (also `acp-serve-client`).
-        from serve.client.cli import main as client_main
+        # `acp-serve client ...` is the CLI client (also `acp-serve-client`); lazy: the
+        # client does not load the daemon, and the daemon does not load the client.
+        from serve.client.cli import main as client_main  # lazy (see above)
 
         return client_main(args[1:])
+    if args[:1] == ["attach"]:
+        # `acp-serve attach URL [--token T]`: a stdio ACP agent forwarding to a remote /acp.
+        from serve.client.attach import main as attach_main  # lazy: like the client above
+
+        return attach_main(args[1:])
     argv = args
     try:
         settings = parse_settings(argv)
-        from serve.config import config_warnings, load_daemon_config
-
         config = load_daemon_config(settings)  # a bad --config file stops start-up here
     except SettingsError as exc:
         print(f"acp-serve: {exc}", file=sys.stderr)
         return 1
-    from serve.logs import setup_logging
-
     setup_logging(settings.log_format)
     log = logging.getLogger("serve")
     for warning in config_warnings(config):
@@ -47,9 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for flag in settings.inert_flags:
         log.warning("%s is accepted for compatibility and has no effect in acp-serve", flag)
 
-    from serve.runtime.daemon import Daemon
+    from serve.runtime.daemon import Daemon  # lazy: `acp-serve client` never loads it
 
-    daemon = Daemon(settings)
+    # Orphaned descendants of agents are re-parented to us (PID 1 in a container anyway),
+    # and the daemon's reaper collects them: no zombies.
+    subreaper = become_subreaper()
+    if not subreaper and os.getpid() != 1:
+        log.warning("cannot become a child subreaper: orphans of agents go to PID 1")
+    daemon = Daemon(settings, config, reaper=subreaper or os.getpid() == 1)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
@@ -62,16 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "no bearer token: local callers on this loopback listener have full API access"
                 )
 
-    from actors import SupervisorGaveUp
-
     try:
         trio.run(run)
     except BaseExceptionGroup as group:
         gave_up, _ = group.split(SupervisorGaveUp)
         if gave_up is None:
             raise
-        from serve.logs import stop_logging
-
         stop_logging()  # what was logged comes first; the exit is the last line
         first: BaseException = gave_up
         while isinstance(first, BaseExceptionGroup):

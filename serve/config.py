@@ -47,6 +47,7 @@ from serve.settings import Settings, SettingsError
 
 __all__ = [
     "MAX_CONFIG_BYTES",
+    "ConfigCell",
     "DaemonConfig",
     "config_warnings",
     "load_config_text",
@@ -94,6 +95,17 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return PermissionsConfig(
             policy=self.policy, capabilities=self.capabilities, approval=self.approval
         )
+
+
+class ConfigCell:
+    """The daemon config in force, in one place: ``POST /workspace/reload`` swaps it as a
+    whole (:meth:`swap`) and every reader (the effect gate, status) sees the new one."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        self.current = config
+
+    def swap(self, config: DaemonConfig) -> None:
+        self.current = config
 
 
 def load_config_text(text: str | bytes, *, source: str = "<config>") -> DaemonConfig:

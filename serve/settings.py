@@ -24,7 +24,12 @@ from pathlib import Path
 
 import msgspec
 
+from serve.http.security.bearer import InvalidBearerToken, resolve_startup_token
+from serve.http.security.cors import CorsPolicy, InvalidAllowOriginPattern, parse_allow_origin
+
 MAX_TIMER_MS = 2_147_483_647
+#: Upper bound of ``--max-body-bytes`` (1 GiB): a body is buffered in memory whole.
+MAX_BODY_BYTES = 1024 * 1024 * 1024
 DEFAULT_PORT = 4170
 MIB = 1024 * 1024
 DEFAULT_EVENT_RING_BYTES = 32 * MIB
@@ -97,6 +102,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     session_prompt_settled_close_grace_ms: int = 0
     permission_response_timeout_ms: int = 0
     drain_timeout_ms: int = 10_000
+    #: Largest request body accepted; beyond it ``413`` (``--max-body-bytes``).
+    max_body_bytes: int = 10 * 1024 * 1024
+    #: How long hypercorn lets open requests finish once the listener stops.
+    http_graceful_timeout_ms: int = 2_000
+    #: How long an idle keep-alive connection stays open.
+    http_keep_alive_timeout_ms: int = 5_000
     rate_limit: RateLimitSettings = RateLimitSettings()
     memory_project_scope: str = "workspace"
     memory_file_name: str = "QWEN.md"
@@ -106,6 +117,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     access_log: bool = False
     device_flow_providers: tuple[str, ...] = ()
     inert_flags: tuple[str, ...] = ()
+
+    @property
+    def body_too_large_message(self) -> str:
+        """The 413 body's message: ``max 10 MB`` for whole mebibytes, else bytes."""
+        mib, rest = divmod(self.max_body_bytes, 1024 * 1024)
+        size = f"{mib} MB" if not rest else f"{self.max_body_bytes} bytes"
+        return f"Request body too large (max {size})"
 
     @property
     def primary_workspace(self) -> str:
@@ -277,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="permission answer timeout; 0 = wait forever (default 300000)",
     )
     add("--drain-timeout-ms", default="10000", help="graceful drain budget on SIGTERM")
+    add("--max-body-bytes", default=str(10 * 1024 * 1024), help="largest request body (bytes)")
+    add(
+        "--http-graceful-timeout-ms",
+        default="2000",
+        help="time open requests may finish after the listener stops",
+    )
+    add("--http-keep-alive-timeout-ms", default="5000", help="idle keep-alive connection lifetime")
     add("--memory-project-scope", default="workspace", help="workspace|git-root")
     add("--memory-file-name", default="QWEN.md", help="memory file for /workspace/init")
     add("--rate-limit", action="store_true", default=None, help="enable rate limiting")
@@ -401,8 +426,6 @@ def parse_settings(
 
     # Token: flag wins over env; trimmed; empty = none; generated on a non-loopback bind
     # when neither source is present (§2.3).
-    from serve.http.security.bearer import InvalidBearerToken, resolve_startup_token
-
     try:
         resolution = resolve_startup_token(
             ns.token, env, loopback_bind=is_loopback_hostname(hostname)
@@ -495,8 +518,6 @@ def parse_settings(
             f'Invalid --journal-max-total-bytes "{ns.journal_max_total_bytes}": '
             "must be 0 (off) or at least 16777216 (one session's journal)"
         )
-
-    from serve.http.security.cors import CorsPolicy, InvalidAllowOriginPattern, parse_allow_origin
 
     origins: list[str] = []
     for pattern in ns.allow_origin or []:
@@ -653,6 +674,13 @@ def parse_settings(
         ),
         permission_response_timeout_ms=permission_timeout,
         drain_timeout_ms=_timer("--drain-timeout-ms", ns.drain_timeout_ms, positive=False),
+        max_body_bytes=_positive("--max-body-bytes", ns.max_body_bytes, maximum=MAX_BODY_BYTES),
+        http_graceful_timeout_ms=_timer(
+            "--http-graceful-timeout-ms", ns.http_graceful_timeout_ms, positive=False
+        ),
+        http_keep_alive_timeout_ms=_timer(
+            "--http-keep-alive-timeout-ms", ns.http_keep_alive_timeout_ms, positive=True
+        ),
         rate_limit=rate,
         memory_project_scope=scope,
         memory_file_name=memory_file,

@@ -12,8 +12,9 @@ kind           threads  used by
 journal        8        the event journal (``serve.journal``): writes, fsyncs, scans
 file routes    8        the workspace file and settings routes (``serve.http.routes``)
 agent fs       8        an agent's ``fs/*`` effects (``serve.permissions.effects``)
-process scans  2        leftover-process scans of a stopped agent (``acp.process``; its
-                        limiter lives there, ``acp`` does not import ``serve``)
+process scans  2        ``/proc`` scans: a stopped agent's leftovers, the reaper
+                        (``acp.children``; its limiter lives there, ``acp`` does not
+                        import ``serve``)
 =============  =======  ==============================================================
 
 Limiters are per ``trio.run`` (a ``RunVar``), created on first use.

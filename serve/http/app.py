@@ -8,99 +8,136 @@ of ours, never a client's fault).
 
 from __future__ import annotations
 
-import importlib
 import logging
-import pkgutil
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from serve.http import capabilities, metrics, middleware
+from serve.http.capabilities import Feature
+from serve.http.context import FEATURES_KEY, HOST_KEY
 from serve.http.errors import ApiError, to_api_error
+from serve.http.routes import (
+    acp,
+    auth,
+    docs,
+    extensions,
+    files,
+    health,
+    mcp,
+    memory_settings,
+    permissions,
+    sessions,
+    shell,
+    status,
+    workspace,
+)
 from serve.http.wire import json_response
 
 if TYPE_CHECKING:
-    from serve.runtime.daemon import Daemon
+    from serve.host import Host
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 10 * 1024 * 1024
+#: Every route module; each exposes ``blueprint`` and may export ``FEATURES`` (its capability
+#: tags) and ``PLURAL_ROUTES`` (its workspace-qualified rules). Blueprints are registered in
+#: this order.
+ROUTE_MODULES: tuple[ModuleType, ...] = (
+    acp,
+    auth,
+    docs,
+    extensions,
+    files,
+    health,
+    mcp,
+    memory_settings,
+    permissions,
+    sessions,
+    shell,
+    status,
+    workspace,
+)
+#: The order of the tags in ``GET /capabilities`` (as published: session tags first).
+_FEATURE_ORDER: tuple[ModuleType, ...] = (
+    sessions,
+    auth,
+    extensions,
+    files,
+    mcp,
+    memory_settings,
+    permissions,
+    shell,
+    status,
+    workspace,
+    acp,
+)
 
 
-def route_modules() -> list[ModuleType]:
-    """Every module of :mod:`serve.http.routes` (each exposes ``blueprint``), imported once."""
-    import serve.http.routes as package
-
-    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.ispkg)
-    return [importlib.import_module(f"serve.http.routes.{name}") for name in names]
-
-
-def _register_plural_tag() -> None:
-    """Tags that span route modules, registered once every module is imported."""
-    from serve.http import capabilities, plural
-
-    known = {f.tag: f for f in capabilities.FEATURES}
-    if "workspace_qualified_rest_core" not in known:
-        capabilities.register(
-            capabilities.Feature("workspace_qualified_rest_core", tuple(plural.PLURAL_ROUTES))
-        )
+def collect_features() -> tuple[Feature, ...]:
+    """Every tag the app serves, from the route modules, the tags that span modules, and the
+    security front's, in ``/capabilities`` order."""
+    served = capabilities.collect(
+        capabilities.BASE_FEATURES, *(getattr(m, "FEATURES", ()) for m in _FEATURE_ORDER)
+    )
+    known = {f.tag: f for f in served}
+    plural_rules = tuple(
+        rule
+        for module in _FEATURE_ORDER
+        if (routes := getattr(module, "PLURAL_ROUTES", None)) is not None
+        for rule in routes.rules
+    )
     # Multi-workspace tags: on when more than one workspace runtime is active (and, for
     # rewind and shell, when the per-session feature itself is advertised).
-    if "multi_workspace_sessions" not in known:
-        capabilities.register(
-            capabilities.Feature(
-                "multi_workspace_sessions",
-                (("POST", "/session"), ("GET", "/workspaces/<path:workspace>/sessions")),
-                when=lambda d: len(d.registry) > 1,
-            )
-        )
-        for tag, base in (
-            ("multi_workspace_session_rewind", "session_rewind"),
-            ("multi_workspace_session_shell", "session_shell_command"),
-        ):
-            feature = known.get(base)
-            if feature is not None:
-                capabilities.register(
-                    capabilities.Feature(tag, feature.routes, when=_multi_and(feature))
-                )
+    spanning = [
+        Feature("workspace_qualified_rest_core", plural_rules),
+        Feature(
+            "multi_workspace_sessions",
+            (("POST", "/session"), ("GET", "/workspaces/<path:workspace>/sessions")),
+            when=lambda h: len(h.registry) > 1,
+        ),
+    ]
+    for tag, base in (
+        ("multi_workspace_session_rewind", "session_rewind"),
+        ("multi_workspace_session_shell", "session_shell_command"),
+    ):
+        feature = known.get(base)
+        if feature is not None:
+            spanning.append(Feature(tag, feature.routes, when=_multi_and(feature)))
+    return capabilities.collect(served, spanning, middleware.FEATURES)
 
 
-def _multi_and(feature: Any) -> Callable[[Daemon], bool]:
-    def predicate(d: Daemon) -> bool:
-        return len(d.registry) > 1 and bool(feature.enabled(d))
+def _multi_and(feature: Feature) -> Callable[[Host], bool]:
+    def predicate(h: Host) -> bool:
+        return len(h.registry) > 1 and bool(feature.enabled(h))
 
     return predicate
 
 
-def create_app(daemon: Daemon) -> QuartTrio:
+def create_app(host: Host) -> QuartTrio:
     # No implicit /static/<path> route (it would serve files from the working directory).
     app = QuartTrio("acp_serve", static_folder=None)
     app.config.update(
         RESPONSE_TIMEOUT=None,
-        MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
+        MAX_CONTENT_LENGTH=host.settings.max_body_bytes,
         BODY_TIMEOUT=60,
         JSON_SORT_KEYS=False,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
-    app.extensions["acp_serve"] = daemon
+    features = collect_features()
+    app.extensions[HOST_KEY] = host
+    app.extensions[FEATURES_KEY] = features
     # Workspace paths travel URL-encoded in route segments (%2Fwork%2Fproj): keep "//".
     app.url_map.merge_slashes = False
     app.url_map.strict_slashes = False
 
-    for module in route_modules():
+    for module in ROUTE_MODULES:
         app.register_blueprint(module.blueprint)
-    _register_plural_tag()
-
-    from serve.http.metrics import install_metrics
-
-    install_metrics(app, daemon)
-
-    from serve.http.middleware import install_middleware
-
-    install_middleware(app, daemon)
+    instruments = metrics.install_metrics(app, host)
+    middleware.install_middleware(app, host, features, instruments)
 
     @app.errorhandler(ApiError)
     async def _api_error(exc: ApiError) -> Response:
@@ -110,7 +147,7 @@ def create_app(daemon: Daemon) -> QuartTrio:
     async def _http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
         if status == 413:
-            return json_response({"error": "Request body too large (max 10 MB)"}, 413)
+            return json_response({"error": host.settings.body_too_large_message}, 413)
         if status == 404:
             return json_response({"error": "Not found"}, 404)
         if status == 405:

@@ -1,4 +1,4 @@
-"""Access to the running daemon from request handlers."""
+"""What a request handler reaches: the Host it serves and the app's feature list."""
 
 from __future__ import annotations
 
@@ -7,8 +7,18 @@ from typing import TYPE_CHECKING
 from quart import current_app
 
 if TYPE_CHECKING:
-    from serve.runtime.daemon import Daemon
+    from serve.host import Host
+    from serve.http.capabilities import Feature
+
+HOST_KEY = "acp_serve"
+FEATURES_KEY = "acp_serve.features"
 
 
-def daemon() -> Daemon:
-    return current_app.extensions["acp_serve"]  # type: ignore[no-any-return]
+def daemon() -> Host:
+    """The Host of the daemon this request reached."""
+    return current_app.extensions[HOST_KEY]  # type: ignore[no-any-return]
+
+
+def features() -> tuple[Feature, ...]:
+    """Every feature the app serves (advertised or not), in ``/capabilities`` order."""
+    return current_app.extensions[FEATURES_KEY]  # type: ignore[no-any-return]

@@ -1,11 +1,12 @@
 """The error envelope, in one place.
 
 Every failure a client can see is an :class:`ApiError` carrying the HTTP status, the JSON
-body and extra headers. Domain layers raise their own exception types (an agent that
-crashed, a session that is gone, a limit that was hit); :func:`to_api_error` maps them to
-the wire, so the mapping lives here and nowhere else. The app's error handlers turn any
-``ApiError`` into a response; anything unexpected becomes
-``500 {"error":"Internal server error"}`` and is logged.
+body and extra headers; only the HTTP layer builds one. Domain layers raise their own
+exception types (an agent that crashed, a session that is gone, a limit that was hit):
+:data:`DOMAIN_ERRORS` is the one table from those types to status and headers (the body is
+the exception's own ``{"error", "code", ...}``), and :func:`to_api_error` applies it and the
+ACP mapping below. The app's error handlers turn any ``ApiError`` into a response; anything
+unexpected becomes ``500 {"error":"Internal server error"}`` and is logged.
 """
 
 from __future__ import annotations
@@ -13,6 +14,28 @@ from __future__ import annotations
 from typing import Any
 
 from acp.errors import ChannelClosed, RemoteError, RequestTimeout
+from serve.sessions.errors import (
+    AgentRefusedError,
+    NotSupportedByAgent,
+    SessionConflictError,
+    SessionError,
+    SessionLimitError,
+    SessionRequestError,
+    SessionsUnavailable,
+)
+
+_RETRY = {"Retry-After": "5"}
+
+#: Domain exception → (HTTP status, extra headers). The first entry that matches wins, so
+#: list a subclass before its base.
+DOMAIN_ERRORS: tuple[tuple[type[SessionError], int, dict[str, str]], ...] = (
+    (SessionRequestError, 400, {}),
+    (AgentRefusedError, 400, {}),
+    (NotSupportedByAgent, 501, {}),
+    (SessionConflictError, 409, _RETRY),
+    (SessionLimitError, 503, _RETRY),
+    (SessionsUnavailable, 503, _RETRY),
+)
 
 
 class ApiError(Exception):
@@ -60,6 +83,11 @@ def to_api_error(exc: BaseException) -> ApiError | None:
     """Map a domain exception to the wire, or None when it is unexpected (a 500)."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, SessionError):
+        for kind, status, headers in DOMAIN_ERRORS:
+            if isinstance(exc, kind):
+                return ApiError(status, exc.body(), dict(headers))
+        return None  # a SessionError subclass missing from the table: a bug, 500
     if isinstance(exc, RemoteError):
         remote: dict[str, Any] = {"error": exc.message, "code": exc.code}
         if exc.data is not None:

@@ -25,12 +25,12 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from quart import Blueprint, Response, g, request
+from quart import Blueprint, Response, current_app, g, request
 
 if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
-    from serve.runtime.daemon import Daemon
+    from serve.host import Host
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _access = logging.getLogger("serve.access")
@@ -81,46 +81,35 @@ class DaemonMetrics:
     out of a daemon that is never scraped.
     """
 
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, host: Host) -> None:
+        self.host = host
         self.requests = _Counts()
         self.latency = _Latency()
         self._registry: Any = None
-        #: Totals of sessions that are gone (their logs are not live any more).
-        self.retired = {"published": 0, "evictions": 0, "warnings": 0}
-
-    def retire(self, log_stats: dict[str, Any]) -> None:
-        for key, stat in (
-            ("published", "published"),
-            ("evictions", "evictions"),
-            ("warnings", "slowClientWarnings"),
-        ):
-            self.retired[key] += int(log_stats.get(stat, 0))
 
     def exposition(self) -> bytes:
         from prometheus_client import CollectorRegistry, generate_latest
 
         if self._registry is None:
             self._registry = CollectorRegistry(auto_describe=False)
-            self._registry.register(_make_collector(self.daemon))
+            self._registry.register(_make_collector(self))
         return bytes(generate_latest(self._registry))
 
 
-def _make_collector(daemon: Daemon) -> Any:
+def _make_collector(instruments: DaemonMetrics) -> Any:
     from prometheus_client.registry import Collector
 
     class StateCollector(Collector):
         def collect(self) -> Iterator[Any]:
-            yield from _request_series(daemon)
-            yield from _state_series(daemon)
+            yield from _request_series(instruments)
+            yield from _state_series(instruments.host)
 
     return StateCollector()
 
 
-def _request_series(d: Daemon) -> Iterator[Any]:
+def _request_series(metrics: DaemonMetrics) -> Iterator[Any]:
     from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-    metrics = d.metrics
     requests = CounterMetricFamily(
         "acp_serve_http_requests",
         "HTTP requests by method, matched route and status",
@@ -143,11 +132,11 @@ def _request_series(d: Daemon) -> Iterator[Any]:
     yield latency
 
 
-def _state_series(d: Daemon) -> Iterator[Any]:
+def _state_series(d: Host) -> Iterator[Any]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     live = d.registry.live()
-    retired = d.metrics.retired if d.metrics is not None else {}
+    retired = d.front.retired
     # Counters include closing sessions until they are retired (never go backwards).
     stats = [s.log.statistics() for s in d.registry.all_sessions()]
 
@@ -162,7 +151,7 @@ def _state_series(d: Daemon) -> Iterator[Any]:
         "acp_serve_active_prompts", "Prompts running", sum(s.has_active_prompt for s in live)
     )
     yield gauge("acp_serve_queued_prompts", "Prompts waiting", sum(len(s.queue) for s in live))
-    yield gauge("acp_serve_sse_subscribers", "Open SSE streams", d.sse_streams)
+    yield gauge("acp_serve_sse_subscribers", "Open SSE streams", d.front.sse_streams)
     yield counter(
         "acp_serve_events_published",
         "Events published on session logs",
@@ -207,7 +196,7 @@ def _state_series(d: Daemon) -> Iterator[Any]:
         yield counter(
             "acp_serve_journal_dropped_events", "Events the journal shed", js["droppedEvents"]
         )
-    limiter = d.rate_limiter
+    limiter = d.front.rate_limiter
     if limiter is not None:
         hits = CounterMetricFamily(
             "acp_serve_rate_limit_hits",
@@ -222,21 +211,21 @@ def _state_series(d: Daemon) -> Iterator[Any]:
 blueprint = Blueprint("metrics", __name__)
 
 
+METRICS_KEY = "acp_serve.metrics"
+
+
 @blueprint.get("/metrics")
 async def metrics() -> Response:
-    from serve.http.context import daemon
-
-    d = daemon()
-    assert d.metrics is not None
-    return Response(d.metrics.exposition(), content_type=CONTENT_TYPE)
+    instruments: DaemonMetrics = current_app.extensions[METRICS_KEY]
+    return Response(instruments.exposition(), content_type=CONTENT_TYPE)
 
 
-def install_metrics(app: QuartTrio, daemon: Daemon) -> None:
-    """Create the daemon's metrics and the per-request hooks."""
-    daemon.metrics = DaemonMetrics(daemon)
-    instruments = daemon.metrics
+def install_metrics(app: QuartTrio, host: Host) -> DaemonMetrics:
+    """Create the app's metrics and the per-request hooks; returns the instruments."""
+    instruments = DaemonMetrics(host)
+    app.extensions[METRICS_KEY] = instruments
 
-    access_log = daemon.settings.access_log
+    access_log = host.settings.access_log
 
     @app.before_request
     async def _start_timer() -> None:
@@ -273,3 +262,4 @@ def install_metrics(app: QuartTrio, daemon: Daemon) -> None:
         return response
 
     app.register_blueprint(blueprint)
+    return instruments

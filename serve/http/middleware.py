@@ -32,10 +32,10 @@ runs (so no handler, no body read, no session or disk change):
    case, digests compared in constant time), else the uniform ``401 {"error":"Unauthorized"}``.
 6. **rate limit** (``--rate-limit``): :class:`serve.http.security.RateLimiter`, per client key and
    tier; ``429`` with ``Retry-After``/``X-RateLimit-*``. Exempt tiers never touch a bucket;
-   draining daemons are not limited. The limiter is ``daemon.rate_limiter``
+   draining daemons are not limited. The limiter is ``host.front.rate_limiter``
    (:func:`rate_limit_hits` reads its refusal counters).
-7. **body limit**: a declared ``Content-Length`` above the app's ``MAX_CONTENT_LENGTH``
-   (10 MB) is ``413 {"error":"Request body too large (max 10 MB)"}`` at once. Any other
+7. **body limit**: a declared ``Content-Length`` above ``--max-body-bytes`` (default 10 MB)
+   is ``413 {"error":"Request body too large (max 10 MB)"}`` at once. Any other
    body (declared or chunked) is read here in full, bounded by the same limit, and replayed
    to the app as one message. Handlers read whole bodies anyway; reading first means no
    response can leave before the request has fully arrived, which hypercorn 0.18 +
@@ -51,7 +51,9 @@ runs (so no handler, no body read, no session or disk change):
 Keep-alive: before answering early, the front reads and discards the request body (up to
 :data:`DRAIN_LIMIT_BYTES`, within :data:`DRAIN_TIMEOUT_S`) so the connection can serve the
 next request; a body too large or too slow to drain gets ``Connection: close`` instead.
-WebSocket scopes get checks 1–5 and are closed (code 1008) when refused; lifespan passes.
+WebSocket scopes get checks 1–5; a refused upgrade is answered with the HTTP status and
+body a request would get (401/403; close code 1008 where the server cannot answer HTTP).
+Lifespan passes.
 
 Logging: rate-limit refusals are logged sampled; the configured token is redacted from
 every log record (:func:`serve.logs.install_redaction`). No error body ever contains a
@@ -83,7 +85,6 @@ from serve.http.security import (
     CorsAction,
     CorsPolicy,
     HostAllowlist,
-    RateLimitConfig,
     RateLimiter,
     Tier,
     client_key,
@@ -92,12 +93,15 @@ from serve.http.security import (
     is_strict,
 )
 from serve.http.security.cors import self_origins
-from serve.http.security.ratelimit import classify
+from serve.http.security.ratelimit import classify, limiter_for
 from serve.logs import install_redaction
 from serve.settings import Settings
 
 if TYPE_CHECKING:
-    from serve.runtime.daemon import Daemon
+    from collections.abc import Sequence
+
+    from serve.host import Host
+    from serve.http.metrics import DaemonMetrics
 
 __all__ = [
     "DRAIN_LIMIT_BYTES",
@@ -130,7 +134,6 @@ _HOST_403 = INVALID_HOST_BODY.encode()
 _CORS_403 = CORS_DENIED_BODY.encode()
 _UNAUTHORIZED_401 = UNAUTHORIZED_BODY.encode()
 _TOKEN_REQUIRED_401 = TOKEN_REQUIRED_BODY.encode()
-_TOO_LARGE_413 = b'{"error":"Request body too large (max 10 MB)"}'
 _MALFORMED_400 = msgspec.json.encode({"error": "Malformed URL encoding", "code": "invalid_request"})
 _BODY_TIMEOUT_408 = b'{"error":"Request body timeout"}'
 _VARY_ORIGIN = (b"vary", b"Origin")
@@ -147,38 +150,38 @@ _PUBLIC_PAGES = frozenset({"/demo", "/doc", "/openapi.json", "/favicon.ico"})
 _NO_TIERS = {tier.value: 0 for tier in Tier}
 
 
-def _require_auth(daemon: Daemon) -> bool:
-    settings: Settings = daemon.settings
+def _require_auth(host: Host) -> bool:
+    settings: Settings = host.settings
     return settings.require_auth
 
 
-def _allow_origin(daemon: Daemon) -> bool:
-    settings: Settings = daemon.settings
+def _allow_origin(host: Host) -> bool:
+    settings: Settings = host.settings
     return bool(settings.allow_origins)
 
 
-def _rate_limited(daemon: Daemon) -> bool:
-    settings: Settings = daemon.settings
+def _rate_limited(host: Host) -> bool:
+    settings: Settings = host.settings
     return settings.rate_limit.enabled
 
 
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature("require_auth", (("GET", "/health"),), when=_require_auth),
     Feature("allow_origin", (("GET", "/capabilities"),), when=_allow_origin),
     Feature("rate_limit", (("GET", "/health"),), when=_rate_limited),
 )
 
 
-def rate_limiter(daemon: Daemon) -> RateLimiter | None:
-    """The daemon's rate limiter (set by :func:`install_middleware`), or ``None`` before."""
-    limiter = getattr(daemon, "rate_limiter", None)
+def rate_limiter(host: Host) -> RateLimiter | None:
+    """The front's rate limiter (``host.front.rate_limiter``)."""
+    limiter = getattr(getattr(host, "front", None), "rate_limiter", None)
     return limiter if isinstance(limiter, RateLimiter) else None
 
 
-def rate_limit_hits(daemon: Daemon) -> dict[str, int]:
+def rate_limit_hits(host: Host) -> dict[str, int]:
     """Rate-limit refusals per tier since start (``{"prompt","mutation","read"}``; zeros
     when rate limiting is off). For ``/health?deep=1`` and ``/daemon/status``."""
-    limiter = rate_limiter(daemon)
+    limiter = rate_limiter(host)
     return limiter.hits() if limiter is not None else dict(_NO_TIERS)
 
 
@@ -220,11 +223,20 @@ def _cors_sender(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
 class SecurityFront:
     """The ASGI middleware of checks 1–8 (see the module docstring). One per app."""
 
-    def __init__(self, app: ASGIApp, daemon: Daemon, *, max_body_bytes: int) -> None:
-        settings = daemon.settings
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: Host,
+        features: Sequence[Feature] = (),
+        metrics: DaemonMetrics | None = None,
+    ) -> None:
+        settings = host.settings
         self._app = app
-        self._daemon = daemon
-        self._max_body = max_body_bytes
+        self._host = host
+        self._features = tuple(features)
+        self._metrics = metrics
+        self._max_body = settings.max_body_bytes
+        self._too_large_413 = msgspec.json.encode({"error": settings.body_too_large_message})
         self._bound_host = settings.hostname
         self._loopback = is_loopback_host(settings.hostname)
         self._bearer = BearerAuth.from_token(settings.token) if settings.token else None
@@ -234,17 +246,11 @@ class SecurityFront:
         self._public_probes = settings.public_probes
         self._remote_same_origin = not self._loopback and self._bearer is not None
         self._cors = CorsPolicy.from_patterns(settings.allow_origins)
-        rl = settings.rate_limit
-        self.limiter = RateLimiter(
-            RateLimitConfig(
-                enabled=rl.enabled,
-                prompt=rl.prompt,
-                mutation=rl.mutation,
-                read=rl.read,
-                window_ms=rl.window_ms,
-            )
+        limiter = getattr(getattr(host, "front", None), "rate_limiter", None)
+        self.limiter = (
+            limiter if isinstance(limiter, RateLimiter) else limiter_for(settings.rate_limit)
         )
-        self._limiting = rl.enabled
+        self._limiting = settings.rate_limit.enabled
         self._last_sweep = time.monotonic()
         self._port = -1
         self._hosts: frozenset[bytes] = frozenset()
@@ -307,7 +313,7 @@ class SecurityFront:
                 close = too_big or not await _drain(receive, DRAIN_LIMIT_BYTES)
             await _respond(send, status, body, headers, close=close)
 
-        port = self._daemon.port
+        port = self._host.port
         if port != self._port:
             self._rebind(port)
         method: str = scope["method"]
@@ -368,7 +374,7 @@ class SecurityFront:
                 return
 
         # 6. rate limit
-        if self._limiting and not self._daemon.draining:
+        if self._limiting and not self._host.draining:
             tier = classify(method, path)
             if tier is not None:
                 refusal = self._rate_limit(scope, tier, client_id)
@@ -380,14 +386,14 @@ class SecurityFront:
         # 7. body limit; the whole body is read here (bounded) and replayed to the app
         if has_body:
             if declared > self._max_body:
-                await refuse(413, _TOO_LARGE_413)
+                await refuse(413, self._too_large_413)
                 return
             buffered = await _read_body(receive, self._max_body)
             if buffered is None:  # the client went away
                 return
             if buffered is _TOO_LARGE:
                 drained = await _drain(receive, DRAIN_LIMIT_BYTES)
-                await _respond(send, 413, _TOO_LARGE_413, (), close=not drained)
+                await _respond(send, 413, self._too_large_413, (), close=not drained)
                 return
             if buffered is _TIMED_OUT:
                 await _respond(send, 408, _BODY_TIMEOUT_408, (), close=True)
@@ -412,8 +418,8 @@ class SecurityFront:
         if path == "/health":
             body = _HEALTH_OK
         else:
-            body = msgspec.json.encode(capabilities.envelope(self._daemon))
-        metrics = getattr(self._daemon, "metrics", None)
+            body = msgspec.json.encode(capabilities.envelope(self._host, self._features))
+        metrics = self._metrics
         if metrics is not None:
             metrics.requests.labels("GET", path, "200").inc()
         await _respond(send, 200, body, (), close=False)
@@ -466,23 +472,41 @@ class SecurityFront:
                 origins.append(value)
             elif name == b"authorization":
                 auths.append(value)
-        port = self._daemon.port
+        port = self._host.port
         if port != self._port:
             self._rebind(port)
         if origins and self._loopback and len(origins) == 1 and origins[0] in self._self_origins:
             origins = []
-        refused = (
-            (self._loopback and (len(hosts) != 1 or hosts[0].lower() not in self._hosts))
-            or (
-                bool(origins)
-                and self._cors.evaluate([o.decode("latin-1") for o in origins], "GET").action
-                is not CorsAction.ALLOW
-            )
-            or (self._bearer is not None and not self._authorized(auths))
-        )
-        if refused:
+        refusal: tuple[int, bytes] | None = None
+        if self._loopback and (len(hosts) != 1 or hosts[0].lower() not in self._hosts):
+            refusal = (403, _HOST_403)
+        elif (
+            bool(origins)
+            and self._cors.evaluate([o.decode("latin-1") for o in origins], "GET").action
+            is not CorsAction.ALLOW
+        ):
+            refusal = (403, _CORS_403)
+        elif self._bearer is not None and not self._authorized(auths):
+            refusal = (401, _UNAUTHORIZED_401)
+        if refusal is not None:
             message = await receive()
-            if message["type"] == "websocket.connect":
+            if message["type"] != "websocket.connect":
+                return
+            if "websocket.http.response" in scope.get("extensions", {}):
+                # Refuse the upgrade with the same status and body as an HTTP request.
+                status, body = refusal
+                await send(
+                    {
+                        "type": "websocket.http.response.start",
+                        "status": status,
+                        "headers": [
+                            (b"content-type", _JSON),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "websocket.http.response.body", "body": body})
+            else:
                 await send({"type": "websocket.close", "code": 1008})
             return
         await self._app(scope, receive, send)
@@ -591,20 +615,20 @@ def _strict_gate() -> Callable[[], Awaitable[Response | None]]:
     return strict_gate
 
 
-def install_middleware(app: QuartTrio, daemon: Daemon) -> None:
-    """Wrap ``app`` in the security front for ``daemon`` (call after the blueprints).
+def install_middleware(
+    app: QuartTrio,
+    host: Host,
+    features: Sequence[Feature] = (),
+    metrics: DaemonMetrics | None = None,
+) -> None:
+    """Wrap ``app`` in the security front for ``host`` (call after the blueprints).
 
-    Sets ``daemon.rate_limiter``, installs log redaction of the token, and on a daemon
-    without a token puts the strict gate first among the ``before_request`` hooks.
+    Installs log redaction of the token, and on a daemon without a token puts the strict
+    gate first among the ``before_request`` hooks.
     """
-    settings = daemon.settings
-    front = SecurityFront(
-        app.asgi_app,  # type: ignore[arg-type]
-        daemon,
-        max_body_bytes=int(app.config["MAX_CONTENT_LENGTH"]),
-    )
+    settings = host.settings
+    front = SecurityFront(app.asgi_app, host, features, metrics)  # type: ignore[arg-type]
     app.asgi_app = front  # type: ignore[assignment,method-assign]
-    daemon.rate_limiter = front.limiter
     install_redaction([settings.token])
     if settings.token is None:
         app.before_request_funcs.setdefault(None, []).insert(0, _strict_gate())

@@ -5,7 +5,8 @@ plural forms address any served workspace by id or by URL-encoded absolute path.
 decodes ``%2F``, so a path reference arrives as several segments (and starts with a slash),
 hence two rules per plural form. Handlers find the addressed workspace with
 :func:`serve.status.shared.addressed_path`. Every plural rule is announced by the
-``workspace_qualified_rest_core`` capability tag.
+``workspace_qualified_rest_core`` capability tag: a route module that serves plural rules
+exports them as ``PLURAL_ROUTES`` (a :class:`PluralRoutes`), and the app collects them.
 """
 
 from __future__ import annotations
@@ -15,22 +16,31 @@ from typing import Any
 
 from quart import Blueprint
 
-#: (METHOD, rule) of every plural rule registered, for the capability tag.
-PLURAL_ROUTES: list[tuple[str, str]] = []
-
 
 def plural_rules(rule: str) -> tuple[str, str]:
     suffix = rule.removeprefix("/workspace")
     return (f"/workspaces/<path:workspace>{suffix}", f"/workspaces//<path:workspace>{suffix}")
 
 
-def route(blueprint: Blueprint, method: str, rule: str) -> Callable[[Any], Any]:
-    """Register ``rule`` and its two plural forms for ``method``."""
+class PluralRoutes:
+    """The plural rules one route module serves, registered on its blueprint."""
 
-    def decorate(handler: Any) -> Any:
-        for candidate in (rule, *plural_rules(rule)):
-            blueprint.add_url_rule(candidate, view_func=handler, methods=[method])
-        PLURAL_ROUTES.extend((method, r) for r in plural_rules(rule))
-        return handler
+    def __init__(self, blueprint: Blueprint) -> None:
+        self.blueprint = blueprint
+        #: (METHOD, rule) of every plural rule registered, for the capability tag.
+        self.rules: list[tuple[str, str]] = []
 
-    return decorate
+    def route(self, method: str, rule: str) -> Callable[[Any], Any]:
+        """Register ``rule`` and its two plural forms for ``method``."""
+
+        def decorate(handler: Any) -> Any:
+            for candidate in (rule, *plural_rules(rule)):
+                self.blueprint.add_url_rule(candidate, view_func=handler, methods=[method])
+            self.rules.extend((method, r) for r in plural_rules(rule))
+            return handler
+
+        return decorate
+
+    def declare(self, *rules: tuple[str, str]) -> None:
+        """Plural rules the module registers itself (announced with the others)."""
+        self.rules.extend(rules)

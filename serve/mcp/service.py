@@ -1,23 +1,24 @@
-"""Registers the McpPool as a root-supervised service (imported by ``serve.http.routes.mcp``).
+"""Builds the McpPool and the ChildSpec that runs it under the root supervisor.
 
-``build(daemon)`` reads ``--mcp-client-budget`` / ``--mcp-budget-mode`` from the settings and
-``QWEN_SERVE_NO_MCP_POOL`` from the environment; the pool's sockets live under
-``<state-dir>/mcp-<pid>/``. Route handlers reach the running pool with :func:`pool_of`.
+``build(settings, sessions_for)`` reads ``--mcp-client-budget`` / ``--mcp-budget-mode`` from the
+settings and ``QWEN_SERVE_NO_MCP_POOL`` from the environment; the pool's sockets live under
+``<state-dir>/mcp-<pid>/``. The Host builder (:mod:`serve.runtime.host`) calls it; routes
+reach the running pool as ``host.mcp_pool``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from actors import ChildSpec, Restart
-from serve.mcp.budget import BudgetPolicy
+from serve.mcp.budget import BudgetMode, BudgetPolicy
 from serve.mcp.pool import McpPool
-from serve.runtime.services import ServiceSpec, register_service
 
 if TYPE_CHECKING:
-    from serve.runtime.daemon import Daemon
+    from serve.sessions.actor import SessionActor
+    from serve.settings import Settings
 
 SERVICE_NAME = "mcp-pool"
 NO_POOL_ENV = "QWEN_SERVE_NO_MCP_POOL"
@@ -29,25 +30,19 @@ def pooling_enabled(environ: Mapping[str, str] | None = None) -> bool:
     return value.strip().lower() not in ("1", "true")
 
 
-def build(daemon: Daemon) -> tuple[McpPool, ChildSpec]:
-    settings = daemon.settings
-    mode: Any = settings.mcp_budget_mode
+def build(
+    settings: Settings, sessions_for: Callable[[str], list[SessionActor]]
+) -> tuple[McpPool, ChildSpec]:
+    """The pool and its ChildSpec; ``sessions_for(workspace)`` lists its live sessions."""
+    mode: BudgetMode = settings.mcp_budget_mode  # type: ignore[assignment]
     pool = McpPool(
         workspaces=settings.workspaces,
         policy=BudgetPolicy(settings.mcp_client_budget, mode),
         pooling=pooling_enabled(),
         socket_dir=settings.state_dir,
-        sessions_for=lambda workspace: list(daemon.registry.live(workspace)),
+        sessions_for=sessions_for,
     )
     spec = ChildSpec(
         SERVICE_NAME, pool.run, Restart.PERMANENT, shutdown_grace_s=10.0, stop=pool.close
     )
     return pool, spec
-
-
-def pool_of(daemon: Daemon) -> McpPool | None:
-    pool = daemon.services.get(SERVICE_NAME)
-    return pool if isinstance(pool, McpPool) else None
-
-
-register_service(ServiceSpec(SERVICE_NAME, build))

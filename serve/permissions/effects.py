@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-The daemon is the Host. A :class:`~serve.sessions.actor.SessionActor` (the ACP client
+The Host builds one gate. A :class:`~serve.sessions.actor.SessionActor` (the ACP client
 handler) hands each agent → client effect request to the gate installed in
 ``session.effects``: ``fs/read_text_file`` (:meth:`EffectGate.read_text_file`),
 ``fs/write_text_file`` (:meth:`EffectGate.write_text_file`) and ``terminal/create``
@@ -166,7 +166,9 @@ from serve.workspace import WorkspaceFsError, overwrite_text
 from serve.workspace import read_text as ws_read_text
 
 if TYPE_CHECKING:
-    from serve.config import DaemonConfig
+    from serve.config import ConfigCell, DaemonConfig
+    from serve.permissions.mediator import PermissionMediator
+    from serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -582,21 +584,26 @@ class _Shared:
 class EffectGate:
     """Grants + approval policy + the workspace boundary for agent effects (see module doc).
 
-    ``daemon`` needs ``mediator``, ``registry.live()`` and ``settings``; ``clock_ms``
-    (wall milliseconds) is replaceable for tests.
+    ``config`` is the daemon's config cell (a reload swaps it; every decision reads the
+    current one); ``live_sessions`` lists the live sessions; ``clock_ms`` (wall
+    milliseconds) is replaceable for tests.
     """
 
     def __init__(
         self,
-        daemon: Any,
-        config: DaemonConfig,
+        config: ConfigCell,
         *,
+        settings: Settings,
+        mediator: PermissionMediator,
+        live_sessions: Callable[[], Sequence[Any]] = tuple,
         clock_ms: Callable[[], int] = _wall_ms,
         agent_approvals: AgentApprovals | None = None,
         cache: ApprovalCache | None = None,
     ) -> None:
-        self._daemon = daemon
-        self.config = config
+        self._config = config
+        self._settings = settings
+        self._mediator = mediator
+        self._live = live_sessions
         self._clock = clock_ms
         self.cache = cache or ApprovalCache()
         self.agent_approvals = agent_approvals or AgentApprovals()
@@ -645,7 +652,7 @@ class EffectGate:
         )
 
     def _workspace_trusted(self, root: str) -> bool:
-        return root not in tuple(getattr(self._daemon.settings, "untrusted_workspaces", ()))
+        return root not in self._settings.untrusted_workspaces
 
     def _workspace(self, session: Any) -> Any:
         try:
@@ -900,7 +907,7 @@ class EffectGate:
         tool_call = host_tool_call(effect, decision, cwd=cwd, content=content)
         options = host_options(offer_always=key is not None)
         active = getattr(session, "active", None)
-        mediator = self._daemon.mediator
+        mediator = self._mediator
         msg = OpenPermission(
             session_id=session.session_id,
             session=session,
@@ -1056,8 +1063,12 @@ class EffectGate:
                 self.tool_calls.forget(skey)
 
     def _live_sessions(self) -> list[Any]:
-        registry = getattr(self._daemon, "registry", None)
-        return list(registry.live()) if registry is not None else []
+        return list(self._live())
+
+    @property
+    def config(self) -> DaemonConfig:
+        """The config in force (the cell's current value)."""
+        return self._config.current
 
     # ---- read models -------------------------------------------------------------------
 
@@ -1065,7 +1076,7 @@ class EffectGate:
         """``GET /workspace/permissions``: effective grants and approval policy, no secrets."""
         self._sweep(self._clock())
         caps = self.config.capabilities
-        settings = self._daemon.settings
+        settings = self._settings
         sessions = []
         for session in self._live_sessions():
             if workspace is not None and session.workspace != workspace:

@@ -1,148 +1,81 @@
-"""The daemon: the root supervisor and its children, signals, start-up and shutdown.
+"""The daemon: lifecycle only: run the Host's supervisor tree, signals, drain, serve HTTP.
 
 Tree (see docs/architecture.md)::
 
     Daemon.run (trio)
     ├── signal watcher                     first SIGINT/SIGTERM drains, a second forces exit
     └── root Supervisor
-        ├── sessions  SessionRegistry      (permanent)
-        ├── services  Supervisor           (permanent, restarted with backoff): the optional
-        │   ├── chaos, mcp-pool, ...       services, with their own restart budget, so a
-        │   └── device-flow, workspace-... flapping one never exhausts the root's
-        └── http      HttpFront            (permanent; started last, stopped first)
+        ├── ... the Host's children         (serve/runtime/host.py, in start order; the
+        │                                    optional services under their own supervisor)
+        └── http      hypercorn + the app   (permanent; started last, stopped first)
 
 When the root gives up (its restart budget is exhausted), every session is ended with
 ``session_died {reason: "daemon_failure"}`` while the HTTP front is still up (so every SSE
-stream gets that terminal event and ends), then the children stop and the process exits 70
-with one line on stderr (``serve.__main__``).
+stream gets that terminal event and ends; the root's ``on_give_up`` hook, set in
+``build_host``), then the children stop and the process exits 70 with one line on stderr
+(``serve.__main__``).
 
 Shutdown order: stop accepting (``draining``), end every session (each publishes
 ``session_died {reason: "daemon_shutdown"}`` and closes its event log, so SSE streams end
 cleanly instead of being cut by hypercorn's graceful timeout), then the root supervisor
 stops its children in reverse start order: the HTTP listener first, the session actors
 (and their agent processes, stopped by escalation) after it. The whole drain is bounded by
-:data:`SHUTDOWN_FORCE_S`; past it the remaining tasks are cancelled.
+:data:`SHUTDOWN_FORCE_S`; past it the remaining tasks are cancelled, and a cleanup that
+cannot be cancelled (a shielded flush on a stalled disk) gets :data:`HARD_EXIT_MARGIN_S` more
+before every agent group is SIGKILLed and the process exits 1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import functools
 import logging
+import os
 import signal
 import socket
 import sys
-import time
-from typing import Any
 
 import hypercorn.config
 import hypercorn.trio
 import trio
 
-from actors import ChildSpec, Restart, Supervisor, SupervisorEvent
-from serve.journal import Journal, JournalLimits
-from serve.permissions.mediator import PermissionMediator
-from serve.sessions.runtimes import WorkspaceRuntimes, workspace_id
+from actors import ChildSpec, Restart
+from serve.config import DaemonConfig
+from serve.host import Host
+from serve.http.app import create_app
+from serve.runtime.host import build_host
+from serve.sessions.runtimes import workspace_id
 from serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_FORCE_S = 5.0
+#: Past SHUTDOWN_FORCE_S plus this, a shutdown stuck in uncancellable cleanup exits hard.
+HARD_EXIT_MARGIN_S = 2.0
 PORT_ATTEMPTS = 10
-#: Restart budget of the optional services' supervisor (restarts within seconds).
-SERVICES_INTENSITY = 5
-SERVICES_PERIOD_S = 30.0
 
 
 class Daemon:
-    """Owns the settings, the supervisor tree and the HTTP front of one daemon process."""
+    """Runs one Host: the root supervisor and its children, signals, drain, the HTTP front.
 
-    def __init__(self, settings: Settings) -> None:
+    The Host (what the daemon is made of) comes from :func:`serve.runtime.host.build_host`;
+    the daemon only runs it. ``Daemon(settings)`` builds one (tests); the entry point passes
+    the config it already parsed.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: DaemonConfig | None = None,
+        *,
+        reaper: bool = False,
+        built: tuple[Host, list[ChildSpec]] | None = None,
+    ) -> None:
+        self.host, self._children = built or build_host(settings, config, reaper=reaper)
         self.settings = settings
-        self.started_monotonic = time.monotonic()
-        # The config file (--config): mediation policy, grants/approvals, restart policy.
-        from serve.config import load_daemon_config
-        from serve.permissions.effects import EffectGate
-
-        self.config = load_daemon_config(settings)  # SettingsError names a bad key
-        self.permission_policy: str = self.config.policy.permission_strategy
-        root = self.config.restart.root
-        self.root = Supervisor(
-            "root",
-            intensity=root.intensity,
-            period_s=root.period_s,
-            history=512,
-            on_give_up=self._on_root_give_up,
-        )
-        #: The optional services' own supervisor (events recorded in the root's history).
-        self.services_supervisor = Supervisor(
-            "services",
-            intensity=SERVICES_INTENSITY,
-            period_s=SERVICES_PERIOD_S,
-            listener=self.root.events.append,
-        )
-        self.urls: list[str] = []
-        self.port: int = settings.port
-        self.draining = False
-        self.sse_streams = 0
-        self.mediator = PermissionMediator(
-            policy=self.permission_policy,
-            consensus_quorum=self.config.policy.consensus_quorum,
-            response_timeout_ms=settings.permission_response_timeout_ms,
-        )
-        self.registry = WorkspaceRuntimes(settings, self.mediator, self.config.restart.session)
-        self.journal: Journal | None = None
-        if settings.journal:
-            self.journal = Journal(
-                settings.state_dir,
-                JournalLimits(
-                    retention_ms=settings.journal_retention_ms,
-                    max_total_bytes=settings.journal_max_total_bytes,
-                ),
-            )
-            self.registry.journal = self.journal
-        self.registry.effects = EffectGate(self, self.config)
-        self.services: dict[str, Any] = {}
-        #: serve.http.security.RateLimiter when --rate-limit (set by the middleware).
-        self.rate_limiter: Any = None
-        #: serve.http.metrics.DaemonMetrics (set when the app is created).
-        self.metrics: Any = None
-        self.registry.retire_hook = self._retire
+        self._app = create_app(self.host)
         self._http_stop = trio.Event()
         self._stopped = trio.Event()
-        self._app: Any = None
-
-    # ---- read models -------------------------------------------------------------------
-
-    def workspace_descriptors(self) -> list[dict[str, Any]]:
-        return [rt.descriptor() for rt in self.registry]
-
-    def deep_health(self) -> dict[str, Any]:
-        live = self.registry.live()
-        return {
-            "status": "ok",
-            "workspaceCount": len(self.settings.workspaces)
-            + len(self.settings.untrusted_workspaces),
-            "sessions": len(live),
-            "pendingPermissions": self.mediator.pending_count(),
-            "activePrompts": sum(1 for s in live if s.has_active_prompt),
-            "connectedClients": self.sse_streams,
-            **({"rateLimitHits": hits} if (hits := self._rate_limit_hits()) else {}),
-        }
-
-    def _rate_limit_hits(self) -> dict[str, int] | None:
-        if self.rate_limiter is None:
-            return None
-        from serve.http.middleware import rate_limit_hits
-
-        return rate_limit_hits(self)
-
-    def _retire(self, session: Any) -> None:
-        if self.metrics is not None:
-            self.metrics.retire(session.log.statistics())
-
-    def supervisor_events(self) -> list[SupervisorEvent]:
-        return list(self.root.events)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -150,58 +83,13 @@ class Daemon:
         self, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Run until shut down; readiness value is the list of bound URLs."""
-        from serve.http.app import create_app
-
-        self._app = create_app(self)
-        from serve.runtime.services import SERVICES
-
-        service_specs: list[ChildSpec] = []  # optional: under the services supervisor
-        core_specs: list[ChildSpec] = []  # direct children of the root
-        if self.settings.chaos_kill_rate > 0:
-            from serve.runtime.chaos import ChaosMonkey
-
-            monkey = ChaosMonkey(self, self.settings.chaos_kill_rate)
-            self.services["chaos"] = monkey
-            service_specs.append(
-                ChildSpec("chaos", monkey.run, Restart.PERMANENT, stop=monkey.close)
-            )
-        if self.journal is not None:
-            service_specs.append(
-                ChildSpec(
-                    "journal-janitor",
-                    self.journal.run_janitor,
-                    Restart.PERMANENT,
-                    shutdown_grace_s=0,  # nothing to finish: cancelled at once
-                )
-            )
-        for service in SERVICES:
-            obj, spec = service.build(self)
-            self.services[service.name] = obj
-            (service_specs if service.optional else core_specs).append(spec)
-        self.registry.mcp_pool = self.services.get("mcp-pool")
+        root = self.host.root
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_signals, nursery.cancel_scope)
             await nursery.start(
-                self.root.run,
+                root.run,
                 [
-                    ChildSpec(
-                        "permission-mediator",
-                        self.mediator.run,
-                        Restart.PERMANENT,
-                        shutdown_grace_s=1.0,
-                        stop=self.mediator.close,
-                    ),
-                    *self.registry.child_specs(),
-                    *core_specs,
-                    ChildSpec(
-                        "services",
-                        functools.partial(self.services_supervisor.run, service_specs),
-                        Restart.PERMANENT,
-                        shutdown_grace_s=SHUTDOWN_FORCE_S,
-                        stop=self.services_supervisor.shutdown,
-                        backoff_s=1.0,
-                        max_backoff_s=30.0,
-                    ),
+                    *self._children,
                     ChildSpec(
                         "http",
                         self._serve_http,
@@ -211,63 +99,57 @@ class Daemon:
                     ),
                 ],
             )
-            task_status.started(self.urls)
+            task_status.started(self.host.lifecycle.urls)
             await self._stopped.wait()
             nursery.cancel_scope.cancel()
 
     async def shutdown(self) -> None:
         """Drain and stop everything; bounded by :data:`SHUTDOWN_FORCE_S`."""
-        if self.draining:
+        lifecycle = self.host.lifecycle
+        if lifecycle.draining:
             return
-        self.draining = True
+        lifecycle.draining = True
         log.info("draining: no new sessions or prompts")
         await self._drain_prompts(self.settings.drain_timeout_ms / 1000)
         log.info("shutting down")
+        trio.lowlevel.spawn_system_task(self._hard_deadline, SHUTDOWN_FORCE_S + HARD_EXIT_MARGIN_S)
         with trio.move_on_after(SHUTDOWN_FORCE_S):
             await self._close_sessions("daemon_shutdown")
-            self.root.shutdown()
-            await self.root.finished.wait()
-            if self.journal is not None:
-                await self.journal.aclose()
+            self.host.root.shutdown()
+            await self.host.root.finished.wait()
+            if self.host.journal is not None:
+                await self.host.journal.aclose()
         self._stopped.set()
 
-    async def _on_root_give_up(self, exc: BaseException) -> None:
-        """The root is about to stop everything: end every session first, so each SSE
-        stream gets ``session_died {reason: "daemon_failure"}`` and ends cleanly."""
-        log.error("%s: ending every session, then exiting", exc)
-        self.draining = True
-        await self._close_sessions("daemon_failure")
+    async def _hard_deadline(self, after_s: float) -> None:
+        """The last resort of the shutdown bound: a cleanup that cannot be cancelled (a
+        shielded journal flush on a stalled disk, a child that will not stop) must not hold
+        the process. Past ``after_s`` every agent group is SIGKILLed and the process exits 1."""
+        await trio.sleep(after_s)
+        log.error("shutdown did not finish within %.1f s; exiting now", after_s)
+        for session in self.host.registry.all_sessions():
+            conn = session.conn
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    os.killpg(conn.process.pgid, signal.SIGKILL)
+        logging.shutdown()
+        os._exit(1)
 
     async def _drain_prompts(self, timeout_s: float) -> None:
         """Let admitted prompts finish, up to ``timeout_s`` (then they are cancelled)."""
         with trio.move_on_after(timeout_s):
-            while any(s.pending_count for s in self.registry.live()):  # noqa: ASYNC110
+            while any(s.pending_count for s in self.host.registry.live()):  # noqa: ASYNC110
                 await trio.sleep(0.05)
-
-    def readiness(self) -> tuple[bool, str]:
-        """For ``/readyz``: (ready, reason)."""
-        if self.draining:
-            return False, "draining"
-        states = {c["name"]: c["state"] for c in self.root.children()}
-        if not self.root.running or any(state != "running" for state in states.values()):
-            return False, "supervisor_not_running"
-        limit = self.settings.max_sessions
-        if limit and len(self.registry.live()) >= limit * len(self.settings.workspaces):
-            return False, "session_capacity_exhausted"
-        total = self.settings.max_total_sessions
-        if total and len(self.registry.live()) >= total:
-            return False, "session_capacity_exhausted"
-        return True, "ready"
 
     async def _close_sessions(self, reason: str) -> None:
         """End every session: ``session_died {reason}``, logs closed, SSE streams end."""
         with trio.move_on_after(SHUTDOWN_FORCE_S - 1):
-            await self.registry.close_all(reason)
+            await self.host.registry.close_all(reason)
 
     async def _watch_signals(self, cancel_scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                if not self.draining:
+                if not self.host.draining:
                     log.info("received %s, draining", signal.Signals(signum).name)
                     trio.lowlevel.spawn_system_task(self.shutdown)
                 else:
@@ -283,21 +165,26 @@ class Daemon:
         config = hypercorn.config.Config()
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
-        config.graceful_timeout = 2.0
-        config.keep_alive_timeout = 5.0
+        config.graceful_timeout = self.settings.http_graceful_timeout_ms / 1000
+        config.keep_alive_timeout = self.settings.http_keep_alive_timeout_ms / 1000
         config.include_server_header = False
+        # WebSocket pings keep idle /acp sockets alive through proxies and surface dead peers.
+        config.websocket_ping_interval = 15.0
         if self.settings.tls_cert and self.settings.tls_key:
             config.certfile = self.settings.tls_cert
             config.keyfile = self.settings.tls_key
+        lifecycle = self.host.lifecycle
         fd, port = bind_listener(
-            self.settings.hostname, self.port, user_timeout_ms=self.settings.writer_idle_timeout_ms
+            self.settings.hostname,
+            lifecycle.port,
+            user_timeout_ms=self.settings.writer_idle_timeout_ms,
         )
-        self.port = port
+        lifecycle.port = port
         config.bind = [f"fd://{fd}"]
         scheme = "https" if config.ssl_enabled else "http"
         host = self.settings.hostname
         display_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-        self.urls = [f"{scheme}://{display_host}:{port}"]
+        lifecycle.urls[:] = [f"{scheme}://{display_host}:{port}"]
         self._app.config["ACP_SERVE_PORT"] = port
         await hypercorn.trio.serve(
             self._app, config, shutdown_trigger=self._http_stop.wait, task_status=task_status

@@ -55,10 +55,9 @@ from acp.schema import (
     SessionSetup,
     WriteTextFileParams,
 )
-from actors import Actor, ActorError, RestartWindow, Supervisor
+from actors import Actor, ActorError, EventKind, RestartWindow, Supervisor
 from serve.events import EventLog, RawParts
 from serve.events.messages import PublishEvent
-from serve.http.errors import ApiError, bad_request
 from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
 from serve.permissions.mediator import (
     CancelPromptPermissions,
@@ -69,6 +68,7 @@ from serve.permissions.mediator import (
 )
 from serve.permissions.voting import PermissionOption
 from serve.sessions.clients import DEFAULT_CLIENT_IDLE_TIMEOUT_MS, ClientTable
+from serve.sessions.errors import AgentRefusedError, NotSupportedByAgent, SessionRequestError
 from serve.sessions.modes import APPROVAL_MODES as MODES_OF_QWEN
 from serve.sessions.modes import (
     AgentModes,
@@ -79,6 +79,8 @@ from serve.sessions.modes import (
 )
 
 if TYPE_CHECKING:
+    from serve.mcp.pool import McpPool
+    from serve.permissions.effects import EffectGate
     from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,8 @@ log = logging.getLogger(__name__)
 APPROVAL_MODES = MODES_OF_QWEN  # qwen serve's five names (serve/sessions/modes.py)
 #: Client-chosen prompt ids remembered for idempotent re-submission.
 MAX_REMEMBERED_PROMPTS = 256
+#: Seconds an agent closed while idle gets after stdin EOF before SIGTERM.
+IDLE_EOF_GRACE_S = 0.2
 _encoder = msgspec.json.Encoder()
 
 
@@ -252,6 +256,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         restart_period_s: float = 60.0,
         restart_backoff_s: float = 0.1,
         journal: Journal | None = None,
+        effects: EffectGate | None = None,
+        mcp_pool: McpPool | None = None,
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
         BaseClientHandler.__init__(self)
@@ -291,6 +297,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.closing = False
         self.ended = trio.Event()
         self._stopping = False
+        self._idle_at_close = False
         self._worker_scope: trio.CancelScope | None = None
         self._turn_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
@@ -299,8 +306,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self._drop_updates = False
         self._update_head: bytes | None = None
         self.journal = journal
-        #: The workspace MCP pool (serve/mcp), set by the registry when it runs.
-        self.mcp_pool: Any = None
+        #: The workspace MCP pool (serve/mcp), or None (unit tests).
+        self.mcp_pool = mcp_pool
         self.journal_writer: SessionJournal | None = None
         self.restored_from_journal = False
         self._admitted: dict[str, PromptJob] = {}
@@ -310,8 +317,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         self.restart_count = 0
         #: The supervisor whose history records this session's agent restarts.
         self.supervisor: Supervisor | None = None
-        #: The Host's effect gate (grants, approvals, workspace boundary); set by the registry.
-        self.effects: Any = None
+        #: The Host's effect gate (grants, approvals, workspace boundary), or None.
+        self.effects = effects
 
     # ---- read models -------------------------------------------------------------------
 
@@ -461,12 +468,8 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 self._early.clear()
             elif action == "load" or (action == "restart" and not _can_resume(info)):
                 if info is None or not info.load_session:
-                    raise ApiError(
-                        501,
-                        {
-                            "error": "The agent does not support session/load",
-                            "code": "not_supported_by_agent",
-                        },
+                    raise NotSupportedByAgent(
+                        "The agent does not support session/load", "not_supported_by_agent"
                     )
                 if action == "load":
                     await self._restore_from_journal(nursery)
@@ -638,15 +641,16 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
 
     def _record_supervision(self, kind: str, reason: str, attempt: int) -> None:
         if self.supervisor is not None:
-            from actors import EventKind
-
             self.supervisor.record(self.name, EventKind(kind), reason, attempt)
 
     async def on_stop(self) -> None:
         self._stopping = True
         if self.conn is not None and not self.conn.closed:
+            # An agent closed while idle has nothing to finish: a short wait after stdin
+            # EOF, then SIGTERM (an agent that ignores EOF must not hold up a shutdown).
+            eof_grace_s = IDLE_EOF_GRACE_S if self._idle_at_close else None
             with trio.move_on_after(5):
-                await self.conn.aclose(grace_s=1.0)
+                await self.conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
         if self.journal_writer is not None:
             with trio.move_on_after(5):
                 await self.journal_writer.aclose()
@@ -934,7 +938,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
                 {"sessionId": self.session_id, "requestedModelId": msg.model_id, "error": error},
                 originator=msg.client_id,
             )
-            raise bad_request(
+            raise AgentRefusedError(
                 f"Model switch failed: {error}",
                 "model_switch_failed",
                 requestedModelId=msg.model_id,
@@ -954,13 +958,15 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
         try:
             mode_id = resolve_mode(msg.mode, modes)
         except UnknownApprovalMode as exc:
-            raise bad_request(str(exc), "invalid_approval_mode", allowed=exc.allowed) from None
+            raise SessionRequestError(
+                str(exc), "invalid_approval_mode", allowed=exc.allowed
+            ) from None
         previous = self.current_mode
         try:
             reported = await apply_mode(self.conn, self.session_id, modes, mode_id)
         except (RemoteError, RequestTimeout) as exc:
             error = exc.message if isinstance(exc, RemoteError) else str(exc)
-            raise bad_request(f"Approval mode change failed: {error}", "approval_mode_failed")
+            raise AgentRefusedError(f"Approval mode change failed: {error}", "approval_mode_failed")
         if reported is None:  # set_mode answers {}: a current_mode_update may have come
             seen = self.current_mode
             reported = seen if seen is not None and seen != previous else mode_id
@@ -1129,6 +1135,7 @@ class SessionActor(Actor[SessionMsg], BaseClientHandler):
     async def _close(self, msg: CloseSession) -> None:
         if self.closing:
             return
+        self._idle_at_close = self.active is None and not self.queue
         if msg.died:
             await self._abort_everything(msg.reason, died=True)
         else:

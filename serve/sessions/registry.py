@@ -37,10 +37,14 @@ import msgspec
 import trio
 
 from actors import Actor, ChildSpec, Restart, Supervisor, unwrap_group
-from serve.http.errors import ApiError, service_unavailable
 from serve.sessions.actor import CloseSession, SessionActor
+from serve.sessions.errors import SessionConflictError, SessionLimitError, SessionsUnavailable
 
 if TYPE_CHECKING:
+    from serve.config import RestartIntensity
+    from serve.journal import Journal
+    from serve.mcp.pool import McpPool
+    from serve.permissions.effects import EffectGate
     from serve.permissions.mediator import PermissionMediator
     from serve.settings import Settings
 
@@ -102,14 +106,19 @@ class SessionRegistry(Actor[RegistryMsg]):
         mediator: PermissionMediator,
         *,
         name: str = "sessions",
-        restart: Any = None,
+        restart: RestartIntensity | None = None,
+        effects: EffectGate | None = None,
+        journal: Journal | None = None,
+        mcp_pool: McpPool | None = None,
+        retire_hook: Callable[[SessionActor], None] | None = None,
+        total_count: Callable[[], int] | None = None,
     ) -> None:
         super().__init__(name, inbox_size=1024)
         #: serve.config.RestartIntensity for the sessions' agent restarts (None: defaults).
         self.restart = restart
         self.supervisor_name = name
-        #: Sessions daemon-wide (all workspaces); the runtimes facade replaces this.
-        self.total_count: Callable[[], int] = self.local_count
+        #: Sessions daemon-wide (all workspaces); the runtimes facade passes its own.
+        self.total_count: Callable[[], int] = total_count or self.local_count
         self.settings = settings
         self.mediator = mediator
         self.sessions: dict[str, SessionActor] = {}
@@ -119,14 +128,14 @@ class SessionRegistry(Actor[RegistryMsg]):
         self._nursery: trio.Nursery | None = None
         self._counter = 0
         self.accepting = True
-        #: Installed by the daemon: the Host's EffectGate (serve/permissions/effects.py) or None.
-        self.effects: Any = None
+        #: The Host's EffectGate (serve/permissions/effects.py) or None.
+        self.effects = effects
         #: The daemon's durable event journal (None with --no-journal).
-        self.journal: Any = None
-        #: The workspace MCP pool service (set by the daemon when it starts).
-        self.mcp_pool: Any = None
+        self.journal = journal
+        #: The workspace MCP pool service.
+        self.mcp_pool = mcp_pool
         #: Called with each session that is gone (metrics keep its totals).
-        self.retire_hook: Callable[[SessionActor], None] | None = None
+        self.retire_hook = retire_hook
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -145,7 +154,7 @@ class SessionRegistry(Actor[RegistryMsg]):
 
     async def on_stop(self) -> None:
         for pending in list(self.inflight.values()):
-            error = service_unavailable("Session registry restarted", "daemon_draining")
+            error = SessionsUnavailable("Session registry restarted", "daemon_draining")
             pending.resolve(None, error)
         self.inflight.clear()
 
@@ -153,7 +162,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         """End every session (daemon shutdown); bounded by the caller's deadline."""
         self.accepting = False
         for pending in list(self.inflight.values()):
-            pending.resolve(None, service_unavailable("Daemon is shutting down", "daemon_draining"))
+            pending.resolve(None, SessionsUnavailable("Daemon is shutting down", "daemon_draining"))
         async with trio.open_nursery() as nursery:
             for session in list(self.sessions.values()):
                 nursery.start_soon(self._close_one, session, reason, died)
@@ -181,8 +190,13 @@ class SessionRegistry(Actor[RegistryMsg]):
         ]
 
     def _count(self, workspace: str | None) -> int:
+        # A session being torn down (closing) no longer counts against --max-sessions.
         live = len(
-            [s for s in self.sessions.values() if workspace is None or s.workspace == workspace]
+            [
+                s
+                for s in self.sessions.values()
+                if not s.closing and (workspace is None or s.workspace == workspace)
+            ]
         )
         inflight = len(
             [p for p in self.inflight.values() if workspace is None or p.workspace == workspace]
@@ -193,7 +207,7 @@ class SessionRegistry(Actor[RegistryMsg]):
 
     async def handle(self, msg: RegistryMsg) -> Ticket:
         if not self.accepting:
-            raise service_unavailable("Daemon is draining", "daemon_draining")
+            raise SessionsUnavailable("Daemon is draining", "daemon_draining")
         match msg:
             case CreateSession(workspace=ws, scope=scope):
                 if scope == "single":
@@ -227,19 +241,14 @@ class SessionRegistry(Actor[RegistryMsg]):
                 if joining is not None:
                     pending = joining
                     if pending.action != action:
-                        raise ApiError(
-                            409,
-                            {
-                                "error": f"A session/{pending.action} of this session "
-                                "is in progress",
-                                "code": "restore_in_progress",
-                                "reason": "conflicting_restore",
-                                "retryable": True,
-                                "sessionId": sid,
-                                "activeAction": pending.action,
-                                "requestedAction": action,
-                            },
-                            {"Retry-After": "5"},
+                        raise SessionConflictError(
+                            f"A session/{pending.action} of this session is in progress",
+                            "restore_in_progress",
+                            reason="conflicting_restore",
+                            retryable=True,
+                            sessionId=sid,
+                            activeAction=pending.action,
+                            requestedAction=action,
                         )
                     pending.joined += 1
                     return Ticket(pending, True)
@@ -280,10 +289,10 @@ class SessionRegistry(Actor[RegistryMsg]):
                 session_id=session_id,
                 on_gone=self._forget,
                 journal=self.journal,
+                effects=self.effects,
+                mcp_pool=self.mcp_pool,
                 **self._restart_kwargs(),
             )
-            session.effects = self.effects
-            session.mcp_pool = self.mcp_pool
             session.supervisor = self.supervisor
             await self.supervisor.start_child(
                 ChildSpec(spec_name, session.run, Restart.TEMPORARY, shutdown_grace_s=5.0)
@@ -350,7 +359,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         self._nursery.start_soon(self._close_one, session, reason, False)
 
 
-def _limit_error(limit: int, scope: str) -> ApiError:
-    return service_unavailable(
+def _limit_error(limit: int, scope: str) -> SessionLimitError:
+    return SessionLimitError(
         f"Session limit reached ({limit})", "session_limit_exceeded", limit=limit, scope=scope
     )

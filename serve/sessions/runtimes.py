@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -25,6 +25,10 @@ from actors import ChildSpec, Restart, SupervisorEvent
 from serve.sessions.registry import SessionRegistry
 
 if TYPE_CHECKING:
+    from serve.config import RestartIntensity
+    from serve.journal import Journal
+    from serve.mcp.pool import McpPool
+    from serve.permissions.effects import EffectGate
     from serve.permissions.mediator import PermissionMediator
     from serve.sessions.actor import SessionActor
     from serve.settings import Settings
@@ -52,25 +56,46 @@ class WorkspaceRuntime:
 
 
 class WorkspaceRuntimes:
+    """The workspace set: one :class:`WorkspaceRuntime` (and session registry) per workspace.
+
+    The shared parts every registry hands to its sessions (the effect gate, the journal, the
+    MCP pool, the retire hook) are constructor arguments, given once by the Host builder.
+    """
+
     def __init__(
-        self, settings: Settings, mediator: PermissionMediator, restart: Any = None
+        self,
+        settings: Settings,
+        mediator: PermissionMediator,
+        restart: RestartIntensity | None = None,
+        *,
+        effects: EffectGate | None = None,
+        journal: Journal | None = None,
+        mcp_pool: McpPool | None = None,
+        retire_hook: Callable[[SessionActor], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.effects = effects
+        self.journal = journal
+        self.mcp_pool = mcp_pool
         self.runtimes: dict[str, WorkspaceRuntime] = {}
         paths = [(p, True) for p in settings.workspaces] + [
             (p, False) for p in settings.untrusted_workspaces
         ]
         for index, (path, trusted) in enumerate(paths):
             registry = SessionRegistry(
-                settings, mediator, name=f"sessions:{workspace_id(path)}", restart=restart
+                settings,
+                mediator,
+                name=f"sessions:{workspace_id(path)}",
+                restart=restart,
+                effects=effects,
+                journal=journal,
+                mcp_pool=mcp_pool,
+                retire_hook=retire_hook,
+                total_count=self.total_count,
             )
-            registry.total_count = self.total_count
             self.runtimes[path] = WorkspaceRuntime(
                 path, primary=index == 0, trusted=trusted, registry=registry
             )
-        self._effects: Any = None
-        self._journal: Any = None
-        self._mcp_pool: Any = None
 
     # ---- structure ---------------------------------------------------------------------
 
@@ -110,47 +135,6 @@ class WorkspaceRuntimes:
 
     def registry_for(self, workspace: str) -> SessionRegistry:
         return self.runtimes[workspace].registry
-
-    # ---- shared wiring (set by the daemon, applied to every registry) ------------------
-
-    @property
-    def effects(self) -> Any:
-        return self._effects
-
-    @effects.setter
-    def effects(self, value: Any) -> None:
-        self._effects = value
-        for rt in self:
-            rt.registry.effects = value
-
-    @property
-    def journal(self) -> Any:
-        return self._journal
-
-    @journal.setter
-    def journal(self, value: Any) -> None:
-        self._journal = value
-        for rt in self:
-            rt.registry.journal = value
-
-    @property
-    def retire_hook(self) -> Any:
-        return self.primary.registry.retire_hook
-
-    @retire_hook.setter
-    def retire_hook(self, value: Any) -> None:
-        for rt in self:
-            rt.registry.retire_hook = value
-
-    @property
-    def mcp_pool(self) -> Any:
-        return self._mcp_pool
-
-    @mcp_pool.setter
-    def mcp_pool(self, value: Any) -> None:
-        self._mcp_pool = value
-        for rt in self:
-            rt.registry.mcp_pool = value
 
     # ---- the registry facade -----------------------------------------------------------
 

@@ -16,7 +16,6 @@ Sans-HTTP where it can be (the routes in :mod:`serve.http.routes.files`,
 * :mod:`.mcp`           ``GET /workspace/mcp`` from the configured ``mcpServers`` (pure);
 * :mod:`.skills`        project skills under ``.qwen/skills`` (names and descriptions);
 * :mod:`.init`          ``POST /workspace/init`` (the memory file);
-* :mod:`.daemon_status` ``GET /daemon/status``.
 
 Nothing here spawns an agent: with no live session the agent-derived parts say
 ``initialized: false`` / ``not_started``.

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from typing import Any, Final, Literal
@@ -29,6 +28,7 @@ from typing import Any, Final, Literal
 import msgspec
 import trio
 
+from acp.children import run_process
 from acp.process import scrub_env
 
 __all__ = [
@@ -86,14 +86,7 @@ async def _probe(executable: str) -> _Probe:
     if path is not None:
         with trio.move_on_after(PROBE_TIMEOUT_S):
             try:
-                done = await trio.run_process(
-                    [path, "--version"],
-                    stdin=subprocess.DEVNULL,
-                    capture_stdout=True,
-                    capture_stderr=True,
-                    check=False,
-                    env=scrub_env(os.environ),
-                )
+                done = await run_process([path, "--version"], env=scrub_env(os.environ))
             except OSError:
                 done = None
             if done is not None and done.returncode == 0:

@@ -15,13 +15,14 @@ running agents have not loaded them), so a reload reports them too.
 Grants and approval policy come from the daemon config file (``--config``):
 :func:`plan_config_reload` (pure) compares the current and the re-read
 :class:`~serve.config.DaemonConfig`; ``capabilities`` and ``approval`` are applied live by
-swapping the config of the Host's EffectGate (it reads ``config`` on every decision) and
-``daemon.config``; a changed ``policy`` (mediation strategy, quorum) needs a restart and is
-kept as it was (``restartRequired``). A config file that does not decode is refused as a
-whole (:class:`~serve.settings.SettingsError`) and nothing changes.
+swapping the daemon's config cell (:class:`~serve.config.ConfigCell`, which the Host's
+EffectGate reads on every decision); a changed ``policy`` (mediation strategy, quorum)
+needs a restart and is kept as it was (``restartRequired``). A config file that does not
+decode is refused as a whole (:class:`~serve.settings.SettingsError`) and nothing changes.
 
 Ownership: the service object is touched only from the trio thread; file reads run in
-worker threads. Its run task only loads the baselines and then waits to be cancelled;
+worker threads. Its run task only loads the baselines and then waits for
+:meth:`WorkspaceState.close`;
 a restart reloads them.
 """
 
@@ -37,14 +38,14 @@ import msgspec
 import trio
 
 from actors import ChildSpec, Restart
-from serve.runtime.services import ServiceSpec, register_service
+from serve.config import DaemonConfig, load_daemon_config
 from serve.status.settings_file import SettingsFileError, read_settings
 from serve.status.shared import shared_workspace
 from serve.workspace import WorkspaceFsError
 
 if TYPE_CHECKING:
-    from serve.config import DaemonConfig
-    from serve.runtime.daemon import Daemon
+    from serve.config import ConfigCell
+    from serve.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +54,11 @@ __all__ = [
     "ConfigReload",
     "WorkspaceState",
     "apply_config",
+    "build",
     "load_settings_doc",
     "plan_config_reload",
     "read_settings_strict",
     "reread_config",
-    "state_of",
 ]
 
 SERVICE_NAME: Final = "workspace-state"
@@ -86,12 +87,18 @@ class WorkspaceState:
         self._loaded: dict[str, dict[str, Any]] = {}
         self.reloads = 0
         self.last_reload_ms: int | None = None
+        self._stop = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._stop = trio.Event()
         for root in self.workspaces:
             self._loaded[root] = await trio.to_thread.run_sync(load_settings_doc, root)
         task_status.started()
-        await trio.sleep_forever()
+        await self._stop.wait()
+
+    def close(self) -> None:
+        """End :meth:`run` at once (shutdown waits for no grace)."""
+        self._stop.set()
 
     def baseline(self, root: str) -> dict[str, Any]:
         return self._loaded.get(root, {})
@@ -103,22 +110,13 @@ class WorkspaceState:
         self.last_reload_ms = int(time.time() * 1000)
 
 
-def _build(daemon: Daemon) -> tuple[WorkspaceState, ChildSpec]:
-    state = WorkspaceState(daemon.settings.workspaces)
-    return state, ChildSpec(SERVICE_NAME, state.run, Restart.PERMANENT, shutdown_grace_s=1.0)
-
-
-def state_of(daemon: Daemon) -> WorkspaceState:
-    """The running service, or an empty stand-in for a daemon that is not running."""
-    found = daemon.services.get(SERVICE_NAME)
-    if isinstance(found, WorkspaceState):
-        return found
-    state = WorkspaceState(daemon.settings.workspaces)
-    daemon.services[SERVICE_NAME] = state
-    return state
-
-
-register_service(ServiceSpec(SERVICE_NAME, _build))
+def build(workspaces: Sequence[str]) -> tuple[WorkspaceState, ChildSpec]:
+    """The service and the ChildSpec that runs it (the Host builder calls this)."""
+    state = WorkspaceState(workspaces)
+    spec = ChildSpec(
+        SERVICE_NAME, state.run, Restart.PERMANENT, shutdown_grace_s=1.0, stop=state.close
+    )
+    return state, spec
 
 
 # ---- grants -------------------------------------------------------------------------------
@@ -127,7 +125,7 @@ register_service(ServiceSpec(SERVICE_NAME, _build))
 class ConfigReload(msgspec.Struct, frozen=True):
     """What re-reading the config file changes: the config to install and the report."""
 
-    config: Any  # DaemonConfig, with the running policy kept
+    config: DaemonConfig  # with the running policy kept
     changed: tuple[str, ...]
     restart_required: tuple[str, ...]
 
@@ -148,18 +146,13 @@ def plan_config_reload(old: DaemonConfig, new: DaemonConfig) -> ConfigReload:
     return ConfigReload(install, changed, tuple(restart))
 
 
-def apply_config(daemon: Daemon, config: DaemonConfig) -> bool:
-    """Install ``config`` as the daemon's; returns whether an EffectGate took it."""
-    daemon.config = config
-    effects = getattr(getattr(daemon, "registry", None), "effects", None)
-    if effects is None:
-        return False
-    effects.config = config
+def apply_config(cell: ConfigCell, config: DaemonConfig) -> bool:
+    """Install ``config`` as the daemon's (the effect gate reads the same cell); returns
+    whether grants and approvals were reloaded (always, once installed)."""
+    cell.swap(config)
     return True
 
 
-async def reread_config(daemon: Daemon) -> DaemonConfig:
+async def reread_config(settings: Settings) -> DaemonConfig:
     """The config file decoded again (worker thread); ``SettingsError`` names a bad key."""
-    from serve.config import load_daemon_config
-
-    return await trio.to_thread.run_sync(functools.partial(load_daemon_config, daemon.settings))
+    return await trio.to_thread.run_sync(functools.partial(load_daemon_config, settings))

@@ -37,6 +37,7 @@ from typing import Final
 import msgspec
 import trio
 
+from acp.children import open_process
 from acp.terminal import trim_output
 
 __all__ = [
@@ -103,7 +104,7 @@ async def run_shell(
 ) -> ShellOutcome:
     """Run ``command``; see the module docstring."""
     started = time.monotonic()
-    proc = await trio.lowlevel.open_process(
+    proc = await open_process(
         [SHELL, "-c", command],
         cwd=cwd,
         env=dict(env),

@@ -235,3 +235,14 @@ def test_resources_shown_in_the_docs_are_valid() -> None:
     assert {r["kind"] for r in resources} >= {"NetworkPolicy"}
     for resource in resources:
         kubernetes_validate.validate(resource, VERSIONS[-1], strict=True)
+
+
+def test_the_daemon_is_the_containers_pid_1() -> None:
+    """No init wrapper (tini) and no shell: the container's command is acp-serve itself, in a
+    PID namespace of its own, so the daemon is PID 1 and reaps every orphaned descendant."""
+    pod = _base()["Deployment"]["spec"]["template"]["spec"]
+    assert not pod.get("shareProcessNamespace", False)
+    command = _container()["command"]
+    assert command[0] == "acp-serve"
+    assert not {"tini", "dumb-init", "sh", "bash", "/bin/sh"} & set(command)
+    assert "args" not in _container()

@@ -11,12 +11,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from serve.host import Host
 from serve.http import capabilities
-from serve.http.app import create_app
-from serve.runtime.daemon import Daemon
+from serve.http.app import collect_features, create_app
+from serve.runtime.host import build_host
 from serve.settings import parse_settings
 from tests.conftest import AUTH
 from tests.support.daemon import DaemonProcess
+
+FEATURES = collect_features()
 
 #: Routes that exist without a feature tag of their own (the reference has none for them).
 UNTAGGED = {
@@ -33,7 +36,7 @@ UNTAGGED = {
 
 def _app_routes(tmp_path: Path, *args: str) -> set[tuple[str, str]]:
     settings = parse_settings(["--workspace", str(tmp_path), *args], {"HOME": str(tmp_path)})
-    app = create_app(Daemon(settings))
+    app = create_app(build_host(settings)[0])
     routes = set()
     for rule in app.url_map.iter_rules():
         if rule.endpoint == "static" or rule.rule.startswith("/static"):
@@ -46,14 +49,14 @@ def _app_routes(tmp_path: Path, *args: str) -> set[tuple[str, str]]:
 
 def test_every_tag_has_registered_routes(tmp_path: Path) -> None:
     routes = _app_routes(tmp_path)
-    for feature in capabilities.FEATURES:
+    for feature in FEATURES:
         assert feature.routes, f"tag {feature.tag} names no route"
         for route in feature.routes:
             assert route in routes, f"tag {feature.tag}: route {route} is not registered"
 
 
 def test_every_api_route_has_a_tag(tmp_path: Path) -> None:
-    tagged = {route for f in capabilities.FEATURES for route in f.routes}
+    tagged = {route for f in FEATURES for route in f.routes}
     untagged = {
         r for r in _app_routes(tmp_path) - tagged - UNTAGGED if not r[1].startswith("/static")
     }
@@ -61,9 +64,9 @@ def test_every_api_route_has_a_tag(tmp_path: Path) -> None:
 
 
 def test_tags_are_unique_and_versioned() -> None:
-    tags = [f.tag for f in capabilities.FEATURES]
+    tags = [f.tag for f in FEATURES]
     assert len(tags) == len(set(tags))
-    assert all(f.since == "v1" for f in capabilities.FEATURES)
+    assert all(f.since == "v1" for f in FEATURES)
 
 
 async def test_envelope_shape(daemon_proc: DaemonProcess) -> None:
@@ -95,8 +98,23 @@ async def test_envelope_shape(daemon_proc: DaemonProcess) -> None:
     ],
 )
 def test_conditional_tags_follow_their_toggles(tmp_path: Path, args: list[str], tag: str) -> None:
-    on = Daemon(parse_settings(["--workspace", str(tmp_path), *args], {"HOME": str(tmp_path)}))
-    off = Daemon(parse_settings(["--workspace", str(tmp_path)], {"HOME": str(tmp_path)}))
-    create_app(on)  # imports every route module, so every feature is registered
-    assert tag in {f.tag for f in capabilities.advertised(on)}
-    assert tag not in {f.tag for f in capabilities.advertised(off)}
+    on = _host(tmp_path, *args)
+    off = _host(tmp_path)
+    assert tag in {f.tag for f in capabilities.advertised(on, FEATURES)}
+    assert tag not in {f.tag for f in capabilities.advertised(off, FEATURES)}
+
+
+def _host(tmp_path: Path, *args: str) -> Host:
+    settings = parse_settings(["--workspace", str(tmp_path), *args], {"HOME": str(tmp_path)})
+    return build_host(settings)[0]
+
+
+def test_route_modules_export_what_they_serve() -> None:
+    """No import-time registry: collecting twice gives the same list, and every route
+    module's own FEATURES are in it."""
+    from serve.http.app import ROUTE_MODULES
+
+    assert [(f.tag, f.routes) for f in collect_features()] == [(f.tag, f.routes) for f in FEATURES]
+    tags = {f.tag for f in FEATURES}
+    for module in ROUTE_MODULES:
+        assert {f.tag for f in getattr(module, "FEATURES", ())} <= tags

@@ -54,7 +54,7 @@ async def remote_vote(
     response = await test_client.post(
         path,
         json=body,
-        headers={**AUTH, "Host": f"127.0.0.1:{daemon.port}", "X-Qwen-Client-Id": client_id},
+        headers={**AUTH, "Host": f"127.0.0.1:{daemon.host.port}", "X-Qwen-Client-Id": client_id},
         scope_base={"client": REMOTE_PEER},
     )
     return response.status_code, await response.get_json()
@@ -120,7 +120,7 @@ async def test_local_only_refuses_remote_votes_but_honours_a_remote_cancel(
         assert (s2, b2) == (200, {})  # cancel from a remote voter
         assert s3 == 403 and b3["reason"] == "remote_not_allowed"
         assert (s4, b4) == (200, {})
-        ws = Path(d.settings.primary_workspace)
+        ws = Path(d.host.settings.primary_workspace)
         assert not (ws / "r1.txt").exists()
         assert (ws / "r2.txt").read_text() == "x"
 
@@ -142,9 +142,9 @@ def gate_waiters(gate: EffectGate) -> int:
 async def test_concurrent_identical_effects_share_one_question(tmp_path: Path) -> None:
     async with inprocess(tmp_path, "") as (d, client):
         sid, _ = await _open_session(client)
-        ws = Path(d.settings.primary_workspace)
+        ws = Path(d.host.settings.primary_workspace)
         (ws / ".env").write_text("TOKEN=xyz")
-        session = d.registry.get(sid)
+        session = d.host.registry.get(sid)
         assert session is not None and isinstance(session.effects, EffectGate)
         params = ReadTextFileParams(session_id=sid, path=str(ws / ".env"))
         contents: list[str] = []
@@ -182,7 +182,14 @@ async def test_allow_always_expires_after_eight_hours(tmp_path: Path) -> None:
     async with inprocess(tmp_path, "") as (d, client):
         sid, alice = await _open_session(client)
         now = [1_000_000]
-        gate = EffectGate(d, d.config, clock_ms=lambda: now[0])
+        host = d.host
+        gate = EffectGate(
+            host.config_cell,
+            settings=host.settings,
+            mediator=host.mediator,
+            live_sessions=host.registry.live,
+            clock_ms=lambda: now[0],
+        )
         params = CreateTerminalParams(session_id=sid, command="/bin/sh", args=["-c", "echo x"])
         answers = iter(["allow_always", "reject_once"])
 
@@ -202,7 +209,7 @@ async def test_allow_always_expires_after_eight_hours(tmp_path: Path) -> None:
                 headers={"X-Qwen-Client-Id": alice, "Prefer": "respond-async"},
             )
             assert r.status_code == 202
-            session = d.registry.get(sid)
+            session = d.host.registry.get(sid)
             assert session is not None
             while session.active is None or session.active.client_id != alice:  # noqa: ASYNC110
                 await trio.sleep(0.01)  # the prompt worker picks the job up
@@ -223,13 +230,13 @@ async def test_allow_always_expires_after_eight_hours(tmp_path: Path) -> None:
 async def test_a_replaced_session_does_not_inherit_cached_allows(tmp_path: Path) -> None:
     async with inprocess(tmp_path, "") as (d, client):
         sid, _ = await _open_session(client)
-        first = d.registry.get(sid)
+        first = d.host.registry.get(sid)
         assert first is not None
         gate: EffectGate = first.effects
         old_key = gate.session_key(first)
         assert (await client.delete(f"/session/{sid}")).status_code in (200, 204)
         r = await client.post(f"/session/{sid}/load", json={})
         assert r.status_code == 200, r.text
-        second = d.registry.get(sid)
+        second = d.host.registry.get(sid)
         assert second is not None and second is not first
         assert gate.session_key(second) != old_key

@@ -40,6 +40,15 @@ async def test_a_flapping_optional_service_has_its_own_budget(tmp_path: Path) ->
             await _wait_for_log(daemon, r"supervisor services: flaky give_up", count=2)
             assert daemon.proc.poll() is None
             assert "supervisor root: services give_up" not in daemon.stderr()
+            # Once the fault stops, the restarted services run again (the same actors, not
+            # closed for good by the stop of the supervisor that gave up).
+            trigger.unlink()
+            with trio.fail_after(60):
+                while (await client.get("/workspace/auth/status")).status_code != 200:  # noqa: ASYNC110
+                    await trio.sleep(0.1)
+            log = daemon.stderr()
+            assert "device-flow-poller give_up" not in log and "mcp-pool give_up" not in log
+            assert "device-flow-poller exit" not in log and "mcp-pool exit" not in log
             r = await client.post(
                 f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "still"}]}
             )

@@ -16,24 +16,26 @@ import msgspec
 import pytest
 
 from serve.http import capabilities
-from serve.http.app import create_app
+from serve.http.app import collect_features, create_app
 from serve.http.openapi import build_document, path_template, registered_routes
 from serve.http.openapi.catalog import CATALOG
 from serve.http.openapi.types import APPROVAL_MODES
-from serve.runtime.daemon import Daemon
+from serve.runtime.host import build_host
 from serve.sessions.actor import APPROVAL_MODES as ACTOR_APPROVAL_MODES
 from serve.settings import parse_settings
 from tests.conftest import AUTH
 from tests.support.daemon import DaemonProcess
 
+FEATURES = collect_features()
+
 
 def _document(tmp_path: Path, *args: str) -> tuple[dict[str, Any], set[tuple[str, str]]]:
     settings = parse_settings(["--workspace", str(tmp_path), *args], {"HOME": str(tmp_path)})
-    d = Daemon(settings)
+    d, _ = build_host(settings)
     app = create_app(d)
     routes = registered_routes(app.url_map.iter_rules(), app.view_functions)
-    advertised = [f.tag for f in capabilities.advertised(d)]
-    doc = build_document(routes, capabilities.FEATURES, advertised)
+    advertised = [f.tag for f in capabilities.advertised(d, FEATURES)]
+    doc = build_document(routes, FEATURES, advertised)
     registered = set()
     for rule in app.url_map.iter_rules():
         if rule.endpoint == "static":
@@ -69,13 +71,13 @@ def test_every_registered_route_is_an_operation(tmp_path: Path) -> None:
 def test_every_capability_tag_maps_to_operations_that_carry_it(tmp_path: Path) -> None:
     doc, _ = _document(tmp_path)
     ops = _operations(doc)
-    assert [t["name"] for t in doc["tags"]] == [f.tag for f in capabilities.FEATURES]
-    for feature in capabilities.FEATURES:
+    assert [t["name"] for t in doc["tags"]] == [f.tag for f in FEATURES]
+    for feature in FEATURES:
         for route in feature.routes:
             assert route in ops, f"tag {feature.tag}: {route} is not in the document"
             assert feature.tag in ops[route][1]["tags"]
     used = {tag for _, op in ops.values() for tag in op.get("tags", ())}
-    assert used <= {f.tag for f in capabilities.FEATURES}
+    assert used <= {f.tag for f in FEATURES}
 
 
 def test_advertised_flags_follow_the_daemon_settings(tmp_path: Path) -> None:

@@ -367,7 +367,7 @@ _FAKE_DAEMON = textwrap.dedent(
     import serve.runtime.daemon
 
     class FakeDaemon:
-        def __init__(self, settings):
+        def __init__(self, settings, config=None, *, reaper=False):
             self.settings = settings
 
         async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):

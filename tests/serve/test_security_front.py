@@ -401,3 +401,17 @@ def test_security_tags_are_absent_by_default(http: httpx.Client) -> None:
     assert "require_auth" not in features
     assert "allow_origin" not in features
     assert "rate_limit" not in features
+
+
+def test_max_body_bytes_is_a_setting_and_the_413_names_it() -> None:
+    """``--max-body-bytes 1000``: 1000 bytes pass the front, 1001 are 413 naming the limit."""
+    small = spawn_daemon(["--max-body-bytes", "1000"])
+    try:
+        with httpx.Client(base_url=small.url, timeout=30) as client:
+            over = client.post("/session", content=b" " * 1001)
+            assert over.status_code == 413
+            assert over.json() == {"error": "Request body too large (max 1000 bytes)"}
+            at = client.post("/session", content=b" " * 998 + b"{}")
+            assert at.status_code == 200, at.text
+    finally:
+        small.stop()

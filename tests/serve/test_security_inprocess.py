@@ -20,10 +20,11 @@ import pytest
 from quart import Blueprint
 from quart_trio import QuartTrio
 
-from serve.http import capabilities
+from serve.http import middleware
 from serve.http.middleware import install_middleware, malformed_path, rate_limit_hits, rate_limiter
 from serve.http.security import STRICT_ROUTES, RateLimiter
 from serve.http.security.cors import is_self_origin, self_origins
+from serve.http.security.ratelimit import limiter_for
 from serve.logs import install_redaction
 from serve.settings import RateLimitSettings, Settings
 
@@ -71,7 +72,8 @@ def make_app(settings: Settings, calls: list[str], port: int = 4170) -> tuple[Qu
 
         blueprint.add_url_rule(rule, f"r{index}", handler, methods=[method])
     app.register_blueprint(blueprint)
-    daemon = SimpleNamespace(settings=settings, port=port, draining=False)
+    front = SimpleNamespace(rate_limiter=limiter_for(settings.rate_limit))
+    daemon = SimpleNamespace(settings=settings, port=port, draining=False, front=front)
     install_middleware(app, daemon)  # type: ignore[arg-type]
     return app, daemon
 
@@ -327,7 +329,7 @@ def test_rate_limit_accessors() -> None:
 
 def test_capability_predicates() -> None:
     security = {"require_auth", "allow_origin", "rate_limit"}
-    ours = [f for f in capabilities.FEATURES if f.tag in security]
+    ours = [f for f in middleware.FEATURES if f.tag in security]
     assert {f.tag for f in ours} == security
     assert all(f.routes for f in ours)
 

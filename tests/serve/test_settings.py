@@ -159,3 +159,32 @@ def test_cli_exits_nonzero_with_the_message(tmp_path: Path) -> None:
         == 'acp-serve: Invalid --port "nope": must be an integer in [0, 65535]'
     )
     assert result.stdout == ""
+
+
+def test_body_limit_and_http_timeouts_are_settings_with_units(tmp_path: Path) -> None:
+    s = parse(tmp_path)
+    assert (s.max_body_bytes, s.http_graceful_timeout_ms, s.http_keep_alive_timeout_ms) == (
+        10 * 1024 * 1024,
+        2000,
+        5000,
+    )
+    assert s.body_too_large_message == "Request body too large (max 10 MB)"
+    t = parse(
+        tmp_path,
+        *("--max-body-bytes", "2097152", "--http-graceful-timeout-ms", "0"),
+        *("--http-keep-alive-timeout-ms", "750"),
+    )
+    assert (t.max_body_bytes, t.http_graceful_timeout_ms, t.http_keep_alive_timeout_ms) == (
+        2 * 1024 * 1024,
+        0,
+        750,
+    )
+    assert t.body_too_large_message == "Request body too large (max 2 MB)"
+    for flag, bad in (
+        ("--max-body-bytes", "0"),
+        ("--max-body-bytes", str(2**31)),
+        ("--http-keep-alive-timeout-ms", "0"),
+        ("--http-graceful-timeout-ms", "-1"),
+    ):
+        with pytest.raises(SettingsError, match=f'{flag} "{bad}"'):
+            parse(tmp_path, flag, bad)

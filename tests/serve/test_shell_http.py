@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from serve.http import capabilities
-from serve.http.app import create_app
-from serve.runtime.daemon import Daemon
+from serve.http.app import collect_features
+from serve.runtime.host import build_host
 from serve.settings import parse_settings
 from tests.conftest import AUTH, TOKEN
 from tests.serve.test_shell_run import group_gone
@@ -70,9 +70,10 @@ async def events_since(
 
 
 def tags(args: list[str], tmp_path: Path) -> set[str]:
-    d = Daemon(parse_settings(["--workspace", str(tmp_path), *args], {"HOME": str(tmp_path)}))
-    create_app(d)
-    return {f.tag for f in capabilities.advertised(d)}
+    d, _ = build_host(
+        parse_settings(["--workspace", str(tmp_path), *args], {"HOME": str(tmp_path)})
+    )
+    return {f.tag for f in capabilities.advertised(d, collect_features())}
 
 
 def test_tag_needs_the_flag_and_a_token(tmp_path: Path) -> None:

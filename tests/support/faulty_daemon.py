@@ -23,6 +23,8 @@ import trio
 
 from actors import ChildSpec, Restart
 from serve.__main__ import main
+from serve.permissions.mediator import PermissionMediator
+from serve.runtime import daemon, host
 
 
 async def _wait_for(trigger: str) -> None:
@@ -32,22 +34,16 @@ async def _wait_for(trigger: str) -> None:
 
 
 def _flaky_service(trigger: str) -> None:
-    from serve.runtime.services import ServiceSpec, register_service
-
     async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         await _wait_for(trigger)
         raise RuntimeError("injected fault in an optional service")
 
-    def build(daemon: Any) -> tuple[Any, ChildSpec]:
-        return object(), ChildSpec("flaky", run, Restart.PERMANENT)
-
-    register_service(ServiceSpec("flaky", build))
+    flaky = ChildSpec("flaky", run, Restart.PERMANENT)
+    daemon.build_host = functools.partial(host.build_host, extra_services=[flaky])
 
 
 def _crashing_mediator(trigger: str) -> None:
-    from serve.permissions.mediator import PermissionMediator
-
     original = PermissionMediator.run
 
     async def run(self: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

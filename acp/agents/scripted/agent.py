@@ -763,7 +763,7 @@ class _TurnRunner:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    from acp.agents.scripted.store import default_state_dir
+    from acp.agents.scripted.store import default_state_dir  # lazy: only the CLI needs it
 
     state_dir = default_state_dir()
     legacy = False

@@ -24,14 +24,12 @@ from serve.deviceflow import (
     UnsupportedProvider,
     UpstreamError,
 )
-from serve.deviceflow.service import poller_of
-from serve.http import capabilities
+from serve.http.addressing import check_workspace_client
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, service_unavailable
 from serve.http.routes.sessions import header_client_id
 from serve.http.wire import json_body, json_response
-from serve.status.shared import check_workspace_client
 
 blueprint = Blueprint("auth", __name__)
 
@@ -39,7 +37,7 @@ FLOWS_RULE = "/workspace/auth/device-flow"
 FLOW_RULE = "/workspace/auth/device-flow/<flow_id>"
 STATUS_RULE = "/workspace/auth/status"
 
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature(
         "auth_device_flow",
         (("POST", FLOWS_RULE), ("GET", FLOW_RULE), ("DELETE", FLOW_RULE), ("GET", STATUS_RULE)),
@@ -48,8 +46,8 @@ capabilities.register(
 
 
 def _poller() -> DeviceFlowPoller:
-    poller = poller_of(daemon())
-    if poller is None or poller.closed:
+    poller = daemon().device_flow
+    if poller.closed:
         raise service_unavailable(
             "The device-flow poller is not running", "device_flow_unavailable"
         )

@@ -30,7 +30,7 @@ import trio
 from quart import Blueprint, Response, current_app
 
 from serve.http import capabilities
-from serve.http.context import daemon
+from serve.http.context import daemon, features
 
 blueprint = Blueprint("docs", __name__)
 
@@ -94,18 +94,19 @@ _pages = {name: _Page(filename) for name, filename in PAGES.items()}
 async def openapi_json() -> Response:
     """The OpenAPI 3.1 document of this daemon."""
     d = daemon()
-    advertised = frozenset(f.tag for f in capabilities.advertised(d))
+    advertised = frozenset(f.tag for f in capabilities.advertised(d, features()))
     cache = current_app.extensions.get(_CACHE_KEY)
-    # The OpenAPI machinery is imported on the first request for the document.
+    # lazy: the OpenAPI machinery is imported on the first request for the document.
     from serve.http.openapi import DocumentCache, build_document, registered_routes
 
     if not isinstance(cache, DocumentCache):
         cache = current_app.extensions[_CACHE_KEY] = DocumentCache()
     app = current_app
+    all_features = features()
 
     def build() -> dict[str, object]:
         routes = registered_routes(app.url_map.iter_rules(), app.view_functions)
-        return build_document(routes, capabilities.FEATURES, advertised, version=_version())
+        return build_document(routes, all_features, advertised, version=_version())
 
     body = cache.get(advertised, build)
     return Response(

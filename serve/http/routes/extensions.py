@@ -50,7 +50,6 @@ import msgspec
 from quart import Blueprint, Response, request
 
 from acp.errors import METHOD_NOT_FOUND, AcpError, RemoteError
-from serve.http import capabilities
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request, session_not_found, to_api_error
@@ -98,11 +97,9 @@ def _agent_supports(method: str, d: Any) -> bool:
     return agent_ext.any_live_supports(d, method)
 
 
-capabilities.register(
-    *(
-        Feature(tag, routes, when=functools.partial(_agent_supports, method))
-        for tag, method, routes in _TAGS
-    )
+FEATURES: tuple[Feature, ...] = tuple(
+    Feature(tag, routes, when=functools.partial(_agent_supports, method))
+    for tag, method, routes in _TAGS
 )
 
 

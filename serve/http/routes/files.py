@@ -29,13 +29,13 @@ from typing import Any, Final
 import trio
 from quart import Blueprint, Response, request
 
-from serve.http import capabilities, plural
+from serve.http import plural
+from serve.http.addressing import check_workspace_client, primary_workspace, publish_workspace_event
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError
 from serve.http.routes.sessions import header_client_id
 from serve.http.wire import json_body, json_response
-from serve.status.shared import check_workspace_client, primary_workspace, publish_workspace_event
 from serve.threads import file_routes_limiter
 from serve.workspace import (
     EditResult,
@@ -61,6 +61,7 @@ from serve.workspace.listing import DEFAULT_GLOB_RESULTS, MAX_GLOB_RESULTS
 log = logging.getLogger(__name__)
 
 blueprint = Blueprint("files", __name__)
+PLURAL_ROUTES = plural.PluralRoutes(blueprint)
 
 NO_STORE_HEADERS: Final = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 FILE_CHANGED_EVENT: Final = "workspace_file_changed"
@@ -68,7 +69,7 @@ _MAX_LINE: Final = 2**31 - 1
 _MAX_OFFSET: Final = 2**63 - 1
 _DECIMAL = re.compile(r"^[0-9]{1,19}$")
 
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature(
         "workspace_file_read",
         (("GET", "/file"), ("GET", "/list"), ("GET", "/glob"), ("GET", "/stat")),
@@ -140,7 +141,7 @@ async def _run[T](fn: Callable[[], T]) -> T:
 # ---- reads ----------------------------------------------------------------------------------
 
 
-@plural.route(blueprint, "GET", "/file")
+@PLURAL_ROUTES.route("GET", "/file")
 @file_route
 async def get_file(workspace: str | None = None) -> Response:
     path = _required("path")
@@ -160,7 +161,7 @@ async def get_file(workspace: str | None = None) -> Response:
     return json_response(result)
 
 
-@plural.route(blueprint, "GET", "/file/bytes")
+@PLURAL_ROUTES.route("GET", "/file/bytes")
 @file_route
 async def get_file_bytes(workspace: str | None = None) -> Response:
     path = _required("path")
@@ -172,7 +173,7 @@ async def get_file_bytes(workspace: str | None = None) -> Response:
     return json_response(result)
 
 
-@plural.route(blueprint, "GET", "/stat")
+@PLURAL_ROUTES.route("GET", "/stat")
 @file_route
 async def get_stat(workspace: str | None = None) -> Response:
     path = _required("path")
@@ -180,7 +181,7 @@ async def get_stat(workspace: str | None = None) -> Response:
     return json_response(await _run(functools.partial(stat, ws, path)))
 
 
-@plural.route(blueprint, "GET", "/list")
+@PLURAL_ROUTES.route("GET", "/list")
 @file_route
 async def get_list(workspace: str | None = None) -> Response:
     path = request.args.get("path") or "."
@@ -190,7 +191,7 @@ async def get_list(workspace: str | None = None) -> Response:
     return json_response(result)
 
 
-@plural.route(blueprint, "GET", "/glob")
+@PLURAL_ROUTES.route("GET", "/glob")
 @file_route
 async def get_glob(workspace: str | None = None) -> Response:
     pattern = _required("pattern")
@@ -238,7 +239,7 @@ async def _caller() -> tuple[dict[str, Any], str | None]:
     return body, client_id
 
 
-@plural.route(blueprint, "POST", "/file/write")
+@PLURAL_ROUTES.route("POST", "/file/write")
 @file_route
 async def post_file_write(workspace: str | None = None) -> Response:
     body, client_id = await _caller()
@@ -260,7 +261,7 @@ async def post_file_write(workspace: str | None = None) -> Response:
     return json_response(result, 201 if result.created else 200)
 
 
-@plural.route(blueprint, "POST", "/file/edit")
+@PLURAL_ROUTES.route("POST", "/file/edit")
 @file_route
 async def post_file_edit(workspace: str | None = None) -> Response:
     body, client_id = await _caller()

@@ -18,18 +18,16 @@ from typing import TYPE_CHECKING, Any
 from quart import Blueprint, Response, request
 
 from actors import ActorError
-from serve.http import capabilities
+from serve.http.addressing import check_workspace_client
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request, service_unavailable
 from serve.http.routes.sessions import header_client_id
 from serve.http.wire import json_body, json_response
 from serve.mcp import McpPool, McpRestartFailed, McpServerNotFound
-from serve.mcp.service import pool_of, pooling_enabled
-from serve.status.shared import check_workspace_client
 
 if TYPE_CHECKING:
-    from serve.runtime.daemon import Daemon
+    from serve.host import Host
 
 blueprint = Blueprint("mcp", __name__)
 
@@ -37,12 +35,11 @@ MCP_RULE = "/workspace/mcp"
 RESTART_RULE = "/workspace/mcp/<server>/restart"
 
 
-def _pool_active(d: Daemon) -> bool:
-    pool = pool_of(d)
-    return pool.pooling if pool is not None else pooling_enabled()
+def _pool_active(d: Host) -> bool:
+    return d.mcp_pool.pooling
 
 
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature("mcp_guardrails", (("GET", MCP_RULE),), modes=("warn", "enforce")),
     Feature("mcp_guardrail_events", (("GET", "/session/<session_id>/events"),)),
     Feature("workspace_mcp_restart", (("POST", RESTART_RULE),), when=_pool_active),
@@ -57,8 +54,8 @@ def workspace_client_id() -> str | None:
 
 
 def _pool() -> McpPool:
-    pool = pool_of(daemon())
-    if pool is None or pool.closed:
+    pool = daemon().mcp_pool
+    if pool.closed:
         raise service_unavailable("The MCP pool is not running", "mcp_pool_unavailable")
     return pool
 

@@ -38,7 +38,7 @@ from typing import Any, Final
 from quart import Blueprint, Response
 
 from serve import threads
-from serve.http import capabilities
+from serve.http.addressing import check_workspace_client, primary_workspace, publish_workspace_event
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request
@@ -47,7 +47,6 @@ from serve.http.wire import encode, json_body, json_response
 from serve.settings import SettingsError
 from serve.status.init import memory_file_name
 from serve.status.settings_file import SETTINGS_PATH, SettingsFileError, read_settings
-from serve.status.shared import check_workspace_client, primary_workspace, publish_workspace_event
 from serve.threads import file_routes_limiter
 from serve.workspace import Workspace, WorkspaceFsError
 from serve.workspace_state import reload as reload_state
@@ -76,7 +75,7 @@ blueprint = Blueprint("workspace_memory_settings", __name__)
 
 NO_STORE: Final = {"Cache-Control": "no-store"}
 
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature("workspace_memory", (("GET", "/workspace/memory"), ("POST", "/workspace/memory"))),
     Feature(
         "workspace_settings", (("GET", "/workspace/settings"), ("POST", "/workspace/settings"))
@@ -353,16 +352,16 @@ async def post_reload() -> Response:
     except WorkspaceFsError as err:
         raise _fs_failure(err) from None
     try:
-        new_config = await reload_state.reread_config(d)
+        new_config = await reload_state.reread_config(d.settings)
     except SettingsError as err:
         raise ApiError(
             400, {"error": str(err), "code": "invalid_config", "configFile": True}
         ) from None
-    state = reload_state.state_of(d)
+    state = d.workspace_state
     settings_changed = changed_keys(state.baseline(root), doc)
     state.loaded(root, doc)
     plan = reload_state.plan_config_reload(d.config, new_config)
-    grants_reloaded = reload_state.apply_config(d, plan.config)
+    grants_reloaded = reload_state.apply_config(d.config_cell, plan.config)
     out: dict[str, Any] = {
         "env": {"updatedKeys": [], "removedKeys": []},
         "changedKeys": [*settings_changed, *plan.changed],

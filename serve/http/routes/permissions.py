@@ -18,19 +18,17 @@ from __future__ import annotations
 
 from quart import Blueprint, Response
 
-from serve.http import capabilities
+from serve.http.addressing import check_workspace_client
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
-from serve.http.errors import service_unavailable
 from serve.http.routes.sessions import header_client_id
 from serve.http.wire import json_response
-from serve.status.shared import check_workspace_client
 
 blueprint = Blueprint("workspace_permissions", __name__)
 
 NO_STORE = {"Cache-Control": "no-store"}
 
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature("workspace_permissions", (("GET", "/workspace/permissions"),)),
 )
 
@@ -39,8 +37,5 @@ capabilities.register(
 async def workspace_permissions() -> Response:
     d = daemon()
     check_workspace_client(d, header_client_id())
-    gate = getattr(d.registry, "effects", None)
-    if gate is None:
-        raise service_unavailable("The effect gate is not installed", "effects_unavailable")
-    body = gate.describe(d.settings.primary_workspace)
+    body = d.effects.describe(d.settings.primary_workspace)
     return json_response(body, headers=NO_STORE)

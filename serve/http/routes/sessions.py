@@ -25,10 +25,16 @@ from serve.events import (
     RETRY_FRAME,
     SubscriberLimitExceeded,
 )
-from serve.http import capabilities, plural
+from serve.http import plural
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
-from serve.http.errors import ApiError, bad_request, service_unavailable, session_not_found
+from serve.http.errors import (
+    ApiError,
+    bad_request,
+    service_unavailable,
+    session_not_found,
+    to_api_error,
+)
 from serve.http.security.clientid import InvalidClientId, validate_client_id
 from serve.http.security.hosts import is_loopback_address
 from serve.http.wire import json_body, json_response
@@ -50,6 +56,7 @@ from serve.sessions.actor import (
     SubmitPrompt,
     UpdateMetadata,
 )
+from serve.sessions.errors import SessionError
 from serve.sessions.modes import MAX_MODE_ID_CHARS
 from serve.sessions.registry import CreateSession, RestoreSession
 
@@ -62,13 +69,12 @@ MAX_SAFE_INTEGER = 2**53 - 1
 _EPOCH_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ASK_TIMEOUT_S = 30.0
 
-plural.PLURAL_ROUTES.extend(
-    [
-        ("GET", "/workspaces/<path:workspace>/sessions"),
-        ("GET", "/workspaces//<path:workspace>/sessions"),
-    ]
+PLURAL_ROUTES = plural.PluralRoutes(blueprint)
+PLURAL_ROUTES.declare(
+    ("GET", "/workspaces/<path:workspace>/sessions"),
+    ("GET", "/workspaces//<path:workspace>/sessions"),
 )
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature("session_create", (("POST", "/session"),)),
     Feature("session_scope_override", (("POST", "/session"),)),
     Feature("session_load", (("POST", "/session/<session_id>/load"),)),
@@ -167,6 +173,8 @@ async def ask(session: SessionActor, msg: Any, timeout_s: float = _ASK_TIMEOUT_S
         return await session.ask(msg, timeout_s=timeout_s)
     except (SessionGone, ActorStopped):
         raise session_not_found(session.session_id) from None
+    except SessionError as exc:
+        raise to_api_error(exc) or exc from None
 
 
 def canonical_cwd(raw: object) -> str:
@@ -217,8 +225,6 @@ async def _await_ticket(ticket: Any) -> SessionActor:
     except ApiError:
         raise
     except Exception as exc:
-        from serve.http.errors import to_api_error
-
         mapped = to_api_error(exc)
         if mapped is not None:
             raise mapped from None
@@ -599,7 +605,7 @@ async def events(session_id: str) -> Response:
     session = find_session(session_id)
     max_queued = _max_queued()
     limit = daemon().settings.max_connections
-    if limit and daemon().sse_streams >= limit:
+    if limit and daemon().front.sse_streams >= limit:
         # Event streams are the connections that stay open; --max-connections caps them.
         raise service_unavailable(
             f"Connection limit reached ({limit} event streams)",
@@ -629,7 +635,7 @@ async def events(session_id: str) -> Response:
         ) from None
     d = daemon()
     session.subscribers += 1
-    d.sse_streams += 1
+    d.front.sse_streams += 1
     # a registered client streaming its events stays active (serve/sessions/clients.py)
     streaming = stream_client is not None and session.clients.stream_opened(stream_client)
 
@@ -651,7 +657,7 @@ async def events(session_id: str) -> Response:
         finally:
             sub.close()
             session.subscribers -= 1
-            d.sse_streams -= 1
+            d.front.sse_streams -= 1
             if streaming and stream_client is not None:
                 session.clients.stream_closed(stream_client)
             session.last_seen_ms = int(time.time() * 1000)

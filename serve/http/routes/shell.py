@@ -10,7 +10,7 @@ exception here, so without a token the route could never run and the tag would l
 
 Order of work:
 
-1. **Admission** through the Host's EffectGate (``daemon.registry.effects``), exactly as
+1. **Admission** through the Host's EffectGate (``host.effects``), exactly as
    an agent's ``terminal/create`` of ``/bin/sh -c COMMAND`` in the workspace: grants,
    hardline commands (``rm -rf /``...), the session's approval mode, and a
    ``permission_request`` voted by the session's clients when the policy says "prompt".
@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from quart import Blueprint, Response
 
 from acp.errors import AcpError, HandlerError, RemoteError
 from acp.process import scrub_env
 from acp.schema import CreateTerminalParams
-from serve.http import capabilities
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request
@@ -52,6 +51,10 @@ from serve.http.routes.sessions import find_session, header_client_id, require_r
 from serve.http.wire import json_body, json_response
 from serve.workspace_state import agent_ext
 from serve.workspace_state.shell_run import DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT_S, run_shell
+
+if TYPE_CHECKING:
+    from serve.host import Host
+    from serve.sessions.actor import SessionActor
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +80,7 @@ def shell_enabled(d: Any) -> bool:
     return bool(settings.enable_session_shell) and bool(settings.token)
 
 
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature("session_shell_command", (("POST", RULE),), when=shell_enabled),
 )
 
@@ -96,10 +99,8 @@ def _denied(err: HandlerError) -> ApiError:
     return bad_request(err.message, "invalid_command")
 
 
-async def _admit(d: Any, session: Any, command: str) -> None:
-    gate = getattr(getattr(d, "registry", None), "effects", None)
-    if gate is None:
-        return
+async def _admit(d: Host, session: SessionActor, command: str) -> None:
+    gate = d.effects
     params = CreateTerminalParams(
         session_id=session.session_id,
         command="/bin/sh",

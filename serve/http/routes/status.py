@@ -1,7 +1,7 @@
 """``GET /daemon/status`` and the per-session status routes ``/context``, ``/supported-commands``.
 
 * ``GET /daemon/status?detail=summary|full`` (default summary; anything else is
-  ``400 invalid_detail``): :func:`serve.status.daemon_status.daemon_status`, in-memory
+  ``400 invalid_detail``): :func:`serve.http.daemon_status.daemon_status`, in-memory
   only; a failure while building it is ``500 daemon_status_failed`` (logged).
 * ``GET /session/<id>/context``: ``{v, sessionId, workspaceCwd, state: {models, modes,
   configOptions}}`` from the agent's set-up result, with the current model/mode.
@@ -20,15 +20,14 @@ import logging
 import trio
 from quart import Blueprint, Response, request
 
-from serve.http import capabilities
+from serve.http.addressing import primary_workspace
 from serve.http.capabilities import Feature
-from serve.http.context import daemon
+from serve.http.context import daemon, features
+from serve.http.daemon_status import DETAILS, daemon_status
 from serve.http.errors import ApiError, bad_request
 from serve.http.routes.sessions import find_session, session_client
 from serve.http.wire import json_response
 from serve.status.agent import context_state, supported_commands
-from serve.status.daemon_status import DETAILS, daemon_status
-from serve.status.shared import primary_workspace
 from serve.status.skills import project_skills
 from serve.workspace import WorkspaceFsError
 
@@ -38,7 +37,7 @@ blueprint = Blueprint("status", __name__)
 
 NO_STORE = {"Cache-Control": "no-store"}
 
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature("daemon_status", (("GET", "/daemon/status"),)),
     Feature("session_context", (("GET", "/session/<session_id>/context"),)),
     Feature("session_supported_commands", (("GET", "/session/<session_id>/supported-commands"),)),
@@ -51,7 +50,7 @@ async def get_daemon_status() -> Response:
     if detail not in DETAILS:
         raise bad_request("detail must be one of: summary, full", "invalid_detail")
     try:
-        body = daemon_status(daemon(), "full" if detail == "full" else "summary")
+        body = daemon_status(daemon(), "full" if detail == "full" else "summary", features())
     except Exception:
         log.exception("building /daemon/status failed")
         raise ApiError(

@@ -39,7 +39,14 @@ import msgspec
 from quart import Blueprint, Response
 
 from serve import threads
-from serve.http import capabilities, plural
+from serve.http import plural
+from serve.http.addressing import (
+    addressed_path,
+    agent_session,
+    check_workspace_client,
+    primary_workspace,
+    publish_workspace_event,
+)
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request
@@ -51,24 +58,18 @@ from serve.status.init import InitConflict, InitError, init_memory_file, memory_
 from serve.status.mcp import mcp_snapshot
 from serve.status.preflight import daemon_cells
 from serve.status.settings_file import SettingsFileError, read_settings, set_tool_enabled
-from serve.status.shared import (
-    addressed_path,
-    agent_session,
-    check_workspace_client,
-    primary_workspace,
-    publish_workspace_event,
-)
 from serve.status.skills import project_skills
 from serve.threads import file_routes_limiter
 from serve.workspace import Workspace, WorkspaceFsError
 
 blueprint = Blueprint("workspace_status", __name__)
+PLURAL_ROUTES = plural.PluralRoutes(blueprint)
 
 #: Longest tool name accepted by the toggle route (characters).
 MAX_TOOL_NAME_CHARS: Final = 256
 NO_STORE: Final = {"Cache-Control": "no-store"}
 
-capabilities.register(
+FEATURES: tuple[Feature, ...] = (
     Feature("workspace_env", (("GET", "/workspace/env"),)),
     Feature("workspace_preflight", (("GET", "/workspace/preflight"),)),
     Feature("workspace_mcp", (("GET", "/workspace/mcp"),)),
@@ -99,7 +100,7 @@ def _fs_failure(err: WorkspaceFsError) -> ApiError:
 # ---- read-only snapshots ------------------------------------------------------------------
 
 
-@plural.route(blueprint, "GET", "/workspace/env")
+@PLURAL_ROUTES.route("GET", "/workspace/env")
 async def workspace_env(workspace: str | None = None) -> Response:
     cells = env_cells(
         os.environ,
@@ -111,7 +112,7 @@ async def workspace_env(workspace: str | None = None) -> Response:
     return json_response(body, headers=NO_STORE)
 
 
-@plural.route(blueprint, "GET", "/workspace/preflight")
+@PLURAL_ROUTES.route("GET", "/workspace/preflight")
 async def workspace_preflight(workspace: str | None = None) -> Response:
     d = daemon()
     session = agent_session(d)
@@ -128,7 +129,7 @@ async def workspace_preflight(workspace: str | None = None) -> Response:
     return json_response(body, headers=NO_STORE)
 
 
-@plural.route(blueprint, "GET", "/workspace/mcp")
+@PLURAL_ROUTES.route("GET", "/workspace/mcp")
 async def workspace_mcp(workspace: str | None = None) -> Response:
     d = daemon()
     session = agent_session(d)
@@ -149,15 +150,15 @@ async def workspace_mcp(workspace: str | None = None) -> Response:
         mode=d.settings.mcp_budget_mode,
         error=error,
     )
-    pool = d.services.get("mcp-pool")
-    if pool is not None and pool.pooling and session is not None and error is None:
+    pool = d.mcp_pool
+    if pool.pooling and session is not None and error is None:
         # The pool knows the live state: pids, restarts, connections, refusals.
         body = {**body, **await pool.snapshot(addressed_path(d))}
         body["initialized"] = True
     return json_response(body, headers=NO_STORE)
 
 
-@plural.route(blueprint, "GET", "/workspace/skills")
+@PLURAL_ROUTES.route("GET", "/workspace/skills")
 async def workspace_skills(workspace: str | None = None) -> Response:
     d = daemon()
     if agent_session(d) is None:
@@ -170,7 +171,7 @@ async def workspace_skills(workspace: str | None = None) -> Response:
     return json_response(_envelope(True, skills=skills), headers=NO_STORE)
 
 
-@plural.route(blueprint, "GET", "/workspace/providers")
+@PLURAL_ROUTES.route("GET", "/workspace/providers")
 async def workspace_providers(workspace: str | None = None) -> Response:
     session = agent_session(daemon())
     if session is None:
@@ -210,7 +211,7 @@ def _init_in_thread(ws: Workspace, flag_value: str, force: bool) -> Any:
     return init_memory_file(ws, memory_file_name(flag_value, settings), force=force)
 
 
-@plural.route(blueprint, "POST", "/workspace/init")
+@PLURAL_ROUTES.route("POST", "/workspace/init")
 async def workspace_init(workspace: str | None = None) -> Response:
     body = await json_body()
     force = body.get("force", False)
@@ -244,7 +245,7 @@ async def workspace_init(workspace: str | None = None) -> Response:
     return json_response(out)
 
 
-@plural.route(blueprint, "POST", "/workspace/tools/<name>/enable")
+@PLURAL_ROUTES.route("POST", "/workspace/tools/<name>/enable")
 async def workspace_tool_enable(name: str, workspace: str | None = None) -> Response:
     if not name.strip() or len(name) > MAX_TOOL_NAME_CHARS:
         raise bad_request(

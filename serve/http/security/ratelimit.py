@@ -44,11 +44,14 @@ import enum
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
 from serve.http.security.clientid import is_valid_client_id
+
+if TYPE_CHECKING:
+    from serve.settings import RateLimitSettings
 
 __all__ = [
     "LOG_EVERY_REJECTIONS",
@@ -64,6 +67,7 @@ __all__ = [
     "Tier",
     "classify",
     "client_key",
+    "limiter_for",
     "rate_limit_config_from",
 ]
 
@@ -127,6 +131,19 @@ def _parse_positive_int(raw: str, source: str, *, minimum: int = 1) -> int:
         bound = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
         raise InvalidRateLimitConfig(f'Invalid {source}="{raw}": must be {bound}.')
     return int(text)
+
+
+def limiter_for(settings: RateLimitSettings) -> RateLimiter:
+    """The daemon's limiter for its ``--rate-limit*`` settings (off: it counts nothing)."""
+    return RateLimiter(
+        RateLimitConfig(
+            enabled=settings.enabled,
+            prompt=settings.prompt,
+            mutation=settings.mutation,
+            read=settings.read,
+            window_ms=settings.window_ms,
+        )
+    )
 
 
 def rate_limit_config_from(

@@ -29,10 +29,17 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from serve.deviceflow.service import SERVICE_NAME as DEVICE_FLOW
 from serve.http import capabilities
+from serve.mcp.service import SERVICE_NAME as MCP_POOL
+from serve.status.shared import HUB_SERVICE
+from serve.workspace_state.reload import SERVICE_NAME as WORKSPACE_STATE
 
 if TYPE_CHECKING:
-    from serve.runtime.daemon import Daemon
+    from collections.abc import Sequence
+
+    from serve.host import Host
+    from serve.http.capabilities import Feature
 
 __all__ = [
     "CAPACITY_WARNING_RATIO",
@@ -64,14 +71,14 @@ def _scrub(text: str, token: str | None) -> str:
     return text[:MAX_REASON_CHARS]
 
 
-def _raw_history(daemon: Daemon) -> list[Any]:
+def _raw_history(daemon: Host) -> list[Any]:
     events: list[Any] = list(getattr(getattr(daemon, "root", None), "events", ()))
     events.extend(getattr(getattr(daemon, "registry", None), "supervisor_events", ()))
     events.sort(key=lambda e: e.at)
     return events
 
 
-def supervisor_history(daemon: Daemon) -> list[dict[str, Any]]:
+def supervisor_history(daemon: Host) -> list[dict[str, Any]]:
     """Root + session-supervisor events, oldest first, as wire dicts."""
     token = daemon.settings.token
     return [
@@ -96,8 +103,8 @@ def _rollup(issues: list[dict[str, Any]]) -> str:
     return "error" if "error" in severities else "warning" if "warning" in severities else "ok"
 
 
-def _rate_limit(daemon: Daemon) -> dict[str, Any] | None:
-    limiter = getattr(daemon, "rate_limiter", None)
+def _rate_limit(daemon: Host) -> dict[str, Any] | None:
+    limiter = daemon.front.rate_limiter
     statistics = getattr(limiter, "statistics", None)
     if not callable(statistics):
         return None
@@ -109,11 +116,11 @@ def _rate_limit(daemon: Daemon) -> dict[str, Any] | None:
     }
 
 
-def daemon_status(daemon: Daemon, detail: Detail) -> dict[str, Any]:
-    """The body of ``GET /daemon/status?detail=…``."""
+def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature]) -> dict[str, Any]:
+    """The body of ``GET /daemon/status?detail=…``; ``all_features`` is the app's list."""
     settings = daemon.settings
     now = time.time()
-    features = capabilities.advertised(daemon)
+    features = capabilities.advertised(daemon, all_features)
     tags = [f.tag for f in features]
     live = list(daemon.registry.live())
     inflight = len(getattr(daemon.registry, "inflight", {}))
@@ -135,13 +142,14 @@ def daemon_status(daemon: Daemon, detail: Detail) -> dict[str, Any]:
         )
     if (
         settings.max_connections
-        and daemon.sse_streams >= CAPACITY_WARNING_RATIO * settings.max_connections
+        and daemon.front.sse_streams >= CAPACITY_WARNING_RATIO * settings.max_connections
     ):
         issues.append(
             _issue(
                 "connection_capacity_high",
                 "warning",
-                f"{daemon.sse_streams} event streams of {settings.max_connections} connections",
+                f"{daemon.front.sse_streams} event streams of "
+                f"{settings.max_connections} connections",
                 "runtime",
             )
         )
@@ -221,7 +229,7 @@ def daemon_status(daemon: Daemon, detail: Detail) -> dict[str, Any]:
             "sessions": {"active": len(live), "admissionInFlight": inflight},
             "permissions": permissions,
             "channel": {"live": any(not getattr(s.conn, "closed", True) for s in live)},
-            "transport": {"restSseActive": daemon.sse_streams},
+            "transport": {"restSseActive": daemon.front.sse_streams},
             "activity": {
                 "activePrompts": sum(1 for s in live if s.has_active_prompt),
                 "pendingPrompts": sum(s.pending_count for s in live),
@@ -247,7 +255,7 @@ def daemon_status(daemon: Daemon, detail: Detail) -> dict[str, Any]:
             }
             for rt in runtimes
         ]
-    chaos = getattr(daemon, "services", {}).get("chaos")
+    chaos = daemon.chaos
     if chaos is not None:
         body["runtime"]["chaos"] = chaos.status()
     journal = getattr(daemon, "journal", None)
@@ -259,6 +267,14 @@ def daemon_status(daemon: Daemon, detail: Detail) -> dict[str, Any]:
             "sessions": [
                 {**s.summary(), "eventLog": s.log.statistics(), **s.diagnostics()} for s in live
             ],
-            "services": sorted(getattr(daemon, "services", {})),
+            "services": sorted(
+                [
+                    HUB_SERVICE,
+                    DEVICE_FLOW,
+                    MCP_POOL,
+                    WORKSPACE_STATE,
+                    *(["chaos"] if chaos else []),
+                ]
+            ),
         }
     return body

@@ -15,19 +15,26 @@ import random
 import signal
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 if TYPE_CHECKING:
-    from serve.runtime.daemon import Daemon
+    from serve.sessions.actor import SessionActor
 
 log = logging.getLogger(__name__)
 
 
 class ChaosMonkey:
-    def __init__(self, daemon: Daemon, kills_per_minute: float, *, seed: int | None = None) -> None:
-        self.daemon = daemon
+    def __init__(
+        self,
+        live_sessions: Callable[[], Sequence[SessionActor]],
+        kills_per_minute: float,
+        *,
+        seed: int | None = None,
+    ) -> None:
+        self._live = live_sessions
         self.rate = kills_per_minute
         self.random = random.Random(seed)
         self.kills: deque[dict[str, Any]] = deque(maxlen=100)
@@ -40,6 +47,7 @@ class ChaosMonkey:
     async def run(
         self, *, task_status: trio.TaskStatus[ChaosMonkey] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        self._stop = trio.Event()  # a new incarnation (its supervisor may be restarted)
         task_status.started(self)
         while not self._stop.is_set():
             with trio.move_on_after(self.random.expovariate(self.rate / 60.0)):
@@ -49,9 +57,7 @@ class ChaosMonkey:
 
     def strike(self) -> dict[str, Any] | None:
         """Kill one random live session's agent now; returns what was killed."""
-        victims = [
-            s for s in self.daemon.registry.live() if s.conn is not None and not s.conn.closed
-        ]
+        victims = [s for s in self._live() if s.conn is not None and not s.conn.closed]
         if not victims:
             return None
         session = self.random.choice(victims)

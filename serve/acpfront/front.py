@@ -1,0 +1,1352 @@
+"""The ACP front: acp-serve as the ACP *agent* of remote clients, over any transport.
+
+Theory of operation
+-------------------
+A remote ACP client opens a :class:`Connection` with ``initialize`` (HTTP: ``POST /acp``;
+WebSocket: the first frame). The connection owns the sessions it created or restored
+(``session/new``, ``session/load``, ``session/resume``) as :class:`SessionLink`\\ s: for each,
+the connection is a registered client of the session actor (``Attach``) and a *pump* task
+reads the session's :class:`~serve.events.EventLog` through a subscriber, exactly as
+``GET /session/:id/events`` does, translating every frame (:mod:`.translate`) into the
+session's outbox. So a session made here is an ordinary session (REST sees it, its events
+reach REST subscribers), and a turn started over REST shows on the ACP stream.
+
+Everything else is a message to an actor: prompts, cancel, close, mode and model switches,
+metadata and heartbeats go to the session actor (``SubmitPrompt``, ``CancelTurn``, ...),
+permission answers go to the PermissionMediator as votes (``CastVote``) under the daemon's
+mediation policy, creation and restore go to the SessionRegistry. ``fs/*`` and ``terminal/*``
+requests of the child agent are served by the daemon (the session actor and its effect gate)
+and never reach a remote client: only ``session/request_permission`` is forwarded, as a
+vote.
+
+Routing (the HTTP transport has one connection stream plus one stream per owned session;
+the WebSocket transport has one socket for everything): replies to ``session/prompt``,
+``session/set_mode``, ``session/set_model`` and ``session/set_config_option`` go to the
+session's outbox; every other reply, and every ownership error, to the connection's. The
+reply to ``session/close`` is delivered *before* the session stream ends (on the session
+stream for ACP clients, which read it there; on the connection stream for the daemon-dialect
+SDK), so no client sees its stream end with the close still unanswered.
+
+Bounds (units named): at most :data:`MAX_CONNECTIONS` connections, :data:`MAX_SESSIONS`
+sessions and :data:`MAX_INFLIGHT` requests in flight per connection; every outbox holds at
+most ``max_messages`` messages and ``max_bytes`` bytes. While a reader is attached and
+draining, a full outbox makes the pump wait (at most :data:`WRITER_STALL_S`); a session
+outbox that overflows with no reader (or a stalled one) is *evicted*: its queued events are
+dropped, an id-less ``_qwen/notify client_evicted`` is queued, and the pump stops;
+reopening the stream resumes from ``Last-Event-ID`` (or from the first dropped event)
+through the log's ring, and replies queued meanwhile follow the replay. A connection outbox
+(or a WebSocket's) that overflows ends the connection. HTTP connections with no open stream and
+no request for ``idle_timeout_s`` expire. Closing a connection (DELETE, a dropped socket,
+expiry) releases everything it held: pumps stop, its client registrations are released,
+and each of its sessions to which no other client is attached is closed.
+
+The front knows nothing of HTTP: the transports call :meth:`AcpFront.initialize`,
+:meth:`AcpFront.submit`, :meth:`AcpFront.session_outbox` and :meth:`AcpFront.close`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import msgspec
+import trio
+
+from actors import ActorError
+from serve.acpfront import jsonrpc
+from serve.acpfront.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    RESOURCE_NOT_FOUND,
+    SERVER_ERROR,
+    Notification,
+    Request,
+    Response,
+    RpcError,
+)
+from serve.acpfront.outbox import Outbox
+from serve.acpfront.translate import PERMISSION_ID_PREFIX, notify, split_frames, translate
+from serve.events import SubscriberLimitExceeded
+from serve.events.messages import PublishEvent
+from serve.host import Host
+from serve.http.capabilities import Feature
+from serve.http.daemon_status import daemon_status
+from serve.http.errors import to_api_error
+from serve.permissions.mediator import CastVote
+from serve.sessions.actor import (
+    Attach,
+    CancelTurn,
+    CloseSession,
+    Heartbeat,
+    PromptQueueFull,
+    SessionGone,
+    SetApprovalMode,
+    SetModel,
+    SubmitPrompt,
+    UpdateMetadata,
+)
+from serve.sessions.registry import CreateSession, RestoreSession
+from serve.status.agent import context_state, supported_commands
+from serve.status.shared import shared_workspace
+from serve.workspace import (
+    WorkspaceFsError,
+    edit_text,
+    glob,
+    list_dir,
+    read_bytes,
+    read_text,
+    stat,
+    write_text,
+)
+from serve.workspace.files import (
+    DEFAULT_BYTES_WINDOW,
+    MAX_BYTES_WINDOW,
+    MAX_READ_LINES,
+    MAX_TEXT_READ_BYTES,
+)
+from serve.workspace.listing import DEFAULT_GLOB_RESULTS, MAX_GLOB_RESULTS
+
+log = logging.getLogger(__name__)
+
+#: Connections open at once (each: two bounded outboxes per session at most).
+MAX_CONNECTIONS = 256
+#: Sessions one connection may own.
+MAX_SESSIONS = 64
+#: Requests of one connection being handled at once.
+MAX_INFLIGHT = 64
+#: Permission requests remembered per connection (JSON-RPC id → vote target).
+MAX_SERVER_REQUESTS = 1024
+#: An HTTP connection without an open stream or a request for this long expires (seconds).
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+#: The pump's subscriber bound (frames), as ``?maxQueued`` on the REST stream.
+PUMP_MAX_QUEUED = 2048
+ASK_TIMEOUT_S = 30.0
+#: How long a pump waits for a stream reader that is attached but not draining (seconds).
+WRITER_STALL_S = 30.0
+
+PROTOCOL_VERSION = 1
+
+#: Replies routed to the session stream (the qwen SDK accepts these five only from there).
+SESSION_REPLIES = frozenset(
+    {
+        "session/prompt",
+        "session/cancel",
+        "session/set_mode",
+        "session/set_model",
+        "session/set_config_option",
+    }
+)
+
+Policy = Callable[["Connection", str], RpcError | None]
+
+
+def _rpc_from_exception(exc: BaseException, session_id: str | None = None) -> RpcError:
+    """A domain or actor failure as a JSON-RPC error (``data.httpStatus`` mirrors REST)."""
+    if isinstance(exc, RpcError):
+        return exc
+    if isinstance(exc, SessionGone | ActorError):
+        return _not_found(session_id or "")
+    if isinstance(exc, PromptQueueFull):
+        return RpcError(
+            SERVER_ERROR,
+            f"Prompt queue is full ({exc.limit})",
+            {"httpStatus": 503, "code": "prompt_queue_full", "limit": exc.limit},
+        )
+    status = getattr(exc, "status", None)
+    body = getattr(exc, "body", None)
+    if isinstance(status, int) and isinstance(body, dict):  # the actors' ApiError
+        code = {400: INVALID_PARAMS, 404: RESOURCE_NOT_FOUND, 501: METHOD_NOT_FOUND}.get(
+            status, SERVER_ERROR if status < 500 else INTERNAL_ERROR
+        )
+        return RpcError(code, str(body.get("error", "error")), {"httpStatus": status, **body})
+    mapped = to_api_error(exc)
+    if mapped is not None:
+        return _rpc_from_exception(mapped, session_id)
+    log.exception("ACP request failed", exc_info=exc)
+    return RpcError(INTERNAL_ERROR, "Internal error", {"httpStatus": 500})
+
+
+def _not_found(session_id: str) -> RpcError:
+    return RpcError(
+        RESOURCE_NOT_FOUND,
+        f'No session with id "{session_id}"',
+        {"httpStatus": 404, "code": "session_not_found", "sessionId": session_id},
+    )
+
+
+def _params_error(message: str, **data: Any) -> RpcError:
+    return RpcError(INVALID_PARAMS, message, {"httpStatus": 400, **data} if data else None)
+
+
+class _ConnectionLevel(RpcError):
+    """An error answered on the connection stream whatever the method (ownership,
+    a header contradicting the params, an unknown method)."""
+
+
+class SessionLink:
+    """One session a connection owns: its client id there, its outbox, its pump."""
+
+    __slots__ = (
+        "client_id",
+        "deferred",
+        "ended",
+        "evicted",
+        "hold_end",
+        "last_pushed",
+        "outbox",
+        "pump_done",
+        "pump_scope",
+        "pushed",
+        "resume_from",
+        "session",
+    )
+
+    def __init__(self, session: Any, client_id: str, outbox: Outbox) -> None:
+        self.session = session
+        self.client_id = client_id
+        self.outbox = outbox
+        self.pump_scope: trio.CancelScope | None = None
+        self.pump_done = trio.Event()
+        self.pump_done.set()
+        self.last_pushed: int | None = None
+        #: Set (and replaced) whenever the pump has queued a batch.
+        self.pushed = trio.Event()
+        self.evicted = False
+        #: After an eviction: the last event id before the first dropped one.
+        self.resume_from: int | None = None
+        #: Replies queued before a resume, re-queued after its replay (replay_complete).
+        self.deferred: list[bytes] = []
+        self.ended = False
+        self.hold_end = False
+
+    @property
+    def session_id(self) -> str:
+        return str(self.session.session_id)
+
+
+class Connection:
+    """One remote ACP client (see the module docstring)."""
+
+    def __init__(
+        self,
+        transport: str,
+        dialect: str,
+        workspace: str,
+        *,
+        loopback: bool,
+        max_messages: int,
+        max_bytes: int,
+    ) -> None:
+        self.id = str(uuid.uuid4())
+        self.transport = transport  # "http" | "ws"
+        self.dialect = dialect  # "acp" (an ACP client) | "qwen" (the daemon-route SDK)
+        self.workspace = workspace
+        self.loopback = loopback
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.outbox = Outbox(max_messages=max_messages, max_bytes=max_bytes)
+        self.sessions: dict[str, SessionLink] = {}
+        self.server_requests: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self.inflight = 0
+        self.closed = False
+        self.open_streams = 0
+        #: The rate limiter's client key (set by the transport).
+        self.rate_key = "anonymous"
+        self.last_activity = time.monotonic()
+        #: Cancel scopes of this connection's running requests (cancelled on close).
+        self.tasks: set[trio.CancelScope] = set()
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    def session_outbox_for(self, session_id: str) -> Outbox:
+        link = self.sessions.get(session_id)
+        if link is None or self.transport == "ws":
+            return self.outbox
+        return link.outbox
+
+    def idle_for(self, now: float) -> float:
+        if self.open_streams or self.inflight:
+            return 0.0
+        return now - self.last_activity
+
+
+Handler = Callable[[Connection, dict[str, Any]], Awaitable[Any]]
+
+
+class AcpFront:
+    """The table of connections and the method handlers; see the module docstring."""
+
+    def __init__(
+        self,
+        host: Host,
+        *,
+        policy: Policy | None = None,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        max_messages: int = 2048,
+        max_bytes: int = 8 * 1024 * 1024,
+        version: str = "0",
+        all_features: Sequence[Feature] = (),
+    ) -> None:
+        self.host = host
+        #: Every feature the app serves (``_qwen/status`` reports the advertised ones).
+        self.all_features = tuple(all_features)
+        self.policy = policy
+        self.idle_timeout_s = idle_timeout_s
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self.version = version
+        self.connections: dict[str, Connection] = {}
+        self._nursery: trio.Nursery | None = None
+        self.expired = 0
+        self.evictions = 0
+        self._methods: dict[str, Handler] = {
+            "session/new": self._session_new,
+            "session/load": self._session_load,
+            "session/resume": self._session_resume,
+            "session/list": self._session_list,
+            "session/close": self._session_close,
+            "session/prompt": self._session_prompt,
+            "session/cancel": self._session_cancel,
+            "session/set_mode": self._session_set_mode,
+            "session/set_model": self._session_set_model,
+            "session/set_config_option": self._session_set_config_option,
+            "session/permission": self._session_permission,
+            "_qwen/health": self._health,
+            "_qwen/session/heartbeat": self._heartbeat,
+            "_qwen/session/update_metadata": self._update_metadata,
+            "_qwen/session/detach": self._detach,
+            "_qwen/session/context": self._context,
+            "_qwen/session/supported_commands": self._supported_commands,
+            "_qwen/status": self._status,
+            "_qwen/file/read": self._file_read,
+            "_qwen/file/read_bytes": self._file_read_bytes,
+            "_qwen/file/stat": self._file_stat,
+            "_qwen/file/list": self._file_list,
+            "_qwen/file/glob": self._file_glob,
+            "_qwen/file/write": self._file_write,
+            "_qwen/file/edit": self._file_edit,
+        }
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted(self._methods)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._reaper)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                for conn in list(self.connections.values()):
+                    await self._release(conn, close_sessions=False)
+
+    async def _reaper(self) -> None:
+        interval = max(0.05, min(30.0, self.idle_timeout_s / 4))
+        while True:
+            await trio.sleep(interval)
+            now = time.monotonic()
+            for conn in list(self.connections.values()):
+                if conn.transport == "http" and conn.idle_for(now) >= self.idle_timeout_s:
+                    log.info("ACP connection %s expired (idle)", conn.id)
+                    self.expired += 1
+                    self.close(conn)
+
+    def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self._nursery is None:
+            raise RpcError(SERVER_ERROR, "ACP front is not running", {"httpStatus": 503})
+        self._nursery.start_soon(fn, *args)
+
+    # ---- connections -------------------------------------------------------------------
+
+    def get(self, connection_id: str) -> Connection | None:
+        return self.connections.get(connection_id)
+
+    def initialize(
+        self, transport: str, workspace: str, request: Request, *, loopback: bool
+    ) -> tuple[Connection, bytes]:
+        """Open a connection for ``initialize``; returns it and the encoded reply."""
+        if self._nursery is None or getattr(self.host, "draining", False):
+            raise RpcError(
+                SERVER_ERROR, "Daemon is draining", {"httpStatus": 503, "code": "daemon_draining"}
+            )
+        params = request.params
+        version = params.get("protocolVersion")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            raise _params_error("`protocolVersion` must be an integer")
+        client_info = params.get("clientInfo")
+        if client_info is not None and not isinstance(client_info, dict):
+            raise _params_error("`clientInfo` must be an object")
+        if len(self.connections) >= MAX_CONNECTIONS:
+            raise RpcError(
+                SERVER_ERROR,
+                f"ACP connection limit reached ({MAX_CONNECTIONS})",
+                {"httpStatus": 503, "code": "connection_limit_exceeded", "limit": MAX_CONNECTIONS},
+            )
+        # The qwen SDK's route-table transports send only {clientInfo}: they speak the
+        # daemon's REST semantics over JSON-RPC (its synthesised HTTP statuses).
+        dialect = "acp" if version is not None else "qwen"
+        conn = Connection(
+            transport,
+            dialect,
+            workspace,
+            loopback=loopback,
+            max_messages=self.max_messages,
+            max_bytes=self.max_bytes,
+        )
+        self.connections[conn.id] = conn
+        result = {
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": True,
+                "promptCapabilities": {"image": True, "audio": True, "embeddedContext": True},
+                "mcpCapabilities": {"http": False, "sse": False},
+                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
+                "_meta": {
+                    "qwen": {
+                        "connectionId": conn.id,
+                        "transport": transport,
+                        "methods": self.methods,
+                    }
+                },
+            },
+            "agentInfo": {"name": "acp-serve", "title": "acp-serve", "version": self.version},
+            "authMethods": [],
+        }
+        return conn, jsonrpc.result_bytes(request.id, result)
+
+    def close(self, conn: Connection) -> None:
+        """End a connection (DELETE, dropped socket, expiry): streams end at once, and what
+        it held is released in the background."""
+        if conn.closed:
+            return
+        conn.closed = True
+        self.connections.pop(conn.id, None)
+        conn.outbox.end()
+        for link in conn.sessions.values():
+            link.outbox.end()
+        for scope in list(conn.tasks):
+            scope.cancel()
+        if self._nursery is not None:
+            self._nursery.start_soon(self._release, conn, True)
+
+    async def _release(self, conn: Connection, close_sessions: bool) -> None:
+        conn.closed = True
+        self.connections.pop(conn.id, None)
+        links = list(conn.sessions.values())
+        conn.sessions.clear()
+        for link in links:
+            self._unlink(link)
+        if not close_sessions:
+            return
+        async with trio.open_nursery() as nursery:
+            for link in links:
+                session = link.session
+                if session.closing or session.clients:
+                    continue  # another client is attached to it
+                nursery.start_soon(self._close_quietly, session)
+
+    async def _close_quietly(self, session: Any) -> None:
+        try:
+            await session.ask(CloseSession(reason="acp_connection_closed"), timeout_s=10)
+        except Exception:
+            pass
+
+    def _unlink(self, link: SessionLink) -> None:
+        if link.pump_scope is not None:
+            link.pump_scope.cancel()
+        link.outbox.end()
+        session = link.session
+        if not link.ended:
+            link.ended = True
+            session.subscribers -= 1
+            session.release_client(link.client_id)
+        session.last_seen_ms = int(time.time() * 1000)
+
+    # ---- incoming messages -------------------------------------------------------------
+
+    def submit(
+        self, conn: Connection, message: jsonrpc.Message, header_session: str | None
+    ) -> None:
+        """Handle one message in the background; its reply lands in an outbox."""
+        conn.touch()
+        match message:
+            case Request() | Notification():
+                if conn.inflight >= MAX_INFLIGHT:
+                    if isinstance(message, Request):
+                        self._reply_conn(
+                            conn,
+                            jsonrpc.error_bytes(
+                                message.id,
+                                RpcError(
+                                    SERVER_ERROR,
+                                    f"Too many requests in flight ({MAX_INFLIGHT})",
+                                    {"httpStatus": 429, "code": "too_many_inflight"},
+                                ),
+                            ),
+                        )
+                    return
+                conn.inflight += 1
+                self._spawn(self._handle, conn, message, header_session)
+            case Response():
+                self._spawn(self._answer, conn, message)
+            case jsonrpc.Invalid(id=rid, error=error):
+                self._reply_conn(conn, jsonrpc.error_bytes(rid, error))
+            case jsonrpc.Batch():
+                self._reply_conn(
+                    conn,
+                    jsonrpc.error_bytes(
+                        None, RpcError(jsonrpc.INVALID_REQUEST, "Batches are not supported")
+                    ),
+                )
+
+    async def _handle(
+        self, conn: Connection, message: Request | Notification, header_session: str | None
+    ) -> None:
+        rid = message.id if isinstance(message, Request) else None
+        method = message.method
+        params = message.params
+        sid = params.get("sessionId")
+        scope = trio.CancelScope()
+        conn.tasks.add(scope)
+        try:
+            with scope:
+                try:
+                    if method == "initialize":
+                        raise _ConnectionLevel(
+                            jsonrpc.INVALID_REQUEST, "The connection is already initialized"
+                        )
+                    handler = self._methods.get(method)
+                    if handler is None:
+                        if rid is None:
+                            return  # unknown notifications are ignored
+                        raise _ConnectionLevel(METHOD_NOT_FOUND, f"Method not found: {method}")
+                    if sid is not None and not isinstance(sid, str):
+                        raise _ConnectionLevel(INVALID_PARAMS, "`sessionId` must be a string")
+                    if header_session is not None and sid is not None and header_session != sid:
+                        raise _ConnectionLevel(
+                            INVALID_PARAMS,
+                            "The Acp-Session-Id header does not match params.sessionId",
+                            {"httpStatus": 400, "code": "session_mismatch"},
+                        )
+                    if self.policy is not None:
+                        refusal = self.policy(conn, method)
+                        if refusal is not None:
+                            raise refusal
+                    result = await handler(conn, params)
+                except _ConnectionLevel as exc:
+                    if rid is not None:
+                        self._reply_conn(conn, jsonrpc.error_bytes(rid, exc))
+                    return
+                except Exception as exc:
+                    if rid is not None:
+                        error = _rpc_from_exception(exc, sid if isinstance(sid, str) else None)
+                        link = conn.sessions.get(sid) if isinstance(sid, str) else None
+                        if link is not None and method in SESSION_REPLIES:
+                            await _caught_up(link, link.session.log.last_id)
+                        self._reply(conn, method, sid, jsonrpc.error_bytes(rid, error))
+                    return
+                if rid is not None and not isinstance(result, _Replied):
+                    link = conn.sessions.get(sid) if isinstance(sid, str) else None
+                    if link is not None and method in SESSION_REPLIES:
+                        # A reply follows the events its request caused (model_switched,
+                        # approval_mode_changed, the turn's updates) on the stream.
+                        await _caught_up(link, link.session.log.last_id)
+                    self._reply(conn, method, sid, jsonrpc.result_bytes(rid, result))
+                elif isinstance(result, _Replied) and rid is not None:
+                    await result.deliver(rid)
+        finally:
+            conn.tasks.discard(scope)
+            conn.inflight -= 1
+            conn.touch()
+
+    # ---- reply routing -----------------------------------------------------------------
+
+    def _reply(self, conn: Connection, method: str, sid: Any, payload: bytes) -> None:
+        if conn.transport == "http" and method in SESSION_REPLIES and isinstance(sid, str):
+            link = conn.sessions.get(sid)
+            if link is not None and not link.outbox.ended:
+                self._push_session(conn, link, None, payload)
+                return
+        self._reply_conn(conn, payload)
+
+    def _reply_conn(self, conn: Connection, payload: bytes) -> None:
+        if not conn.outbox.push(None, payload):
+            log.warning("ACP connection %s: outbox full, closing the connection", conn.id)
+            self.evictions += 1
+            self.close(conn)
+
+    def _push_session(
+        self, conn: Connection, link: SessionLink, event_id: int | None, payload: bytes
+    ) -> bool:
+        outbox = link.outbox if conn.transport == "http" else conn.outbox
+        if outbox.push(event_id, payload):
+            if event_id is not None:
+                link.last_pushed = event_id
+            return True
+        if conn.transport == "ws":
+            self.evictions += 1
+            self.close(conn)
+            return False
+        # Evict this session stream's queued events; the client resumes from the ring.
+        self.evictions += 1
+        dropped, lowest = outbox.drop_events()
+        if event_id is not None and (lowest is None or event_id < lowest):
+            lowest = event_id
+        link.evicted = True
+        link.resume_from = (lowest - 1) if lowest is not None else outbox.last_taken
+        if link.pump_scope is not None:
+            link.pump_scope.cancel()
+        outbox.push(
+            None,
+            notify(
+                "client_evicted",
+                {
+                    "sessionId": link.session_id,
+                    "reason": "queue_overflow",
+                    "droppedAfter": link.resume_from,
+                    "dropped": dropped,
+                    "maxQueued": outbox.max_messages,
+                },
+            ),
+        )
+        if event_id is None:
+            return outbox.push(None, payload)
+        return False
+
+    # ---- session links and pumps -------------------------------------------------------
+
+    async def _own(self, conn: Connection, session: Any, *, replay: bool) -> SessionLink:
+        """Make ``conn`` a client of ``session`` and start its pump (idempotent)."""
+        sid = str(session.session_id)
+        existing = conn.sessions.get(sid)
+        if existing is not None and not existing.ended:
+            return existing
+        # Ended links stay until their stream is drained; drop the drained ones, and past
+        # twice the limit the oldest ended ones (a client that never reads them).
+        for key, old in list(conn.sessions.items()):
+            if old.ended and old.outbox.ended and not len(old.outbox):
+                del conn.sessions[key]
+        ended = [key for key, old in conn.sessions.items() if old.ended]
+        while ended and len(conn.sessions) >= 2 * MAX_SESSIONS:
+            del conn.sessions[ended.pop(0)]
+        if sum(1 for old in conn.sessions.values() if not old.ended) >= MAX_SESSIONS:
+            raise RpcError(
+                SERVER_ERROR,
+                f"A connection may own at most {MAX_SESSIONS} sessions",
+                {"httpStatus": 503, "code": "connection_session_limit", "limit": MAX_SESSIONS},
+            )
+        client_id = await session.ask(Attach(None), timeout_s=ASK_TIMEOUT_S)
+        outbox = Outbox(max_messages=conn.max_messages, max_bytes=conn.max_bytes)
+        link = SessionLink(session, client_id, outbox)
+        conn.sessions[sid] = link
+        session.subscribers += 1
+        self._start_pump(conn, link, 0 if replay else None, None)
+        return link
+
+    def _start_pump(
+        self, conn: Connection, link: SessionLink, last_event_id: int | None, epoch: str | None
+    ) -> None:
+        if link.pump_scope is not None:
+            link.pump_scope.cancel()
+        try:
+            sub = link.session.log.subscribe(
+                last_event_id=last_event_id, epoch=epoch, max_queued=PUMP_MAX_QUEUED
+            )
+        except SubscriberLimitExceeded as exc:
+            raise RpcError(
+                SERVER_ERROR,
+                str(exc),
+                {"httpStatus": 429, "code": "subscriber_limit_exceeded", "limit": exc.limit},
+            ) from None
+        # What the pump will have queued once it reaches the head (for _caught_up).
+        start = link.session.log.last_id if last_event_id is None else last_event_id
+        link.last_pushed = start if link.last_pushed is None else max(link.last_pushed, start)
+        scope = trio.CancelScope()
+        link.pump_scope = scope
+        link.evicted = False
+        link.pump_done = trio.Event()
+        self._spawn(self._pump, conn, link, sub, scope, link.pump_done)
+
+    async def _pump(
+        self, conn: Connection, link: SessionLink, sub: Any, scope: trio.CancelScope, done: Any
+    ) -> None:
+        requests = not (conn.transport == "ws" and conn.dialect == "qwen")
+        finished = False
+        try:
+            with scope:
+                while True:
+                    chunk = await sub.next_chunk()
+                    if chunk is None:
+                        finished = True
+                        break
+                    for event_id, envelope in split_frames(chunk):
+                        msg = translate(event_id, envelope, requests=requests)
+                        if msg is None:
+                            continue
+                        if msg.permission is not None:
+                            rid, sid, request_id = msg.permission
+                            conn.server_requests[rid] = (sid, request_id)
+                            while len(conn.server_requests) > MAX_SERVER_REQUESTS:
+                                conn.server_requests.popitem(last=False)
+                        outbox = link.outbox if conn.transport == "http" else conn.outbox
+                        if not outbox.has_room(len(msg.payload)) and outbox.has_reader:
+                            # A reader is draining: backpressure, not eviction (the log's
+                            # own subscriber bound still evicts a pump that falls behind).
+                            with trio.move_on_after(WRITER_STALL_S):
+                                await outbox.wait_room(len(msg.payload))
+                        if not self._push_session(conn, link, msg.event_id, msg.payload):
+                            return
+                        if msg.event_type == "client_evicted":
+                            link.evicted = True
+                            return
+                        if msg.event_type == "replay_complete" and link.deferred:
+                            deferred, link.deferred = link.deferred, []
+                            for reply in deferred:
+                                self._push_session(conn, link, None, reply)
+                    link.pushed.set()
+                    link.pushed = trio.Event()
+        finally:
+            sub.close()
+            done.set()
+            if finished and link.pump_scope is scope:
+                self._session_ended(conn, link)
+
+    def _session_ended(self, conn: Connection, link: SessionLink) -> None:
+        """The session's log closed: its stream drains and ends; the link is released."""
+        if link.hold_end:
+            return
+        self._finish_link(conn, link)
+
+    def _finish_link(self, conn: Connection, link: SessionLink) -> None:
+        if not link.ended:
+            link.ended = True
+            link.session.subscribers -= 1
+            link.session.release_client(link.client_id)
+        link.outbox.end()
+        if conn.transport == "ws":
+            conn.sessions.pop(link.session_id, None)
+
+    def session_outbox(
+        self,
+        conn: Connection,
+        session_id: str,
+        *,
+        last_event_id: int | None,
+        epoch: str | None,
+    ) -> tuple[Outbox, str] | None:
+        """The outbox of an owned session's stream (None: not owned), resumed from
+        ``last_event_id`` when given (or from the last event handed out after an
+        eviction). Returns it with the log's epoch."""
+        link = conn.sessions.get(session_id)
+        if link is None:
+            return None
+        if link.ended:
+            if link.outbox.ended and not len(link.outbox):
+                conn.sessions.pop(session_id, None)
+                return None
+            return link.outbox, link.session.log.epoch
+        if last_event_id is None and link.evicted:
+            last_event_id = link.resume_from if link.resume_from is not None else 0
+        if last_event_id is not None:
+            link.outbox.drop_events()
+            link.deferred.extend(link.outbox.take_replies())
+            self._start_pump(conn, link, last_event_id, epoch)
+        return link.outbox, link.session.log.epoch
+
+    # ---- permission answers ------------------------------------------------------------
+
+    async def _answer(self, conn: Connection, message: Response) -> None:
+        """The client answered a request we sent it: a permission vote."""
+        rid = message.id
+        target = conn.server_requests.pop(rid, None) if isinstance(rid, str) else None
+        if target is None:
+            if isinstance(rid, str) and rid.startswith(PERMISSION_ID_PREFIX):
+                log.info("ACP connection %s answered unknown request %s", conn.id, rid)
+            return
+        sid, request_id = target
+        link = conn.sessions.get(sid)
+        body: Any = message.result if message.error is None else None
+        if not isinstance(body, dict) or "outcome" not in body:
+            body = {"outcome": {"outcome": "cancelled"}}
+        try:
+            await self.host.mediator.ask(
+                CastVote(
+                    request_id,
+                    sid,
+                    body,
+                    link.client_id if link is not None else None,
+                    conn.loopback,
+                ),
+                timeout_s=ASK_TIMEOUT_S,
+            )
+        except Exception as exc:
+            log.info("ACP permission answer not counted: %r", exc)
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _owned(self, conn: Connection, params: dict[str, Any]) -> SessionLink:
+        sid = params.get("sessionId")
+        if not isinstance(sid, str) or not sid:
+            raise _params_error("`sessionId` must be a non-empty string")
+        link = conn.sessions.get(sid)
+        if link is None:
+            raise _ConnectionLevel(
+                INVALID_PARAMS,
+                f'Session "{sid}" is not owned by this connection '
+                "(session/load or session/resume it first)",
+                {"httpStatus": 403, "code": "session_not_owned", "sessionId": sid},
+            )
+        if link.ended or link.session.closing:
+            raise _not_found(sid)
+        return link
+
+    def _workspace(self, conn: Connection, params: dict[str, Any]) -> str:
+        registry = self.host.registry
+        raw = params.get("cwd", params.get("workspaceCwd"))
+        if raw is None:
+            return conn.workspace
+        if not isinstance(raw, str) or not os.path.isabs(raw):
+            raise _params_error("`cwd` must be an absolute path")
+        try:
+            cwd = os.path.realpath(raw)
+        except (OSError, ValueError):
+            cwd = os.path.normpath(raw)
+        if cwd in registry.runtimes:
+            return cwd
+        runtime = registry.by_ref(raw)
+        if runtime is not None:
+            return str(runtime.path)
+        raise _params_error(
+            f"Requested workspace {cwd} is not served by this daemon",
+            code="workspace_mismatch",
+            requestedWorkspace=cwd,
+        )
+
+    async def _ticket_session(self, msg: Any) -> tuple[Any, bool]:
+        if getattr(self.host, "draining", False):
+            raise RpcError(
+                SERVER_ERROR, "Daemon is draining", {"httpStatus": 503, "code": "daemon_draining"}
+            )
+        ticket = await self.host.registry.ask(msg, timeout_s=ASK_TIMEOUT_S)
+        try:
+            session = await ticket.pending.wait()
+        except RpcError:
+            raise
+        except Exception as exc:
+            error = _rpc_from_exception(exc)
+            if error.code == INTERNAL_ERROR and not isinstance(getattr(exc, "status", None), int):
+                error = RpcError(
+                    SERVER_ERROR,
+                    f"Agent failed to start: {exc}",
+                    {"httpStatus": 503, "code": "acp_channel_unavailable", "retryable": True},
+                )
+            raise error from None
+        return session, bool(ticket.attached)
+
+    def _session_result(self, session: Any, link: SessionLink, attached: bool) -> dict[str, Any]:
+        state = session.state_snapshot()
+        out: dict[str, Any] = {
+            "sessionId": session.session_id,
+            **{k: state[k] for k in ("modes", "models", "configOptions") if k in state},
+            "workspaceCwd": session.workspace,
+            "attached": attached,
+            "clientId": link.client_id,
+            "createdAt": session.created_at,
+        }
+        return out
+
+    # ---- session methods ---------------------------------------------------------------
+
+    async def _session_new(self, conn: Connection, params: dict[str, Any]) -> Any:
+        workspace = self._workspace(conn, params)
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        scope = meta.get("qwen-code/sessionScope", "thread") if meta else "thread"
+        if scope not in ("single", "thread"):
+            raise _params_error("`_meta.qwen-code/sessionScope` must be single or thread")
+        if meta and meta.get("qwen-code/sessionId") is not None:
+            raise _params_error(
+                "`sessionId` overrides are not supported by this daemon", code="invalid_session_id"
+            )
+        session, attached = await self._ticket_session(CreateSession(workspace, scope))
+        # A session made for this call: its set-up events (available commands, ...) too.
+        link = await self._own(conn, session, replay=not attached)
+        out = self._session_result(session, link, attached)
+        mode = params.get("approvalMode")
+        if isinstance(mode, str) and mode:
+            try:
+                await session.ask(SetApprovalMode(mode, False, link.client_id), timeout_s=30)
+            except Exception:
+                pass
+        model = params.get("modelServiceId")
+        if isinstance(model, str) and model:
+            try:
+                await session.ask(SetModel(model, link.client_id), timeout_s=60)
+                out["modelApplied"] = True
+            except Exception:
+                out["modelApplied"] = False
+        return out
+
+    async def _restore(self, conn: Connection, params: dict[str, Any], action: str) -> Any:
+        sid = params.get("sessionId")
+        if not isinstance(sid, str) or not sid:
+            raise _params_error("`sessionId` must be a non-empty string")
+        workspace = self._workspace(conn, params)
+        try:
+            session, attached = await self._ticket_session(RestoreSession(sid, workspace, action))
+        except RpcError as exc:
+            data = exc.data if isinstance(exc.data, dict) else {}
+            if data.get("httpStatus") == 500 and data.get("code") in (-32002, -32602):
+                raise _not_found(sid) from None
+            raise
+        link = await self._own(conn, session, replay=action == "load")
+        out = self._session_result(session, link, attached)
+        out["state"] = session.state_snapshot()
+        out["lastEventId"] = session.log.last_id
+        out["eventEpoch"] = session.log.epoch
+        return out
+
+    async def _session_load(self, conn: Connection, params: dict[str, Any]) -> Any:
+        return await self._restore(conn, params, "load")
+
+    async def _session_resume(self, conn: Connection, params: dict[str, Any]) -> Any:
+        return await self._restore(conn, params, "resume")
+
+    async def _session_list(self, conn: Connection, params: dict[str, Any]) -> Any:
+        workspace = (
+            self._workspace(conn, params)
+            if params.get("cwd") is not None or params.get("workspaceCwd") is not None
+            else None
+        )
+        sessions = []
+        for session in self.host.registry.live(workspace):
+            summary = session.summary()
+            summary["cwd"] = session.workspace
+            summary["title"] = summary.get("displayName")
+            summary["updatedAt"] = session.created_at
+            sessions.append(summary)
+        return {"sessions": sessions}
+
+    async def _session_close(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)
+        session = link.session
+        link.hold_end = True
+        try:
+            await session.ask(
+                CloseSession(reason="client_close", closed_by=link.client_id),
+                timeout_s=ASK_TIMEOUT_S,
+            )
+            # The session's last events (session_closed) are queued before the reply.
+            with trio.move_on_after(5):
+                await link.pump_done.wait()
+        finally:
+            link.hold_end = False
+        return _Replied(self, conn, link, "close")
+
+    async def _detach(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)
+        return _Replied(self, conn, link, "detach")
+
+    async def _session_prompt(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)
+        blocks, text = _validate_prompt(params.get("prompt"))
+        prompt_id = params.get("promptId")
+        if prompt_id is not None and (
+            not isinstance(prompt_id, str) or not 0 < len(prompt_id) <= 128
+        ):
+            raise _params_error("`promptId` must be a non-empty string of at most 128 characters")
+        deadline = params.get("deadlineMs")
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, int) or deadline <= 0
+        ):
+            raise _params_error("`deadlineMs` must be a positive integer")
+        extra = {
+            k: v
+            for k, v in params.items()
+            if k not in ("sessionId", "prompt", "promptId", "deadlineMs")
+        }
+        session = link.session
+        admission = await session.ask(
+            SubmitPrompt(blocks, text, link.client_id, extra or None, prompt_id, deadline),
+            timeout_s=ASK_TIMEOUT_S,
+        )
+        job = admission.job
+        try:
+            await job.done.wait()
+        except trio.Cancelled:
+            if not job.done.is_set():
+                try:
+                    session.tell_nowait(CancelTurn(link.client_id, admission.prompt_id))
+                except Exception:
+                    pass
+            raise
+        event_type, data = job.result
+        if event_type == "turn_complete":
+            out: dict[str, Any] = {
+                "stopReason": data["stopReason"],
+                "promptId": admission.prompt_id,
+                "_meta": {"qwen": {"promptId": admission.prompt_id}},
+            }
+            if "branchPoint" in data:
+                out["branchPoint"] = data["branchPoint"]
+            return out
+        retryable = ("channel_closed", "daemon_shutdown", "agent_restarted")
+        status = 503 if data.get("code") in retryable else 500
+        detail = {k: data[k] for k in ("code", "data", "errorKind") if k in data}
+        raise RpcError(
+            INTERNAL_ERROR,
+            str(data.get("message", "prompt failed")),
+            {"httpStatus": status, "promptId": admission.prompt_id, **detail},
+        )
+
+    async def _session_cancel(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)
+        await link.session.ask(CancelTurn(link.client_id), timeout_s=ASK_TIMEOUT_S)
+        return {}
+
+    async def _session_set_mode(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)
+        mode = params.get("modeId", params.get("mode"))
+        if not isinstance(mode, str) or not mode:
+            raise _params_error("`modeId` must be a non-empty string")
+        out = await link.session.ask(
+            SetApprovalMode(mode, False, link.client_id), timeout_s=ASK_TIMEOUT_S
+        )
+        return out
+
+    async def _session_set_model(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)
+        model = params.get("modelId")
+        if not isinstance(model, str) or not model.strip():
+            raise _params_error("`modelId` must be a non-empty string")
+        return await link.session.ask(SetModel(model, link.client_id), timeout_s=60)
+
+    async def _session_set_config_option(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)
+        config_id = params.get("configId")
+        value = params.get("value")
+        if not isinstance(value, str) or not value:
+            raise _params_error("`value` must be a non-empty string")
+        if config_id == "model":
+            await link.session.ask(SetModel(value, link.client_id), timeout_s=60)
+        elif config_id == "mode":
+            await link.session.ask(
+                SetApprovalMode(value, False, link.client_id), timeout_s=ASK_TIMEOUT_S
+            )
+        else:
+            raise _params_error(
+                "`configId` must be one of: model, mode", code="unsupported_config_option"
+            )
+        state = link.session.state_snapshot()
+        return {"configOptions": state.get("configOptions") or []}
+
+    async def _session_permission(self, conn: Connection, params: dict[str, Any]) -> Any:
+        request_id = params.get("requestId")
+        if not isinstance(request_id, str) or not request_id:
+            raise _params_error("`requestId` must be a non-empty string")
+        sid = params.get("sessionId")
+        link = self._owned(conn, params) if sid is not None else None
+        if link is None:
+            owner = None
+            for s, r in conn.server_requests.values():
+                if r == request_id:
+                    owner = conn.sessions.get(s)
+                    break
+            link = owner
+        body = {k: v for k, v in params.items() if k not in ("sessionId", "requestId")}
+        status, out = await self.host.mediator.ask(
+            CastVote(
+                request_id,
+                sid if isinstance(sid, str) else None,
+                body,
+                link.client_id if link is not None else None,
+                conn.loopback,
+            ),
+            timeout_s=ASK_TIMEOUT_S,
+        )
+        if status != 200:
+            raise RpcError(
+                INVALID_PARAMS
+                if status == 400
+                else RESOURCE_NOT_FOUND
+                if status == 404
+                else SERVER_ERROR,
+                str(out.get("error", "vote refused")),
+                {"httpStatus": status, **out},
+            )
+        conn.server_requests.pop(PERMISSION_ID_PREFIX + request_id, None)
+        return out
+
+    async def _context(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)
+        session = link.session
+        return {
+            "v": 1,
+            "sessionId": session.session_id,
+            "workspaceCwd": session.workspace,
+            "state": context_state(session),
+        }
+
+    async def _supported_commands(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)
+        return {
+            "v": 1,
+            "sessionId": link.session_id,
+            "availableCommands": supported_commands(link.session),
+        }
+
+    async def _status(self, conn: Connection, params: dict[str, Any]) -> Any:
+        detail = params.get("detail", "summary")
+        if detail not in ("summary", "full"):
+            raise _params_error("`detail` must be one of: summary, full")
+        return daemon_status(self.host, detail, self.all_features)
+
+    # ---- files (the REST file routes' functions) ---------------------------------------
+
+    async def _file_read(self, conn: Connection, params: dict[str, Any]) -> Any:
+        path = _Files.text(params, "path")
+        max_bytes = _Files.number(params, "maxBytes", 1, MAX_TEXT_READ_BYTES)
+        line = _Files.number(params, "line", 1, 2**31 - 1)
+        limit = _Files.number(params, "limit", 1, MAX_READ_LINES)
+        ws = _Files.workspace(self, conn)
+        return await _Files.run(
+            lambda: read_text(ws, path, max_bytes=max_bytes, line=line, limit=limit)
+        )
+
+    async def _file_read_bytes(self, conn: Connection, params: dict[str, Any]) -> Any:
+        path = _Files.text(params, "path")
+        offset = _Files.number(params, "offset", 0, 2**63 - 1) or 0
+        max_bytes = _Files.number(params, "maxBytes", 1, MAX_BYTES_WINDOW) or DEFAULT_BYTES_WINDOW
+        ws = _Files.workspace(self, conn)
+        return await _Files.run(lambda: read_bytes(ws, path, offset=offset, max_bytes=max_bytes))
+
+    async def _file_stat(self, conn: Connection, params: dict[str, Any]) -> Any:
+        path = _Files.text(params, "path")
+        ws = _Files.workspace(self, conn)
+        return await _Files.run(lambda: stat(ws, path))
+
+    async def _file_list(self, conn: Connection, params: dict[str, Any]) -> Any:
+        path = _Files.text(params, "path", required=False) or "."
+        include_ignored = _Files.flag(params, "includeIgnored")
+        ws = _Files.workspace(self, conn)
+        return await _Files.run(lambda: list_dir(ws, path, include_ignored=include_ignored))
+
+    async def _file_glob(self, conn: Connection, params: dict[str, Any]) -> Any:
+        pattern = _Files.text(params, "pattern")
+        cwd = _Files.text(params, "cwd", required=False)
+        include_ignored = _Files.flag(params, "includeIgnored")
+        max_results = (
+            _Files.number(params, "maxResults", 1, MAX_GLOB_RESULTS) or DEFAULT_GLOB_RESULTS
+        )
+        ws = _Files.workspace(self, conn)
+        return await _Files.run(
+            lambda: glob(
+                ws, pattern, cwd=cwd, include_ignored=include_ignored, max_results=max_results
+            )
+        )
+
+    async def _publish_change(self, conn: Connection, result: Any, action: str) -> None:
+        """``workspace_file_changed`` on every live session of the workspace, through the
+        workspace hub (the session actors stay their logs' only writers)."""
+        originator = next(
+            (
+                link.client_id
+                for link in conn.sessions.values()
+                if link.session.workspace == conn.workspace
+            ),
+            None,
+        )
+        data = {
+            "path": result.path,
+            "action": action,
+            "hash": result.hash,
+            "size": result.size_bytes,
+            "matchedIgnore": result.matched_ignore,
+        }
+        hub = self.host.hub
+        if hub is not None:
+            await hub.broadcast(conn.workspace, "workspace_file_changed", data, originator)
+            return
+        for session in self.host.registry.live(conn.workspace):
+            try:
+                session.tell_nowait(
+                    PublishEvent("workspace_file_changed", data, originator=originator)
+                )
+            except Exception:
+                pass  # a full or closed inbox: the change itself stands
+
+    async def _file_write(self, conn: Connection, params: dict[str, Any]) -> Any:
+        path = _Files.text(params, "path")
+        content = params.get("content")
+        if not isinstance(content, str):
+            raise _params_error("`content` must be a string")
+        ws = _Files.workspace(self, conn)
+        result = await _Files.run(
+            lambda: write_text(
+                ws,
+                path,
+                content,
+                mode=params.get("mode"),  # type: ignore[arg-type]  # checked by write_text
+                expected_hash=params.get("expectedHash"),
+                encoding=params.get("encoding"),
+                bom=params.get("bom"),
+                line_ending=params.get("lineEnding"),
+            )
+        )
+        await self._publish_change(conn, result, "created" if result.created else "replaced")
+        return result
+
+    async def _file_edit(self, conn: Connection, params: dict[str, Any]) -> Any:
+        path = _Files.text(params, "path")
+        old, new = params.get("oldText"), params.get("newText")
+        if not isinstance(old, str) or not isinstance(new, str):
+            raise _params_error("`oldText` and `newText` must be strings")
+        expected = _Files.text(params, "expectedHash")
+        ws = _Files.workspace(self, conn)
+        result = await _Files.run(lambda: edit_text(ws, path, old, new, expected_hash=expected))
+        await self._publish_change(conn, result, "edited")
+        return result
+
+    async def _health(self, conn: Connection, params: dict[str, Any]) -> Any:
+        return {"status": "ok"}
+
+    async def _heartbeat(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)
+        last_seen = await link.session.ask(Heartbeat(link.client_id), timeout_s=ASK_TIMEOUT_S)
+        return {"sessionId": link.session_id, "lastSeenAt": last_seen, "clientId": link.client_id}
+
+    async def _update_metadata(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)
+        name = params.get("displayName")
+        if not isinstance(name, str) or not name.strip() or len(name) > 256:
+            raise _params_error(
+                "`displayName` must be a non-empty string of at most 256 characters",
+                code="invalid_metadata",
+            )
+        return await link.session.ask(
+            UpdateMetadata(name.strip(), link.client_id), timeout_s=ASK_TIMEOUT_S
+        )
+
+
+async def _caught_up(link: SessionLink, event_id: int, max_wait_s: float = 1.0) -> None:
+    """Wait (bounded) until the pump has queued ``event_id``: a turn's reply then follows
+    its events (``turn_complete`` included) on the stream."""
+    with trio.move_on_after(max_wait_s):
+        while (link.last_pushed or 0) < event_id and not link.pump_done.is_set():
+            await link.pushed.wait()
+
+
+class _Files:
+    """``_qwen/file/*``: the workspace file functions the REST file routes run, on the
+    connection's workspace, in a worker thread (not abandoned on cancel)."""
+
+    @staticmethod
+    def workspace(front: AcpFront, conn: Connection) -> Any:
+        untrusted = tuple(getattr(front.host.settings, "untrusted_workspaces", ()))
+        return shared_workspace(conn.workspace, trusted=conn.workspace not in untrusted)
+
+    @staticmethod
+    def text(params: dict[str, Any], name: str, *, required: bool = True) -> Any:
+        value = params.get(name)
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or (required and not value):
+            raise _params_error(f"`{name}` must be a non-empty string")
+        return value
+
+    @staticmethod
+    def number(params: dict[str, Any], name: str, low: int, high: int) -> int | None:
+        value = params.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise _params_error(f"`{name}` must be an integer in [{low}, {high}]")
+        return value
+
+    @staticmethod
+    def flag(params: dict[str, Any], name: str) -> bool:
+        value = params.get(name, False)
+        if not isinstance(value, bool):
+            raise _params_error(f"`{name}` must be a boolean")
+        return value
+
+    @staticmethod
+    async def run(fn: Callable[[], Any]) -> Any:
+        try:
+            return await trio.to_thread.run_sync(fn)
+        except WorkspaceFsError as exc:
+            body = exc.to_body()
+            code = (
+                INVALID_PARAMS
+                if exc.status == 400
+                else (RESOURCE_NOT_FOUND if exc.status == 404 else SERVER_ERROR)
+            )
+            raise RpcError(code, exc.message, {"httpStatus": exc.status, **body}) from None
+
+
+class _Replied:
+    """A reply that must be ordered with the end of a session stream (close, detach)."""
+
+    def __init__(self, front: AcpFront, conn: Connection, link: SessionLink, kind: str) -> None:
+        self.front = front
+        self.conn = conn
+        self.link = link
+        self.kind = kind
+
+    async def deliver(self, rid: jsonrpc.Id) -> None:
+        conn, link = self.conn, self.link
+        if conn.dialect == "qwen":
+            # The qwen SDK synthesises an HTTP response from the reply, and its
+            # closeSession/detachSession accept only 204 or 404 (a 204 cannot carry the
+            # body it builds): the REST status it understands as "done" is 404.
+            payload = jsonrpc.error_bytes(
+                rid,
+                RpcError(
+                    RESOURCE_NOT_FOUND,
+                    f"Session {link.session_id} {'closed' if self.kind == 'close' else 'detached'}",
+                    {"httpStatus": 404, "sessionId": link.session_id, "done": self.kind},
+                ),
+            )
+            self.front._reply_conn(conn, payload)
+        elif conn.transport == "http" and not link.outbox.ended:
+            # An ACP client reads the reply on the session stream, before it ends.
+            self.front._push_session(conn, link, None, jsonrpc.result_bytes(rid, {}))
+        else:
+            self.front._reply_conn(conn, jsonrpc.result_bytes(rid, {}))
+        if self.kind == "detach" and link.pump_scope is not None:
+            link.pump_scope.cancel()
+        self.front._finish_link(conn, link)
+
+
+_PROMPT_ERROR = "`prompt` must be a non-empty array of content blocks"
+
+
+def _validate_prompt(prompt: Any) -> tuple[msgspec.Raw, str]:
+    if not isinstance(prompt, list) or not prompt:
+        raise _params_error(_PROMPT_ERROR)
+    texts: list[str] = []
+    non_text = 0
+    for block in prompt:
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise _params_error(_PROMPT_ERROR)
+        if block["type"] == "text":
+            if not isinstance(block.get("text"), str):
+                raise _params_error("text content blocks need a string `text`")
+            texts.append(block["text"])
+        else:
+            non_text += 1
+    if non_text > 256:
+        raise _params_error("at most 256 non-text content blocks per prompt")
+    return msgspec.Raw(msgspec.json.encode(prompt)), "\n".join(texts)

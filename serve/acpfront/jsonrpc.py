@@ -1,0 +1,156 @@
+"""JSON-RPC 2.0 validation and encoding for the ACP front (no I/O, no HTTP).
+
+:func:`parse` turns one received message (bytes) into a :class:`Request`, a
+:class:`Notification`, a :class:`Response` (the remote client answering a request we sent
+it), or a :class:`Invalid` carrying the error reply to send (``id`` null when the id itself
+could not be read). A JSON array is a :class:`Batch` (ACP does not use batches). Nothing a
+client sends can raise out of here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+SERVER_ERROR = -32000
+RESOURCE_NOT_FOUND = -32002
+
+Id = str | int
+
+_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+class RpcError(Exception):
+    """An error reply: JSON-RPC ``code``, ``message`` and optional ``data``."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            out["data"] = self.data
+        return out
+
+
+class Request(msgspec.Struct, frozen=True):
+    id: Id
+    method: str
+    params: dict[str, Any]
+
+
+class Notification(msgspec.Struct, frozen=True):
+    method: str
+    params: dict[str, Any]
+
+
+class Response(msgspec.Struct, frozen=True):
+    id: Id
+    result: Any = None
+    error: Any = None
+
+
+class Invalid(msgspec.Struct, frozen=True):
+    id: Id | None
+    error: RpcError
+
+
+class Batch(msgspec.Struct, frozen=True):
+    size: int
+
+
+Message = Request | Notification | Response | Invalid | Batch
+
+
+def _valid_id(value: Any) -> bool:
+    return (isinstance(value, str) and len(value) <= 256) or (
+        isinstance(value, int) and not isinstance(value, bool) and -(2**53) < value < 2**53
+    )
+
+
+def parse(raw: bytes) -> Message:
+    try:
+        obj = _decoder.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return Invalid(None, RpcError(PARSE_ERROR, "Parse error: the body is not valid JSON"))
+    except RecursionError:  # msgspec's depth guard: thousands of nested arrays/objects
+        return Invalid(None, RpcError(PARSE_ERROR, "Parse error: the body nests JSON too deeply"))
+    return parse_obj(obj)
+
+
+def parse_obj(obj: Any) -> Message:
+    if isinstance(obj, list):
+        return Batch(len(obj))
+    if not isinstance(obj, dict):
+        return Invalid(None, RpcError(INVALID_REQUEST, "Invalid Request: expected an object"))
+    raw_id = obj.get("id")
+    has_id = "id" in obj and raw_id is not None
+    rid: Id | None = raw_id if has_id and _valid_id(raw_id) else None
+    if obj.get("jsonrpc") != "2.0":
+        return Invalid(rid, RpcError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"'))
+    if has_id and rid is None:
+        return Invalid(
+            None,
+            RpcError(INVALID_REQUEST, 'Invalid Request: "id" must be a string or an integer'),
+        )
+    method = obj.get("method")
+    if method is None and "method" not in obj:
+        if rid is None:
+            return Invalid(None, RpcError(INVALID_REQUEST, "Invalid Request: no method and no id"))
+        has_result = "result" in obj
+        has_error = "error" in obj
+        if has_result == has_error:
+            return Invalid(
+                rid,
+                RpcError(
+                    INVALID_REQUEST,
+                    "Invalid Request: a response has exactly one of result and error",
+                ),
+            )
+        return Response(rid, obj.get("result"), obj.get("error"))
+    if not isinstance(method, str) or not method or len(method) > 256:
+        return Invalid(
+            rid, RpcError(INVALID_REQUEST, 'Invalid Request: "method" must be a non-empty string')
+        )
+    params = obj.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        return Invalid(rid, RpcError(INVALID_PARAMS, 'Invalid params: "params" must be an object'))
+    if rid is None:
+        return Notification(method, params)
+    return Request(rid, method, params)
+
+
+def encode(obj: Any) -> bytes:
+    return _encoder.encode(obj)
+
+
+def result_bytes(rid: Id, result: Any) -> bytes:
+    if isinstance(result, msgspec.Raw):
+        return (
+            b'{"jsonrpc":"2.0","id":' + _encoder.encode(rid) + b',"result":' + bytes(result) + b"}"
+        )
+    return _encoder.encode({"jsonrpc": "2.0", "id": rid, "result": result})
+
+
+def error_bytes(rid: Id | None, error: RpcError) -> bytes:
+    return _encoder.encode({"jsonrpc": "2.0", "id": rid, "error": error.body()})
+
+
+def request_bytes(rid: Id, method: str, params: Any) -> bytes:
+    return _encoder.encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+
+
+def notification_bytes(method: str, params: Any) -> bytes:
+    return _encoder.encode({"jsonrpc": "2.0", "method": method, "params": params})

@@ -1,0 +1,453 @@
+"""``acp-serve attach URL [--token T]``: a stdio ACP agent that forwards to a remote ``/acp``.
+
+An editor that only spawns local agent processes runs this; it speaks ACP (newline-delimited
+JSON-RPC) on stdin/stdout and forwards every message to a remote daemon's ``/acp`` over
+Streamable HTTP: one ``POST`` per message, the connection stream and one stream per session
+read with ``GET`` (server→editor messages are written to stdout as they arrive).
+
+Theory of operation
+-------------------
+* The first message must be ``initialize``; its params are kept, so a lost connection can
+  be re-established. The reply (and the connection id) come from the ``POST``.
+* A session stream is opened (headers received) before the first message naming that
+  session is posted, and when a reply carries a ``sessionId`` (``session/new``, load,
+  resume), so no event is missed.
+* Each stream remembers the last event id it delivered. When a stream drops, it reconnects
+  (backoff 0.2 s doubling to 5 s) with ``Last-Event-ID``, so the daemon replays what was
+  missed from the session's ring; JSON-RPC replies queued meanwhile are kept by the daemon
+  and delivered on the new stream. If the daemon no longer knows the connection (404: it
+  expired or the daemon restarted), a new connection is initialised with the saved params
+  and every session is taken back with ``session/resume`` before its stream reopens.
+* stdin EOF: the connection is deleted and the process exits 0.
+
+Bounds: stdin lines up to :data:`MAX_LINE_BYTES`; at most :data:`MAX_SESSIONS` session
+streams; POSTs are retried for at most :data:`POST_RETRY_S` before the editor gets a
+JSON-RPC error for its request. Diagnostics go to stderr; stdout carries only ACP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import msgspec
+import trio
+
+log = logging.getLogger("acp-serve.attach")
+
+MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_SESSIONS = 64
+POST_RETRY_S = 30.0
+BACKOFF_START_S = 0.2
+BACKOFF_MAX_S = 5.0
+#: How long a renewal waits for the daemon to answer one session/resume.
+RESUME_TIMEOUT_S = 60.0
+
+_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+class Gone(Exception):
+    """The daemon does not know our connection any more (404)."""
+
+
+class Bridge:
+    def __init__(self, url: str, token: str | None, stdout: trio.abc.SendStream) -> None:
+        base = url.rstrip("/")
+        self.endpoint = base if base.endswith("/acp") else base + "/acp"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.stdout = stdout
+        self.write_lock = trio.Lock()
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+        self.conn_id: str | None = None
+        self.init_params: dict[str, Any] | None = None
+        self.generation = 0  # bumped when a new connection replaces a lost one
+        self.reconnecting: trio.Event | None = None
+        self.resuming: trio.Event | None = None
+        self.sessions: dict[str, SessionStream] = {}
+        self.reply_sessions: dict[Any, str] = {}  # id of a request we forwarded to the editor
+        #: Our own requests (renewal resumes) awaiting their reply, which the editor never sees.
+        self.internal: dict[Any, trio.Event] = {}
+        self.nursery: trio.Nursery | None = None
+        self._internal = 0
+
+    # ---- output --------------------------------------------------------------------------
+
+    async def emit(self, payload: bytes) -> None:
+        async with self.write_lock:
+            await self.stdout.send_all(payload + b"\n")
+
+    async def emit_obj(self, obj: Any) -> None:
+        await self.emit(_encoder.encode(obj))
+
+    # ---- connection ----------------------------------------------------------------------
+
+    async def initialize(self, message: dict[str, Any]) -> None:
+        self.init_params = dict(message.get("params") or {})
+        reply = await self._post_initialize(message)
+        await self.emit(reply)
+        assert self.nursery is not None
+        self.nursery.start_soon(self._connection_stream)
+
+    async def _post_initialize(self, message: dict[str, Any]) -> bytes:
+        delay = BACKOFF_START_S
+        deadline = trio.current_time() + POST_RETRY_S
+        while True:
+            try:
+                response = await self.http.post(
+                    self.endpoint,
+                    content=_encoder.encode(message),
+                    headers={**self.headers, "Content-Type": "application/json"},
+                )
+            except httpx.HTTPError as exc:
+                if trio.current_time() > deadline:
+                    raise
+                log.warning("initialize failed (%s); retrying", exc)
+                await trio.sleep(delay)
+                delay = min(BACKOFF_MAX_S, delay * 2)
+                continue
+            if response.status_code != 200:
+                return response.content or _encoder.encode(
+                    _error(message.get("id"), -32000, f"initialize: HTTP {response.status_code}")
+                )
+            self.conn_id = response.headers.get("acp-connection-id")
+            self.generation += 1
+            return response.content
+
+    async def _renew(self, generation: int, *, wait_resume: bool = True) -> None:
+        """Replace a lost connection (once per loss, however many tasks noticed it).
+
+        The connection stream is read again as soon as the new connection exists (the
+        resumes are answered there); POSTs and session streams also wait for the resumes
+        (``wait_resume``), since the sessions are the new connection's only after them."""
+        if generation == self.generation and self.reconnecting is None:
+            self.reconnecting = trio.Event()
+            self.resuming = trio.Event()
+            try:
+                self._internal += 1
+                message = {
+                    "jsonrpc": "2.0",
+                    "id": f"attach-init-{self._internal}",
+                    "method": "initialize",
+                    "params": self.init_params or {},
+                }
+                await self._post_initialize(message)
+            finally:
+                event, self.reconnecting = self.reconnecting, None
+                event.set()
+            assert self.nursery is not None
+            self.nursery.start_soon(self._resume_all, self.resuming)
+        elif self.reconnecting is not None:
+            await self.reconnecting.wait()
+        if wait_resume and self.resuming is not None:
+            await self.resuming.wait()
+
+    async def _resume_all(self, done: trio.Event) -> None:
+        try:
+            for sid, stream in list(self.sessions.items()):
+                self._internal += 1
+                resume = {
+                    "jsonrpc": "2.0",
+                    "id": f"attach-resume-{self._internal}",
+                    "method": "session/resume",
+                    "params": {"sessionId": sid, **({"cwd": stream.cwd} if stream.cwd else {})},
+                }
+                answered = self.internal[resume["id"]] = trio.Event()
+                try:
+                    await self._post(_encoder.encode(resume), None, renewing=True)
+                except httpx.HTTPError:
+                    continue
+                # The session is ours again only once the resume is answered.
+                with trio.move_on_after(RESUME_TIMEOUT_S):
+                    await answered.wait()
+                self.internal.pop(resume["id"], None)
+        finally:
+            done.set()
+
+    def _conn_headers(self, session_id: str | None = None) -> dict[str, str]:
+        headers = dict(self.headers)
+        if self.conn_id:
+            headers["Acp-Connection-Id"] = self.conn_id
+        if session_id:
+            headers["Acp-Session-Id"] = session_id
+        return headers
+
+    async def _post(
+        self, body: bytes, session_id: str | None, *, renewing: bool = False
+    ) -> httpx.Response:
+        delay = BACKOFF_START_S
+        deadline = trio.current_time() + POST_RETRY_S
+        while True:
+            generation = self.generation
+            try:
+                response = await self.http.post(
+                    self.endpoint,
+                    content=body,
+                    headers={**self._conn_headers(session_id), "Content-Type": "application/json"},
+                )
+            except httpx.HTTPError as exc:
+                if trio.current_time() > deadline:
+                    raise
+                log.warning("POST failed (%s); retrying", exc)
+                await trio.sleep(delay)
+                delay = min(BACKOFF_MAX_S, delay * 2)
+                continue
+            if response.status_code == 404 and self.init_params is not None:
+                await self._renew(generation, wait_resume=not renewing)
+                if trio.current_time() > deadline:
+                    return response
+                continue
+            return response
+
+    async def forward(self, raw: bytes, message: dict[str, Any]) -> None:
+        """Post one editor message; HTTP failures of a request become JSON-RPC errors."""
+        params = message.get("params")
+        session_id = params.get("sessionId") if isinstance(params, dict) else None
+        if not isinstance(session_id, str) and "method" not in message:
+            session_id = self.reply_sessions.pop(message.get("id"), None)
+        if isinstance(session_id, str) and session_id:
+            await self.open_session(session_id, None)
+        try:
+            response = await self._post(raw, session_id if isinstance(session_id, str) else None)
+        except httpx.HTTPError as exc:
+            if "method" in message and message.get("id") is not None:
+                await self.emit_obj(_error(message["id"], -32603, f"daemon unreachable: {exc}"))
+            return
+        if response.status_code >= 400 and "method" in message and message.get("id") is not None:
+            try:
+                body = _decoder.decode(response.content)
+            except (msgspec.DecodeError, RecursionError):
+                body = None
+            if isinstance(body, dict) and isinstance(body.get("error"), dict):
+                body["id"] = message["id"]
+                await self.emit_obj(body)
+            else:
+                await self.emit_obj(_error(message["id"], -32603, f"HTTP {response.status_code}"))
+
+    # ---- streams -------------------------------------------------------------------------
+
+    async def open_session(self, session_id: str, cwd: str | None) -> None:
+        stream = self.sessions.get(session_id)
+        if stream is None:
+            if len(self.sessions) >= MAX_SESSIONS:
+                return
+            stream = SessionStream(self, session_id, cwd)
+            self.sessions[session_id] = stream
+            assert self.nursery is not None
+            self.nursery.start_soon(stream.run)
+        with trio.move_on_after(10):
+            await stream.opened.wait()
+
+    async def _connection_stream(self) -> None:
+        await self._read_stream(None, None)
+
+    async def _read_stream(self, session: SessionStream | None, _unused: Any) -> None:
+        """Read one stream for ever: reconnect on drops, renew a lost connection."""
+        delay = BACKOFF_START_S
+        while True:
+            generation = self.generation
+            headers = {**self._conn_headers(session.session_id if session else None)}
+            headers["Accept"] = "text/event-stream"
+            if session is not None and session.last_event_id is not None:
+                headers["Last-Event-ID"] = str(session.last_event_id)
+            try:
+                async with self.http.stream("GET", self.endpoint, headers=headers) as response:
+                    if response.status_code == 404:
+                        await self._renew(generation, wait_resume=session is not None)
+                        continue
+                    if (
+                        response.status_code == 403
+                        and session is not None
+                        and self.resuming is not None
+                        and not self.resuming.is_set()
+                    ):
+                        await self.resuming.wait()  # ours again once resumed
+                        continue
+                    if response.status_code == 403 and session is not None:
+                        session.opened.set()
+                        self.sessions.pop(session.session_id, None)
+                        return  # not ours (closed, or never owned)
+                    if response.status_code != 200:
+                        raise httpx.HTTPError(f"GET {response.status_code}")
+                    if session is not None:
+                        session.opened.set()
+                    delay = BACKOFF_START_S
+                    ended = await self._pump(response, session)
+                    if ended and session is not None:
+                        self.sessions.pop(session.session_id, None)
+                        return
+            except httpx.HTTPError as exc:
+                log.warning("stream dropped (%s); reconnecting", exc)
+            await trio.sleep(delay)
+            delay = min(BACKOFF_MAX_S, delay * 2)
+
+    async def _pump(self, response: httpx.Response, session: SessionStream | None) -> bool:
+        """Forward every message of an open stream; True when a session stream ended
+        because its session did (session_closed / session_died seen)."""
+        event_id: int | None = None
+        data: list[str] = []
+        finished = False
+        async for line in response.aiter_lines():
+            if line == "":
+                if data:
+                    payload = "\n".join(data).encode()
+                    finished = await self._deliver(payload, session, event_id) or finished
+                event_id, data = None, []
+            elif line.startswith("id:"):
+                value = line[3:].strip()
+                event_id = int(value) if value.isdigit() else None
+            elif line.startswith("data:"):
+                data.append(line[5:].lstrip(" "))
+        return finished
+
+    async def _deliver(
+        self, payload: bytes, session: SessionStream | None, event_id: int | None
+    ) -> bool:
+        try:
+            message = _decoder.decode(payload)
+        except (msgspec.DecodeError, RecursionError):
+            return False
+        if not isinstance(message, dict):
+            return False
+        if session is not None and event_id is not None:
+            if session.last_event_id is not None and event_id <= session.last_event_id:
+                return False  # already delivered before the drop
+            session.last_event_id = event_id
+        mid = message.get("id")
+        if "method" not in message and isinstance(mid, str) and mid.startswith("attach-"):
+            waiter = self.internal.get(mid)
+            if waiter is not None:
+                waiter.set()
+            return False  # our own renewal's replies
+        method = message.get("method")
+        if method is not None and mid is not None and session is not None:
+            self.reply_sessions[mid] = session.session_id
+            while len(self.reply_sessions) > 1024:
+                self.reply_sessions.pop(next(iter(self.reply_sessions)))
+        result = message.get("result")
+        if isinstance(result, dict) and isinstance(result.get("sessionId"), str):
+            cwd = result.get("workspaceCwd")
+            assert self.nursery is not None
+            self.nursery.start_soon(
+                self.open_session, result["sessionId"], cwd if isinstance(cwd, str) else None
+            )
+        if method == "_qwen/notify":
+            params = message.get("params") or {}
+            kind = params.get("kind") if isinstance(params, dict) else None
+            if kind in ("session_closed", "session_died"):
+                await self.emit(payload)
+                return True
+        await self.emit(payload)
+        return False
+
+    async def close(self) -> None:
+        if self.conn_id:
+            with trio.move_on_after(5):
+                try:
+                    await self.http.delete(self.endpoint, headers=self._conn_headers())
+                except httpx.HTTPError:
+                    pass
+        await self.http.aclose()
+
+
+class SessionStream:
+    def __init__(self, bridge: Bridge, session_id: str, cwd: str | None) -> None:
+        self.bridge = bridge
+        self.session_id = session_id
+        self.cwd = cwd
+        self.last_event_id: int | None = None
+        self.opened = trio.Event()
+
+    async def run(self) -> None:
+        await self.bridge._read_stream(self, None)
+
+
+def _error(rid: Any, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
+
+
+async def _lines(stdin: trio.abc.ReceiveStream) -> Any:
+    buffer = b""
+    while True:
+        chunk = await stdin.receive_some(65536)
+        if not chunk:
+            if buffer.strip():
+                yield buffer
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield line
+        if len(buffer) > MAX_LINE_BYTES:
+            buffer = b""
+            yield b"\x00"  # an over-long line: answered as a parse error
+
+
+async def run(url: str, token: str | None) -> int:
+    stdin = trio.lowlevel.FdStream(os.dup(0))
+    stdout = trio.lowlevel.FdStream(os.dup(1))
+    bridge = Bridge(url, token, stdout)
+    try:
+        async with trio.open_nursery() as nursery:
+            bridge.nursery = nursery
+            async for line in _lines(stdin):
+                try:
+                    message = _decoder.decode(line)
+                except (msgspec.DecodeError, RecursionError):
+                    await bridge.emit_obj(_error(None, -32700, "Parse error"))
+                    continue
+                if not isinstance(message, dict):
+                    await bridge.emit_obj(_error(None, -32600, "Invalid Request"))
+                    continue
+                if bridge.conn_id is None:
+                    if message.get("method") != "initialize":
+                        if message.get("id") is not None:
+                            await bridge.emit_obj(
+                                _error(
+                                    message.get("id"),
+                                    -32600,
+                                    "The first message must be initialize",
+                                )
+                            )
+                        continue
+                    try:
+                        await bridge.initialize(message)
+                    except httpx.HTTPError as exc:
+                        await bridge.emit_obj(
+                            _error(message.get("id"), -32603, f"daemon unreachable: {exc}")
+                        )
+                    continue
+                nursery.start_soon(bridge.forward, line, message)
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await bridge.close()
+            await stdin.aclose()
+            await stdout.aclose()
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="acp-serve attach",
+        description="A stdio ACP agent that forwards to a remote acp-serve daemon's /acp.",
+    )
+    parser.add_argument("url", help="the daemon's base URL (http://host:port) or its /acp URL")
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="bearer token (default: $QWEN_SERVER_TOKEN); prefer the environment over argv",
+    )
+    args = parser.parse_args(list(argv))
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="attach: %(message)s")
+    token = args.token or os.environ.get("QWEN_SERVER_TOKEN") or None
+    try:
+        return trio.run(run, args.url, token)
+    except KeyboardInterrupt:
+        return 130

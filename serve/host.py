@@ -1,0 +1,155 @@
+"""The Host: every long-lived part of one daemon, typed, built once.
+
+:func:`serve.runtime.host.build_host` builds it (and the ordered list of the root
+supervisor's children that run its actors); :class:`serve.runtime.daemon.Daemon` runs it;
+the HTTP layer reads it (``serve.http.context.daemon()`` returns it). Nothing sets an
+attribute of the Host after it is built except through the parts it names here: the
+config cell (``POST /workspace/reload`` swaps it), the lifecycle state (the daemon's run
+and drain), and the front's statistics (the HTTP front's own counters).
+
+Dependency position: it imports the domain packages (their types) and the front's rate
+limiter type; the HTTP layer and the runtime import it; domain packages never do.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from actors import Supervisor, SupervisorEvent
+
+if TYPE_CHECKING:
+    from serve.config import ConfigCell, DaemonConfig
+    from serve.deviceflow.poller import DeviceFlowPoller
+    from serve.http.security.ratelimit import RateLimiter
+    from serve.journal import Journal
+    from serve.mcp.pool import McpPool
+    from serve.permissions.effects import EffectGate
+    from serve.permissions.mediator import PermissionMediator
+    from serve.sessions.chaos import ChaosMonkey
+    from serve.sessions.runtimes import WorkspaceRuntimes
+    from serve.settings import Settings
+    from serve.workspace.hub import WorkspaceHub
+    from serve.workspace_state.reload import WorkspaceState
+
+
+@dataclass(eq=False)
+class Lifecycle:
+    """Where the daemon is in its life: the port it bound, draining, the root supervisor
+    and the optional services' supervisor (a child of the root)."""
+
+    root: Supervisor
+    port: int
+    services: Supervisor
+    started_monotonic: float = field(default_factory=time.monotonic)
+    urls: list[str] = field(default_factory=list)
+    draining: bool = False
+
+
+@dataclass(eq=False)
+class FrontStats:
+    """The HTTP front's own statistics (the front updates them; read models read them)."""
+
+    rate_limiter: RateLimiter | None = None
+    #: Open SSE event streams.
+    sse_streams: int = 0
+    #: Event-log totals of sessions that are gone, so counters never go backwards.
+    retired: dict[str, int] = field(
+        default_factory=lambda: {"published": 0, "evictions": 0, "warnings": 0}
+    )
+
+    def retire(self, log_stats: dict[str, Any]) -> None:
+        for key, stat in (
+            ("published", "published"),
+            ("evictions", "evictions"),
+            ("warnings", "slowClientWarnings"),
+        ):
+            self.retired[key] += int(log_stats.get(stat, 0))
+
+
+@dataclass(eq=False)
+class Host:
+    """One daemon's parts (see the module docstring)."""
+
+    settings: Settings
+    config_cell: ConfigCell
+    #: The workspace runtimes: one session registry per served workspace.
+    registry: WorkspaceRuntimes
+    mediator: PermissionMediator
+    effects: EffectGate
+    journal: Journal | None
+    workspace_state: WorkspaceState
+    #: Workspace-wide events fanned out to every session of a workspace, by message.
+    hub: WorkspaceHub
+    mcp_pool: McpPool
+    device_flow: DeviceFlowPoller
+    chaos: ChaosMonkey | None
+    lifecycle: Lifecycle
+    front: FrontStats
+
+    # ---- views -------------------------------------------------------------------------
+
+    @property
+    def config(self) -> DaemonConfig:
+        return self.config_cell.current
+
+    @property
+    def permission_policy(self) -> str:
+        return self.config.policy.permission_strategy
+
+    @property
+    def draining(self) -> bool:
+        return self.lifecycle.draining
+
+    @property
+    def port(self) -> int:
+        return self.lifecycle.port
+
+    @property
+    def started_monotonic(self) -> float:
+        return self.lifecycle.started_monotonic
+
+    @property
+    def root(self) -> Supervisor:
+        return self.lifecycle.root
+
+    # ---- read models -------------------------------------------------------------------
+
+    def workspace_descriptors(self) -> list[dict[str, Any]]:
+        return [rt.descriptor() for rt in self.registry]
+
+    def supervisor_events(self) -> list[SupervisorEvent]:
+        return list(self.root.events)
+
+    def rate_limit_hits(self) -> dict[str, int] | None:
+        limiter = self.front.rate_limiter
+        return limiter.hits() if limiter is not None else None
+
+    def deep_health(self) -> dict[str, Any]:
+        live = self.registry.live()
+        return {
+            "status": "ok",
+            "workspaceCount": len(self.settings.workspaces)
+            + len(self.settings.untrusted_workspaces),
+            "sessions": len(live),
+            "pendingPermissions": self.mediator.pending_count(),
+            "activePrompts": sum(1 for s in live if s.has_active_prompt),
+            "connectedClients": self.front.sse_streams,
+            **({"rateLimitHits": hits} if (hits := self.rate_limit_hits()) else {}),
+        }
+
+    def readiness(self) -> tuple[bool, str]:
+        """For ``/readyz``: (ready, reason)."""
+        if self.draining:
+            return False, "draining"
+        states = {c["name"]: c["state"] for c in self.root.children()}
+        if not self.root.running or any(state != "running" for state in states.values()):
+            return False, "supervisor_not_running"
+        limit = self.settings.max_sessions
+        if limit and len(self.registry.live()) >= limit * len(self.settings.workspaces):
+            return False, "session_capacity_exhausted"
+        total = self.settings.max_total_sessions
+        if total and len(self.registry.live()) >= total:
+            return False, "session_capacity_exhausted"
+        return True, "ready"

@@ -1,0 +1,555 @@
+"""ACP over HTTP + SSE and over WebSocket at ``/acp`` (and ``/workspaces/:workspace/acp``).
+
+The glue between the wire and :class:`serve.acpfront.AcpFront` (which holds connections,
+their sessions and outboxes, and all routing):
+
+* ``POST`` (``application/json``, else 415): one JSON-RPC message. ``initialize`` needs no
+  connection id and answers 200 with the result and ``Acp-Connection-Id``; every other
+  message is 202 with an empty body and its reply comes on a stream. A batch is 501; a body
+  that is not JSON-RPC is 400 with a JSON-RPC error (``id: null``); no connection id is
+  400, an unknown one 404.
+* ``GET`` (``Accept: text/event-stream``, else 406, checked first): the connection stream,
+  or with ``Acp-Session-Id`` the stream of a session the connection owns (403 otherwise),
+  resumable with ``Last-Event-ID``. ``retry: 3000`` first, then ``data:`` lines (session-bus
+  messages with ``id: N``), a heartbeat comment every 15 s. One reader per stream.
+* ``DELETE``: 202; both streams end, what the connection held is released; then 404.
+* WebSocket: the first frame must be ``initialize`` (else a -32600 error and close 1002);
+  then every message of every session flows on the socket.
+
+The security front (bearer, Host, CORS) has already run for every request and upgrade; the
+rate limiter applies per JSON-RPC method (HTTP: 429 on the POST, as on REST; WebSocket: a
+JSON-RPC error), and on a daemon without a token the methods whose REST twin is a
+strict-gate route answer ``token_required``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import Any
+
+import trio
+from quart import Blueprint, Response, current_app, make_response, request, websocket
+from quart.wrappers.base import ClientDisconnectedError
+
+from serve.acpfront import AcpFront, Connection, jsonrpc
+from serve.acpfront.front import DEFAULT_IDLE_TIMEOUT_S, Policy
+from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
+from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
+from serve.host import Host
+from serve.http.capabilities import Feature
+from serve.http.context import daemon, features
+from serve.http.security import (
+    TOKEN_REQUIRED_BODY,
+    Tier,
+    client_key,
+    is_loopback_address,
+    is_strict,
+)
+
+log = logging.getLogger(__name__)
+
+blueprint = Blueprint("acp", __name__)
+
+HEARTBEAT_INTERVAL_S = 15.0
+#: The first WebSocket frame must arrive within this many seconds.
+WS_INIT_TIMEOUT_S = 30.0
+MAX_SAFE_INTEGER = 2**53 - 1
+_JSON = "application/json; charset=utf-8"
+
+_ROUTES = ("/acp", "/workspaces/<path:workspace>/acp", "/workspaces//<path:workspace>/acp")
+
+_ROUTES = ("/acp", "/workspaces/<path:workspace>/acp", "/workspaces//<path:workspace>/acp")
+
+
+def acp_enabled(_daemon: Any = None) -> bool:
+    """``/acp`` is on unless ``QWEN_SERVE_ACP_HTTP=0`` (as in the reference)."""
+    return os.environ.get("QWEN_SERVE_ACP_HTTP", "1").strip().lower() not in ("0", "false")
+
+
+def _idle_timeout_s() -> float:
+    """``QWEN_SERVE_ACP_IDLE_TIMEOUT_MS`` (default 300000): HTTP connection expiry."""
+    raw = os.environ.get("QWEN_SERVE_ACP_IDLE_TIMEOUT_MS", "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw) / 1000
+    return DEFAULT_IDLE_TIMEOUT_S
+
+
+FEATURES: tuple[Feature, ...] = (
+    Feature(
+        "acp_http_transport",
+        tuple((method, rule) for rule in _ROUTES for method in ("POST", "GET", "DELETE")),
+        when=acp_enabled,
+    ),
+    # The WebSocket upgrade is a GET of the same rules (Quart registers it as one).
+    Feature("acp_websocket_transport", tuple(("GET", rule) for rule in _ROUTES), when=acp_enabled),
+)
+
+#: JSON-RPC methods whose REST twin is a strict-gate route (see serve/http/security/strict).
+_STRICT_TWINS = {
+    "session/set_mode": ("POST", "/session/<id>/approval-mode"),
+    "_qwen/session/update_metadata": ("PATCH", "/session/<id>/metadata"),
+    "_qwen/file/write": ("POST", "/file/write"),
+    "_qwen/file/edit": ("POST", "/file/edit"),
+}
+#: Rate-limit tiers per method; methods absent are exempt (as heartbeats and SSE are).
+_TIERS = {
+    "session/prompt": Tier.PROMPT,
+    "session/list": Tier.READ,
+    "_qwen/status": Tier.READ,
+    "_qwen/session/context": Tier.READ,
+    "_qwen/session/supported_commands": Tier.READ,
+    "_qwen/file/read": Tier.READ,
+    "_qwen/file/read_bytes": Tier.READ,
+    "_qwen/file/stat": Tier.READ,
+    "_qwen/file/list": Tier.READ,
+    "_qwen/file/glob": Tier.READ,
+    "_qwen/session/heartbeat": None,
+    "_qwen/health": None,
+    "session/cancel": None,
+}
+
+
+def _tier(method: str) -> Tier | None:
+    if method in _TIERS:
+        return _TIERS[method]
+    return Tier.MUTATION
+
+
+class AcpDisabled(Exception):
+    """``QWEN_SERVE_ACP_HTTP=0``: the routes answer 404 as if absent."""
+
+
+@blueprint.errorhandler(AcpDisabled)
+async def _disabled(_exc: AcpDisabled) -> Response:
+    return Response(b'{"error":"Not found"}', status=404, content_type=_JSON)
+
+
+@blueprint.before_request
+async def _gate() -> None:
+    if not acp_enabled():
+        raise AcpDisabled()
+
+
+def the_front() -> AcpFront:
+    front = current_app.extensions.get("acpfront")
+    if front is None:
+        raise RpcError(SERVER_ERROR, "ACP front is not running", {"httpStatus": 503})
+    return front  # type: ignore[no-any-return]
+
+
+def _policy_for(d: Host) -> Policy:
+    def policy(conn: Connection, method: str) -> RpcError | None:
+        """The strict gate (and, for WebSocket connections, the rate limit) per method."""
+        twin = _STRICT_TWINS.get(method)
+        if twin is not None and d.settings.token is None and is_strict(*twin):
+            return RpcError(
+                SERVER_ERROR,
+                TOKEN_REQUIRED_BODY.error,
+                {"httpStatus": 401, "code": TOKEN_REQUIRED_BODY.code},
+            )
+        if conn.transport == "ws":
+            return _rate_limit(d, conn.rate_key, method)
+        return None
+
+    return policy
+
+
+def _rate_limit(d: Host, key: str, method: str) -> RpcError | None:
+    limiter = d.front.rate_limiter
+    if limiter is None or not d.settings.rate_limit.enabled or d.draining:
+        return None
+    tier = _tier(method)
+    if tier is None:
+        return None
+    decision = limiter.check(key, tier)
+    if decision.allowed:
+        return None
+    return RpcError(
+        SERVER_ERROR,
+        "Rate limit exceeded",
+        {
+            "httpStatus": 429,
+            "code": "rate_limit_exceeded",
+            "tier": str(tier),
+            "retryAfterMs": decision.retry_after_ms,
+        },
+    )
+
+
+@blueprint.before_app_serving
+async def _start_front() -> None:
+    d = daemon()
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("acp-serve")
+    except PackageNotFoundError:
+        ver = "0"
+    if not acp_enabled():
+        return
+    front = AcpFront(
+        d,
+        policy=_policy_for(d),
+        idle_timeout_s=_idle_timeout_s(),
+        version=ver,
+        all_features=features(),
+    )
+    scope = trio.CancelScope()
+
+    async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await front.run(task_status=task_status)
+
+    nursery = getattr(current_app, "nursery", None)  # quart-trio's serving nursery
+    if nursery is None:
+        return  # not served (an in-process test app): /acp answers 503
+    await nursery.start(run)
+    current_app.extensions["acpfront"] = front
+    current_app.extensions["acpfront_scope"] = scope
+
+
+@blueprint.after_app_serving
+async def _stop_front() -> None:
+    scope = current_app.extensions.pop("acpfront_scope", None)
+    current_app.extensions.pop("acpfront", None)
+    if scope is not None:
+        scope.cancel()
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def _rpc_response(
+    status: int, rid: Any, error: RpcError, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(
+        jsonrpc.error_bytes(rid, error), status=status, headers=headers, content_type=_JSON
+    )
+
+
+def _invalid(status: int, message: str) -> Response:
+    return _rpc_response(status, None, RpcError(jsonrpc.INVALID_REQUEST, message))
+
+
+def _status_of(error: RpcError, default: int = 400) -> int:
+    data = error.data if isinstance(error.data, dict) else {}
+    status = data.get("httpStatus")
+    return status if isinstance(status, int) and 400 <= status < 600 else default
+
+
+def _workspace(ref: str | None) -> str | None:
+    d = daemon()
+    if ref is None:
+        return str(d.settings.primary_workspace)
+    runtime = d.registry.by_ref(ref)
+    return str(runtime.path) if runtime is not None else None
+
+
+def _connection() -> Connection | Response:
+    conn_id = request.headers.get("Acp-Connection-Id")
+    if not conn_id:
+        return _invalid(400, "Acp-Connection-Id header required")
+    try:
+        front = the_front()
+    except RpcError as exc:
+        return _rpc_response(503, None, exc)
+    conn = front.get(conn_id.strip())
+    if conn is None:
+        return _invalid(404, f'Unknown ACP connection "{conn_id}"')
+    return conn
+
+
+def _rate_key(peer: str | None, client_id: str | None) -> str:
+    d = daemon()
+    return client_key(
+        loopback_bind=is_loopback_address(d.settings.hostname)
+        or d.settings.hostname == "localhost",
+        peer_ip=peer,
+        client_id=client_id,
+    )
+
+
+def _last_event_id() -> int | None:
+    raw = request.headers.get("Last-Event-ID")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not raw.isdigit() or int(raw) > MAX_SAFE_INTEGER:
+        return None
+    return int(raw)
+
+
+# ---- POST ---------------------------------------------------------------------------------
+
+
+async def _post(workspace_ref: str | None) -> Response:
+    mimetype = (request.mimetype or "").lower()
+    if mimetype != "application/json":
+        return _invalid(415, "Content-Type must be application/json")
+    raw = await request.get_data(cache=False, as_text=False)
+    assert isinstance(raw, bytes)
+    message = jsonrpc.parse(raw)
+    if isinstance(message, jsonrpc.Batch):
+        return _invalid(501, "JSON-RPC batches are not supported")
+    if isinstance(message, jsonrpc.Invalid):
+        return _rpc_response(400, message.id, message.error)
+    if isinstance(message, jsonrpc.Request) and message.method == "initialize":
+        workspace = _workspace(workspace_ref)
+        if workspace is None:
+            return _invalid(404, f"Workspace {workspace_ref} is not served by this daemon")
+        try:
+            front = the_front()
+            conn, reply = front.initialize(
+                "http", workspace, message, loopback=is_loopback_address(request.remote_addr or "")
+            )
+        except RpcError as exc:
+            return _rpc_response(_status_of(exc), message.id, exc)
+        return Response(
+            reply, status=200, headers={"Acp-Connection-Id": conn.id}, content_type=_JSON
+        )
+    found = _connection()
+    if isinstance(found, Response):
+        return found
+    conn = found
+    if isinstance(message, jsonrpc.Request | jsonrpc.Notification):
+        refusal = _rate_limit(
+            daemon(),
+            _rate_key(request.remote_addr, request.headers.get("X-Qwen-Client-Id")),
+            message.method,
+        )
+        if refusal is not None:
+            retry = max(1, -(-int(refusal.data["retryAfterMs"]) // 1000))
+            rid = message.id if isinstance(message, jsonrpc.Request) else None
+            return _rpc_response(429, rid, refusal, {"Retry-After": str(retry)})
+    header_session = request.headers.get("Acp-Session-Id")
+    try:
+        the_front().submit(conn, message, header_session.strip() if header_session else None)
+    except RpcError as exc:
+        return _rpc_response(_status_of(exc, 503), None, exc)
+    return Response(b"", status=202)
+
+
+@blueprint.post("/acp")
+async def post_acp() -> Response:
+    """Send one ACP JSON-RPC message (initialize answers inline; others 202)."""
+    return await _post(None)
+
+
+@blueprint.post("/workspaces/<path:workspace>/acp")
+@blueprint.post("/workspaces//<path:workspace>/acp")
+async def post_workspace_acp(workspace: str) -> Response:
+    """Send one ACP JSON-RPC message to a workspace-bound connection."""
+    return await _post(workspace)
+
+
+# ---- GET (SSE) ----------------------------------------------------------------------------
+
+
+async def _get(workspace_ref: str | None) -> Response:
+    if "text/event-stream" not in request.headers.get("Accept", "").lower():
+        return _invalid(406, "Accept must include text/event-stream")
+    found = _connection()
+    if isinstance(found, Response):
+        return found
+    conn = found
+    front = the_front()
+    d = daemon()
+    limit = d.settings.max_connections
+    if limit and d.front.sse_streams >= limit:
+        return _rpc_response(
+            503,
+            None,
+            RpcError(
+                SERVER_ERROR,
+                f"Connection limit reached ({limit} event streams)",
+                {"httpStatus": 503, "code": "connection_limit_exceeded", "limit": limit},
+            ),
+        )
+    session_id = request.headers.get("Acp-Session-Id")
+    headers = {
+        "Content-Type": "text/event-stream",
+        "Cache-Control": "no-cache, no-transform",
+        "X-Accel-Buffering": "no",
+        "Acp-Connection-Id": conn.id,
+        "X-Qwen-SSE-Stream-Id": str(uuid.uuid4()),
+    }
+    if session_id:
+        session_id = session_id.strip()
+        try:
+            found_outbox = front.session_outbox(
+                conn,
+                session_id,
+                last_event_id=_last_event_id(),
+                epoch=request.headers.get("X-Qwen-Event-Epoch"),
+            )
+        except RpcError as exc:
+            return _rpc_response(_status_of(exc, 503), None, exc)
+        if found_outbox is None:
+            return _rpc_response(
+                403,
+                None,
+                RpcError(
+                    jsonrpc.INVALID_REQUEST,
+                    f'Session "{session_id}" is not owned by this connection',
+                    {"code": "session_not_owned", "sessionId": session_id},
+                ),
+            )
+        outbox, epoch = found_outbox
+        headers["Acp-Session-Id"] = session_id
+        headers["X-Qwen-Event-Epoch"] = epoch
+    else:
+        outbox = conn.outbox
+    token = outbox.attach()
+    conn.open_streams += 1
+    d.front.sse_streams += 1
+
+    async def stream() -> Any:
+        try:
+            yield RETRY_FRAME
+            while True:
+                batch = await outbox.take(token, HEARTBEAT_INTERVAL_S)
+                if batch is None:
+                    return
+                if not batch:
+                    yield HEARTBEAT_FRAME
+                    continue
+                parts: list[bytes] = []
+                for event_id, payload in batch:
+                    if event_id is not None:
+                        parts.append(b"id: %d\n" % event_id)
+                    parts.append(b"data: " + payload + b"\n\n")
+                yield b"".join(parts)
+        finally:
+            outbox.detach(token)
+            conn.open_streams -= 1
+            d.front.sse_streams -= 1
+            conn.touch()
+
+    response = await make_response(stream(), 200, headers)
+    response.timeout = None  # type: ignore[union-attr]
+    return response  # type: ignore[return-value]
+
+
+@blueprint.get("/acp")
+async def get_acp() -> Response:
+    """The ACP connection stream, or with Acp-Session-Id a session stream (SSE)."""
+    return await _get(None)
+
+
+@blueprint.get("/workspaces/<path:workspace>/acp")
+@blueprint.get("/workspaces//<path:workspace>/acp")
+async def get_workspace_acp(workspace: str) -> Response:
+    """The ACP streams of a workspace-bound connection (SSE)."""
+    return await _get(workspace)
+
+
+# ---- DELETE -------------------------------------------------------------------------------
+
+
+async def _delete() -> Response:
+    found = _connection()
+    if isinstance(found, Response):
+        return found
+    the_front().close(found)
+    return Response(b"", status=202)
+
+
+@blueprint.delete("/acp")
+async def delete_acp() -> Response:
+    """End an ACP connection and release what it held."""
+    return await _delete()
+
+
+@blueprint.delete("/workspaces/<path:workspace>/acp")
+@blueprint.delete("/workspaces//<path:workspace>/acp")
+async def delete_workspace_acp(workspace: str) -> Response:
+    """End a workspace-bound ACP connection."""
+    return await _delete()
+
+
+# ---- WebSocket ----------------------------------------------------------------------------
+
+
+async def _websocket(workspace_ref: str | None) -> None:
+    if not acp_enabled():
+        await websocket.close(1008)
+        return
+    await websocket.accept()
+    first: Any = None
+    with trio.move_on_after(WS_INIT_TIMEOUT_S):
+        first = await websocket.receive()
+    raw = first.encode() if isinstance(first, str) else first
+    message = jsonrpc.parse(raw) if isinstance(raw, bytes) else None
+    if not (isinstance(message, jsonrpc.Request) and message.method == "initialize"):
+        rid = getattr(message, "id", None)
+        await websocket.send(
+            jsonrpc.error_bytes(
+                rid if isinstance(rid, str | int) else None,
+                RpcError(jsonrpc.INVALID_REQUEST, "The first message must be initialize"),
+            ).decode()
+        )
+        await websocket.close(1002)
+        return
+    workspace = _workspace(workspace_ref)
+    try:
+        if workspace is None:
+            raise RpcError(
+                jsonrpc.INVALID_PARAMS, f"Workspace {workspace_ref} is not served by this daemon"
+            )
+        front = the_front()
+        conn, reply = front.initialize(
+            "ws", workspace, message, loopback=is_loopback_address(websocket.remote_addr or "")
+        )
+    except RpcError as exc:
+        await websocket.send(jsonrpc.error_bytes(message.id, exc).decode())
+        await websocket.close(1013)
+        return
+    conn.rate_key = _rate_key(websocket.remote_addr, websocket.headers.get("X-Qwen-Client-Id"))
+    conn.open_streams += 1
+    await websocket.send(reply.decode())
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def sender() -> None:
+                token = conn.outbox.attach()
+                try:
+                    while True:
+                        batch = await conn.outbox.take(token, HEARTBEAT_INTERVAL_S)
+                        if batch is None:
+                            break
+                        for _event_id, payload in batch:
+                            await websocket.send(payload.decode())
+                except ClientDisconnectedError:
+                    pass
+                nursery.cancel_scope.cancel()
+
+            async def receiver() -> None:
+                try:
+                    while True:
+                        data = await websocket.receive()
+                        raw = data.encode() if isinstance(data, str) else data
+                        front.submit(conn, jsonrpc.parse(raw), None)
+                except ClientDisconnectedError:
+                    pass  # a dropped socket: released below
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(sender)
+            nursery.start_soon(receiver)
+    finally:
+        conn.open_streams -= 1
+        front.close(conn)
+
+
+@blueprint.websocket("/acp")
+async def ws_acp() -> None:
+    """ACP over one WebSocket (the first frame is initialize)."""
+    await _websocket(None)
+
+
+@blueprint.websocket("/workspaces/<path:workspace>/acp")
+@blueprint.websocket("/workspaces//<path:workspace>/acp")
+async def ws_workspace_acp(workspace: str) -> None:
+    """ACP over one WebSocket, sessions default to the workspace."""
+    await _websocket(workspace)

@@ -1,0 +1,139 @@
+"""The one table from domain exceptions to the wire (serve/http/errors.py), walked.
+
+Each session-domain exception, as the session actor and registry raise it, must reach the
+client with the status, headers and body bytes the daemon always sent (the bodies used to
+be built in the domain code with ``ApiError``; they are pinned here byte for byte).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import msgspec
+import pytest
+
+from acp.errors import ChannelClosed, RemoteError, RequestTimeout
+from serve.http.errors import DOMAIN_ERRORS, ApiError, to_api_error
+from serve.sessions import errors as session_errors
+from serve.sessions.errors import (
+    AgentRefusedError,
+    NotSupportedByAgent,
+    SessionConflictError,
+    SessionError,
+    SessionLimitError,
+    SessionRequestError,
+    SessionsUnavailable,
+)
+
+RETRY = {"Retry-After": "5"}
+
+#: (exception as raised today, status, headers, exact body bytes).
+CASES: list[tuple[SessionError, int, dict[str, str], bytes]] = [
+    (
+        SessionRequestError(
+            "The agent does not offer approval mode 'x'",
+            "invalid_approval_mode",
+            allowed=["plan", "default"],
+        ),
+        400,
+        {},
+        b'{"error":"The agent does not offer approval mode \'x\'",'
+        b'"code":"invalid_approval_mode","allowed":["plan","default"]}',
+    ),
+    (
+        AgentRefusedError("Model switch failed: nope", "model_switch_failed", requestedModelId="m"),
+        400,
+        {},
+        b'{"error":"Model switch failed: nope","code":"model_switch_failed",'
+        b'"requestedModelId":"m"}',
+    ),
+    (
+        AgentRefusedError("Approval mode change failed: no", "approval_mode_failed"),
+        400,
+        {},
+        b'{"error":"Approval mode change failed: no","code":"approval_mode_failed"}',
+    ),
+    (
+        NotSupportedByAgent("The agent does not support session/load", "not_supported_by_agent"),
+        501,
+        {},
+        b'{"error":"The agent does not support session/load","code":"not_supported_by_agent"}',
+    ),
+    (
+        SessionConflictError(
+            "A session/load of this session is in progress",
+            "restore_in_progress",
+            reason="conflicting_restore",
+            retryable=True,
+            sessionId="s1",
+            activeAction="load",
+            requestedAction="resume",
+        ),
+        409,
+        RETRY,
+        b'{"error":"A session/load of this session is in progress","code":"restore_in_progress",'
+        b'"reason":"conflicting_restore","retryable":true,"sessionId":"s1",'
+        b'"activeAction":"load","requestedAction":"resume"}',
+    ),
+    (
+        SessionLimitError(
+            "Session limit reached (2)", "session_limit_exceeded", limit=2, scope="workspace"
+        ),
+        503,
+        RETRY,
+        b'{"error":"Session limit reached (2)","code":"session_limit_exceeded","limit":2,'
+        b'"scope":"workspace"}',
+    ),
+    (
+        SessionsUnavailable("Daemon is draining", "daemon_draining"),
+        503,
+        RETRY,
+        b'{"error":"Daemon is draining","code":"daemon_draining"}',
+    ),
+]
+
+
+@pytest.mark.parametrize(("exc", "status", "headers", "body"), CASES)
+def test_each_domain_error_has_its_status_headers_and_body(
+    exc: SessionError, status: int, headers: dict[str, str], body: bytes
+) -> None:
+    mapped = to_api_error(exc)
+    assert mapped is not None
+    assert (mapped.status, mapped.headers) == (status, headers)
+    assert msgspec.json.encode(mapped.body) == body
+
+
+def test_the_table_covers_every_session_error_class() -> None:
+    """A new exception class of the session domain must get a row (else it would be a 500)."""
+    classes = {
+        obj
+        for _, obj in inspect.getmembers(session_errors, inspect.isclass)
+        if issubclass(obj, SessionError) and obj is not SessionError
+    }
+    assert classes == {kind for kind, _, _ in DOMAIN_ERRORS}
+    assert {type(exc) for exc, *_ in CASES} == classes
+
+
+def test_headers_are_not_shared_between_responses() -> None:
+    first = to_api_error(SessionsUnavailable("Daemon is draining", "daemon_draining"))
+    assert first is not None
+    first.headers["X-Extra"] = "1"
+    second = to_api_error(SessionsUnavailable("Daemon is draining", "daemon_draining"))
+    assert second is not None and "X-Extra" not in second.headers
+
+
+def test_acp_errors_and_the_unexpected() -> None:
+    remote = to_api_error(RemoteError(-32002, "not found", None))
+    assert remote is not None and (remote.status, remote.body) == (
+        500,
+        {"error": "not found", "code": -32002},
+    )
+    timeout = to_api_error(RequestTimeout("session/prompt", 1.5))
+    assert timeout is not None and timeout.status == 504 and timeout.headers == RETRY
+    assert timeout.body["code"] == "agent_timeout" and timeout.body["timeoutMs"] == 1500
+    closed = to_api_error(ChannelClosed("gone"))
+    assert closed is not None and closed.status == 503
+    assert closed.body["code"] == "acp_channel_unavailable"
+    assert to_api_error(ValueError("a bug")) is None
+    api = ApiError(418, {"error": "teapot"})
+    assert to_api_error(api) is api
