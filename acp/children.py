@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import trio
+import trio.lowlevel
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +166,24 @@ def reap(pids: Iterable[int]) -> list[tuple[int, int]]:
     return reaped
 
 
+#: Threads for leftover-process scans (``/proc`` walks), apart from trio's default limiter
+#: so that slow file work elsewhere cannot delay a session's teardown, nor the reverse.
+PROCESS_SCAN_THREADS = 2
+_scan_limiters: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("scan_threads")
+
+
+def scan_limiter() -> trio.CapacityLimiter:
+    try:
+        return _scan_limiters.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(PROCESS_SCAN_THREADS)
+        _scan_limiters.set(limiter)
+        return limiter
+
+
 async def reap_adopted() -> list[tuple[int, int]]:
     """Reap every exited adopted child of this process."""
-    candidates = await trio.to_thread.run_sync(children_of, os.getpid())
+    candidates = await trio.to_thread.run_sync(children_of, os.getpid(), limiter=scan_limiter())
     reaped = reap(candidates)  # in the trio thread: no checkpoint after the ownership check
     for pid, status in reaped:
         log.debug("reaped adopted process %d (status %#x)", pid, status)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -96,6 +97,9 @@ RESUME_METHODS: Final = ("session/resume", "session/unstable_resumeSession")
 
 _head_decoder: Final = msgspec.json.Decoder(SessionUpdateHead)
 _kind_decoder: Final = msgspec.json.Decoder(UpdateKind)
+#: ``{"sessionUpdate":"<kind>"`` at the start of an update (how agents write it): the kind
+#: without a second full decode of a possibly multi-MiB update.
+_KIND_PREFIX: Final = re.compile(rb'\A\s*\{\s*"sessionUpdate"\s*:\s*"([A-Za-z0-9_]{1,64})"')
 
 
 class _ConfigOptionsUpdate(msgspec.Struct, frozen=True, rename="camel"):
@@ -124,7 +128,7 @@ class AgentConnection:
         client_info: Implementation,
     ) -> None:
         self.handler = handler
-        self._flow_hook: Callable[[], Any] | None = getattr(handler, "flow_control", None)
+        self._flow_hook: Callable[[int], Any] | None = getattr(handler, "flow_control", None)
         self.request_timeout_s = request_timeout_s
         self.client_capabilities = client_capabilities
         self.client_info = client_info
@@ -208,6 +212,8 @@ class AgentConnection:
                     max_line_bytes=max_line_bytes,
                     max_concurrent_requests=max_concurrent_requests,
                     on_read_closed=self._on_read_closed,
+                    # session/update is decoded with the envelope, in one pass.
+                    typed_notifications={"session/update": SessionUpdateHead},
                 )
                 self._channel.start(nursery)
                 nursery.start_soon(self._watch_exit)
@@ -293,8 +299,16 @@ class AgentConnection:
     def on_notification(self, method: str, params: Raw) -> None:
         if method == "session/update":
             try:
-                head = _head_decoder.decode(params)
-                kind = _kind_decoder.decode(head.update).sessionUpdate
+                head = (
+                    params
+                    if isinstance(params, SessionUpdateHead)
+                    else _head_decoder.decode(params)
+                )
+                found = _KIND_PREFIX.match(head.update)
+                if found is not None:
+                    kind = found.group(1).decode()
+                else:
+                    kind = _kind_decoder.decode(head.update).sessionUpdate
             except msgspec.DecodeError as exc:
                 log.warning("dropping malformed session/update from agent: %s", exc)
                 return
@@ -304,11 +318,17 @@ class AgentConnection:
         else:
             self.handler.on_notification(method, params)
 
-    async def flow_control(self) -> None:
+    def on_oversized_line(self, size: int, limit: int) -> None:
+        """A line over the cap was dropped: tell the handler (if it wants to know)."""
+        hook = getattr(self.handler, "on_oversized_line", None)
+        if hook is not None:
+            hook(size, limit)
+
+    async def flow_control(self, incoming_bytes: int = 0) -> None:
         """Let the handler pace the reader (see :class:`acp.rpc.FlowControlled`)."""
         hook = self._flow_hook
         if hook is not None:
-            await hook()
+            await hook(incoming_bytes)
 
     async def on_request(self, method: str, params: Raw) -> object:
         h = self.handler

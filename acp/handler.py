@@ -30,6 +30,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 import trio
+import trio.lowlevel
 
 from acp.errors import (
     INTERNAL_ERROR,
@@ -130,6 +131,20 @@ def write_text(path: str, content: str) -> None:
         )
 
 
+#: Threads for the default ``fs/*`` handlers, apart from trio's default limiter.
+FS_THREADS = 8
+_fs_limiters: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("acp_fs_threads")
+
+
+def _fs_limiter() -> trio.CapacityLimiter:
+    try:
+        return _fs_limiters.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(FS_THREADS)
+        _fs_limiters.set(limiter)
+        return limiter
+
+
 class BaseClientHandler:
     """Default behaviour for every agent -> client interaction (see the module docstring)."""
 
@@ -155,11 +170,15 @@ class BaseClientHandler:
 
     async def read_text_file(self, params: ReadTextFileParams) -> str:
         _require_absolute(params.path)
-        return await trio.to_thread.run_sync(read_text, params.path, params.line, params.limit)
+        return await trio.to_thread.run_sync(
+            read_text, params.path, params.line, params.limit, limiter=_fs_limiter()
+        )
 
     async def write_text_file(self, params: WriteTextFileParams) -> None:
         _require_absolute(params.path)
-        await trio.to_thread.run_sync(write_text, params.path, params.content)
+        await trio.to_thread.run_sync(
+            write_text, params.path, params.content, limiter=_fs_limiter()
+        )
 
     # terminals
 

@@ -12,7 +12,8 @@ pure half of that: no I/O, no trio, table-testable.
 * :func:`parse_line` decodes one line into an :class:`Envelope` whose ``params`` / ``result`` /
   ``error`` stay ``msgspec.Raw`` (the bytes are forwarded, never re-encoded) and classifies it
   as a request, notification or response; malformed input comes back as :class:`Invalid` with
-  the JSON-RPC code to answer with (and the id, when one could be read).
+  the JSON-RPC code to answer with (and the id, when one could be read). A line nesting
+  deeper than msgspec's recursion guard is such an :class:`Invalid` too, never an exception.
 * ``encode_*`` build outgoing lines (terminated by ``\\n``). :func:`encode_error` is the one
   place where an exception becomes a wire error object.
 
@@ -23,6 +24,8 @@ exactly as received.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
@@ -48,7 +51,14 @@ class OversizedLine(msgspec.Struct, frozen=True):
 
 
 class LineFramer:
-    """Split a byte stream into lines of at most ``max_line_bytes`` bytes (without the ``\\n``)."""
+    """Split a byte stream into lines of at most ``max_line_bytes`` bytes (without the ``\\n``).
+
+    A line that arrives within one chunk is a slice of it; a line spread over several chunks
+    is accumulated in a ``bytearray`` as the chunks arrive (a small copy per chunk, spread
+    over the reads) and handed over as that ``bytearray`` itself when its newline arrives:
+    a 16 MiB line costs no 16 MiB copy in one go. A handed-over line is never touched again
+    (``msgspec.Raw`` views into it stay valid).
+    """
 
     __slots__ = ("_buf", "_discarded", "_discarding", "max_line_bytes")
 
@@ -65,43 +75,56 @@ class LineFramer:
         """Bytes of an unfinished line currently held (always <= ``max_line_bytes``)."""
         return len(self._buf)
 
-    def feed(self, data: bytes | bytearray) -> list[bytes | OversizedLine]:
+    def feed(self, data: bytes | bytearray) -> list[bytes | bytearray | OversizedLine]:
         """Add ``data``; return every line it completes, in order."""
-        parts = bytes(data).split(b"\n") if isinstance(data, bytearray) else data.split(b"\n")
-        out: list[bytes | OversizedLine] = []
+        if isinstance(data, bytearray):
+            data = bytes(data)
+        out: list[bytes | bytearray | OversizedLine] = []
         limit = self.max_line_bytes
-        last = len(parts) - 1
-        for i, part in enumerate(parts):
-            if i == last:
-                self._keep(part)
+        view = memoryview(data)
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
                 break
             if self._discarding:
-                out.append(OversizedLine(self._discarded + len(part)))
+                out.append(OversizedLine(self._discarded + nl - start))
                 self._discarding = False
                 self._discarded = 0
-                continue
-            if self._buf:
-                self._buf += part
-                line = bytes(self._buf)
-                self._buf.clear()
+            elif self._buf:
+                size = len(self._buf) + nl - start
+                if size > limit:
+                    out.append(OversizedLine(size))
+                    self._buf = bytearray()
+                else:
+                    line, self._buf = self._buf, bytearray()
+                    line += view[start:nl]
+                    if line.endswith(b"\r"):
+                        del line[-1]
+                    if not line.isspace():
+                        out.append(line)
+            elif nl - start > limit:
+                out.append(OversizedLine(nl - start))
             else:
-                line = part
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if len(line) > limit:
-                out.append(OversizedLine(len(line)))
-            elif line and not line.isspace():
-                out.append(line)
+                part = data[start:nl]
+                if part.endswith(b"\r"):
+                    part = part[:-1]
+                if part and not part.isspace():
+                    out.append(part)
+            start = nl + 1
+        if start < len(data):
+            self._keep(view[start:])
         return out
 
-    def _keep(self, rest: bytes) -> None:
+    def _keep(self, rest: memoryview) -> None:
+        size = len(rest)
         if self._discarding:
-            self._discarded += len(rest)
+            self._discarded += size
             return
-        if len(self._buf) + len(rest) > self.max_line_bytes:
+        if len(self._buf) + size > self.max_line_bytes:
             self._discarding = True
-            self._discarded = len(self._buf) + len(rest)
-            self._buf.clear()
+            self._discarded = len(self._buf) + size
+            self._buf = bytearray()
         else:
             self._buf += rest
 
@@ -132,8 +155,11 @@ class Request(msgspec.Struct, frozen=True):
 
 
 class Notification(msgspec.Struct, frozen=True):
+    """``params`` is ``msgspec.Raw``, or the Struct of a typed method (see
+    :func:`typed_decoders`)."""
+
     method: str
-    params: Raw
+    params: Any
 
 
 class Response(msgspec.Struct, frozen=True):
@@ -158,14 +184,56 @@ _envelope_decoder: Final = msgspec.json.Decoder(Envelope)
 _error_decoder: Final = msgspec.json.Decoder(ErrorObject)
 
 
-def parse_line(line: bytes) -> Message:
-    """Classify one line. Never raises."""
+#: The method of a line written the usual way (``{"jsonrpc":"2.0","method":"...",``),
+#: read without decoding the line.
+_METHOD_PEEK: Final = re.compile(
+    rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"method"\s*:\s*"([A-Za-z0-9_/$.]{1,128})"'
+)
+
+TypedDecoders = Mapping[bytes, "msgspec.json.Decoder[Any]"]
+
+
+def typed_decoders(methods: Mapping[str, type]) -> dict[bytes, msgspec.json.Decoder[Any]]:
+    """Decoders that read a notification of ``method`` with its params as the given Struct
+    in the same pass as the envelope (one scan of a large line instead of two)."""
+    out: dict[bytes, msgspec.json.Decoder[Any]] = {}
+    for method, params_type in methods.items():
+        envelope = msgspec.defstruct(
+            "TypedEnvelope",
+            [("method", str), ("params", params_type), ("id", RequestId | UnsetType, UNSET)],
+            frozen=True,
+        )
+        out[method.encode()] = msgspec.json.Decoder(envelope)
+    return out
+
+
+def parse_line(line: bytes | bytearray, typed: TypedDecoders | None = None) -> Message:
+    """Classify one line. Never raises.
+
+    ``typed``: for a notification whose method (peeked at the start of the line) has a
+    decoder there, the params come back as that Struct, decoded in the same pass; when it
+    does not fit, the line is decoded the generic way."""
+    if typed:
+        peek = _METHOD_PEEK.match(line)
+        decoder = typed.get(peek.group(1)) if peek is not None else None
+        if decoder is not None:
+            try:
+                env_typed = decoder.decode(line)
+            except RecursionError:
+                return Invalid(PARSE_ERROR, "invalid JSON: nested too deeply")
+            except msgspec.DecodeError:
+                pass  # not the expected shape: classify it the generic way below
+            else:
+                if env_typed.id is UNSET:
+                    return Notification(env_typed.method, env_typed.params)
     try:
         env = _envelope_decoder.decode(line)
     except msgspec.ValidationError as exc:
         return Invalid(INVALID_REQUEST, f"not a JSON-RPC message: {exc}")
     except msgspec.DecodeError as exc:
         return Invalid(PARSE_ERROR, f"invalid JSON: {exc}")
+    except RecursionError:
+        return Invalid(PARSE_ERROR, "invalid JSON: nested too deeply")
     method = env.method
     if method is not UNSET:
         if env.id is UNSET:

@@ -142,10 +142,17 @@ class SessionMux(BaseClientHandler):
         else:
             log.debug("dropping agent notification %s (no bound session)", method)
 
-    async def flow_control(self) -> None:
+    async def flow_control(self, incoming_bytes: int = 0) -> None:
         hook = getattr(self._last, "flow_control", None)
         if hook is not None:
-            await hook()
+            await hook(incoming_bytes)
+
+    def on_oversized_line(self, size: int, limit: int) -> None:
+        """A dropped line names no session we can read: tell every bound session."""
+        for handler in list(self._handlers.values()):
+            hook = getattr(handler, "on_oversized_line", None)
+            if hook is not None:
+                hook(size, limit)
 
     # ---- requests ----------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from typing import Final
 
 import msgspec
 import trio
+import trio.lowlevel
 
 from acp.children import (
     MARKER_ENV,
@@ -54,6 +55,7 @@ from acp.children import (
     marked_descendants,
     open_process,
     reap_adopted,
+    scan_limiter,
 )
 
 log = logging.getLogger(__name__)
@@ -430,14 +432,18 @@ class AgentProcess:
     async def _kill_leftovers(self) -> None:
         if self.signal_group(signal.SIGTERM):
             deadline = trio.current_time() + LEFTOVER_GRACE_S
-            while await trio.to_thread.run_sync(live_group_members, self.pgid):
+            while await trio.to_thread.run_sync(
+                live_group_members, self.pgid, limiter=scan_limiter()
+            ):
                 if trio.current_time() >= deadline:
                     self.signal_group(signal.SIGKILL)
                     break
                 await trio.sleep(0.02)
         # Descendants that left the group (setsid) carry the agent's marker: they die too.
         if self.marker is not None:
-            escaped = await trio.to_thread.run_sync(marked_descendants, os.getpid(), self.marker)
+            escaped = await trio.to_thread.run_sync(
+                marked_descendants, os.getpid(), self.marker, limiter=scan_limiter()
+            )
             for pid in escaped:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)

@@ -6,11 +6,16 @@ An :class:`RpcChannel` has two long-lived tasks, started with :meth:`RpcChannel.
 nursery its owner provides:
 
 * the **reader** frames the receive stream into lines (bounded by ``max_line_bytes``), and for
-  each line, in order: resolves the pending call a *response* answers; hands a *notification* to
+  each line, in order (letting the loop run every :data:`LINES_PER_STEP` lines, and between
+  decoding and dispatching a line of :data:`SPLIT_LINE_BYTES` or more): resolves the
+  pending call a *response* answers; hands a *notification* to
   ``dispatcher.on_notification`` synchronously (so ordering is exactly the wire order: the
   updates ``session/load`` replays are delivered before its response resolves the call); starts
   a *request* in its own task in the nursery. It never awaits a handler. Garbage, oversized
-  lines and unknown response ids are logged and dropped (counted in :meth:`statistics`); a
+  lines and unknown response ids are dropped (counted in :meth:`statistics`); invalid and
+  oversized lines are logged through a :class:`ThrottledWarning` each (the first at once,
+  then at most one line per :data:`DROP_LOG_INTERVAL_S` with the count), and an oversized
+  line is also reported to the dispatcher's ``on_oversized_line`` when it has one; a
   request that is not valid JSON-RPC but has an id is answered ``-32600``.
 * the **writer** owns the send stream: every outgoing line goes through a bounded memory
   channel (``write_queue_messages``) and the writer sends whatever is queued in one write.
@@ -39,11 +44,13 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, Protocol
 
 import msgspec
 import trio
+import trio.lowlevel
 from msgspec import Raw
 
 from acp import jsonrpc
@@ -73,24 +80,90 @@ CANCEL_REQUEST: Final = "$/cancel_request"
 DEFAULT_MAX_CONCURRENT_REQUESTS: Final = 64
 DEFAULT_WRITE_QUEUE_MESSAGES: Final = 1024
 READ_CHUNK_BYTES: Final = 256 * 1024
+#: Lines at least this long are decoded and dispatched in two loop steps.
+SPLIT_LINE_BYTES: Final = 1024 * 1024
+#: The reader lets the loop run after this many lines of one chunk.
+LINES_PER_STEP: Final = 256
+#: Dropped lines (invalid, oversized) are logged at most once per this many seconds each.
+DROP_LOG_INTERVAL_S: Final = 10.0
+
+
+class ThrottledWarning:
+    """One log line for the first occurrence, then at most one per ``interval_s`` with the
+    count of the ones in between, so a peer writing 100k bad lines costs a few log lines.
+
+    ``note()`` is O(1) and cheap when suppressed; ``flush()`` reports what is still
+    uncounted (the reader calls it when it ends)."""
+
+    __slots__ = ("_last", "_next_at", "_suppressed", "interval_s", "name", "total", "what")
+
+    def __init__(self, name: str, what: str, interval_s: float = DROP_LOG_INTERVAL_S) -> None:
+        self.name = name
+        self.what = what
+        self.interval_s = interval_s
+        self.total = 0
+        self._suppressed = 0
+        self._last = ""
+        self._next_at = 0.0
+
+    def note(self, detail: str) -> None:
+        self.total += 1
+        now = time.monotonic()
+        if now < self._next_at:
+            self._suppressed += 1
+            self._last = detail
+            return
+        self._next_at = now + self.interval_s
+        if self._suppressed:
+            self._report(1, detail)
+        else:
+            log.warning("%s sent %s; dropped: %s", self.name, self.what, detail)
+
+    def flush(self) -> None:
+        if self._suppressed:
+            self._report(0, self._last)
+        self._next_at = 0.0
+
+    def _report(self, extra: int, detail: str) -> None:
+        log.warning(
+            "%s sent %d more %s in the last %g s (%d in all); dropped, the last: %s",
+            self.name,
+            self._suppressed + extra,
+            self.what,
+            self.interval_s,
+            self.total,
+            detail,
+        )
+        self._suppressed = 0
 
 
 class Dispatcher(Protocol):
     """What the channel needs from its owner."""
 
     def on_notification(self, method: str, params: Raw) -> None:
-        """Called from the reader, in wire order; must not block or raise."""
+        """Called from the reader, in wire order; must not block or raise. ``params`` is
+        the Struct given in ``typed_notifications`` for such methods."""
 
     async def on_request(self, method: str, params: Raw) -> object:
         """Answer a peer request; return the result (anything msgspec encodes)."""
 
 
-class FlowControlled(Protocol):
-    """A dispatcher may also pace the reader: ``flow_control()`` is awaited after each chunk
-    read from the peer has been dispatched. While it waits, nothing more is read, the pipe
-    fills and the peer blocks on its writes (bounded by what the owner decides)."""
+class DropObserver(Protocol):
+    """A dispatcher may also hear of every line dropped for its size: ``on_oversized_line``
+    is called from the reader (synchronously, must not block or raise) with the line's
+    size and the cap, both in bytes."""
 
-    async def flow_control(self) -> None: ...
+    def on_oversized_line(self, size: int, limit: int) -> None: ...
+
+
+class FlowControlled(Protocol):
+    """A dispatcher may also pace the reader: ``flow_control(incoming_bytes)`` is awaited
+    after each chunk read from the peer has been dispatched, with the bytes of the line
+    still being received (what the next message will at least weigh). While it waits,
+    nothing more is read, the pipe fills and the peer blocks on its writes (bounded by what
+    the owner decides)."""
+
+    async def flow_control(self, incoming_bytes: int) -> None: ...
 
 
 class RpcStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,13 +211,18 @@ class RpcChannel:
         max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
         write_queue_messages: int = DEFAULT_WRITE_QUEUE_MESSAGES,
         on_read_closed: Callable[[str], Awaitable[None]] | None = None,
+        typed_notifications: Mapping[str, type] | None = None,
     ) -> None:
         self.name = name
+        self._typed = jsonrpc.typed_decoders(typed_notifications) if typed_notifications else None
         self._send_stream = send_stream
         self._receive_stream = receive_stream
         self._dispatcher = dispatcher
-        self._flow_control: Callable[[], Awaitable[None]] | None = getattr(
+        self._flow_control: Callable[[int], Awaitable[None]] | None = getattr(
             dispatcher, "flow_control", None
+        )
+        self._on_oversized: Callable[[int, int], None] | None = getattr(
+            dispatcher, "on_oversized_line", None
         )
         self._framer = LineFramer(max_line_bytes)
         self._max_inflight = max_concurrent_requests
@@ -165,6 +243,8 @@ class RpcChannel:
         self._dropped_oversized = 0
         self._dropped_invalid = 0
         self._unknown_responses = 0
+        self._invalid_log = ThrottledWarning(name, "invalid lines")
+        self._oversized_log = ThrottledWarning(name, "oversized lines")
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -288,10 +368,21 @@ class RpcChannel:
                     if not data:
                         break
                     self._bytes_in += len(data)
-                    for line in self._framer.feed(data):
-                        self._dispatch_line(line)
+                    for n, line in enumerate(self._framer.feed(data), 1):
+                        if isinstance(line, OversizedLine) or len(line) < SPLIT_LINE_BYTES:
+                            self._dispatch_line(line)
+                            if not n % LINES_PER_STEP:  # a chunk of many short lines
+                                await trio.lowlevel.checkpoint()
+                            continue
+                        # A large line: decode it, let the loop run, then dispatch it, so
+                        # the two costly halves are two short steps, not one long one.
+                        self._lines_in += 1
+                        msg = jsonrpc.parse_line(line, self._typed)
+                        await trio.lowlevel.checkpoint()
+                        self._dispatch_message(msg, line)
+                        await trio.lowlevel.checkpoint()
                     if self._flow_control is not None:
-                        await self._flow_control()
+                        await self._flow_control(self._framer.buffered_bytes)
             if self._reader_scope.cancelled_caught:
                 reason = f"stopped reading from {self.name}"
         except trio.BrokenResourceError as exc:
@@ -299,24 +390,29 @@ class RpcChannel:
         except trio.ClosedResourceError:
             reason = f"{self.name} stdout was closed"
         finally:
+            self._invalid_log.flush()
+            self._oversized_log.flush()
             self.reader_done.set()
         if self._on_read_closed is not None:
             await self._on_read_closed(reason)
         else:
             self.close(ChannelClosed(reason))
 
-    def _dispatch_line(self, line: bytes | OversizedLine) -> None:
+    def _dispatch_line(self, line: bytes | bytearray | OversizedLine) -> None:
         if isinstance(line, OversizedLine):
             self._dropped_oversized += 1
-            log.warning(
-                "%s sent a %d-byte line over the %d-byte cap; dropped",
-                self.name,
-                line.size,
-                self._framer.max_line_bytes,
-            )
+            limit = self._framer.max_line_bytes
+            self._oversized_log.note(f"{line.size}-byte line over the {limit}-byte cap")
+            if self._on_oversized is not None:
+                try:
+                    self._on_oversized(line.size, limit)
+                except Exception:
+                    log.exception("on_oversized_line of %s failed", self.name)
             return
         self._lines_in += 1
-        msg = jsonrpc.parse_line(line)
+        self._dispatch_message(jsonrpc.parse_line(line, self._typed), line)
+
+    def _dispatch_message(self, msg: jsonrpc.Message, line: bytes | bytearray) -> None:
         try:
             if isinstance(msg, Notification):
                 if msg.method == CANCEL_REQUEST:
@@ -347,9 +443,9 @@ class RpcChannel:
             slot.result = msg.result
         slot.event.set()
 
-    def _on_invalid(self, msg: Invalid, line: bytes) -> None:
+    def _on_invalid(self, msg: Invalid, line: bytes | bytearray) -> None:
         self._dropped_invalid += 1
-        log.warning("%s sent an invalid message (%s); dropped: %.200r", self.name, msg.reason, line)
+        self._invalid_log.note(f"{msg.reason[:200]}: {line[:120]!r}")
         if msg.id is not msgspec.UNSET and msg.code == INVALID_REQUEST:
             self._send_nowait(jsonrpc.encode_error(msg.id, INVALID_REQUEST, msg.reason))
 

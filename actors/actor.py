@@ -222,6 +222,17 @@ class Actor[M]:
         self._closed = True
         self._send.close()
 
+    def reopen(self) -> None:
+        """Make a closed actor runnable again, with a fresh, empty inbox: for a supervisor
+        that restarts a long-lived service it had stopped (its parent gave up and is being
+        restarted). Messages sent while it was closed were refused with
+        :class:`ActorStopped`. Call it only when ``run()`` is not running."""
+        if not self._closed:
+            return
+        self._recv.close()
+        self._send, self._recv = trio.open_memory_channel[_Envelope](self.inbox_size)
+        self._closed = False
+
     @property
     def closed(self) -> bool:
         return self._closed

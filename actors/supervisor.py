@@ -17,9 +17,16 @@ temporary    not restarted          not restarted
 ===========  =====================  =====================
 
 Strategy is ``one_for_one``: a crash is caught in its runner, so it never cancels a
-sibling. Every restart is counted in a window shared by the supervisor (intensity ``N``
+sibling. That includes a child that fails *while being cancelled* (its cleanup raises while
+another of its tasks ends ``Cancelled``): the runner splits the resulting mixed exception
+group, records the failure as a crash ("... (while stopping)") and lets the ``Cancelled``
+part go on to the scope that asked for it, so the child simply stops.
+
+Every restart is counted in a window shared by the supervisor (intensity ``N``
 restarts within ``period_s`` seconds); one more than that makes the supervisor give up:
-it records ``give_up``, stops every child in order and raises
+it records ``give_up``, awaits its ``on_give_up`` hook (bounded by ``give_up_grace_s``;
+the daemon uses it to end every SSE stream with a terminal event while the HTTP front is
+still up), stops every child in order and raises
 :class:`~actors.errors.SupervisorGaveUp` out of :meth:`Supervisor.run`, so *its* parent
 decides (a parent supervisor treats it as that child's crash).
 
@@ -179,8 +186,13 @@ class Supervisor:
         period_s: float = 5.0,
         history: int = 256,
         listener: Callable[[SupervisorEvent], None] | None = None,
+        on_give_up: Callable[[SupervisorGaveUp], Awaitable[None]] | None = None,
+        give_up_grace_s: float = 5.0,
     ) -> None:
         self.name = name
+        #: Awaited once when the supervisor gives up, before any child is stopped.
+        self.on_give_up = on_give_up
+        self.give_up_grace_s = give_up_grace_s
         self.intensity = intensity
         self.period_s = period_s
         self.events: deque[SupervisorEvent] = deque(maxlen=history)
@@ -235,7 +247,15 @@ class Supervisor:
         *,
         task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Start ``specs`` in order, report readiness, supervise until :meth:`shutdown`."""
+        """Start ``specs`` in order, report readiness, supervise until :meth:`shutdown`.
+
+        A supervisor whose previous run ended (e.g. it gave up and its parent restarts it)
+        starts afresh: new restart window, no give-up; its history is kept."""
+        if self.finished.is_set():
+            self.finished = trio.Event()
+            self._shutdown = trio.Event()
+            self._gave_up = None
+            self._restarts = RestartWindow(self.intensity, self.period_s)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -244,6 +264,12 @@ class Supervisor:
                     await self.start_child(spec)
                 task_status.started(self)
                 await self._shutdown.wait()
+                if self._gave_up is not None and self.on_give_up is not None:
+                    with trio.move_on_after(self.give_up_grace_s):
+                        try:
+                            await self.on_give_up(self._gave_up)
+                        except Exception:
+                            log.exception("on_give_up hook of supervisor %s failed", self.name)
                 await self._stop_all()
                 nursery.cancel_scope.cancel()
         finally:
@@ -340,7 +366,25 @@ class Supervisor:
                             child.state = "failed"
                             raise unwrap_group(exc) from None
                         crash = unwrap_group(exc)
+                    except BaseExceptionGroup as group:
+                        # Failed while being cancelled: Cancelled + errors. Keep the errors
+                        # here (a crash of this child only) and re-raise the Cancelled part
+                        # for the scope that cancelled (ours: the child stops).
+                        cancelled, rest = group.split(trio.Cancelled)
+                        errors, others = rest.split(Exception) if rest else (None, None)
+                        if errors is None or others is not None:
+                            raise
+                        if not ready_reported:
+                            child.state = "failed"
+                            raise
+                        crash = unwrap_group(errors)
+                        self._crashed_while_stopping(spec.name, crash, attempt)
+                        crash = None
+                        if cancelled is not None:
+                            raise cancelled from None
                 if scope.cancelled_caught or child.stopping:
+                    if crash is not None:
+                        self._crashed_while_stopping(spec.name, crash, attempt)
                     child.state = "stopped"
                     self._record(spec.name, EventKind.STOP, "shutdown", attempt)
                     return
@@ -378,6 +422,10 @@ class Supervisor:
             child.done.set()
             if child.state in ("stopped", "exited", "crashed", "gave_up"):
                 self._forget(child)
+
+    def _crashed_while_stopping(self, name: str, crash: BaseException, attempt: int) -> None:
+        log.warning("child %s of %s failed while stopping: %r", name, self.name, crash)
+        self._record(name, EventKind.CRASH, f"{_describe(crash)} (while stopping)", attempt)
 
     def _count_restart(self, name: str) -> bool:
         """Count one restart; True when the intensity is exceeded (we give up)."""

@@ -10,9 +10,13 @@ from collections.abc import Sequence
 import trio
 
 from acp.children import become_subreaper
+from actors import SupervisorGaveUp
 from serve.config import config_warnings, load_daemon_config
-from serve.logs import setup_logging
+from serve.logs import setup_logging, stop_logging
 from serve.settings import SettingsError, parse_settings
+
+#: Exit status when the root supervisor gave up (EX_SOFTWARE).
+EXIT_SUPERVISOR_GAVE_UP = 70
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,6 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         trio.run(run)
+    except BaseExceptionGroup as group:
+        gave_up, _ = group.split(SupervisorGaveUp)
+        if gave_up is None:
+            raise
+        stop_logging()  # what was logged comes first; the exit is the last line
+        first: BaseException = gave_up
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        print(f"acp-serve: {first}; exiting", file=sys.stderr, flush=True)
+        return EXIT_SUPERVISOR_GAVE_UP
     except OSError as exc:
         print(
             f"acp-serve: cannot listen on {settings.hostname}:{settings.port}: {exc}",
@@ -83,8 +97,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+#: glibc's mallopt(M_MMAP_THRESHOLD): allocations from this size up get their own mapping,
+#: returned to the OS when freed. Fixed, so glibc's dynamic threshold (which rises to 32 MiB
+#: after the first large free) cannot keep a multi-MiB agent update's pages in the heap.
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 1024 * 1024
+
+
 def _release_startup_memory() -> None:
-    """Hand the heap pages freed by start-up (import churn) back to the OS (glibc only)."""
+    """Hand the heap pages freed by start-up (import churn) back to the OS, and fix the
+    mmap threshold (glibc only)."""
     import ctypes
     import ctypes.util
     import gc
@@ -94,7 +116,9 @@ def _release_startup_memory() -> None:
     if libc is None:
         return
     try:
-        ctypes.CDLL(libc).malloc_trim(0)
+        c = ctypes.CDLL(libc)
+        c.malloc_trim(0)
+        c.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     except (OSError, AttributeError):
         pass
 

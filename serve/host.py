@@ -36,10 +36,12 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False)
 class Lifecycle:
-    """Where the daemon is in its life: the port it bound, draining, the root supervisor."""
+    """Where the daemon is in its life: the port it bound, draining, the root supervisor
+    and the optional services' supervisor (a child of the root)."""
 
     root: Supervisor
     port: int
+    services: Supervisor
     started_monotonic: float = field(default_factory=time.monotonic)
     urls: list[str] = field(default_factory=list)
     draining: bool = False

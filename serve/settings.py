@@ -31,6 +31,11 @@ MAX_TIMER_MS = 2_147_483_647
 #: Upper bound of ``--max-body-bytes`` (1 GiB): a body is buffered in memory whole.
 MAX_BODY_BYTES = 1024 * 1024 * 1024
 DEFAULT_PORT = 4170
+MIB = 1024 * 1024
+DEFAULT_EVENT_RING_BYTES = 32 * MIB
+DEFAULT_MAX_AGENT_LINE_BYTES = 16 * MIB
+DEFAULT_JOURNAL_RETENTION_MS = 7 * 24 * 3600 * 1000
+DEFAULT_JOURNAL_MAX_TOTAL_BYTES = 1024 * MIB
 
 
 class SettingsError(Exception):
@@ -66,6 +71,16 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_pending_prompts_per_session: int = 5
     max_connections: int = 256
     event_ring_size: int = 8000
+    #: Bytes of SSE frames a session's replay ring holds at most (the newest frame is
+    #: always kept, however large). At least ``max_agent_line_bytes``; twice it (the
+    #: default) lets a reader one maximal frame behind survive the events that follow.
+    event_ring_bytes: int = DEFAULT_EVENT_RING_BYTES
+    #: Longest line accepted from an agent's stdout, in bytes; a longer one is dropped.
+    max_agent_line_bytes: int = DEFAULT_MAX_AGENT_LINE_BYTES
+    #: Journals of closed sessions older than this are deleted (0: kept forever).
+    journal_retention_ms: int = DEFAULT_JOURNAL_RETENTION_MS
+    #: Bytes all journals may take on disk; closed sessions' go first, oldest first (0: off).
+    journal_max_total_bytes: int = DEFAULT_JOURNAL_MAX_TOTAL_BYTES
     allow_origins: tuple[str, ...] = ()
     enable_session_shell: bool = False
     tls_cert: str | None = None
@@ -236,6 +251,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--max-connections", default="256", help="max concurrent HTTP connections; 0 = off")
     add("--event-ring-size", default="8000", help="per-session SSE replay ring depth")
+    add(
+        "--event-ring-bytes",
+        default=str(DEFAULT_EVENT_RING_BYTES),
+        help="per-session SSE replay ring bound in bytes (default 32 MiB)",
+    )
+    add(
+        "--max-agent-line-bytes",
+        default=str(DEFAULT_MAX_AGENT_LINE_BYTES),
+        help="longest agent stdout line accepted, in bytes (default 16 MiB)",
+    )
+    add(
+        "--journal-retention-ms",
+        default=str(DEFAULT_JOURNAL_RETENTION_MS),
+        help="delete closed sessions' journals this long after their last write; 0 = never",
+    )
+    add(
+        "--journal-max-total-bytes",
+        default=str(DEFAULT_JOURNAL_MAX_TOTAL_BYTES),
+        help="bound on all journals on disk (closed sessions deleted oldest first); 0 = off",
+    )
     add(
         "--allow-origin",
         action="append",
@@ -491,6 +526,38 @@ def parse_settings(
         maximum=1_000_000,
         what="an integer in [1, 1000000]",
     )
+    ring_bytes = _int(
+        "--event-ring-bytes",
+        ns.event_ring_bytes,
+        minimum=65_536,
+        maximum=2**31,
+        what="an integer in [65536, 2147483648] (bytes)",
+    )
+    line_bytes = _int(
+        "--max-agent-line-bytes",
+        ns.max_agent_line_bytes,
+        minimum=4096,
+        maximum=64 * MIB,
+        what="an integer in [4096, 67108864] (bytes)",
+    )
+    if ring_bytes < line_bytes:
+        raise SettingsError(
+            f'Invalid --event-ring-bytes "{ns.event_ring_bytes}": must be at least '
+            f"--max-agent-line-bytes ({line_bytes}), or one agent update could not be kept"
+        )
+    journal_retention = _timer("--journal-retention-ms", ns.journal_retention_ms, positive=False)
+    journal_total = _int(
+        "--journal-max-total-bytes",
+        ns.journal_max_total_bytes,
+        minimum=0,
+        maximum=2**50,
+        what="0 or a number of bytes up to 2**50",
+    )
+    if 0 < journal_total < 16 * MIB:
+        raise SettingsError(
+            f'Invalid --journal-max-total-bytes "{ns.journal_max_total_bytes}": '
+            "must be 0 (off) or at least 16777216 (one session's journal)"
+        )
 
     origins: list[str] = []
     for pattern in ns.allow_origin or []:
@@ -613,6 +680,10 @@ def parse_settings(
         max_pending_prompts_per_session=max_pending,
         max_connections=max_connections,
         event_ring_size=ring,
+        event_ring_bytes=ring_bytes,
+        max_agent_line_bytes=line_bytes,
+        journal_retention_ms=journal_retention,
+        journal_max_total_bytes=journal_total,
         allow_origins=tuple(origins),
         enable_session_shell=ns.enable_session_shell,
         tls_cert=ns.tls_cert,

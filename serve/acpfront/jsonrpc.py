@@ -83,6 +83,8 @@ def parse(raw: bytes) -> Message:
         obj = _decoder.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError):
         return Invalid(None, RpcError(PARSE_ERROR, "Parse error: the body is not valid JSON"))
+    except RecursionError:  # msgspec's depth guard: thousands of nested arrays/objects
+        return Invalid(None, RpcError(PARSE_ERROR, "Parse error: the body nests JSON too deeply"))
     return parse_obj(obj)
 
 

@@ -638,6 +638,7 @@ class AgentPool(Actor[PoolMsg]):
                 env=agent_env(settings),
                 handler=mux,
                 request_timeout_s=init_timeout,
+                max_line_bytes=settings.max_agent_line_bytes,
             )
         except OSError as exc:
             self._tell(_SpawnFailed(exc))

@@ -221,7 +221,7 @@ class Bridge:
         if response.status_code >= 400 and "method" in message and message.get("id") is not None:
             try:
                 body = _decoder.decode(response.content)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 body = None
             if isinstance(body, dict) and isinstance(body.get("error"), dict):
                 body["id"] = message["id"]
@@ -310,7 +310,7 @@ class Bridge:
     ) -> bool:
         try:
             message = _decoder.decode(payload)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return False
         if not isinstance(message, dict):
             return False
@@ -399,7 +399,7 @@ async def run(url: str, token: str | None) -> int:
             async for line in _lines(stdin):
                 try:
                     message = _decoder.decode(line)
-                except msgspec.DecodeError:
+                except (msgspec.DecodeError, RecursionError):
                     await bridge.emit_obj(_error(None, -32700, "Parse error"))
                     continue
                 if not isinstance(message, dict):

@@ -8,6 +8,14 @@ complete SSE frame (``id: N`` / ``event: T`` / ``data: <envelope JSON>``) and st
 ring of ``ring_size`` frames addressed by id (``frames[id % ring_size]``). Publishing is
 O(1) in the number of subscribers: it stores the frame and sets one shared wake-up event.
 
+The ring is bounded in frames (``ring_size``) and in bytes (``ring_bytes``): publishing past
+the byte bound evicts the oldest frames until the frames held fit (the newest frame is
+always kept, whatever its size). Evicted ids are gone as if the ring had wrapped: a replay
+from before them gets ``state_resync_required {reason:"ring_evicted"}``. A frame is built
+with one ``join`` of its parts; ``data`` may be :class:`RawParts` (pieces of JSON, e.g.
+an agent's update spliced into ``{sessionId, update}``) so a multi-MiB update is copied
+once, into its frame, and never re-encoded.
+
 A :class:`Subscriber` is a cursor (the next id it will send) plus its own bounds. It wakes
 on the shared event and takes everything between its cursor and the head in one chunk, so
 a fast writer sends large batches and a slow one falls behind. Its *lag* (head − cursor,
@@ -55,6 +63,9 @@ MIN_MAX_QUEUED, MAX_MAX_QUEUED = 16, 2048
 #: Frames handed to a writer in one chunk at most (keeps one write bounded).
 MAX_BATCH_FRAMES = 1024
 
+#: Default byte bound of a ring (``--event-ring-bytes``).
+DEFAULT_RING_BYTES = 32 * 1024 * 1024
+
 _encoder = msgspec.json.Encoder()
 
 Sink = Callable[[int, str, bytes], None]
@@ -70,6 +81,47 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class RawParts(tuple[Any, ...]):
+    """A JSON value given as consecutive buffers (bytes, ``msgspec.Raw``, memoryview) that
+    are only ever joined into the frame: ``RawParts((b'{"a":', raw, b"}"))``."""
+
+    __slots__ = ()
+
+
+def _envelope_parts(
+    event_id: int | None,
+    event_type: str,
+    data: Any,
+    *,
+    prompt_id: str | None = None,
+    originator: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> list[Any]:
+    parts: list[Any] = [b"{"]
+    if event_id is not None:
+        parts.append(b'"id":%d,' % event_id)
+    parts.append(b'"v":1,"type":')
+    parts.append(_encoder.encode(event_type))
+    parts.append(b',"data":')
+    if isinstance(data, RawParts):
+        parts.extend(data)
+    elif isinstance(data, msgspec.Raw):
+        parts.append(data)
+    else:
+        parts.append(_encoder.encode(data))
+    if prompt_id is not None:
+        parts.append(b',"promptId":')
+        parts.append(_encoder.encode(prompt_id))
+    if originator is not None:
+        parts.append(b',"originatorClientId":')
+        parts.append(_encoder.encode(originator))
+    meta_obj = {"serverTimestamp": _now_ms(), **(meta or {})}
+    parts.append(b',"_meta":')
+    parts.append(_encoder.encode(meta_obj))
+    parts.append(b"}")
+    return parts
+
+
 def encode_envelope(
     event_id: int | None,
     event_type: str,
@@ -81,31 +133,38 @@ def encode_envelope(
 ) -> bytes:
     """The envelope JSON ``{id?, v, type, data, promptId?, originatorClientId?, _meta}``.
 
-    ``data`` may be ``msgspec.Raw`` (agent bytes relayed untouched) or any encodable value.
+    ``data`` may be ``msgspec.Raw`` or :class:`RawParts` (agent bytes relayed untouched) or
+    any encodable value.
     """
-    parts = [b"{"]
-    if event_id is not None:
-        parts.append(b'"id":%d,' % event_id)
-    parts.append(b'"v":1,"type":')
-    parts.append(_encoder.encode(event_type))
-    parts.append(b',"data":')
-    parts.append(bytes(data) if isinstance(data, msgspec.Raw) else _encoder.encode(data))
-    if prompt_id is not None:
-        parts.append(b',"promptId":')
-        parts.append(_encoder.encode(prompt_id))
-    if originator is not None:
-        parts.append(b',"originatorClientId":')
-        parts.append(_encoder.encode(originator))
-    meta_obj = {"serverTimestamp": _now_ms(), **(meta or {})}
-    parts.append(b',"_meta":')
-    parts.append(_encoder.encode(meta_obj))
-    parts.append(b"}")
-    return b"".join(parts)
+    return b"".join(
+        _envelope_parts(
+            event_id, event_type, data, prompt_id=prompt_id, originator=originator, meta=meta
+        )
+    )
+
+
+def _frame_head(event_id: int | None, event_type: str) -> bytes:
+    head = b"id: %d\n" % event_id if event_id is not None else b""
+    return head + b"event: " + event_type.encode() + b"\ndata: "
 
 
 def sse_frame(event_id: int | None, event_type: str, envelope: bytes) -> bytes:
-    head = b"id: %d\n" % event_id if event_id is not None else b""
-    return head + b"event: " + event_type.encode() + b"\ndata: " + envelope + b"\n\n"
+    return _frame_head(event_id, event_type) + envelope + b"\n\n"
+
+
+def build_frame(
+    event_id: int | None,
+    event_type: str,
+    data: Any,
+    *,
+    prompt_id: str | None = None,
+    originator: str | None = None,
+) -> bytes:
+    """The complete SSE frame in one ``join`` (the only copy of a large ``data``)."""
+    parts = _envelope_parts(event_id, event_type, data, prompt_id=prompt_id, originator=originator)
+    parts.insert(0, _frame_head(event_id, event_type))
+    parts.append(b"\n\n")
+    return b"".join(parts)
 
 
 def synthetic(event_type: str, data: dict[str, Any]) -> bytes:
@@ -121,17 +180,24 @@ class EventLog:
         session_id: str,
         *,
         ring_size: int = 8000,
+        ring_bytes: int = DEFAULT_RING_BYTES,
         epoch: str | None = None,
         next_id: int = 1,
         sink: Sink | None = None,
     ) -> None:
         self.session_id = session_id
         self.ring_size = ring_size
+        self.ring_bytes = ring_bytes
         self.epoch = epoch or str(uuid.uuid4())
         self.next_id = next_id
         self._frames: list[bytes | None] = [None] * ring_size
         self._sizes: list[int] = [0] * ring_size
-        self._lowest = next_id  # lowest id ever stored in this incarnation of the ring
+        self._starts: list[int] = [0] * ring_size  # bytes_published before each frame
+        # Lowest id stored in this incarnation of the ring, raised by byte evictions.
+        self._lowest = next_id
+        self.held_bytes = 0  # bytes of the frames in the ring (<= ring_bytes + newest frame)
+        self.bytes_published = 0  # running total, for byte pressure (see max_pressure)
+        self.byte_evictions = 0  # frames evicted by the byte bound
         self._wake = trio.Event()
         self._drained = trio.Event()
         self._closed = False
@@ -171,16 +237,13 @@ class EventLog:
             return None
         event_id = self.next_id
         try:
-            envelope = encode_envelope(
+            frame = build_frame(
                 event_id, event_type, data, prompt_id=prompt_id, originator=originator
             )
         except (TypeError, msgspec.EncodeError):
             return None
-        frame = sse_frame(event_id, event_type, envelope)
         self.next_id = event_id + 1
-        slot = event_id % self.ring_size
-        self._frames[slot] = frame
-        self._sizes[slot] = len(frame)
+        self._store(event_id, frame)
         self.published += 1
         if self.sink is not None:
             self.sink(event_id, event_type, frame)
@@ -194,9 +257,28 @@ class EventLog:
         if self.next_id == self._lowest:
             self._lowest = event_id
         self.next_id = event_id + 1
-        slot = event_id % self.ring_size
+        self._store(event_id, frame)
+
+    def _store(self, event_id: int, frame: bytes) -> None:
+        """Put ``frame`` in its slot, then evict the oldest frames past ``ring_bytes``."""
+        size = self.ring_size
+        slot = event_id % size
+        self.held_bytes += len(frame) - self._sizes[slot]  # the slot's old frame is gone
         self._frames[slot] = frame
         self._sizes[slot] = len(frame)
+        self._starts[slot] = self.bytes_published
+        self.bytes_published += len(frame)
+        if self.held_bytes <= self.ring_bytes:
+            return
+        oldest = max(self._lowest, event_id + 1 - size)
+        while self.held_bytes > self.ring_bytes and oldest < event_id:
+            old = oldest % size
+            self.held_bytes -= self._sizes[old]
+            self._sizes[old] = 0
+            self._frames[old] = None
+            self.byte_evictions += 1
+            oldest += 1
+        self._lowest = oldest
 
     def close(self) -> None:
         """No more events; subscribers drain what is left and end."""
@@ -205,22 +287,42 @@ class EventLog:
 
     # ---- flow control ------------------------------------------------------------------
 
-    def max_pressure(self) -> float:
-        """Highest pressure / max_queued among subscribers busy writing (0.0 if none).
+    def max_pressure(self, incoming_bytes: int = 0) -> float:
+        """Highest pressure among subscribers busy writing (0.0 if none), in [0, 1].
 
-        A subscriber already past its ``max_queued`` is ignored: it is evicted as soon as
-        its writer comes back, and a writer stuck on a dead socket must not slow the
-        session for everyone (``--writer-idle-timeout-ms`` cuts such connections)."""
+        Two measures, the worse counts: frames published since the subscriber last took a
+        batch over its ``max_queued``, and bytes of the frames it has not taken yet over
+        ``ring_bytes`` (capped at 1.0: one frame larger than the ring is pressure enough,
+        the next publish would evict it). A subscriber already past its ``max_queued``,
+        or whose cursor left the ring, is ignored: it is evicted as soon as its writer
+        comes back, and a writer stuck on a dead socket must not slow the session for
+        everyone (``--writer-idle-timeout-ms`` cuts such connections)."""
         head = self.next_id
+        first = self.first_id
+        published = self.bytes_published
+        ring_bytes = self.ring_bytes
+        size = self.ring_size
+        starts = self._starts
         worst = 0.0
         for sub in self.subscribers:
-            if not sub._parked:
-                ratio = (head - sub._mark) / sub.max_queued
-                if worst < ratio <= 1.0:
-                    worst = ratio
+            if sub._parked:
+                continue
+            ratio = (head - sub._mark) / sub.max_queued
+            if ratio > 1.0:
+                continue
+            cursor = sub.cursor
+            if cursor < head and first is not None:
+                if cursor < first:
+                    continue
+                pending = published - starts[cursor % size] + incoming_bytes
+                ratio = max(ratio, min(1.0, pending / ring_bytes))
+            if ratio > worst:
+                worst = ratio
         return worst
 
-    async def wait_drained(self, threshold: float = 0.5, max_wait_s: float = 0.25) -> None:
+    async def wait_drained(
+        self, threshold: float = 0.5, max_wait_s: float = 0.25, *, incoming_bytes: int = 0
+    ) -> None:
         """Pace the publisher: wait (at most ``max_wait_s``) while a subscriber that is
         busy writing has more than ``threshold`` of its ``max_queued`` pending.
 
@@ -229,10 +331,10 @@ class EventLog:
         one costs the publisher at most ``max_wait_s`` per chunk until it is evicted.
         O(subscribers) per chunk read from the agent, never per event.
         """
-        if not self.subscribers or self.max_pressure() <= threshold:
+        if not self.subscribers or self.max_pressure(incoming_bytes) <= threshold:
             return
         with trio.move_on_after(max_wait_s):
-            while self.max_pressure() > threshold:
+            while self.max_pressure(incoming_bytes) > threshold:
                 if self._drained.is_set():
                     self._drained = trio.Event()
                 await self._drained.wait()
@@ -345,6 +447,9 @@ class EventLog:
             "lastEventId": self.last_id,
             "epoch": self.epoch,
             "ringSize": self.ring_size,
+            "ringBytes": self.ring_bytes,
+            "heldBytes": self.held_bytes,
+            "byteEvictions": self.byte_evictions,
             "subscribers": len(self.subscribers),
             "published": self.published,
             "evictions": self.evictions,
@@ -448,7 +553,7 @@ class Subscriber:
         if not out and log.closed and self.cursor >= head:
             self.close()
             return None
-        return b"".join(out)
+        return out[0] if len(out) == 1 else b"".join(out)
 
     async def next_chunk(self, timeout_s: float = float("inf")) -> bytes | None:
         """Wait for frames; b"" on timeout (time for a heartbeat); None at the end."""

@@ -4,6 +4,11 @@ Request bodies are decoded with msgspec from the raw bytes (never ``request.get_
 so malformed JSON becomes ``400 {"error":"Invalid JSON in request body"}``. Keys ``__proto__``,
 ``constructor`` and ``prototype`` are dropped from untyped bodies (the reference strips
 them; they mean nothing to us, and dropping them keeps forwarded bodies clean).
+
+Nesting is bounded: a body nesting arrays/objects deeper than :data:`MAX_JSON_DEPTH` levels
+is ``400 {"error":"Request body nests JSON deeper than 64 levels"}``, whether msgspec's own
+recursion guard trips (``RecursionError``, thousands of levels) or the walk that strips the
+hostile keys finds it (the walk is iterative, so it cannot overflow the stack itself).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from serve.http.errors import ApiError, invalid_json
 _encoder = msgspec.json.Encoder()
 _untyped = msgspec.json.Decoder()
 _HOSTILE_KEYS = frozenset({"__proto__", "constructor", "prototype"})
+#: Deepest nesting of arrays/objects accepted in a request body (levels).
+MAX_JSON_DEPTH = 64
 
 JSON_TYPE = "application/json; charset=utf-8"
 
@@ -34,11 +41,23 @@ def raw_json_response(body: bytes, status: int = 200) -> Response:
     return Response(body, status=status, content_type=JSON_TYPE)
 
 
+def too_deep() -> ApiError:
+    return ApiError(400, {"error": f"Request body nests JSON deeper than {MAX_JSON_DEPTH} levels"})
+
+
 def _strip_hostile(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip_hostile(v) for k, v in value.items() if k not in _HOSTILE_KEYS}
-    if isinstance(value, list):
-        return [_strip_hostile(v) for v in value]
+    """Drop the hostile keys everywhere, in place; :func:`too_deep` past the depth bound."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise too_deep()
+        if isinstance(node, dict):
+            for key in _HOSTILE_KEYS.intersection(node):
+                del node[key]
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
+        else:
+            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
     return value
 
 
@@ -59,6 +78,8 @@ async def json_body(*, allow_empty: bool = True) -> dict[str, Any]:
         value = _untyped.decode(data)
     except msgspec.DecodeError:
         raise invalid_json() from None
+    except RecursionError:
+        raise too_deep() from None
     if not isinstance(value, dict):
         raise ApiError(400, {"error": "Request body must be a JSON object"})
     return _strip_hostile(value)  # type: ignore[no-any-return]

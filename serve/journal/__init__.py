@@ -22,6 +22,16 @@ about ``flush_interval_ms`` (50 ms) plus one write, and a crash loses at most th
 unsynced suffix: what survives is always a gap-free prefix of the ids. Events are
 dropped only when the disk falls behind by ``max_buffer_bytes`` (``degraded``).
 
+Disk bound
+----------
+Each session's journal is bounded (``max_session_bytes``, oldest segments rotated out); the
+daemon-wide janitor (:meth:`Journal.run_janitor`, a service under the daemon's services
+supervisor) bounds the rest: journals of closed sessions (no writer in any process) idle
+longer than ``retention_ms`` (``--journal-retention-ms``) are deleted, and while all
+journals together exceed ``max_total_bytes`` (``--journal-max-total-bytes``) the closed
+ones go, oldest activity first. It sweeps at start, every ``sweep_interval_ms`` and just
+after a journal is closed; a journal with a writer is never touched.
+
 Use (the session actor)::
 
     journal = Journal(settings.state_dir)                       # daemon-wide

@@ -97,6 +97,26 @@ def record_parts(event_id: int, event_type: str, frame: bytes) -> tuple[bytes, b
     return head, frame, _CRC.pack(_crc32(frame, _crc32(head)))
 
 
+#: Frames at least this large get their CRC computed by the writer thread, not the sink
+#: (``zlib.crc32`` releases the GIL there; on the trio thread a 16 MiB frame costs ~10 ms).
+DEFER_CRC_BYTES = 64 * 1024
+
+
+def record_parts_deferred(
+    event_id: int, event_type: str, frame: bytes
+) -> tuple[bytes, bytes, bytearray]:
+    """:func:`record_parts` with the CRC left to :func:`fill_crc` (a 4-byte placeholder)."""
+    type_bytes = _type_bytes.get(event_type) or _encoded_type(event_type)
+    head = _HEAD.pack(len(type_bytes) + len(frame) + _ID_TYPE.size, event_id, len(type_bytes))
+    head += type_bytes
+    return head, frame, bytearray(_CRC.size)
+
+
+def fill_crc(head: bytes, frame: bytes, placeholder: bytearray) -> None:
+    """Compute a deferred record's CRC into its placeholder (any thread)."""
+    _CRC.pack_into(placeholder, 0, _crc32(frame, _crc32(head)))
+
+
 def encode_record(event_id: int, event_type: str, frame: bytes) -> bytes:
     return b"".join(record_parts(event_id, event_type, frame))
 

@@ -13,12 +13,13 @@ Hot path
 --------
 ``sink(event_id, event_type, frame)`` runs on the trio thread for every published event:
 it encodes the record around the frame (a 14-byte head and a CRC32, ~0.5-1 µs; the frame
-bytes are shared with the ring, not copied), appends the three parts to a list and sets
-an event; no I/O. The ``run`` task wakes on the first buffered event, waits up to
+bytes are shared with the ring, not copied; the CRC of a frame of 64 KiB or more is left
+to the writer thread, where ``zlib`` releases the GIL), appends the three parts to a list
+and sets an event; no I/O. The ``run`` task wakes on the first buffered event, waits up to
 ``flush_interval_ms`` (less when ``flush_batch_bytes`` are buffered), swaps the buffer
-and hands it to one worker thread (``trio.to_thread.run_sync``) which joins, writes and
-``fdatasync``s it, then rotates. The sink keeps filling a fresh buffer while the thread
-writes; batches grow by themselves when the disk is slow.
+and hands it to one worker thread (``trio.to_thread.run_sync``) which writes it with
+``writev`` (no joined copy), ``fdatasync``s it, then rotates. The sink keeps filling a
+fresh buffer while the thread writes; batches grow by themselves when the disk is slow.
 
 The GIL: a Python worker thread facing a busy trio thread can be starved of the GIL
 indefinitely (the trio thread releases and retakes it around every ``epoll_wait``,
@@ -69,11 +70,14 @@ from typing import Any
 import msgspec
 import trio
 
+from serve import threads
 from serve.journal.format import (
+    DEFER_CRC_BYTES,
     MAX_RECORD_BYTES,
     RECORD_OVERHEAD_BYTES,
     JournalRecord,
     record_parts,
+    record_parts_deferred,
 )
 from serve.journal.store import (
     JOURNAL_DIR,
@@ -93,6 +97,7 @@ from serve.journal.store import (
     try_lock,
     write_meta,
 )
+from serve.threads import journal_limiter
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +110,8 @@ GIL_NAP_PERIOD_S = 0.0005
 #: Bytes charged per buffered event on top of its frame and type: the record's head and
 #: CRC plus Python object overhead (3 list slots, two small bytes objects).
 ENTRY_COST_BYTES = RECORD_OVERHEAD_BYTES + 96
+#: Shortest pause between two sweeps of the janitor, in seconds.
+SWEEP_MIN_GAP_S = 1.0
 
 
 class JournalError(Exception):
@@ -136,8 +143,15 @@ class JournalLimits(msgspec.Struct, frozen=True, kw_only=True):
     flush_batch_bytes: int = 256 * KIB  # buffered bytes that trigger a write at once
     max_buffer_bytes: int = 8 * MIB  # buffered + in flight; past it the sink sheds
     retry_interval_ms: int = 1000  # pause after a failed write
+    retention_ms: int = 7 * 24 * 3600 * 1000  # closed journals idle this long go (0: kept)
+    max_total_bytes: int = 1024 * MIB  # every journal on disk; closed ones go first (0: off)
+    sweep_interval_ms: int = 60_000  # how often the janitor looks (and after a close)
 
     def __post_init__(self) -> None:
+        if self.retention_ms < 0 or self.sweep_interval_ms <= 0:
+            raise ValueError("journal limits: need retention_ms >= 0, sweep_interval_ms > 0")
+        if self.max_total_bytes and self.max_total_bytes < self.max_session_bytes:
+            raise ValueError("journal limits: max_total_bytes must be 0 or >= max_session_bytes")
         if not 0 < self.segment_bytes <= self.max_session_bytes:
             raise ValueError("journal limits: need 0 < segment_bytes <= max_session_bytes")
         if self.flush_interval_ms < 0 or self.retry_interval_ms < 0:
@@ -228,8 +242,15 @@ class SessionJournal:
         if run is None or event_id != run.first_id + run.count:
             run = self._run = Run(event_id)
             self._runs.append(run)
-        head, _, crc = record_parts(event_id, event_type, frame)
-        run.parts += (head, frame, crc)  # Run.add, inlined: this is the hot path
+        crc: bytes | bytearray
+        if len(frame) < DEFER_CRC_BYTES:
+            head, _, crc = record_parts(event_id, event_type, frame)
+            run.parts += (head, frame, crc)  # Run.add, inlined: this is the hot path
+        else:  # the writer thread computes the CRC of a large frame
+            head, _, placeholder = record_parts_deferred(event_id, event_type, frame)
+            run.parts += (head, frame, placeholder)
+            run.deferred.append((head, frame, placeholder))
+            crc = placeholder
         run.count += 1
         run.nbytes += len(head) + len(frame) + len(crc)
         self._buffered_bytes += cost
@@ -336,7 +357,7 @@ class SessionJournal:
             appender = self._appender
             before, before_bytes = appender.records_written, appender.bytes_written
             try:
-                await trio.to_thread.run_sync(appender.append, batch)
+                await threads.run_sync(journal_limiter(), appender.append, batch)
             except OSError as exc:
                 self._runs[:0] = batch
                 if self._run is None:
@@ -372,7 +393,7 @@ class SessionJournal:
         async with self._io_lock:
             meta_file = MetaFile(meta=meta, updated_at_ms=now_ms())
             try:
-                await trio.to_thread.run_sync(write_meta, self.directory, meta_file)
+                await threads.run_sync(journal_limiter(), write_meta, self.directory, meta_file)
             except OSError as exc:
                 raise JournalIOError(self.session_id, f"meta write failed: {exc}") from exc
             self.meta = meta
@@ -400,8 +421,9 @@ class SessionJournal:
                 complete = not self._runs and (
                     self._last_seen_id is None or self._last_seen_id == self._appender.last_id
                 )
-                await trio.to_thread.run_sync(self._finish, not discard and complete)
+                await threads.run_sync(journal_limiter(), self._finish, not discard and complete)
             self.journal._forget(self)
+            self.journal.request_sweep()
 
     def _finish(self, clean: bool) -> None:
         try:
@@ -452,6 +474,10 @@ class Journal:
         self.dropped_events = 0
         self.gil_naps = 0
         self._next_gil_nap = 0.0  # trio clock; see SessionJournal._hand_over_gil
+        self.swept_journals = 0  # closed journals deleted by the janitor
+        self.swept_bytes = 0
+        self.disk_bytes = 0  # every journal's bytes on disk at the last sweep
+        self._sweep_wanted = trio.Event()
 
     def session_dir(self, session_id: str) -> Path:
         return self.root / safe_name(session_id)
@@ -478,7 +504,9 @@ class Journal:
             raise JournalBusy(sid, "a writer is already open in this daemon")
         self._writers[sid] = None
         try:
-            appender, lock_fd = await trio.to_thread.run_sync(self._open_sync, meta, fresh)
+            appender, lock_fd = await threads.run_sync(
+                journal_limiter(), self._open_sync, meta, fresh
+            )
         except BaseException:
             del self._writers[sid]
             raise
@@ -528,8 +556,8 @@ class Journal:
 
     async def read(self, session_id: str, *, tail: int | None = None) -> Replay:
         """:meth:`load` in a worker thread."""
-        return await trio.to_thread.run_sync(
-            self._load, session_id, tail, session_id in self._writers
+        return await threads.run_sync(
+            journal_limiter(), self._load, session_id, tail, session_id in self._writers
         )
 
     def load(self, session_id: str, *, tail: int | None = None) -> Replay:
@@ -562,7 +590,7 @@ class Journal:
 
     async def list_sessions(self) -> list[JournalMeta]:
         """Metas of every journal with a readable meta (oldest first); see :meth:`sessions`."""
-        return await trio.to_thread.run_sync(self.sessions)
+        return await threads.run_sync(journal_limiter(), self.sessions)
 
     def sessions(self) -> list[JournalMeta]:
         """Blocking :meth:`list_sessions`."""
@@ -588,7 +616,7 @@ class Journal:
         writer = self._writers.get(session_id)
         if writer is not None:
             await writer.aclose(discard=True)
-        return await trio.to_thread.run_sync(self._delete_sync, session_id)
+        return await threads.run_sync(journal_limiter(), self._delete_sync, session_id)
 
     def _delete_sync(self, session_id: str) -> bool:
         directory = self.session_dir(session_id)
@@ -607,6 +635,81 @@ class Journal:
             raise JournalIOError(session_id, f"cannot delete {directory}: {exc}") from exc
         return True
 
+    # ---- the janitor: retention and the total bound ----------------------------------------
+
+    def request_sweep(self) -> None:
+        """Ask the janitor for a sweep soon (a journal was closed)."""
+        self._sweep_wanted.set()
+
+    async def run_janitor(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Sweep at start, every ``sweep_interval_ms``, and shortly after a journal closes
+        (at most once a second)."""
+        task_status.started()
+        interval = self.limits.sweep_interval_ms / 1000
+        while True:
+            try:
+                await self.sweep()
+            except JournalIOError as exc:
+                log.warning("journal sweep failed: %s", exc)
+            with trio.move_on_after(interval):
+                await self._sweep_wanted.wait()
+            self._sweep_wanted = trio.Event()
+            await trio.sleep(SWEEP_MIN_GAP_S)
+
+    async def sweep(self) -> int:
+        """Delete closed journals past the retention, then, while every journal together
+        exceeds ``max_total_bytes``, the closed ones oldest first. Journals with a writer
+        (here or in another process: the flock) are never touched. Returns how many went."""
+        return await threads.run_sync(journal_limiter(), self._sweep_sync, now_ms())
+
+    def _sweep_sync(self, now: int) -> int:
+        limits = self.limits
+        try:
+            entries = [e for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise JournalIOError("*", f"cannot list {self.root}: {exc}") from exc
+        found: list[tuple[int, int, Path, str | None]] = []  # (last activity, bytes, dir, id)
+        total = 0
+        for entry in entries:
+            directory = Path(entry.path)
+            size, last = _dir_usage(directory)
+            meta_file = read_meta(directory)
+            session_id = meta_file.meta.session_id if meta_file is not None else None
+            if meta_file is not None:
+                last = max(last, meta_file.updated_at_ms)
+            total += size
+            if session_id is None or session_id not in self._writers:
+                found.append((last, size, directory, session_id))
+        found.sort(key=lambda item: item[0])
+        removed = 0
+        for last, size, directory, session_id in found:
+            expired = bool(limits.retention_ms) and now - last > limits.retention_ms
+            over = bool(limits.max_total_bytes) and total > limits.max_total_bytes
+            if not (expired or over):
+                continue
+            if session_id is not None and session_id in self._writers:
+                continue  # opened meanwhile
+            if _remove_unlocked(directory):
+                total -= size
+                removed += 1
+                self.swept_journals += 1
+                self.swept_bytes += size
+                log.info(
+                    "journal of %s deleted (%s, %d bytes)",
+                    session_id or directory.name,
+                    "retention" if expired else "total bound",
+                    size,
+                )
+        if removed:
+            with contextlib.suppress(OSError):
+                fsync_dir(self.root)
+        self.disk_bytes = total
+        return removed
+
     async def aclose(self) -> None:
         """Close every open writer (drain: after this, everything published is durable)."""
         for writer in self.writers:
@@ -621,8 +724,46 @@ class Journal:
             "eventsWritten": self.events_written,
             "droppedEvents": self.dropped_events,
             "gilNaps": self.gil_naps,
+            "diskBytes": self.disk_bytes,
+            "sweptJournals": self.swept_journals,
+            "sweptBytes": self.swept_bytes,
             "degradedSessions": sorted(w.session_id for w in writers if w.degraded),
         }
+
+
+def _dir_usage(directory: Path) -> tuple[int, int]:
+    """(bytes of the files in ``directory``, newest modification in Unix ms)."""
+    size = 0
+    newest = 0
+    try:
+        for entry in os.scandir(directory):
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            size += st.st_size
+            newest = max(newest, int(st.st_mtime * 1000))
+    except FileNotFoundError:
+        pass
+    return size, newest
+
+
+def _remove_unlocked(directory: Path) -> bool:
+    """Delete a journal directory unless a writer (any process) holds its lock."""
+    try:
+        lock_fd = try_lock(directory)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        log.warning("journal sweep: cannot lock %s: %s", directory, exc)
+        return False
+    if lock_fd is None:
+        return False
+    try:
+        shutil.rmtree(directory, ignore_errors=True)
+    finally:
+        release_lock(lock_fd)
+    return not directory.exists()
 
 
 def _replay(meta_file: MetaFile, found: ScanResult) -> Replay:

@@ -432,7 +432,7 @@ class PoolEntry:
                     if isinstance(line, OversizedLine):
                         log.warning("MCP server %s sent a %d-byte line", self.name, line.size)
                         continue
-                    await self._deliver(self.mux.from_server(line))
+                    await self._deliver(self.mux.from_server(bytes(line)))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         await self._deliver_nowait(self.mux.reset("closed its output"))
@@ -523,7 +523,7 @@ class PoolEntry:
                         for line in framer.feed(data):
                             if isinstance(line, OversizedLine):
                                 continue
-                            await self._deliver(self.mux.from_client(conn, line))
+                            await self._deliver(self.mux.from_client(conn, bytes(line)))
                     nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass

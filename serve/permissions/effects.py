@@ -130,6 +130,7 @@ from acp.schema import (
     WriteTextFileParams,
 )
 from actors import ActorError
+from serve import threads
 from serve.events.messages import PublishEvent
 from serve.permissions.approval import (
     Decision,
@@ -160,6 +161,7 @@ from serve.permissions.mediator import OpenPermission, request_decision
 from serve.permissions.voting import PermissionOption
 from serve.sessions.modes import qwen_equivalent
 from serve.status.shared import shared_workspace
+from serve.threads import agent_fs_limiter
 from serve.workspace import WorkspaceFsError, overwrite_text
 from serve.workspace import read_text as ws_read_text
 
@@ -664,25 +666,28 @@ class EffectGate:
 
     async def read_text_file(self, session: Any, params: ReadTextFileParams) -> str:
         path = _absolute(params.path)
-        real = await trio.to_thread.run_sync(os.path.realpath, path)
+        real = await threads.run_sync(agent_fs_limiter(), os.path.realpath, path)
         ws = self._workspace(session)
         effect = classify_read(real, [ws.root])
         await self._admit(session, effect, paths=(posixpath.normpath(path), real))
         if effect.in_workspace:
             try:
-                result = await trio.to_thread.run_sync(
+                result = await threads.run_sync(
+                    agent_fs_limiter(),
                     functools.partial(
                         ws_read_text, ws, real, line=params.line, limit=params.limit, agent=True
-                    )
+                    ),
                 )
             except WorkspaceFsError as err:
                 raise fs_error(err, path) from None
             return result.content
-        return await trio.to_thread.run_sync(plain_read_text, real, params.line, params.limit)
+        return await threads.run_sync(
+            agent_fs_limiter(), plain_read_text, real, params.line, params.limit
+        )
 
     async def write_text_file(self, session: Any, params: WriteTextFileParams) -> None:
         path = _absolute(params.path)
-        real = await trio.to_thread.run_sync(os.path.realpath, path)
+        real = await threads.run_sync(agent_fs_limiter(), os.path.realpath, path)
         ws = self._workspace(session)
         effect = classify_write(real, [ws.root])
         await self._admit(
@@ -690,20 +695,22 @@ class EffectGate:
         )
         if effect.in_workspace:
             try:
-                await trio.to_thread.run_sync(
-                    functools.partial(overwrite_text, ws, real, params.content)
+                await threads.run_sync(
+                    agent_fs_limiter(), functools.partial(overwrite_text, ws, real, params.content)
                 )
             except WorkspaceFsError as err:
                 raise fs_error(err, path) from None
             return
-        await trio.to_thread.run_sync(plain_write_text, real, params.content)
+        await threads.run_sync(agent_fs_limiter(), plain_write_text, real, params.content)
 
     async def check_terminal(self, session: Any, params: CreateTerminalParams) -> None:
         """Admit a ``terminal/create`` (raises :class:`HandlerError` to refuse)."""
         ws = self._workspace(session)
         cwd = params.cwd
         if cwd is not None:
-            cwd = await trio.to_thread.run_sync(os.path.realpath, _absolute(cwd, field="cwd"))
+            cwd = await threads.run_sync(
+                agent_fs_limiter(), os.path.realpath, _absolute(cwd, field="cwd")
+            )
         request = {
             "command": params.command,
             "args": list(params.args),
@@ -1036,7 +1043,7 @@ class EffectGate:
         real = ""
         if path is not None:
             absolute = _norm_path(path, session.workspace)
-            real = await trio.to_thread.run_sync(os.path.realpath, absolute)
+            real = await threads.run_sync(agent_fs_limiter(), os.path.realpath, absolute)
         if capability == "fs.read":
             return classify_read(real, [root])
         return classify_write(real, [root])

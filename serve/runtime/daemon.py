@@ -5,8 +5,15 @@ Tree (see docs/architecture.md)::
     Daemon.run (trio)
     ├── signal watcher                     first SIGINT/SIGTERM drains, a second forces exit
     └── root Supervisor
-        ├── ... the Host's children         (serve/runtime/host.py, in start order)
+        ├── ... the Host's children         (serve/runtime/host.py, in start order; the
+        │                                    optional services under their own supervisor)
         └── http      hypercorn + the app   (permanent; started last, stopped first)
+
+When the root gives up (its restart budget is exhausted), every session is ended with
+``session_died {reason: "daemon_failure"}`` while the HTTP front is still up (so every SSE
+stream gets that terminal event and ends; the root's ``on_give_up`` hook, set in
+``build_host``), then the children stop and the process exits 70 with one line on stderr
+(``serve.__main__``).
 
 Shutdown order: stop accepting (``draining``), end every session (each publishes
 ``session_died {reason: "daemon_shutdown"}`` and closes its event log, so SSE streams end

@@ -10,11 +10,22 @@ The children, in start order (the root supervisor stops them in reverse)::
     reaper                  (a subreaper or PID 1 only) adopted orphans
     permission-mediator     pending permission requests
     sessions:<ws id> × W    one session registry per workspace runtime
-    chaos                   (--chaos-kill-rate only)
-    workspace-hub           workspace-wide events to every session, by message
-    device-flow-poller      RFC 8628 flows
-    mcp-pool                shared MCP servers
-    workspace-state         settings baselines for /workspace/reload
+    workspace-hub           workspace-wide events to every session, by message (core:
+                            routes await it)
+    services                the optional services' own Supervisor (its own restart
+                            budget, SERVICES_INTENSITY in SERVICES_PERIOD_S; restarted by
+                            the root with backoff), so a flapping one never exhausts the
+                            root's budget that the registries and the HTTP front share:
+        chaos               (--chaos-kill-rate only)
+        journal-janitor     (journal on) retention and total-size bound of journals
+        device-flow-poller  RFC 8628 flows
+        mcp-pool            shared MCP servers
+        workspace-state     settings baselines for /workspace/reload
+
+When the root gives up (its budget is exhausted), its ``on_give_up`` hook ends every
+session with ``session_died {reason: "daemon_failure"}`` while the HTTP front is still up
+(so every SSE stream gets that terminal event), then it stops its children and
+``serve.__main__`` exits 70 with one line.
 
 The HTTP front is not among them: :class:`serve.runtime.daemon.Daemon` adds it last (it
 serves the Host) so that it starts last and stops first.
@@ -22,13 +33,21 @@ serves the Host) so that it starts last and stops first.
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import trio
+
 from acp.children import run_reaper
-from actors import ChildSpec, Restart, Supervisor
+from actors import Actor, ChildSpec, Restart, Supervisor, SupervisorGaveUp
 from serve.config import ConfigCell, DaemonConfig, load_daemon_config
 from serve.deviceflow import service as device_flow_service
 from serve.host import FrontStats, Host, Lifecycle
 from serve.http.security.ratelimit import limiter_for
-from serve.journal import Journal
+from serve.journal import Journal, JournalLimits
 from serve.mcp import service as mcp_service
 from serve.permissions.effects import EffectGate
 from serve.permissions.mediator import PermissionMediator
@@ -40,31 +59,76 @@ from serve.status.shared import HUB_SERVICE
 from serve.workspace.hub import WorkspaceHub
 from serve.workspace_state import reload as workspace_state
 
-__all__ = ["build_host"]
+__all__ = ["SERVICES_INTENSITY", "SERVICES_PERIOD_S", "build_host"]
+
+log = logging.getLogger(__name__)
+
+#: Restart budget of the optional services' supervisor (restarts within seconds).
+SERVICES_INTENSITY = 5
+SERVICES_PERIOD_S = 30.0
+#: The root's backoff between restarts of a services supervisor that gave up (seconds).
+SERVICES_BACKOFF_S = 1.0
+SERVICES_MAX_BACKOFF_S = 30.0
+#: How long the root waits for the services supervisor to stop its children (seconds).
+SERVICES_STOP_GRACE_S = 5.0
 
 
 def build_host(
-    settings: Settings, config: DaemonConfig | None = None, *, reaper: bool = False
+    settings: Settings,
+    config: DaemonConfig | None = None,
+    *,
+    reaper: bool = False,
+    extra_services: Sequence[ChildSpec] = (),
 ) -> tuple[Host, list[ChildSpec]]:
     """The Host for ``settings`` and ``config`` (read from ``--config`` when None; raises
     ``SettingsError`` naming a bad key), and the root supervisor's children in start order.
 
     ``reaper``: also run the reaper of adopted orphans (only when the process is a child
     subreaper or PID 1; a test process's own children are not the daemon's to wait for).
+    ``extra_services``: more children of the services supervisor, started after the others
+    (fault-injection tests).
     """
     if config is None:
         config = load_daemon_config(settings)
     cell = ConfigCell(config)
     root_policy = config.restart.root
+
+    async def on_root_give_up(exc: SupervisorGaveUp) -> None:
+        # Awaited by the root (bounded by its give_up_grace_s) before it stops its children.
+        log.error("%s: ending every session, then exiting", exc)
+        lifecycle.draining = True
+        await runtimes.close_all("daemon_failure")
+
     root = Supervisor(
-        "root", intensity=root_policy.intensity, period_s=root_policy.period_s, history=512
+        "root",
+        intensity=root_policy.intensity,
+        period_s=root_policy.period_s,
+        history=512,
+        on_give_up=on_root_give_up,
+    )
+    #: The optional services' own supervisor (its events are recorded in the root's history).
+    services = Supervisor(
+        "services",
+        intensity=SERVICES_INTENSITY,
+        period_s=SERVICES_PERIOD_S,
+        listener=root.events.append,
     )
     mediator = PermissionMediator(
         policy=config.policy.permission_strategy,
         consensus_quorum=config.policy.consensus_quorum,
         response_timeout_ms=settings.permission_response_timeout_ms,
     )
-    journal = Journal(settings.state_dir) if settings.journal else None
+    journal = (
+        Journal(
+            settings.state_dir,
+            JournalLimits(
+                retention_ms=settings.journal_retention_ms,
+                max_total_bytes=settings.journal_max_total_bytes,
+            ),
+        )
+        if settings.journal
+        else None
+    )
     front = FrontStats(rate_limiter=limiter_for(settings.rate_limit))
 
     # The workspace runtimes are built below; these read them when called.
@@ -112,9 +176,39 @@ def build_host(
         )
     )
     children.extend(runtimes.child_specs())
+    children.append(hub_spec)
+    optional: list[ChildSpec] = []
     if chaos is not None:
-        children.append(ChildSpec("chaos", chaos.run, Restart.PERMANENT, stop=chaos.close))
-    children.extend([hub_spec, device_flow_spec, mcp_spec, state_spec])
+        optional.append(ChildSpec("chaos", chaos.run, Restart.PERMANENT, stop=chaos.close))
+    if journal is not None:
+        optional.append(
+            ChildSpec(
+                "journal-janitor",
+                journal.run_janitor,
+                Restart.PERMANENT,
+                shutdown_grace_s=0,  # nothing to finish: cancelled at once
+            )
+        )
+    optional.extend(
+        [
+            _rerunnable(device_flow_spec, device_flow),
+            _rerunnable(mcp_spec, mcp_pool),
+            state_spec,
+            *extra_services,
+        ]
+    )
+    children.append(
+        ChildSpec(
+            "services",
+            functools.partial(services.run, optional),
+            Restart.PERMANENT,
+            shutdown_grace_s=SERVICES_STOP_GRACE_S,
+            stop=services.shutdown,
+            backoff_s=SERVICES_BACKOFF_S,
+            max_backoff_s=SERVICES_MAX_BACKOFF_S,
+        )
+    )
+    lifecycle = Lifecycle(root=root, port=settings.port, services=services)
     host = Host(
         settings=settings,
         config_cell=cell,
@@ -127,7 +221,21 @@ def build_host(
         mcp_pool=mcp_pool,
         device_flow=device_flow,
         chaos=chaos,
-        lifecycle=Lifecycle(root=root, port=settings.port),
+        lifecycle=lifecycle,
         front=front,
     )
     return host, children
+
+
+def _rerunnable(spec: ChildSpec, actor: Actor[Any]) -> ChildSpec:
+    """``spec`` for a service actor under the services supervisor. When that supervisor
+    gives up it stops its children (``stop`` closes an actor for good); when the root then
+    restarts it, the same actor (the Host and the routes hold it) runs again with a fresh
+    inbox instead of ending at once."""
+    target = spec.target
+
+    async def run(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        actor.reopen()
+        await target(task_status=task_status)
+
+    return msgspec.structs.replace(spec, target=run)

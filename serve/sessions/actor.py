@@ -214,7 +214,11 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.display_name: str | None = None
         #: Registered clients, expiring when idle (serve/sessions/clients.py).
         self.clients = ClientTable(settings.client_idle_timeout_ms)
-        self.log = EventLog(self.session_id, ring_size=ring_size or settings.event_ring_size)
+        self.log = EventLog(
+            self.session_id,
+            ring_size=ring_size or settings.event_ring_size,
+            ring_bytes=settings.event_ring_bytes,
+        )
         self.prompts = PromptQueue(
             limit=settings.max_pending_prompts_per_session,
             deadline_ms=settings.prompt_deadline_ms,
@@ -396,7 +400,11 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.session_id = session_id
         self.log.session_id = session_id
         self.name = f"session-{session_id}"
-        await self._open_journal(fresh=True)
+        self._journal_pending = True
+        try:
+            await self._open_journal(fresh=True)
+        finally:
+            self._journal_pending = False
         self._flush_early_updates()
 
     async def restore_history(self) -> bool:
@@ -404,7 +412,9 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         journaling; True when the journal held the history."""
         if self.journal_link.journal is None:
             return False
-        restored = await self.journal_link.restore(self.session_id, self.log.ring_size)
+        restored = await self.journal_link.restore(
+            self.session_id, self.log.ring_size, self.log.ring_bytes
+        )
         if restored is None:
             await self._open_journal(fresh=True)
             return False

@@ -114,6 +114,7 @@ def agent_env(settings: Settings) -> dict[str, str]:
     env = scrub_env(os.environ)
     if settings.agent_is_default:
         env["ACP_SCRIPTED_STATE_DIR"] = os.path.join(settings.state_dir, "scripted")
+        env["ACP_SCRIPTED_RETENTION_MS"] = str(settings.journal_retention_ms)
     env["QWEN_CODE_NO_RELAUNCH"] = "true"
     if settings.mcp_client_budget is not None:
         env["QWEN_SERVE_MCP_CLIENT_BUDGET"] = str(settings.mcp_client_budget)
@@ -142,6 +143,7 @@ class SpawnAgentSource:
             env=agent_env(self.settings),
             handler=handler,
             request_timeout_s=timeout_s,
+            max_line_bytes=self.settings.max_agent_line_bytes,
         )
         try:
             await conn.initialize(timeout_s=timeout_s)
@@ -361,7 +363,9 @@ class JournalLink:
         log_.sink = writer.sink
         await nursery.start(writer.run)
 
-    async def restore(self, session_id: str, ring_size: int) -> tuple[EventLog, bool] | None:
+    async def restore(
+        self, session_id: str, ring_size: int, ring_bytes: int
+    ) -> tuple[EventLog, bool] | None:
         """The log rebuilt from the journal (same ids; the same epoch when it was closed
         cleanly) and whether it held records; None when there is none to read."""
         if self.journal is None:
@@ -375,7 +379,9 @@ class JournalLink:
             return None
         epoch = replay.meta.epoch if replay.clean else None
         first = replay.records[0].event_id if replay.records else replay.next_id
-        restored = EventLog(session_id, ring_size=ring_size, epoch=epoch, next_id=first)
+        restored = EventLog(
+            session_id, ring_size=ring_size, ring_bytes=ring_bytes, epoch=epoch, next_id=first
+        )
         for event_id, _type, frame in replay:
             restored.restore(event_id, frame)
         return restored, bool(replay.records)

@@ -33,6 +33,7 @@ from acp.schema import (
     WriteTextFileParams,
 )
 from actors import ActorError
+from serve.events import RawParts
 from serve.permissions.mediator import OpenPermission, request_decision
 from serve.permissions.voting import PermissionOption
 
@@ -74,6 +75,9 @@ class AgentSide(BaseClientHandler):
     def _init_agent_side(self) -> None:
         BaseClientHandler.__init__(self)
         self._early: list[tuple[str, msgspec.Raw]] = []
+        #: The journal of a new session is being opened: updates wait in ``_early`` (else
+        #: the first ones, e.g. available_commands_update, could miss the journal).
+        self._journal_pending = False
         self._update_head: bytes | None = None
         self.drop_updates = False
         self.available_commands = None
@@ -84,9 +88,24 @@ class AgentSide(BaseClientHandler):
             self._relay(kind, update)
         self._early.clear()
 
-    async def flow_control(self) -> None:
+    async def flow_control(self, incoming_bytes: int = 0) -> None:
         """Between chunks read from the agent: let lagging SSE writers catch up."""
-        await self.log.wait_drained()
+        await self.log.wait_drained(incoming_bytes=incoming_bytes)
+
+    def on_oversized_line(self, size: int, limit: int) -> None:
+        """The agent wrote a line over ``--max-agent-line-bytes``: it was dropped, say so."""
+        active = self.prompts.running
+        self.log.publish(
+            "agent_output_dropped",
+            {
+                "sessionId": self.session_id,
+                "reason": "line_too_long",
+                "sizeBytes": size,
+                "maxBytes": limit,
+            },
+            prompt_id=active.prompt_id if active else None,
+            originator=active.client_id if active else None,
+        )
 
     def on_session_update(self, session_id: str, kind: str, update: msgspec.Raw) -> None:
         if self.drop_updates:
@@ -95,6 +114,9 @@ class AgentSide(BaseClientHandler):
             self._early.append((kind, update))
             return
         if session_id != self.session_id:
+            return
+        if self._journal_pending:  # a new session's journal is opening: keep them for it
+            self._early.append((kind, update))
             return
         self._relay(kind, update)
 
@@ -115,7 +137,7 @@ class AgentSide(BaseClientHandler):
         head = self._update_head
         if head is None:  # encoded once: the session id never changes after set-up
             head = self._update_head = b'{"sessionId":' + _encoder.encode(self.session_id)
-        data = msgspec.Raw(head + b',"update":' + bytes(update) + b"}")
+        data = RawParts((head, b',"update":', update, b"}"))  # joined once, into the frame
         active = self.prompts.running
         self.log.publish(
             "session_update",

@@ -47,6 +47,7 @@ class ChaosMonkey:
     async def run(
         self, *, task_status: trio.TaskStatus[ChaosMonkey] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        self._stop = trio.Event()  # a new incarnation (its supervisor may be restarted)
         task_status.started(self)
         while not self._stop.is_set():
             with trio.move_on_after(self.random.expovariate(self.rate / 60.0)):

@@ -68,6 +68,13 @@ async def test_post_needs_json_and_rejects_batches_and_non_jsonrpc(
         "/acp", content=b"{not json", headers={"Content-Type": "application/json"}
     )
     assert r.status_code == 400 and r.json()["error"]["code"] == -32700
+    deep = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":' + b"[" * 100_000
+    r = await client.post(
+        "/acp",
+        content=deep + b"]" * 100_000 + b"}",
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == -32700  # not a 500
 
 
 async def test_connection_id_missing_400_unknown_404(client: httpx.AsyncClient) -> None:

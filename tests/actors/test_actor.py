@@ -144,6 +144,27 @@ async def test_close_drains_then_further_asks_fail(nursery: trio.Nursery) -> Non
         await actor.tell(Add(1))
 
 
+async def test_a_reopened_actor_runs_again_with_a_fresh_inbox(nursery: trio.Nursery) -> None:
+    actor = Counter()
+    done = trio.Event()
+
+    async def first_run() -> None:
+        await actor.run()
+        done.set()
+
+    nursery.start_soon(first_run)
+    await actor.tell(Add(2))
+    actor.close()
+    await done.wait()
+    with pytest.raises(ActorStopped):  # closed: refused until it runs again
+        await actor.tell(Add(100))
+    actor.reopen()
+    await nursery.start(actor.run)
+    assert not actor.closed and actor.starts == 2
+    assert await actor.ask(Add(3)) == 5  # same object, same state, a new incarnation
+    actor.close()
+
+
 async def test_cancelled_run_fails_inflight_ask_with_stopped(nursery: trio.Nursery) -> None:
     actor = Counter()
     scope = trio.CancelScope()

@@ -256,3 +256,74 @@ def test_restart_window_counts_within_the_period() -> None:
     assert not window.allows(2.0)
     assert not window.count(2.0)  # the third restart within 10 s exceeds it
     assert window.allows(12.5)  # the first two have aged out
+
+
+async def _fails_while_cancelled(*, task_status: trio.TaskStatus[None]) -> None:
+    """A child with two tasks: when cancelled, one ends Cancelled and the other raises, so
+    the child ends with a mixed group (Cancelled + RuntimeError)."""
+
+    async def cleanup_fails() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            raise RuntimeError("cleanup failed")
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(trio.sleep_forever)
+        inner.start_soon(cleanup_fails)
+        task_status.started()
+
+
+async def test_a_child_failing_while_cancelled_never_escapes_one_for_one(
+    nursery: trio.Nursery,
+) -> None:
+    sup = Supervisor("root", intensity=10, period_s=10)
+    await nursery.start(sup.run)
+    sibling = Script("block")
+    await sup.start_child(ChildSpec("sibling", sibling))
+    await sup.start_child(ChildSpec("mixed", _fails_while_cancelled, shutdown_grace_s=0))
+    await sup.stop_child("mixed", grace_s=0)
+    assert sup.running and not sup.has_child("mixed")
+    assert kinds(sup, "mixed") == ["start", "crash", "stop"]  # the failure is visible
+    assert [e.reason for e in sup.events if e.kind is EventKind.CRASH] == [
+        "RuntimeError: cleanup failed (while stopping)"
+    ]
+    assert sibling.cancelled == 0 and sup.has_child("sibling")
+    sup.shutdown()
+    await sup.finished.wait()
+    assert sibling.cancelled == 1
+
+
+async def test_a_child_failing_during_shutdown_lets_the_others_stop_in_order(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    sup = Supervisor("root", intensity=10, period_s=10)
+    first = Script("block")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            sup.run,
+            [
+                ChildSpec("first", first),
+                ChildSpec("mixed", _fails_while_cancelled, shutdown_grace_s=0),
+            ],
+        )
+        sup.shutdown()
+    assert sup.finished.is_set() and first.cancelled == 1
+    assert kinds(sup, "mixed")[-1] == "stop" and kinds(sup, "first")[-1] == "stop"
+
+
+async def test_on_give_up_runs_before_the_children_are_stopped(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    seen: list[tuple[str, bool]] = []
+    sup = Supervisor("root", intensity=1, period_s=10)
+
+    async def on_give_up(exc: SupervisorGaveUp) -> None:
+        seen.append((exc.child, sup.has_child("bystander")))
+
+    sup.on_give_up = on_give_up
+    with pytest.raises(SupervisorGaveUp):
+        await sup.run(
+            [ChildSpec("bystander", Script("block")), ChildSpec("flaky", Script(*["crash"] * 5))]
+        )
+    assert seen == [("flaky", True)]  # the bystander was still there

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import msgspec
 
+from actors import ChildSpec
 from serve.config import load_config_text
 from serve.runtime.host import build_host
 from serve.settings import Settings, parse_settings
@@ -18,24 +20,41 @@ def _settings(tmp_path: Path, *args: str) -> Settings:
     )
 
 
+def _optional(services: ChildSpec) -> list[str]:
+    """The names of the children the ``services`` supervisor is started with."""
+    assert services.name == "services" and isinstance(services.target, functools.partial)
+    assert services.target.func == services.stop.__self__.run  # type: ignore[union-attr]
+    return [spec.name for spec in services.target.args[0]]
+
+
 def test_children_in_start_order(tmp_path: Path) -> None:
     host, children = build_host(_settings(tmp_path))
     names = [c.name for c in children]
     ws = next(iter(host.registry)).id
+    # The workspace hub is a core child (routes await it); the optional services run under
+    # their own supervisor, a child of the root with its own restart budget.
     assert names == [
         "permission-mediator",
         f"agents:{ws}",
         f"sessions:{ws}",
         "workspace-hub",
+        "services",
+    ]
+    services = children[-1]
+    assert services.stop == host.lifecycle.services.shutdown
+    assert _optional(services) == [
+        "journal-janitor",
         "device-flow-poller",
         "mcp-pool",
         "workspace-state",
     ]
-    with_extras, _ = build_host(_settings(tmp_path, "--chaos-kill-rate", "1"), reaper=True)
-    names = [
-        c.name for c in build_host(_settings(tmp_path, "--chaos-kill-rate", "1"), reaper=True)[1]
-    ]
-    assert names[0] == "reaper" and "chaos" in names and with_extras.chaos is not None
+    with_extras, children = build_host(
+        _settings(tmp_path, "--chaos-kill-rate", "1", "--no-journal"), reaper=True
+    )
+    names = [c.name for c in children]
+    optional = _optional(children[-1])
+    assert names[0] == "reaper" and optional[0] == "chaos" and with_extras.chaos is not None
+    assert "journal-janitor" not in optional
 
 
 def test_parts_share_one_set_of_collaborators(tmp_path: Path) -> None:

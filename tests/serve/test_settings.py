@@ -92,6 +92,17 @@ def test_budget_mode_defaults_to_warn_with_a_budget(tmp_path: Path) -> None:
         (["--workspace", "/nonexistent/dir"], {}, '"/nonexistent/dir"'),
         ([], {"QWEN_SERVE_PROMPT_DEADLINE_MS": "abc"}, 'QWEN_SERVE_PROMPT_DEADLINE_MS="abc"'),
         ([], {"QWEN_SERVE_WRITER_IDLE_TIMEOUT_MS": "0"}, "QWEN_SERVE_WRITER_IDLE_TIMEOUT_MS"),
+        (["--event-ring-bytes", "1000"], {}, '--event-ring-bytes "1000"'),
+        (["--max-agent-line-bytes", "100"], {}, '--max-agent-line-bytes "100"'),
+        (["--max-agent-line-bytes", str(65 * 2**20)], {}, "--max-agent-line-bytes"),
+        (
+            ["--event-ring-bytes", str(2**20), "--max-agent-line-bytes", str(2**21)],
+            {},
+            "must be at least --max-agent-line-bytes",
+        ),
+        (["--journal-retention-ms", "-5"], {}, '--journal-retention-ms "-5"'),
+        (["--journal-max-total-bytes", "1000"], {}, "at least 16777216"),
+        (["--journal-max-total-bytes", "lots"], {}, '"lots"'),
     ],
 )
 def test_refusals_name_the_bad_value(
@@ -100,6 +111,26 @@ def test_refusals_name_the_bad_value(
     with pytest.raises(SettingsError) as info:
         parse(tmp_path, *args, env=env)
     assert needle in str(info.value)
+
+
+def test_hardening_bounds_defaults_and_values(tmp_path: Path) -> None:
+    s = parse(tmp_path)
+    assert s.event_ring_bytes == 32 * 2**20 and s.max_agent_line_bytes == 16 * 2**20
+    assert s.journal_retention_ms == 7 * 24 * 3600 * 1000
+    assert s.journal_max_total_bytes == 2**30
+    s = parse(
+        tmp_path,
+        "--event-ring-bytes",
+        "65536",
+        "--max-agent-line-bytes",
+        "4096",
+        "--journal-retention-ms",
+        "0",
+        "--journal-max-total-bytes",
+        "0",
+    )
+    assert (s.event_ring_bytes, s.max_agent_line_bytes) == (65536, 4096)
+    assert (s.journal_retention_ms, s.journal_max_total_bytes) == (0, 0)
 
 
 def test_duplicate_workspaces_are_refused(tmp_path: Path) -> None:

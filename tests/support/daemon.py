@@ -52,7 +52,10 @@ def spawn_daemon(
     state_dir: Path | None = None,
     env: dict[str, str] | None = None,
     ready_timeout_s: float = 20.0,
+    launcher: Sequence[str] = ("-m", "serve"),
 ) -> DaemonProcess:
+    """``launcher``: what follows the interpreter instead of ``-m serve`` (e.g. a script
+    that injects a fault, then runs ``serve.__main__.main``)."""
     tmp = Path(tempfile.mkdtemp(prefix="acp-serve-test-"))
     workspace = workspace or (tmp / "ws")
     workspace.mkdir(parents=True, exist_ok=True)
@@ -62,8 +65,7 @@ def spawn_daemon(
     full_env.update(env or {})
     argv = [
         sys.executable,
-        "-m",
-        "serve",
+        *launcher,
         "--port",
         "0",
         "--workspace",

@@ -264,3 +264,29 @@ async def test_parked_subscribers_never_pace_the_publisher() -> None:
             log.publish("a", {})
         assert log.max_pressure() == 0.0
         log.close()
+
+
+def test_the_ring_is_bounded_in_bytes_and_keeps_the_newest_frame() -> None:
+    log = EventLog("s", ring_size=100, ring_bytes=10_000)
+    for _ in range(10):
+        log.publish("session_update", {"text": "x" * 2_000})
+    assert log.held_bytes <= 10_000 and log.first_id is not None and log.first_id > 1
+    kept = log.next_id - log.first_id
+    assert 3 <= kept <= 5 and log.byte_evictions == 10 - kept
+    log.publish("session_update", {"text": "y" * 50_000})  # larger than the whole ring
+    assert log.first_id == log.last_id == 11 and log.frame(11) is not None
+    sub = log.subscribe(last_event_id=2)
+    resync = sub._pending[0]
+    assert b"state_resync_required" in resync and b'"ring_evicted"' in resync
+
+
+async def test_pacing_counts_the_bytes_a_busy_reader_has_not_taken() -> None:
+    log = EventLog("s", ring_size=100, ring_bytes=100_000)
+    sub = log.subscribe()
+    log.publish("session_update", {"text": "x" * 30_000})
+    assert sub.take_nowait()  # taken, now "writing" it (not parked)
+    assert log.max_pressure() == 0.0
+    log.publish("session_update", {"text": "x" * 30_000})  # pending for the busy reader
+    assert 0.29 < log.max_pressure() < 0.32
+    # The line being received will evict it when published: pressure enough to wait.
+    assert log.max_pressure(incoming_bytes=80_000) == 1.0

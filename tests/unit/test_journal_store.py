@@ -282,22 +282,58 @@ def test_a_torn_failed_write_is_repaired_and_the_retry_is_not_duplicated(
 ) -> None:
     app = appender(tmp_path, segment_bytes=1 << 20)
     app.append_items(items(1, 100))
-    real_write_all = store._write_all
+    real_writev_all = store._writev_all
 
-    def torn(fd: int, data: bytes) -> None:
-        real_write_all(fd, data[: len(data) // 2])
+    def torn(fd: int, parts: list[bytes]) -> int:
+        data = b"".join(parts)
+        store._write_all(fd, data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(store, "_write_all", torn)
+    monkeypatch.setattr(store, "_writev_all", torn)
     with pytest.raises(OSError):
         app.append_items(items(101, 200))
-    monkeypatch.setattr(store, "_write_all", real_write_all)
+    monkeypatch.setattr(store, "_writev_all", real_writev_all)
     # The caller retries the same batch plus what arrived meanwhile.
     app.append_items(items(101, 250))
     app.close()
     found = scan(tmp_path)
     assert found.problems == []
     assert [tuple(r) for r in found.records] == items(1, 250)
+
+
+def test_writev_handles_short_writes_and_many_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parts = [bytes([65 + i % 26]) * (i % 7 + 1) for i in range(3000)]  # > IOV_MAX parts
+    real_writev = os.writev
+
+    def short(fd: int, buffers: list[bytes]) -> int:  # at most 5 bytes per call
+        return real_writev(fd, [memoryview(b"".join(bytes(b) for b in buffers[:2]))[:5]])
+
+    monkeypatch.setattr(os, "writev", short)
+    path = tmp_path / "out"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        assert store._writev_all(fd, parts) == sum(map(len, parts))
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"".join(parts)
+
+
+def test_a_large_frame_gets_its_crc_from_the_writer(tmp_path: Path) -> None:
+    from serve.journal.format import DEFER_CRC_BYTES, record_parts, record_parts_deferred
+
+    frame = b"data: " + b"z" * DEFER_CRC_BYTES
+    run = store.Run(1)
+    head, _, placeholder = record_parts_deferred(1, "session_update", frame)
+    run.add(head, frame, placeholder)  # type: ignore[arg-type]
+    run.deferred.append((head, frame, placeholder))
+    app = appender(tmp_path)
+    app.append([run])
+    app.close()
+    assert bytes(placeholder) == record_parts(1, "session_update", frame)[2]
+    found = scan(tmp_path)
+    assert found.problems == [] and [r.frame for r in found.records] == [frame]
 
 
 # ---- names and meta -----------------------------------------------------------------------

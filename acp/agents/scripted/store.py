@@ -5,18 +5,42 @@ model, timestamps and the history (``user`` / ``agent`` / ``thought`` text entri
 entries of one role coalesced). Files are written atomically (temporary file + ``rename``), so
 a crash mid-write leaves the previous version. The store is used from several threads; callers
 serialise writes per session.
+
+The store is bounded on disk: :meth:`Store.prune` (at start and at most once a minute after a
+save) deletes session files not written for ``retention_ms`` (``ACP_SCRIPTED_RETENTION_MS``,
+default 7 days, ``0`` = keep; acp-serve passes its ``--journal-retention-ms``), then, while
+the files together exceed ``max_bytes`` (``ACP_SCRIPTED_MAX_STORE_BYTES``, default 256 MiB),
+the least recently written ones. Sessions this process wrote are never pruned by it, and
+leftover temporary files older than an hour go too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import threading
 import time
 from typing import Final
 
 import msgspec
 
 _SESSION_ID_RE: Final = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
+DEFAULT_MAX_STORE_BYTES: Final = 256 * 1024 * 1024
+PRUNE_INTERVAL_S: Final = 60.0
+STALE_TMP_S: Final = 3600.0
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        return default
+    return value if value >= 0 else default
 
 
 class HistoryEntry(msgspec.Struct, frozen=True):
@@ -63,10 +87,68 @@ def valid_session_id(session_id: str) -> bool:
 
 
 class Store:
-    def __init__(self, state_dir: str) -> None:
+    def __init__(
+        self,
+        state_dir: str,
+        *,
+        retention_ms: int | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
         self.dir = os.path.join(state_dir, "sessions")
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(SessionRecord)
+        self.retention_ms = (
+            _env_int("ACP_SCRIPTED_RETENTION_MS", DEFAULT_RETENTION_MS)
+            if retention_ms is None
+            else retention_ms
+        )
+        self.max_bytes = (
+            _env_int("ACP_SCRIPTED_MAX_STORE_BYTES", DEFAULT_MAX_STORE_BYTES)
+            if max_bytes is None
+            else max_bytes
+        )
+        self._mine: set[str] = set()
+        self._lock = threading.Lock()
+        self._next_prune = 0.0
+        self.pruned = 0
+        self.prune()
+
+    def prune(self, now: float | None = None) -> int:
+        """Apply the retention and the byte bound; returns how many session files went."""
+        now = time.time() if now is None else now
+        with self._lock:
+            self._next_prune = time.monotonic() + PRUNE_INTERVAL_S
+            mine = set(self._mine)
+        try:
+            entries = list(os.scandir(self.dir))
+        except FileNotFoundError:
+            return 0
+        files: list[tuple[float, int, str]] = []
+        total = 0
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if entry.name.endswith(".tmp"):
+                if now - st.st_mtime > STALE_TMP_S:
+                    _unlink(entry.path)
+                continue
+            if not entry.name.endswith(".json"):
+                continue
+            total += st.st_size
+            if entry.name[: -len(".json")] not in mine:
+                files.append((st.st_mtime, st.st_size, entry.path))
+        files.sort()
+        removed = 0
+        for mtime, size, path in files:
+            expired = bool(self.retention_ms) and (now - mtime) * 1000 > self.retention_ms
+            over = bool(self.max_bytes) and total > self.max_bytes
+            if (expired or over) and _unlink(path):
+                total -= size
+                removed += 1
+        self.pruned += removed
+        return removed
 
     def _path(self, session_id: str) -> str:
         return os.path.join(self.dir, session_id + ".json")
@@ -78,6 +160,11 @@ class Store:
         with open(tmp, "wb") as f:
             f.write(self._encoder.encode(record))
         os.replace(tmp, path)
+        with self._lock:
+            self._mine.add(record.session_id)
+            due = time.monotonic() >= self._next_prune
+        if due:
+            self.prune()
 
     def load(self, session_id: str) -> SessionRecord | None:
         if not valid_session_id(session_id):
@@ -101,3 +188,10 @@ class Store:
                     records.append(record)
         records.sort(key=lambda r: (r.updated_at, r.session_id), reverse=True)
         return records
+
+
+def _unlink(path: str) -> bool:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+        return True
+    return False

@@ -192,7 +192,7 @@ def _relay(raw: bytes, *, status: int = 200, cache: bool = True) -> Response:
 def _decode_object(raw: bytes, method: str) -> dict[str, Any]:
     try:
         value = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         value = None
     if not isinstance(value, dict):
         raise ApiError(

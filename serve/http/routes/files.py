@@ -36,6 +36,7 @@ from serve.http.context import daemon
 from serve.http.errors import ApiError
 from serve.http.routes.sessions import header_client_id
 from serve.http.wire import json_body, json_response
+from serve.threads import file_routes_limiter
 from serve.workspace import (
     EditResult,
     WorkspaceFsError,
@@ -134,7 +135,7 @@ def _flag_query(name: str) -> bool:
 
 
 async def _run[T](fn: Callable[[], T]) -> T:
-    return await trio.to_thread.run_sync(fn)
+    return await trio.to_thread.run_sync(fn, limiter=file_routes_limiter())
 
 
 # ---- reads ----------------------------------------------------------------------------------

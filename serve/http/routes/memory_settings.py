@@ -35,9 +35,9 @@ from __future__ import annotations
 import functools
 from typing import Any, Final
 
-import trio
 from quart import Blueprint, Response
 
+from serve import threads
 from serve.http.addressing import check_workspace_client, primary_workspace, publish_workspace_event
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
@@ -47,6 +47,7 @@ from serve.http.wire import encode, json_body, json_response
 from serve.settings import SettingsError
 from serve.status.init import memory_file_name
 from serve.status.settings_file import SETTINGS_PATH, SettingsFileError, read_settings
+from serve.threads import file_routes_limiter
 from serve.workspace import Workspace, WorkspaceFsError
 from serve.workspace_state import reload as reload_state
 from serve.workspace_state.memory import (
@@ -142,7 +143,9 @@ async def get_memory() -> Response:
     d = daemon()
     ws = _workspace()
     try:
-        found = await trio.to_thread.run_sync(_read_memory_file, ws, d.settings.memory_file_name)
+        found = await threads.run_sync(
+            file_routes_limiter(), _read_memory_file, ws, d.settings.memory_file_name
+        )
     except MemoryFileTooLarge as err:
         raise _too_large(err) from None
     except MemoryBusy as err:
@@ -199,8 +202,13 @@ async def post_memory() -> Response:
     client_id = check_workspace_client(d, header_client_id())
     ws = _workspace()
     try:
-        written = await trio.to_thread.run_sync(
-            _write_memory_file, ws, d.settings.memory_file_name, content, mode
+        written = await threads.run_sync(
+            file_routes_limiter(),
+            _write_memory_file,
+            ws,
+            d.settings.memory_file_name,
+            content,
+            mode,
         )
     except MemoryFileTooLarge as err:
         raise _too_large(err, scope=scope, mode=mode) from None
@@ -242,7 +250,7 @@ async def get_settings() -> Response:
     doc: dict[str, Any] = {}
     digest: str | None = None
     try:
-        doc, digest = await trio.to_thread.run_sync(read_settings, ws)
+        doc, digest = await threads.run_sync(file_routes_limiter(), read_settings, ws)
     except SettingsFileError as err:
         warnings.append({"type": "corrupted", "code": err.code, "error": err.message})
     except WorkspaceFsError as err:
@@ -300,8 +308,8 @@ async def post_settings() -> Response:
     client_id = check_workspace_client(d, header_client_id())
     ws = _workspace()
     try:
-        result = await trio.to_thread.run_sync(
-            functools.partial(update_setting, ws, path, value, remove=remove)
+        result = await threads.run_sync(
+            file_routes_limiter(), functools.partial(update_setting, ws, path, value, remove=remove)
         )
     except SettingError as err:
         raise ApiError(400, err.to_body()) from None
@@ -338,7 +346,7 @@ async def post_reload() -> Response:
     client_id = check_workspace_client(d, header_client_id())
     root = d.settings.primary_workspace
     try:
-        doc = await trio.to_thread.run_sync(reload_state.read_settings_strict, root)
+        doc = await threads.run_sync(file_routes_limiter(), reload_state.read_settings_strict, root)
     except SettingsFileError as err:
         raise ApiError(err.status, err.to_body()) from None
     except WorkspaceFsError as err:

@@ -80,6 +80,8 @@ from serve.sessions.registry import CreateSession, RestoreSession
 blueprint = Blueprint("sessions", __name__)
 
 HEARTBEAT_INTERVAL_S = 15.0
+#: Largest body write of an SSE stream, in bytes (bigger frames are written in pieces).
+SSE_WRITE_BYTES = 1024 * 1024
 MAX_SAFE_INTEGER = 2**53 - 1
 _EPOCH_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ASK_TIMEOUT_S = 30.0
@@ -729,7 +731,14 @@ async def events(session_id: str) -> Response:
                 chunk = await sub.next_chunk(HEARTBEAT_INTERVAL_S)
                 if chunk is None:
                     return
-                yield chunk or HEARTBEAT_FRAME
+                if len(chunk) <= SSE_WRITE_BYTES:
+                    yield chunk or HEARTBEAT_FRAME
+                    continue
+                # A multi-MiB frame goes out in 1 MiB writes: the server copies each body
+                # write once more on the loop, so one big write would be one long stall.
+                view = memoryview(chunk)
+                for start in range(0, len(chunk), SSE_WRITE_BYTES):
+                    yield bytes(view[start : start + SSE_WRITE_BYTES])
         finally:
             sub.close()
             d.front.sse_streams -= 1

@@ -36,9 +36,9 @@ import sys
 from typing import Any, Final
 
 import msgspec
-import trio
 from quart import Blueprint, Response
 
+from serve import threads
 from serve.http import plural
 from serve.http.addressing import (
     addressed_path,
@@ -59,6 +59,7 @@ from serve.status.mcp import mcp_snapshot
 from serve.status.preflight import daemon_cells
 from serve.status.settings_file import SettingsFileError, read_settings, set_tool_enabled
 from serve.status.skills import project_skills
+from serve.threads import file_routes_limiter
 from serve.workspace import Workspace, WorkspaceFsError
 
 blueprint = Blueprint("workspace_status", __name__)
@@ -120,7 +121,7 @@ async def workspace_preflight(workspace: str | None = None) -> Response:
     if session is not None:
         try:
             ws = primary_workspace(d)
-            skill_count = len(await trio.to_thread.run_sync(project_skills, ws))
+            skill_count = len(await threads.run_sync(file_routes_limiter(), project_skills, ws))
         except WorkspaceFsError:
             skill_count = None
     cells.extend(acp_cells(session, skill_count))
@@ -136,7 +137,9 @@ async def workspace_mcp(workspace: str | None = None) -> Response:
     error: str | None = None
     if session is not None:
         try:
-            settings, _ = await trio.to_thread.run_sync(read_settings, primary_workspace(d))
+            settings, _ = await threads.run_sync(
+                file_routes_limiter(), read_settings, primary_workspace(d)
+            )
         except (SettingsFileError, WorkspaceFsError) as err:
             error = str(err)
     body = mcp_snapshot(
@@ -161,7 +164,7 @@ async def workspace_skills(workspace: str | None = None) -> Response:
     if agent_session(d) is None:
         return json_response(_envelope(False, skills=[]), headers=NO_STORE)
     try:
-        skills = await trio.to_thread.run_sync(project_skills, primary_workspace(d))
+        skills = await threads.run_sync(file_routes_limiter(), project_skills, primary_workspace(d))
     except WorkspaceFsError as err:
         body = _envelope(True, skills=[], errors=[_status_error("skills", err)])
         return json_response(body, headers=NO_STORE)
@@ -220,8 +223,8 @@ async def workspace_init(workspace: str | None = None) -> Response:
     client_id = check_workspace_client(d, header_client_id())
     try:
         ws = primary_workspace(d)
-        result = await trio.to_thread.run_sync(
-            _init_in_thread, ws, d.settings.memory_file_name, force
+        result = await threads.run_sync(
+            file_routes_limiter(), _init_in_thread, ws, d.settings.memory_file_name, force
         )
     except InitConflict as conflict:
         raise ApiError(
@@ -256,7 +259,9 @@ async def workspace_tool_enable(name: str, workspace: str | None = None) -> Resp
     client_id = check_workspace_client(d, header_client_id())
     try:
         ws = primary_workspace(d)
-        await trio.to_thread.run_sync(functools.partial(set_tool_enabled, ws, name, enabled))
+        await threads.run_sync(
+            file_routes_limiter(), functools.partial(set_tool_enabled, ws, name, enabled)
+        )
     except SettingsFileError as err:
         raise ApiError(err.status, err.to_body()) from None
     except WorkspaceFsError as err:
