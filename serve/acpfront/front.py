@@ -5,14 +5,19 @@ Theory of operation
 A remote ACP client opens a :class:`Connection` with ``initialize`` (HTTP: ``POST /acp``;
 WebSocket: the first frame). The connection owns the sessions it created or restored
 (``session/new``, ``session/load``, ``session/resume``) as :class:`SessionLink`\\ s: for each,
-the connection is a registered client of the session actor (``Attach``) and a *pump* task
-reads the session's :class:`~serve.events.EventLog` through a subscriber, exactly as
-``GET /session/:id/events`` does, translating every frame (:mod:`.translate`) into the
-session's outbox. So a session made here is an ordinary session (REST sees it, its events
-reach REST subscribers), and a turn started over REST shows on the ACP stream.
+the connection is a registered client of the session actor (``Attach`` → ``Attached``) and
+a *pump* task reads the session's :class:`~serve.events.EventLog` through the subscriber a
+``Subscribe`` answered, exactly as ``GET /session/:id/events`` does (``StreamEnded`` when it
+stops), translating every frame (:mod:`.translate`) into the session's outbox. So a session
+made here is an ordinary session (REST sees it, its events reach REST subscribers), and a
+turn started over REST shows on the ACP stream.
 
-Everything else is a message to an actor: prompts, cancel, close, mode and model switches,
-metadata and heartbeats go to the session actor (``SubmitPrompt``, ``CancelTurn``, ...),
+The front never reads or changes a session's live state: everything is a message to an
+actor, sent with ``session.call`` and answered with the typed replies of
+:mod:`serve.sessions.messages` (their errors become the REST bodies, as JSON-RPC errors, in
+:func:`_rpc_from_exception`). Prompts, cancel, close, mode and model switches, metadata,
+heartbeats, views (``Describe``, ``Summarize``) and releases (``Detach``) go to the session
+actor (``SubmitPrompt``, ``CancelTurn``, ...),
 permission answers go to the PermissionMediator as votes (``CastVote``) under the daemon's
 mediation policy, creation and restore go to the SessionRegistry. ``fs/*`` and ``terminal/*``
 requests of the child agent are served by the daemon (the session actor and its effect gate)
@@ -37,8 +42,11 @@ reopening the stream resumes from ``Last-Event-ID`` (or from the first dropped e
 through the log's ring, and replies queued meanwhile follow the replay. A connection outbox
 (or a WebSocket's) that overflows ends the connection. HTTP connections with no open stream and
 no request for ``idle_timeout_s`` expire. Closing a connection (DELETE, a dropped socket,
-expiry) releases everything it held: pumps stop, its client registrations are released,
-and each of its sessions to which no other client is attached is closed.
+expiry) releases everything it held: pumps stop, its client registrations are released
+(``Detach``), and each of its sessions to which no other client is attached is closed
+(``acp_connection_closed``). A session stream that ends otherwise (``session/close``,
+``_qwen/session/detach``, the session's end) lets its registration go with ``Detach``, which,
+as on REST, closes an idle session whose last client that was.
 
 The front knows nothing of HTTP: the transports call :meth:`AcpFront.initialize`,
 :meth:`AcpFront.submit`, :meth:`AcpFront.session_outbox` and :meth:`AcpFront.close`.
@@ -57,7 +65,7 @@ from typing import Any
 import msgspec
 import trio
 
-from actors import ActorError
+from actors import ActorError, ActorStopped, InboxFull
 from serve.acpfront import jsonrpc
 from serve.acpfront.jsonrpc import (
     INTERNAL_ERROR,
@@ -77,18 +85,35 @@ from serve.events.messages import PublishEvent
 from serve.host import Host
 from serve.http.capabilities import Feature
 from serve.http.daemon_status import daemon_status
-from serve.http.errors import to_api_error
+from serve.http.errors import ApiError, bad_request, service_unavailable, to_api_error
 from serve.permissions.mediator import CastVote
-from serve.sessions.actor import (
+from serve.sessions.messages import (
+    AgentUnavailable,
+    ApprovalModeRefused,
     Attach,
+    Attached,
     CancelTurn,
     CloseSession,
+    ControlTimeout,
+    Describe,
+    Detach,
     Heartbeat,
+    KnowsClient,
+    MetadataSet,
+    ModelSet,
+    ModelSwitchFailed,
+    ModeSet,
     PromptQueueFull,
+    SessionBusy,
     SessionGone,
+    SessionView,
     SetApprovalMode,
     SetModel,
+    StreamEnded,
     SubmitPrompt,
+    Subscribe,
+    Subscription,
+    Summarize,
     UpdateMetadata,
 )
 from serve.sessions.registry import CreateSession, RestoreSession
@@ -158,6 +183,9 @@ def _rpc_from_exception(exc: BaseException, session_id: str | None = None) -> Rp
             f"Prompt queue is full ({exc.limit})",
             {"httpStatus": 503, "code": "prompt_queue_full", "limit": exc.limit},
         )
+    call_error = _session_call_error(exc, session_id)
+    if call_error is not None:
+        exc = call_error
     status = getattr(exc, "status", None)
     body = getattr(exc, "body", None)
     if isinstance(status, int) and isinstance(body, dict):  # the actors' ApiError
@@ -170,6 +198,33 @@ def _rpc_from_exception(exc: BaseException, session_id: str | None = None) -> Rp
         return _rpc_from_exception(mapped, session_id)
     log.exception("ACP request failed", exc_info=exc)
     return RpcError(INTERNAL_ERROR, "Internal error", {"httpStatus": 500})
+
+
+def _session_call_error(exc: BaseException, session_id: str | None) -> ApiError | None:
+    """The session actor's call errors (serve/sessions/messages.py) as the REST session
+    routes answer them (their ``ask()``), so a JSON-RPC error carries the same body."""
+    match exc:
+        case ModelSwitchFailed():
+            return bad_request(
+                f"Model switch failed: {exc.error}",
+                "model_switch_failed",
+                requestedModelId=exc.model_id,
+            )
+        case ApprovalModeRefused(allowed=None):
+            return bad_request(exc.message, "approval_mode_failed")
+        case ApprovalModeRefused():
+            return bad_request(exc.message, "invalid_approval_mode", allowed=exc.allowed)
+        case ControlTimeout():
+            return service_unavailable(str(exc), "agent_busy", retryable=True)
+        case AgentUnavailable():
+            return service_unavailable(
+                "The session's agent is not connected", "acp_channel_unavailable", retryable=True
+            )
+        case SessionBusy():
+            return ApiError(
+                409, {"error": str(exc), "code": "session_busy", "sessionId": exc.session_id}
+            )
+    return None
 
 
 def _not_found(session_id: str) -> RpcError:
@@ -196,6 +251,7 @@ class SessionLink:
         "client_id",
         "deferred",
         "ended",
+        "epoch",
         "evicted",
         "hold_end",
         "last_pushed",
@@ -205,12 +261,16 @@ class SessionLink:
         "pushed",
         "resume_from",
         "session",
+        "workspace",
     )
 
-    def __init__(self, session: Any, client_id: str, outbox: Outbox) -> None:
+    def __init__(self, session: Any, client_id: str, outbox: Outbox, view: SessionView) -> None:
         self.session = session
         self.client_id = client_id
         self.outbox = outbox
+        self.workspace = view.workspace
+        #: The epoch of the session's log, as its last Subscribe answered.
+        self.epoch = view.epoch
         self.pump_scope: trio.CancelScope | None = None
         self.pump_done = trio.Event()
         self.pump_done.set()
@@ -369,6 +429,11 @@ class AcpFront:
             raise RpcError(SERVER_ERROR, "ACP front is not running", {"httpStatus": 503})
         self._nursery.start_soon(fn, *args)
 
+    def _background(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Start clean-up work if the front still runs (it never raises)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
     # ---- connections -------------------------------------------------------------------
 
     def get(self, connection_id: str) -> Connection | None:
@@ -448,32 +513,38 @@ class AcpFront:
         links = list(conn.sessions.values())
         conn.sessions.clear()
         for link in links:
-            self._unlink(link)
+            if link.pump_scope is not None:
+                link.pump_scope.cancel()
+            link.outbox.end()
         if not close_sessions:
-            return
+            return  # the daemon is stopping: its sessions end with it
         async with trio.open_nursery() as nursery:
             for link in links:
-                session = link.session
-                if session.closing or session.clients:
-                    continue  # another client is attached to it
-                nursery.start_soon(self._close_quietly, session)
+                if not link.ended:
+                    link.ended = True
+                    nursery.start_soon(self._let_go, link, True)
 
-    async def _close_quietly(self, session: Any) -> None:
-        try:
-            await session.ask(CloseSession(reason="acp_connection_closed"), timeout_s=10)
-        except Exception:
-            pass
-
-    def _unlink(self, link: SessionLink) -> None:
-        if link.pump_scope is not None:
-            link.pump_scope.cancel()
-        link.outbox.end()
+    async def _let_go(self, link: SessionLink, close_if_alone: bool) -> None:
+        """Release ``link``'s client registration once its pump has stopped (its stream is
+        then no longer counted); with ``close_if_alone``, close the session instead when
+        no other client is attached to it. A session gone meanwhile is fine."""
+        with trio.move_on_after(5):
+            await link.pump_done.wait()
         session = link.session
-        if not link.ended:
-            link.ended = True
-            session.subscribers -= 1
-            session.release_client(link.client_id)
-        session.last_seen_ms = int(time.time() * 1000)
+        try:
+            if close_if_alone and not await self._others_attached(link):
+                await session.call(CloseSession(reason="acp_connection_closed"), timeout_s=10)
+            else:
+                await session.call(Detach(link.client_id), timeout_s=10)
+        except (SessionGone, ActorError):
+            pass
+        except Exception as exc:
+            log.info("ACP: releasing session %s failed: %r", link.session_id, exc)
+
+    async def _others_attached(self, link: SessionLink) -> bool:
+        summary = await link.session.call(Summarize(), timeout_s=ASK_TIMEOUT_S)
+        mine = await link.session.call(KnowsClient(link.client_id), timeout_s=ASK_TIMEOUT_S)
+        return int(summary.get("clientCount", 0)) - (1 if mine else 0) > 0
 
     # ---- incoming messages -------------------------------------------------------------
 
@@ -555,7 +626,7 @@ class AcpFront:
                         error = _rpc_from_exception(exc, sid if isinstance(sid, str) else None)
                         link = conn.sessions.get(sid) if isinstance(sid, str) else None
                         if link is not None and method in SESSION_REPLIES:
-                            await _caught_up(link, link.session.log.last_id)
+                            await _caught_up_now(link)
                         self._reply(conn, method, sid, jsonrpc.error_bytes(rid, error))
                     return
                 if rid is not None and not isinstance(result, _Replied):
@@ -563,7 +634,7 @@ class AcpFront:
                     if link is not None and method in SESSION_REPLIES:
                         # A reply follows the events its request caused (model_switched,
                         # approval_mode_changed, the turn's updates) on the stream.
-                        await _caught_up(link, link.session.log.last_id)
+                        await _caught_up_now(link)
                     self._reply(conn, method, sid, jsonrpc.result_bytes(rid, result))
                 elif isinstance(result, _Replied) and rid is not None:
                     await result.deliver(rid)
@@ -628,12 +699,16 @@ class AcpFront:
 
     # ---- session links and pumps -------------------------------------------------------
 
-    async def _own(self, conn: Connection, session: Any, *, replay: bool) -> SessionLink:
-        """Make ``conn`` a client of ``session`` and start its pump (idempotent)."""
+    async def _own(
+        self, conn: Connection, session: Any, *, replay: bool
+    ) -> tuple[SessionLink, SessionView]:
+        """Make ``conn`` a client of ``session`` and start its pump (idempotent); returns
+        the link and the session's view as of now."""
         sid = str(session.session_id)
         existing = conn.sessions.get(sid)
         if existing is not None and not existing.ended:
-            return existing
+            view: SessionView = await session.call(Describe(), timeout_s=ASK_TIMEOUT_S)
+            return existing, view
         # Ended links stay until their stream is drained; drop the drained ones, and past
         # twice the limit the oldest ended ones (a client that never reads them).
         for key, old in list(conn.sessions.items()):
@@ -648,22 +723,39 @@ class AcpFront:
                 f"A connection may own at most {MAX_SESSIONS} sessions",
                 {"httpStatus": 503, "code": "connection_session_limit", "limit": MAX_SESSIONS},
             )
-        client_id = await session.ask(Attach(None), timeout_s=ASK_TIMEOUT_S)
+        attached: Attached = await session.call(Attach(None), timeout_s=ASK_TIMEOUT_S)
         outbox = Outbox(max_messages=conn.max_messages, max_bytes=conn.max_bytes)
-        link = SessionLink(session, client_id, outbox)
+        link = SessionLink(session, attached.client_id, outbox, attached.view)
         conn.sessions[sid] = link
-        session.subscribers += 1
-        self._start_pump(conn, link, 0 if replay else None, None)
-        return link
+        try:
+            await self._start_pump(conn, link, 0 if replay else None, None)
+        except BaseException:
+            # No stream for it: the registration is let go again.
+            if conn.sessions.get(sid) is link:
+                del conn.sessions[sid]
+            link.ended = True
+            link.outbox.end()
+            self._background(self._let_go, link, False)
+            raise
+        return link, attached.view
 
-    def _start_pump(
+    async def _start_pump(
         self, conn: Connection, link: SessionLink, last_event_id: int | None, epoch: str | None
     ) -> None:
+        """(Re)subscribe ``link`` to its session's log and start a pump on it."""
         if link.pump_scope is not None:
             link.pump_scope.cancel()
+        scope = trio.CancelScope()
+        link.pump_scope = scope  # a later start supersedes this one
         try:
-            sub = link.session.log.subscribe(
-                last_event_id=last_event_id, epoch=epoch, max_queued=PUMP_MAX_QUEUED
+            subscription: Subscription = await link.session.call(
+                Subscribe(
+                    last_event_id=last_event_id,
+                    epoch=epoch,
+                    max_queued=PUMP_MAX_QUEUED,
+                    client_id=link.client_id,
+                ),
+                timeout_s=ASK_TIMEOUT_S,
             )
         except SubscriberLimitExceeded as exc:
             raise RpcError(
@@ -671,11 +763,17 @@ class AcpFront:
                 str(exc),
                 {"httpStatus": 429, "code": "subscriber_limit_exceeded", "limit": exc.limit},
             ) from None
-        # What the pump will have queued once it reaches the head (for _caught_up).
-        start = link.session.log.last_id if last_event_id is None else last_event_id
+        except Exception as exc:
+            raise _rpc_from_exception(exc, link.session_id) from None
+        sub = subscription.subscriber
+        if link.pump_scope is not scope or link.ended or conn.closed:
+            sub.close()  # superseded, or released, while subscribing
+            return
+        link.epoch = subscription.epoch
+        # What the pump will have queued once it reaches the head (for _caught_up): a
+        # fresh subscriber starts after the head it saw.
+        start = sub.cursor - 1 if last_event_id is None else last_event_id
         link.last_pushed = start if link.last_pushed is None else max(link.last_pushed, start)
-        scope = trio.CancelScope()
-        link.pump_scope = scope
         link.evicted = False
         link.pump_done = trio.Event()
         self._spawn(self._pump, conn, link, sub, scope, link.pump_done)
@@ -721,6 +819,10 @@ class AcpFront:
         finally:
             sub.close()
             done.set()
+            try:  # the session counts the stream's end as being seen
+                link.session.tell_nowait(StreamEnded())
+            except (InboxFull, ActorStopped):
+                pass
             if finished and link.pump_scope is scope:
                 self._session_ended(conn, link)
 
@@ -733,13 +835,12 @@ class AcpFront:
     def _finish_link(self, conn: Connection, link: SessionLink) -> None:
         if not link.ended:
             link.ended = True
-            link.session.subscribers -= 1
-            link.session.release_client(link.client_id)
+            self._background(self._let_go, link, False)
         link.outbox.end()
         if conn.transport == "ws":
             conn.sessions.pop(link.session_id, None)
 
-    def session_outbox(
+    async def session_outbox(
         self,
         conn: Connection,
         session_id: str,
@@ -757,14 +858,14 @@ class AcpFront:
             if link.outbox.ended and not len(link.outbox):
                 conn.sessions.pop(session_id, None)
                 return None
-            return link.outbox, link.session.log.epoch
+            return link.outbox, link.epoch
         if last_event_id is None and link.evicted:
             last_event_id = link.resume_from if link.resume_from is not None else 0
         if last_event_id is not None:
             link.outbox.drop_events()
             link.deferred.extend(link.outbox.take_replies())
-            self._start_pump(conn, link, last_event_id, epoch)
-        return link.outbox, link.session.log.epoch
+            await self._start_pump(conn, link, last_event_id, epoch)
+        return link.outbox, link.epoch
 
     # ---- permission answers ------------------------------------------------------------
 
@@ -809,7 +910,7 @@ class AcpFront:
                 "(session/load or session/resume it first)",
                 {"httpStatus": 403, "code": "session_not_owned", "sessionId": sid},
             )
-        if link.ended or link.session.closing:
+        if link.ended:
             raise _not_found(sid)
         return link
 
@@ -856,15 +957,17 @@ class AcpFront:
             raise error from None
         return session, bool(ticket.attached)
 
-    def _session_result(self, session: Any, link: SessionLink, attached: bool) -> dict[str, Any]:
-        state = session.state_snapshot()
+    def _session_result(
+        self, view: SessionView, link: SessionLink, attached: bool
+    ) -> dict[str, Any]:
+        state = view.state
         out: dict[str, Any] = {
-            "sessionId": session.session_id,
+            "sessionId": view.session_id,
             **{k: state[k] for k in ("modes", "models", "configOptions") if k in state},
-            "workspaceCwd": session.workspace,
+            "workspaceCwd": view.workspace,
             "attached": attached,
             "clientId": link.client_id,
-            "createdAt": session.created_at,
+            "createdAt": view.created_at,
         }
         return out
 
@@ -882,18 +985,18 @@ class AcpFront:
             )
         session, attached = await self._ticket_session(CreateSession(workspace, scope))
         # A session made for this call: its set-up events (available commands, ...) too.
-        link = await self._own(conn, session, replay=not attached)
-        out = self._session_result(session, link, attached)
+        link, view = await self._own(conn, session, replay=not attached)
+        out = self._session_result(view, link, attached)
         mode = params.get("approvalMode")
         if isinstance(mode, str) and mode:
             try:
-                await session.ask(SetApprovalMode(mode, False, link.client_id), timeout_s=30)
+                await session.call(SetApprovalMode(mode, False, link.client_id), timeout_s=30)
             except Exception:
-                pass
+                pass  # as on REST: the session stands in its agent's mode
         model = params.get("modelServiceId")
         if isinstance(model, str) and model:
             try:
-                await session.ask(SetModel(model, link.client_id), timeout_s=60)
+                await session.call(SetModel(model, link.client_id), timeout_s=60)
                 out["modelApplied"] = True
             except Exception:
                 out["modelApplied"] = False
@@ -911,11 +1014,11 @@ class AcpFront:
             if data.get("httpStatus") == 500 and data.get("code") in (-32002, -32602):
                 raise _not_found(sid) from None
             raise
-        link = await self._own(conn, session, replay=action == "load")
-        out = self._session_result(session, link, attached)
-        out["state"] = session.state_snapshot()
-        out["lastEventId"] = session.log.last_id
-        out["eventEpoch"] = session.log.epoch
+        link, view = await self._own(conn, session, replay=action == "load")
+        out = self._session_result(view, link, attached)
+        out["state"] = view.state
+        out["lastEventId"] = view.last_event_id
+        out["eventEpoch"] = view.epoch
         return out
 
     async def _session_load(self, conn: Connection, params: dict[str, Any]) -> Any:
@@ -932,10 +1035,13 @@ class AcpFront:
         )
         sessions = []
         for session in self.host.registry.live(workspace):
-            summary = session.summary()
-            summary["cwd"] = session.workspace
+            try:
+                summary = dict(await session.call(Summarize(), timeout_s=ASK_TIMEOUT_S))
+            except (SessionGone, ActorError):
+                continue  # closed meanwhile
+            summary["cwd"] = summary.get("workspaceCwd")
             summary["title"] = summary.get("displayName")
-            summary["updatedAt"] = session.created_at
+            summary["updatedAt"] = summary.get("createdAt")
             sessions.append(summary)
         return {"sessions": sessions}
 
@@ -944,7 +1050,7 @@ class AcpFront:
         session = link.session
         link.hold_end = True
         try:
-            await session.ask(
+            await session.call(
                 CloseSession(reason="client_close", closed_by=link.client_id),
                 timeout_s=ASK_TIMEOUT_S,
             )
@@ -978,21 +1084,22 @@ class AcpFront:
             if k not in ("sessionId", "prompt", "promptId", "deadlineMs")
         }
         session = link.session
-        admission = await session.ask(
+        admission = await session.call(
             SubmitPrompt(blocks, text, link.client_id, extra or None, prompt_id, deadline),
             timeout_s=ASK_TIMEOUT_S,
         )
-        job = admission.job
         try:
-            await job.done.wait()
+            await admission.done.wait()
         except trio.Cancelled:
-            if not job.done.is_set():
+            # The request went away (its connection closed): cancel its prompt, as on REST.
+            if not admission.done.is_set():
                 try:
                     session.tell_nowait(CancelTurn(link.client_id, admission.prompt_id))
-                except Exception:
+                except (InboxFull, ActorStopped):
                     pass
             raise
-        event_type, data = job.result
+        terminal = admission.job.terminal
+        event_type, data = terminal.kind, terminal.data
         if event_type == "turn_complete":
             out: dict[str, Any] = {
                 "stopReason": data["stopReason"],
@@ -1002,7 +1109,7 @@ class AcpFront:
             if "branchPoint" in data:
                 out["branchPoint"] = data["branchPoint"]
             return out
-        retryable = ("channel_closed", "daemon_shutdown", "agent_restarted")
+        retryable = ("channel_closed", "daemon_shutdown", "agent_restarted", "cancel_timeout")
         status = 503 if data.get("code") in retryable else 500
         detail = {k: data[k] for k in ("code", "data", "errorKind") if k in data}
         raise RpcError(
@@ -1013,7 +1120,7 @@ class AcpFront:
 
     async def _session_cancel(self, conn: Connection, params: dict[str, Any]) -> Any:
         link = self._owned(conn, params)
-        await link.session.ask(CancelTurn(link.client_id), timeout_s=ASK_TIMEOUT_S)
+        await link.session.call(CancelTurn(link.client_id), timeout_s=ASK_TIMEOUT_S)
         return {}
 
     async def _session_set_mode(self, conn: Connection, params: dict[str, Any]) -> Any:
@@ -1021,9 +1128,17 @@ class AcpFront:
         mode = params.get("modeId", params.get("mode"))
         if not isinstance(mode, str) or not mode:
             raise _params_error("`modeId` must be a non-empty string")
-        out = await link.session.ask(
+        changed: ModeSet = await link.session.call(
             SetApprovalMode(mode, False, link.client_id), timeout_s=ASK_TIMEOUT_S
         )
+        out: dict[str, Any] = {
+            "sessionId": changed.session_id,
+            "previous": changed.previous,
+            "mode": changed.mode,
+            "persisted": changed.persisted,
+        }
+        if changed.requested is not None:
+            out["requested"] = changed.requested
         return out
 
     async def _session_set_model(self, conn: Connection, params: dict[str, Any]) -> Any:
@@ -1031,7 +1146,10 @@ class AcpFront:
         model = params.get("modelId")
         if not isinstance(model, str) or not model.strip():
             raise _params_error("`modelId` must be a non-empty string")
-        return await link.session.ask(SetModel(model, link.client_id), timeout_s=60)
+        switched: ModelSet = await link.session.call(
+            SetModel(model, link.client_id, timeout_s=60.0), timeout_s=60
+        )
+        return {"modelId": switched.model_id}
 
     async def _session_set_config_option(self, conn: Connection, params: dict[str, Any]) -> Any:
         link = self._owned(conn, params)
@@ -1040,17 +1158,17 @@ class AcpFront:
         if not isinstance(value, str) or not value:
             raise _params_error("`value` must be a non-empty string")
         if config_id == "model":
-            await link.session.ask(SetModel(value, link.client_id), timeout_s=60)
+            await link.session.call(SetModel(value, link.client_id, timeout_s=60.0), timeout_s=60)
         elif config_id == "mode":
-            await link.session.ask(
+            await link.session.call(
                 SetApprovalMode(value, False, link.client_id), timeout_s=ASK_TIMEOUT_S
             )
         else:
             raise _params_error(
                 "`configId` must be one of: model, mode", code="unsupported_config_option"
             )
-        state = link.session.state_snapshot()
-        return {"configOptions": state.get("configOptions") or []}
+        view: SessionView = await link.session.call(Describe(), timeout_s=ASK_TIMEOUT_S)
+        return {"configOptions": view.state.get("configOptions") or []}
 
     async def _session_permission(self, conn: Connection, params: dict[str, Any]) -> Any:
         request_id = params.get("requestId")
@@ -1094,8 +1212,8 @@ class AcpFront:
         session = link.session
         return {
             "v": 1,
-            "sessionId": session.session_id,
-            "workspaceCwd": session.workspace,
+            "sessionId": link.session_id,
+            "workspaceCwd": link.workspace,
             "state": context_state(session),
         }
 
@@ -1161,11 +1279,7 @@ class AcpFront:
         """``workspace_file_changed`` on every live session of the workspace, through the
         workspace hub (the session actors stay their logs' only writers)."""
         originator = next(
-            (
-                link.client_id
-                for link in conn.sessions.values()
-                if link.session.workspace == conn.workspace
-            ),
+            (link.client_id for link in conn.sessions.values() if link.workspace == conn.workspace),
             None,
         )
         data = {
@@ -1224,7 +1338,7 @@ class AcpFront:
 
     async def _heartbeat(self, conn: Connection, params: dict[str, Any]) -> Any:
         link = self._owned(conn, params)
-        last_seen = await link.session.ask(Heartbeat(link.client_id), timeout_s=ASK_TIMEOUT_S)
+        last_seen = await link.session.call(Heartbeat(link.client_id), timeout_s=ASK_TIMEOUT_S)
         return {"sessionId": link.session_id, "lastSeenAt": last_seen, "clientId": link.client_id}
 
     async def _update_metadata(self, conn: Connection, params: dict[str, Any]) -> Any:
@@ -1235,9 +1349,19 @@ class AcpFront:
                 "`displayName` must be a non-empty string of at most 256 characters",
                 code="invalid_metadata",
             )
-        return await link.session.ask(
+        done: MetadataSet = await link.session.call(
             UpdateMetadata(name.strip(), link.client_id), timeout_s=ASK_TIMEOUT_S
         )
+        return {"sessionId": done.session_id, "displayName": done.display_name}
+
+
+async def _caught_up_now(link: SessionLink) -> None:
+    """:func:`_caught_up` to the session log's head as of now (asked of the session)."""
+    try:
+        view: SessionView = await link.session.call(Describe(), timeout_s=5)
+    except Exception:
+        return  # gone or stuck: the reply is not held back for it
+    await _caught_up(link, view.last_event_id)
 
 
 async def _caught_up(link: SessionLink, event_id: int, max_wait_s: float = 1.0) -> None:

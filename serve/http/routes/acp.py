@@ -378,7 +378,7 @@ async def _get(workspace_ref: str | None) -> Response:
     if session_id:
         session_id = session_id.strip()
         try:
-            found_outbox = front.session_outbox(
+            found_outbox = await front.session_outbox(
                 conn,
                 session_id,
                 last_event_id=_last_event_id(),
