@@ -85,26 +85,21 @@ from serve.events.messages import PublishEvent
 from serve.host import Host
 from serve.http.capabilities import Feature
 from serve.http.daemon_status import daemon_status
-from serve.http.errors import ApiError, bad_request, service_unavailable, to_api_error
+from serve.http.errors import to_api_error
 from serve.permissions.mediator import CastVote
 from serve.sessions.messages import (
-    AgentUnavailable,
-    ApprovalModeRefused,
     Attach,
     Attached,
     CancelTurn,
     CloseSession,
-    ControlTimeout,
     Describe,
     Detach,
     Heartbeat,
     KnowsClient,
     MetadataSet,
     ModelSet,
-    ModelSwitchFailed,
     ModeSet,
     PromptQueueFull,
-    SessionBusy,
     SessionGone,
     SessionView,
     SetApprovalMode,
@@ -183,9 +178,6 @@ def _rpc_from_exception(exc: BaseException, session_id: str | None = None) -> Rp
             f"Prompt queue is full ({exc.limit})",
             {"httpStatus": 503, "code": "prompt_queue_full", "limit": exc.limit},
         )
-    call_error = _session_call_error(exc, session_id)
-    if call_error is not None:
-        exc = call_error
     status = getattr(exc, "status", None)
     body = getattr(exc, "body", None)
     if isinstance(status, int) and isinstance(body, dict):  # the actors' ApiError
@@ -198,33 +190,6 @@ def _rpc_from_exception(exc: BaseException, session_id: str | None = None) -> Rp
         return _rpc_from_exception(mapped, session_id)
     log.exception("ACP request failed", exc_info=exc)
     return RpcError(INTERNAL_ERROR, "Internal error", {"httpStatus": 500})
-
-
-def _session_call_error(exc: BaseException, session_id: str | None) -> ApiError | None:
-    """The session actor's call errors (serve/sessions/messages.py) as the REST session
-    routes answer them (their ``ask()``), so a JSON-RPC error carries the same body."""
-    match exc:
-        case ModelSwitchFailed():
-            return bad_request(
-                f"Model switch failed: {exc.error}",
-                "model_switch_failed",
-                requestedModelId=exc.model_id,
-            )
-        case ApprovalModeRefused(allowed=None):
-            return bad_request(exc.message, "approval_mode_failed")
-        case ApprovalModeRefused():
-            return bad_request(exc.message, "invalid_approval_mode", allowed=exc.allowed)
-        case ControlTimeout():
-            return service_unavailable(str(exc), "agent_busy", retryable=True)
-        case AgentUnavailable():
-            return service_unavailable(
-                "The session's agent is not connected", "acp_channel_unavailable", retryable=True
-            )
-        case SessionBusy():
-            return ApiError(
-                409, {"error": str(exc), "code": "session_busy", "sessionId": exc.session_id}
-            )
-    return None
 
 
 def _not_found(session_id: str) -> RpcError:

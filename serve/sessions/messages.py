@@ -14,6 +14,13 @@ from typing import Any
 import msgspec
 
 from serve.events.messages import PublishEvent
+from serve.sessions.errors import (  # re-exported: the errors a session call raises
+    AgentUnavailable,
+    ApprovalModeRefused,
+    ControlTimeout,
+    ModelSwitchFailed,
+    SessionBusy,
+)
 from serve.sessions.modes import APPROVAL_MODES  # qwen serve's five names
 from serve.sessions.prompt_queue import PromptQueueFull, PromptRequest, PromptRunning
 
@@ -22,45 +29,6 @@ from serve.sessions.prompt_queue import PromptQueueFull, PromptRequest, PromptRu
 
 class SessionGone(Exception):
     """The session is closing or closed; maps to 404."""
-
-
-class SessionBusy(Exception):
-    """A history mutation (rewind, branch) while a prompt runs or waits; maps to 409."""
-
-    def __init__(self, session_id: str, what: str) -> None:
-        super().__init__(f"Cannot {what} while a prompt is running or queued")
-        self.session_id = session_id
-        self.what = what
-
-
-class AgentUnavailable(Exception):
-    """The session's agent is not connected (restarting); maps to 503."""
-
-
-class ControlTimeout(Exception):
-    """A control request waited its whole bound behind earlier ones and was not sent to
-    the agent (it did not happen); maps to 503 ``agent_busy``."""
-
-    def __init__(self, what: str, timeout_s: float) -> None:
-        super().__init__(f"{what} was not sent: the agent is still busy after {timeout_s:g} s")
-        self.what = what
-        self.timeout_s = timeout_s
-
-
-class ModelSwitchFailed(Exception):
-    def __init__(self, model_id: str, error: str) -> None:
-        super().__init__(error)
-        self.model_id = model_id
-        self.error = error
-
-
-class ApprovalModeRefused(Exception):
-    """``allowed`` set: the agent does not offer the mode; else the agent refused."""
-
-    def __init__(self, message: str, allowed: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.allowed = allowed
 
 
 # ---- messages -----------------------------------------------------------------------------
@@ -254,7 +222,12 @@ class MetadataSet(msgspec.Struct, frozen=True):
 
 __all__ = [
     "APPROVAL_MODES",
+    "AgentUnavailable",
+    "ApprovalModeRefused",
+    "ControlTimeout",
+    "ModelSwitchFailed",
     "PromptQueueFull",
     "PromptRunning",
     "PublishEvent",
+    "SessionBusy",
 ]

@@ -44,25 +44,21 @@ from serve.sessions.errors import SessionError
 from serve.sessions.messages import (
     APPROVAL_MODES,
     AgentUnavailable,
-    ApprovalModeRefused,
     Attach,
     Attached,
     CancelTurn,
     CloseSession,
-    ControlTimeout,
     Detach,
     Heartbeat,
     KnowsClient,
     ListPending,
     MetadataSet,
     ModelSet,
-    ModelSwitchFailed,
     ModeSet,
     PromptQueueFull,
     PromptRunning,
     PublishEvent,
     RemovePending,
-    SessionBusy,
     SessionGone,
     SessionView,
     SetApprovalMode,
@@ -197,37 +193,15 @@ async def ask(session: SessionActor, msg: Any, timeout_s: float = _ASK_TIMEOUT_S
         return await session.call(msg, timeout_s=timeout_s)
     except (SessionGone, ActorStopped):
         raise session_not_found(session.session_id) from None
-    except ModelSwitchFailed as exc:
-        raise bad_request(
-            f"Model switch failed: {exc.error}",
-            "model_switch_failed",
-            requestedModelId=exc.model_id,
-        ) from None
-    except ApprovalModeRefused as exc:
-        if exc.allowed is not None:
-            raise bad_request(exc.message, "invalid_approval_mode", allowed=exc.allowed) from None
-        raise bad_request(exc.message, "approval_mode_failed") from None
-    except ControlTimeout as exc:
-        raise service_unavailable(str(exc), "agent_busy", retryable=True) from None
-    except AgentUnavailable:
-        raise agent_unavailable() from None
-    except SessionBusy as exc:
-        raise ApiError(
-            409,
-            {"error": str(exc), "code": "session_busy", "sessionId": exc.session_id},
-        ) from None
+    except SessionError as exc:  # the one table (serve/http/errors.py)
+        raise to_api_error(exc) or exc from None
 
 
 def agent_unavailable() -> ApiError:
-    return ApiError(
-        503,
-        {
-            "error": "The session's agent is not connected",
-            "code": "acp_channel_unavailable",
-            "retryable": True,
-        },
-        {"Retry-After": "5"},
-    )
+    """``503 acp_channel_unavailable`` (the session's :class:`AgentUnavailable`)."""
+    mapped = to_api_error(AgentUnavailable())
+    assert mapped is not None
+    return mapped
 
 
 async def publish(
@@ -238,8 +212,6 @@ async def publish(
         await session.ask(PublishEvent(event_type, data, originator=originator), timeout_s=10)
     except (SessionGone, ActorError):
         pass  # the session closed: its log is closed too
-    except SessionError as exc:
-        raise to_api_error(exc) or exc from None
 
 
 def canonical_cwd(raw: object) -> str:
