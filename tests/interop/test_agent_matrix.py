@@ -101,6 +101,10 @@ def flow(request: pytest.FixtureRequest, install_error: str | None) -> Iterator[
                     "60000",
                     "--session-restore-timeout-ms",
                     "60000",
+                    # One child per session and no warm spare: the steps count the session's
+                    # processes (create: exactly one agent; after delete: none left).
+                    "--warm-agents",
+                    "0",
                 ],
                 workspace=run.workspace,
                 state_dir=root / "state",
