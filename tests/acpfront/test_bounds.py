@@ -49,7 +49,7 @@ async def test_unread_session_stream_is_evicted_then_resumes_from_the_ring(
     assert data["reason"] == "queue_overflow" and data["sessionId"] == sid
     # Reopening resumed from the ring: every update of the turn arrives, in order, once.
     ids = [f.id for f in frames if f.id is not None]
-    assert ids == sorted(set(ids))
+    assert ids == list(range(ids[0], ids[-1] + 1))  # in order, once, no gap
     updates = [f for f in frames if f.method == "session/update"]
     chunks = [
         f
@@ -58,8 +58,9 @@ async def test_unread_session_stream_is_evicted_then_resumes_from_the_ring(
     ]
     assert len(chunks) >= 3000
     kinds = [f.kind for f in frames]
-    # The prompt's reply, queued before the eviction, follows the replayed turn.
-    assert kinds.index("replay_complete") > kinds.index("turn_complete")
+    # The prompt's reply, queued before the eviction, follows the whole turn (where the
+    # replay ends depends on how far the paced agent got before the eviction).
+    assert "replay_complete" in kinds and kinds.index("turn_complete") == len(frames) - 2
     assert frames[-1].message["result"]["stopReason"] == "end_turn"
 
 

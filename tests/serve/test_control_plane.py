@@ -129,7 +129,7 @@ async def test_a_switch_that_never_got_its_turn_is_not_sent(tmp_path: Path, mark
     agent = f"{sys.executable} {STUBBORN} {markers}"
     async with inprocess(tmp_path, "--agent", agent) as (d, client):
         sid, _ = await new_session(client)
-        session = d.registry.get(sid)
+        session = d.host.registry.get(sid)
         assert session is not None
         errors: list[Exception] = []
 

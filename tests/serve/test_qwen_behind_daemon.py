@@ -79,7 +79,10 @@ async def test_qwen_session_prompt_permission_close(qwen_daemon: DaemonProcess) 
         ]
         assert "tool_call" in updates
         assert (qwen_daemon.workspace / "notes.txt").read_text().startswith("hello from qwen")
-        session_pid_groups_before = _agent_groups(qwen_daemon)
+        # The session's own agent (its process group); a warm spare of the pool stays.
+        status = (await client.get("/daemon/status", params={"detail": "full"})).json()
+        agent = next(s for s in status["full"]["sessions"] if s["sessionId"] == sid)["agentPid"]
+        session_pid_groups_before = [g for g in _agent_groups(qwen_daemon) if g == agent]
         assert (await client.delete(f"/session/{sid}", headers=headers)).status_code == 204
         assert (await client.post(f"/session/{sid}/heartbeat")).status_code == 404
     # The agent's process group is gone shortly after close (stopped by escalation).
