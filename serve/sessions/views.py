@@ -11,6 +11,10 @@ from typing import Any, Protocol
 import msgspec
 
 from acp.schema import SessionSetup
+from serve.permissions.mediator import PermissionMediator
+from serve.sessions.agent_link import AgentLink, JournalLink
+from serve.sessions.clients import ClientTable
+from serve.sessions.prompt_queue import PromptQueue
 
 
 class SessionState(Protocol):
@@ -21,11 +25,11 @@ class SessionState(Protocol):
     workspace: str
     created_at: str
     display_name: str | None
-    mediator: Any
-    clients: Any
-    link: Any
-    prompts: Any
-    journal_link: Any
+    mediator: PermissionMediator
+    clients: ClientTable
+    link: AgentLink
+    prompts: PromptQueue
+    journal_link: JournalLink
     agent_released: bool
     release_count: int
 
