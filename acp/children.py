@@ -42,6 +42,8 @@ from typing import Any, Final
 import trio
 import trio.lowlevel
 
+from acp import procfs
+
 log = logging.getLogger(__name__)
 
 #: Environment variable carrying an agent's marker to all of its descendants.
@@ -127,23 +129,7 @@ def children_of(pid: int) -> list[int]:
 
 
 def _parents() -> dict[int, int]:
-    out: dict[int, int] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) >= 2:
-            out[int(entry)] = int(fields[1])
-    return out
+    return {pid: ppid for pid, _state, ppid, _pgid in procfs.stats()}
 
 
 def reap(pids: Iterable[int]) -> list[tuple[int, int]]:

@@ -48,6 +48,7 @@ import msgspec
 import trio
 import trio.lowlevel
 
+from acp import procfs
 from acp.children import (
     MARKER_ENV,
     agent_marker,
@@ -148,24 +149,7 @@ class ExitInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 def live_group_members(pgid: int) -> list[int]:
     """Pids of the non-zombie processes in process group ``pgid`` (Linux ``/proc`` scan)."""
-    members: list[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return members
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) >= 3 and fields[0] != b"Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
+    return [pid for pid, state, _ppid, group in procfs.stats() if state != b"Z" and group == pgid]
 
 
 def _killpg(pgid: int, sig: int) -> bool:
