@@ -61,18 +61,11 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     status,
     workspace,
 )
-#: The order of the tags in ``GET /capabilities`` (as published: session tags first).
+#: The order of the tags in ``GET /capabilities`` (as published: session tags first, the
+#: ACP transport tags last, the others in registration order).
 _FEATURE_ORDER: tuple[ModuleType, ...] = (
     sessions,
-    auth,
-    extensions,
-    files,
-    mcp,
-    memory_settings,
-    permissions,
-    shell,
-    status,
-    workspace,
+    *(m for m in ROUTE_MODULES if m not in (sessions, acp)),
     acp,
 )
 

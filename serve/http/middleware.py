@@ -246,10 +246,7 @@ class SecurityFront:
         self._public_probes = settings.public_probes
         self._remote_same_origin = not self._loopback and self._bearer is not None
         self._cors = CorsPolicy.from_patterns(settings.allow_origins)
-        limiter = getattr(getattr(host, "front", None), "rate_limiter", None)
-        self.limiter = (
-            limiter if isinstance(limiter, RateLimiter) else limiter_for(settings.rate_limit)
-        )
+        self.limiter = rate_limiter(host) or limiter_for(settings.rate_limit)
         self._limiting = settings.rate_limit.enabled
         self._last_sweep = time.monotonic()
         self._port = -1
