@@ -41,6 +41,7 @@ import trio
 from msgspec import Raw
 
 from acp import jsonrpc
+from acp.confine import Confinement
 from acp.errors import METHOD_NOT_FOUND, ChannelClosed, ProtocolError, RemoteError
 from acp.handler import BaseClientHandler, ClientHandler
 from acp.process import DEFAULT_GRACE_S, STDERR_TAIL_BYTES, AgentProcess, ExitInfo
@@ -159,9 +160,11 @@ class AgentConnection:
         client_info: Implementation = DEFAULT_CLIENT_INFO,
         max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
         stderr_tail_bytes: int = STDERR_TAIL_BYTES,
+        confine: Confinement | None = None,
     ) -> AgentConnection:
         """Start the agent ``argv`` (cwd ``cwd``, scrubbed ``env`` or ours) and its tasks in
-        ``nursery``. Returns once the child runs; call :meth:`initialize` next.
+        ``nursery``. Returns once the child runs; call :meth:`initialize` next. ``confine``:
+        see :meth:`AgentProcess.open`.
 
         Raises ``OSError`` if the command cannot be started."""
         self = cls(
@@ -178,6 +181,7 @@ class AgentConnection:
             max_line_bytes,
             max_concurrent_requests,
             stderr_tail_bytes,
+            confine,
             name=f"acp-connection {argv[0] if argv else '?'}",
         )
         return self
@@ -190,13 +194,14 @@ class AgentConnection:
         max_line_bytes: int,
         max_concurrent_requests: int,
         stderr_tail_bytes: int,
+        confine: Confinement | None = None,
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         # Opened outside the nursery so that a failure to start (OSError) reaches spawn()'s
         # caller as itself, not wrapped in an ExceptionGroup.
         self.process = await AgentProcess.open(
-            argv, cwd=cwd, env=env, stderr_tail_bytes=stderr_tail_bytes
+            argv, cwd=cwd, env=env, stderr_tail_bytes=stderr_tail_bytes, confine=confine
         )
         try:
             async with trio.open_nursery() as nursery:

@@ -39,6 +39,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -58,6 +59,7 @@ from acp.children import (
     reap_adopted,
     scan_limiter,
 )
+from acp.confine import Confinement
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +240,7 @@ class AgentProcess:
         env: Mapping[str, str] | None = None,
         stderr_tail_bytes: int = STDERR_TAIL_BYTES,
         cancel_grace_s: float = DEFAULT_GRACE_S,
+        confine: Confinement | None = None,
     ) -> AgentProcess:
         """Start ``argv`` and its supervising task in ``nursery`` (:meth:`open` + :meth:`start`).
 
@@ -251,6 +254,7 @@ class AgentProcess:
             env=env,
             stderr_tail_bytes=stderr_tail_bytes,
             cancel_grace_s=cancel_grace_s,
+            confine=confine,
         )
         self.start(nursery)
         return self
@@ -264,17 +268,31 @@ class AgentProcess:
         env: Mapping[str, str] | None = None,
         stderr_tail_bytes: int = STDERR_TAIL_BYTES,
         cancel_grace_s: float = DEFAULT_GRACE_S,
+        confine: Confinement | None = None,
     ) -> AgentProcess:
         """Start the child without its supervising task; the caller must call :meth:`start`
-        right away (or :meth:`stop`, which then reaps it inline)."""
+        right away (or :meth:`stop`, which then reaps it inline).
+
+        ``confine`` starts it through the wrapper of :mod:`acp.confine` (its cgroups, OOM
+        score and file sandbox applied before the ``exec``; same pid), with
+        ``confine.env`` added to its environment."""
         if not argv:
             raise ValueError("empty agent command")
         child_env = scrub_env(os.environ if env is None else env)
         secrets = [v for k, v in child_env.items() if _SECRET_NAME.search(k)]
         marker = agent_marker()  # inherited by every descendant, even one that leaves the group
         child_env[MARKER_ENV] = marker
+        command = list(argv)
+        if confine is not None and not confine.empty:
+            # The wrapper always starts; keep "no such command" an OSError here, as unwrapped.
+            if shutil.which(command[0], path=child_env.get("PATH", os.defpath)) is None:
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", command[0])
+            child_env.update(confine.env)
+            command = confine.wrap(command)
+        elif confine is not None:
+            child_env.update(confine.env)
         proc = await open_process(
-            list(argv),
+            command,
             cwd=cwd,
             env=child_env,
             stdin=subprocess.PIPE,
