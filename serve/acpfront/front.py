@@ -115,6 +115,7 @@ from serve.sessions.messages import (
 from serve.sessions.registry import CreateSession, RestoreSession
 from serve.status.agent import context_state, supported_commands
 from serve.status.shared import shared_workspace
+from serve.threads import file_routes_limiter
 from serve.workspace import (
     WorkspaceFsError,
     edit_text,
@@ -1374,7 +1375,8 @@ class _Files:
     @staticmethod
     async def run(fn: Callable[[], Any]) -> Any:
         try:
-            return await trio.to_thread.run_sync(fn)
+            # The file routes' thread budget, not trio's shared default of 40.
+            return await trio.to_thread.run_sync(fn, limiter=file_routes_limiter())
         except WorkspaceFsError as exc:
             body = exc.to_body()
             code = (
