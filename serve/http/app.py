@@ -24,6 +24,7 @@ from serve.http.errors import ApiError, to_api_error
 from serve.http.routes import (
     acp,
     auth,
+    bind,
     docs,
     extensions,
     files,
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 ROUTE_MODULES: tuple[ModuleType, ...] = (
     acp,
     auth,
+    bind,
     docs,
     extensions,
     files,
