@@ -156,7 +156,7 @@ def check() -> Iterator[str]:
     fresh = generated()
     committed = {p.name: p.read_text() for p in SCHEMAS.glob("*.json")}
     if fresh != committed:
-        yield "deploy/agent-sandbox/schemas/ is stale: run scripts/agent_sandbox_schemas.py generate"
+        yield "deploy/agent-sandbox/schemas/ is stale: run agent_sandbox_schemas.py generate"
     schemas = load_schemas()
     for path in manifest_files():
         docs = documents(path)

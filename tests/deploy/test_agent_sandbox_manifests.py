@@ -29,8 +29,8 @@ import pytest
 pytest.importorskip("jsonschema", reason="pip install jsonschema")
 pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
 
-from serve.settings import parse_settings  # noqa: E402
-from tests.support.daemon import spawn_daemon  # noqa: E402
+from serve.settings import parse_settings
+from tests.support.daemon import spawn_daemon
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(

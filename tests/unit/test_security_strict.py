@@ -31,8 +31,9 @@ EXPECTED = {
     # Beyond the list: strict in qwen serve 0.24.4 too.
     ("POST", "/workspace/reload"),
     ("POST", "/session/<id>/rewind"),
-    # acp-serve's own: late binding (it always runs with a token, so this never bites).
+    # acp-serve's own: late binding and the drain before a suspend.
     ("POST", "/daemon/bind"),
+    ("POST", "/daemon/drain"),
 }
 
 

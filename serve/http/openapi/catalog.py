@@ -202,6 +202,16 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         body_required=True,
         description="Only with the bootstrap token, once (`--bootstrap-token`).",
     ),
+    ("POST", "/daemon/drain"): Operation(
+        "Drain before a suspend: finish or cancel running turns, flush the journal",
+        (
+            ok(OPEN_OBJECT),
+            BAD_REQUEST,
+            err(503, "`drain_incomplete` (call again) or `journal_io`."),
+        ),
+        body=OPEN_OBJECT,
+        description="Body `{timeoutMs?}`; the daemon stays draining until it stops.",
+    ),
     # -- sessions -----------------------------------------------------------------------------
     ("POST", "/session"): Operation(
         "Create a session, or attach to the workspace's single-scope session",
