@@ -33,14 +33,18 @@ import re
 import secrets
 import shutil
 import stat
+import subprocess
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Annotated
+from typing import IO, Annotated
 from urllib.parse import urlsplit
 
 import msgspec
 import trio
+
+from serve import threads
 
 __all__ = [
     "CLONE_TIMEOUT_S",
@@ -321,17 +325,18 @@ def plan_bind(request: BindRequest, *, workspaces: tuple[str, ...], home: str | 
 async def apply_files(plan: BindPlan) -> None:
     """The bind's effects on disk: the clone, then the credential files; all or nothing
     (raises :class:`BindFailed` after removing what it made)."""
+    limiter = threads.file_routes_limiter()
     clone_dir: str | None = None
     if plan.repository is not None:
         clone_dir = await _clone(plan)
     try:
-        await trio.to_thread.run_sync(_write_credentials, plan.credentials)
+        await threads.run_sync(limiter, _write_credentials, plan.credentials)
     except OSError as exc:
         if clone_dir is not None:
-            await trio.to_thread.run_sync(shutil.rmtree, clone_dir, True)
+            await threads.run_sync(limiter, _rmtree, clone_dir)
         raise BindFailed(f"writing the credential files failed: {exc.strerror or exc}") from None
     if clone_dir is not None:
-        await trio.to_thread.run_sync(_move_into, clone_dir, plan.workspace)
+        await threads.run_sync(limiter, _move_into, clone_dir, plan.workspace)
 
 
 async def _clone(plan: BindPlan) -> str:
@@ -348,19 +353,37 @@ async def _clone(plan: BindPlan) -> str:
         "GIT_CONFIG_NOSYSTEM": "1",
     }
     failure: str | None = None
-    with trio.move_on_after(CLONE_TIMEOUT_S) as scope:
-        result = await trio.run_process(
-            argv, env=env, capture_stdout=True, capture_stderr=True, check=False
-        )
-        if result.returncode != 0:
-            tail = result.stderr[-CLONE_STDERR_BYTES:].decode("utf-8", "replace").strip()
-            failure = f"git clone failed (exit {result.returncode}): {tail}"
-    if scope.cancelled_caught:
-        failure = f"git clone did not finish within {CLONE_TIMEOUT_S:.0f} s"
+    # git's stderr goes to an unlinked temporary file (bounded by the disk, not by memory);
+    # only its tail is read back for the message.
+    with tempfile.TemporaryFile() as err:
+        with trio.move_on_after(CLONE_TIMEOUT_S) as scope:
+            result = await trio.run_process(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                check=False,
+            )
+            if result.returncode != 0:
+                tail = await threads.run_sync(threads.file_routes_limiter(), _tail, err)
+                failure = f"git clone failed (exit {result.returncode}): {tail}"
+        if scope.cancelled_caught:
+            failure = f"git clone did not finish within {CLONE_TIMEOUT_S:.0f} s"
     if failure is not None:
-        await trio.to_thread.run_sync(shutil.rmtree, tmp, True)
+        await threads.run_sync(threads.file_routes_limiter(), _rmtree, tmp)
         raise BindFailed(failure)
     return tmp
+
+
+def _tail(fh: IO[bytes]) -> str:
+    size = fh.seek(0, os.SEEK_END)
+    fh.seek(max(0, size - CLONE_STDERR_BYTES))
+    return fh.read().decode("utf-8", "replace").strip()
+
+
+def _rmtree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _move_into(src: str, dest: str) -> None:

@@ -31,9 +31,9 @@ import os
 import time
 
 import msgspec
-import trio
 from quart import Blueprint, Response
 
+from serve import threads
 from serve.binding import BindFailed, BindRefused, BindRequest, apply_files, plan_bind
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
@@ -87,8 +87,9 @@ async def post_bind() -> Response:
         raise _conflict("Another bind is running", "bind_in_progress")
     settings = d.settings
     try:
-        plan = await trio.to_thread.run_sync(
-            lambda: plan_bind(req, workspaces=settings.workspaces, home=os.environ.get("HOME"))
+        plan = await threads.run_sync(
+            threads.file_routes_limiter(),
+            lambda: plan_bind(req, workspaces=settings.workspaces, home=os.environ.get("HOME")),
         )
         await apply_files(plan)
         for rt in d.registry:
