@@ -32,6 +32,7 @@ import pytest
 import trio
 
 from serve.client import AcpServeClient
+from serve.client.errors import NotFoundError
 from tests.support.daemon import DaemonProcess, spawn_daemon
 
 NGINX = shutil.which("nginx") or next(
@@ -277,7 +278,7 @@ def test_two_daemons_behind_a_header_routing_proxy(
             seen_a = await _turn(ca, sa, "hello a through nginx")
             seen_b = await _turn(cb, sb, "hello b through nginx")
             # Sessions live where they were made: b does not know a's session.
-            with pytest.raises(Exception, match="404|not found|Not Found"):
+            with pytest.raises(NotFoundError):
                 await cb.load_session(sa)
             return sa, seen_a, seen_b
 

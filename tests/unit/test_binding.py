@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from serve.binding import BindPlan, Binding
+from serve.binding import Binding, BindPlan
 
 
 def _plan(token: str) -> BindPlan:
