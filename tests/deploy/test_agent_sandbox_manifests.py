@@ -90,6 +90,13 @@ def _add_template_ref(doc: dict[str, Any]) -> None:
     doc["spec"]["templateRef"] = {"name": "acp-serve"}
 
 
+def _claim_template_ref(doc: dict[str, Any]) -> None:
+    # The v1alpha1 claim's field (replaced by warmPoolRef in v1beta1), which OpenHands'
+    # agent-sandbox example still writes.
+    doc["spec"]["templateRef"] = {"name": "acp-serve"}
+    del doc["spec"]["warmPoolRef"]
+
+
 def _port_typo(doc: dict[str, Any]) -> None:
     _container(doc)["ports"][0]["port"] = 8888
 
@@ -111,12 +118,21 @@ def _bad_mode(doc: dict[str, Any]) -> None:
     [
         ("sandboxwarmpool.yaml", _rename_template_ref, "templateRef"),
         ("sandboxwarmpool.yaml", _add_template_ref, "templateRef"),
+        ("examples/sandboxclaim.example.yaml", _claim_template_ref, "templateRef"),
         ("sandboxtemplate.yaml", _port_typo, "port"),
         ("examples/sandboxclaim.example.yaml", _no_pool, "warmPoolRef"),
         ("examples/sandboxclaim.example.yaml", _old_group, "no schema"),
         ("examples/sandboxclaim.example.yaml", _bad_mode, "Suspend"),
     ],
-    ids=["templateRef-renamed", "templateRef-added", "port-typo", "no-pool", "group", "enum"],
+    ids=[
+        "templateRef-renamed",
+        "templateRef-added",
+        "claim-templateRef",
+        "port-typo",
+        "no-pool",
+        "group",
+        "enum",
+    ],
 )
 def test_a_wrong_field_fails_the_check(name: str, change: Any, expected: str) -> None:
     found = kit.problems(_mutated(name, change), SCHEMAS)
@@ -143,7 +159,9 @@ def test_the_kit_fits_the_router_and_late_binding() -> None:
     container = _container(template)
     args = container["command"][1:]
     assert container["command"][0] == "acp-serve"
-    # The router's default port (8888) and the header that survives it.
+    # The router's default port (8888) on the sandbox's headless Service, and the header
+    # that survives it.
+    assert template["spec"]["service"] is True
     assert args[args.index("--port") + 1] == "8888"
     assert container["ports"][0]["containerPort"] == 8888
     assert args[args.index("--token-header") + 1] == "X-Acp-Serve-Token"
