@@ -236,6 +236,9 @@ def test_after_the_bind(daemon: DaemonProcess, http: httpx.Client) -> None:
         time.sleep(0.1)
     assert environs
     assert all(b"TENANT_MARKER=marker-value-42\0" in e for e in environs)
+    security = http.get("/daemon/status", headers=TENANT_AUTH).json()["security"]
+    assert security["lateBinding"] == {"enabled": True, "bound": True}
+    assert security["tokenHeader"] == HEADER.lower()
     # A second bind is refused.
     again = _bind(http, {"token": "another-token-0123456789"}, TENANT_AUTH)
     assert again.status_code == 409
