@@ -9,7 +9,10 @@ the tenant's token and revokes the bootstrap token; a second bind is refused.
 
 from __future__ import annotations
 
+import base64
+import os
 import shutil
+import socket
 import stat
 import subprocess
 import time
@@ -112,6 +115,15 @@ def test_before_the_bind_only_probes_and_the_bind_are_served(
         assert refused.status_code == 403, (path, refused.text)
         assert refused.json()["code"] == "daemon_not_bound"
         assert http.request(method, path).status_code == 401
+    # The /acp WebSocket upgrade too.
+    key = base64.b64encode(os.urandom(16)).decode()
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=10) as sock:
+        sock.sendall(
+            f"GET /acp HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Authorization: Bearer {BOOT}\r\n\r\n".encode()
+        )
+        assert sock.recv(4096).split(b" ", 2)[1] == b"403"
     # No agent runs before the bind: it would not have the tenant's environment.
     assert not any(
         p.name.isdigit() and _is_child_of(int(p.name), daemon.proc.pid)
