@@ -298,3 +298,48 @@ def test_bootstrap_settings(tmp_path: Path) -> None:
     assert settings.bootstrap is True
     assert settings.token == BOOT
     assert settings.token_generated is False
+
+
+def test_a_resumed_sandbox_binds_again_and_restores_its_sessions(
+    tmp_path: Path, repo: Path
+) -> None:
+    """After a suspend/resume the pod starts unbound from the template again: the claimer
+    binds with the workspace already on the volume and the sessions come back from the
+    journal."""
+    dirs = {"workspace": tmp_path / "ws", "state_dir": tmp_path / "state"}
+    env = {"ACP_SERVE_BOOTSTRAP_TOKEN": BOOT, "HOME": str(tmp_path / "home")}
+    d = spawn_daemon(["--public-probes"], env=env, **dirs)  # type: ignore[arg-type]
+    try:
+        with httpx.Client(base_url=d.url, timeout=60) as http:
+            body = {"token": TENANT, "workspace": {"repository": repo.as_uri()}}
+            assert _bind(http, body, BOOT_AUTH).status_code == 200
+            sid = http.post("/session", json={}, headers=TENANT_AUTH).json()["sessionId"]
+            prompt = http.post(
+                f"/session/{sid}/prompt",
+                json={"prompt": [{"type": "text", "text": "before the suspend"}]},
+                headers=TENANT_AUTH,
+            )
+            assert prompt.status_code == 200, prompt.text
+    finally:
+        assert d.stop() == 0
+    d = spawn_daemon(["--public-probes"], env=env, **dirs)  # type: ignore[arg-type]
+    try:
+        with httpx.Client(base_url=d.url, timeout=60) as http:
+            assert http.get("/capabilities", headers=TENANT_AUTH).status_code == 401
+            clone = _bind(http, body, BOOT_AUTH)
+            assert clone.status_code == 400 and clone.json()["field"] == "workspace.repository"
+            again = {"token": TENANT, "workspace": {"path": str(d.workspace)}}
+            assert _bind(http, again, BOOT_AUTH).status_code == 200
+            loaded = http.post(f"/session/{sid}/load", json={}, headers=TENANT_AUTH)
+            assert loaded.status_code == 200, loaded.text
+            with http.stream(
+                "GET", f"/session/{sid}/events", headers={**TENANT_AUTH, "Last-Event-ID": "0"}
+            ) as stream:
+                text = ""
+                for line in stream.iter_lines():
+                    text += line
+                    if "replay_complete" in line:
+                        break
+            assert "before the suspend" in text
+    finally:
+        d.stop()
