@@ -1,4 +1,5 @@
-"""``acp-serve attach URL [--token-file F]``: a stdio ACP agent forwarding to a remote ``/acp``.
+"""``acp-serve attach URL [--token-file F] [--token-header NAME]``: a stdio ACP agent for a
+remote ``/acp``.
 
 An editor that only spawns local agent processes runs this; it speaks ACP (newline-delimited
 JSON-RPC) on stdin/stdout and forwards every message to a remote daemon's ``/acp`` over
@@ -70,10 +71,22 @@ class Gone(Exception):
 
 
 class Bridge:
-    def __init__(self, url: str, token: str | None, stdout: trio.abc.SendStream) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        stdout: trio.abc.SendStream,
+        token_header: str | None = None,
+    ) -> None:
         base = url.rstrip("/")
         self.endpoint = base if base.endswith("/acp") else base + "/acp"
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers = (
+            {}
+            if not token
+            else {token_header: token}
+            if token_header
+            else {"Authorization": f"Bearer {token}"}
+        )
         self.stdout = stdout
         self.write_lock = trio.Lock()
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
@@ -415,10 +428,10 @@ async def _lines(stdin: trio.abc.ReceiveStream) -> Any:
             yield b"\x00"  # an over-long line: answered as a parse error
 
 
-async def run(url: str, token: str | None) -> int:
+async def run(url: str, token: str | None, token_header: str | None = None) -> int:
     stdin = trio.lowlevel.FdStream(os.dup(0))
     stdout = trio.lowlevel.FdStream(os.dup(1))
-    bridge = Bridge(url, token, stdout)
+    bridge = Bridge(url, token, stdout, token_header)
     try:
         async with trio.open_nursery() as nursery:
             bridge.nursery = nursery
@@ -477,6 +490,13 @@ def main(argv: Sequence[str]) -> int:
         metavar="FILE",
         help="read the bearer token from FILE (its first line)",
     )
+    parser.add_argument(
+        "--token-header",
+        default=None,
+        metavar="NAME",
+        help="send the token in this header instead of Authorization "
+        "(default: $ACP_SERVE_TOKEN_HEADER; a daemon with --token-header)",
+    )
     args = parser.parse_args(list(argv))
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="attach: %(message)s")
     if args.token is not None and args.token_file is not None:
@@ -496,8 +516,9 @@ def main(argv: Sequence[str]) -> int:
     warning = insecure_url_warning(args.url)
     if warning:
         log.warning("%s", warning)
+    token_header = args.token_header or os.environ.get("ACP_SERVE_TOKEN_HEADER") or None
     try:
-        return trio.run(run, args.url, token)
+        return trio.run(run, args.url, token, token_header)
     except KeyboardInterrupt:
         return 130
 
