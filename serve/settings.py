@@ -141,6 +141,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     agent_idle_release_ms: int = 600_000
     #: PSS budget of a workspace's agent children, in MiB (0 = none).
     agent_memory_budget_mb: int = 0
+    #: Bound of the node module compile cache given to node-based agents, in MiB (0 = off).
+    agent_compile_cache_mb: int = 256
     inert_flags: tuple[str, ...] = ()
 
     @property
@@ -153,6 +155,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def primary_workspace(self) -> str:
         return self.workspaces[0]
+
+    @property
+    def node_compile_cache_dir(self) -> str | None:
+        """Where node-based agents keep their module compile cache (None: off)."""
+        if not self.agent_compile_cache_mb or not self.state_dir:
+            return None
+        return os.path.join(self.state_dir, "node-compile-cache")
 
     @property
     def is_loopback(self) -> bool:
@@ -384,6 +393,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MiB",
         help="PSS budget of a workspace's agent children: idle sessions are released "
         "first, else 503 memory_budget_exceeded (default 0: none)",
+    )
+    add(
+        "--agent-compile-cache-mb",
+        default="256",
+        metavar="MiB",
+        help="node-based agents get a persistent module compile cache (NODE_COMPILE_CACHE) "
+        "under the state directory, bounded to this many MiB (default 256; 0 = off)",
     )
     add(
         "--chaos-kill-rate",
@@ -848,6 +864,13 @@ def parse_settings(
             minimum=0,
             maximum=1 << 20,
             what="an integer in [0, 1048576] (MiB)",
+        ),
+        agent_compile_cache_mb=_int(
+            "--agent-compile-cache-mb",
+            ns.agent_compile_cache_mb,
+            minimum=0,
+            maximum=1 << 16,
+            what="an integer in [0, 65536] (MiB)",
         ),
         inert_flags=inert,
     )

@@ -61,6 +61,7 @@ memory_budget_exceeded`` with ``Retry-After``. Per-child memory is in ``/daemon/
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -78,6 +79,7 @@ from acp.handler import ClientHandler
 from acp.mux import SessionMux
 from acp.process import ExitInfo
 from actors import Actor, ActorError, Reply
+from serve.agents import compile_cache
 from serve.agents.memory import measure_trees
 from serve.sessions.agent_link import agent_env
 from serve.sessions.errors import MemoryBudgetExceeded, SessionsUnavailable
@@ -425,6 +427,16 @@ class AgentPool(Actor[PoolMsg]):
             self._nursery = nursery
             self.draining = False
             nursery.start_soon(self._sample_memory)
+            if self.workspace == self.settings.primary_workspace:
+                # One probe child populates the node compile cache when it needs it.
+                nursery.start_soon(
+                    functools.partial(
+                        compile_cache.warm_up,
+                        self.settings,
+                        cwd=self.workspace,
+                        env=agent_env(self.settings),
+                    )
+                )
             try:
                 await super().run(task_status=task_status)
             finally:

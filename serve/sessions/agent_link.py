@@ -116,6 +116,9 @@ def agent_env(settings: Settings) -> dict[str, str]:
         env["ACP_SCRIPTED_STATE_DIR"] = os.path.join(settings.state_dir, "scripted")
         env["ACP_SCRIPTED_RETENTION_MS"] = str(settings.journal_retention_ms)
     env["QWEN_CODE_NO_RELAUNCH"] = "true"
+    cache = settings.node_compile_cache_dir
+    if cache is not None and "NODE_COMPILE_CACHE" not in env:
+        env["NODE_COMPILE_CACHE"] = cache  # node >= 22.1 (serve/agents/compile_cache.py)
     if settings.mcp_client_budget is not None:
         env["QWEN_SERVE_MCP_CLIENT_BUDGET"] = str(settings.mcp_client_budget)
         env["QWEN_SERVE_MCP_BUDGET_MODE"] = settings.mcp_budget_mode
