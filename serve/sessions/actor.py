@@ -575,26 +575,28 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             setup = await self.link.open(self._nursery, "restart", self.session_id)
         except Exception as exc:
             self._rebinding = False
-            if getattr(exc, "body", {}).get("code") == "memory_budget_exceeded":
-                # No room for an agent now: the waiting prompts end, the session stays
-                # (released); a later prompt tries again.
-                self._rebind_error = exc
-                data = {
-                    "sessionId": self.session_id,
-                    "message": str(exc),
-                    "code": "memory_budget_exceeded",
-                    "errorKind": "memory_budget_exceeded",
-                }
-                for terminal in self.prompts.abort_all("turn_error", data):
-                    self._publish_terminal(terminal)
-                rebound, self._rebound = self._rebound, trio.Event()
-                rebound.set()
+            if turns.session_unknown(exc):
+                # The agent says the session does not exist (any more): it cannot come back.
+                log.warning("session %s is unknown to its agent: %r", self.session_id, exc)
+                await self._abort_everything("agent_session_not_found", died=True)
+                self._rebound.set()
+                self._stopping = True
+                self.close()
                 return
+            # No agent now (memory budget, spawn, initialize, a timeout...): the waiting
+            # prompts end with a retryable error, the session stays released, and a later
+            # prompt tries again.
             log.warning("session %s could not bind an agent again: %r", self.session_id, exc)
-            await self._abort_everything("channel_closed", died=True)
-            self._rebound.set()
-            self._stopping = True
-            self.close()
+            data = turns.rebind_failed(self.session_id, exc)
+            self._rebind_error = (
+                exc
+                if data["code"] == "memory_budget_exceeded"
+                else AgentUnavailable(self.session_id)
+            )
+            for terminal in self.prompts.abort_all("turn_error", data):
+                self._publish_terminal(terminal)
+            rebound, self._rebound = self._rebound, trio.Event()
+            rebound.set()
             return
         self._adopt_setup(setup)
         self.agent_released = False
