@@ -258,7 +258,7 @@ async def test_an_agent_that_cannot_load_or_resume_is_never_released(tmp_path: A
         daemon.stop()
 
 
-def flaky_daemon(tmp_path: Any, *extra: str) -> tuple[DaemonProcess, Any]:
+def flaky_daemon(tmp_path: Any) -> tuple[DaemonProcess, Any]:
     """A releasing daemon whose agent fails at start while ``down`` exists (issue 22)."""
     import shlex
     import sys
@@ -278,8 +278,7 @@ def flaky_daemon(tmp_path: Any, *extra: str) -> tuple[DaemonProcess, Any]:
         ]
     )
     daemon = spawn_daemon(
-        ["--agent", agent, "--agent-idle-release-ms", str(RELEASE_MS), "--warm-agents", "0"]
-        + list(extra),
+        ["--agent", agent, "--agent-idle-release-ms", str(RELEASE_MS), "--warm-agents", "0"],
         env={"QWEN_SERVER_TOKEN": TOKEN},
     )
     return daemon, down
