@@ -261,6 +261,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.release_count = 0
         self._rebinding = False
         self._rebound = trio.Event()
+        #: Set once a released agent is given back (a rebind waits for it).
+        self._given_back = trio.Event()
         self._last_agent_use = 0.0  # trio clock: the agent was bound or a prompt ended
         self._rebind_error: Exception | None = None
 
@@ -522,26 +524,44 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 continue
             if self._idle_now():
                 try:
-                    await self.ask(ReleaseAgent("idle"), timeout_s=30)
+                    await self.call(ReleaseAgent("idle"), timeout_s=30)
                 except (ActorError, SessionGone):
                     return
             if not self.agent_released:
                 self._last_agent_use = trio.current_time()  # busy: look again a period later
 
-    async def _release_agent(self, reason: str) -> bool:
-        if not self._idle_now():
+    def _release_agent(self, reason: str) -> bool | Reply[bool]:
+        """Let the agent go: decided here, the wait for the agent to stop runs as a task
+        (the inbox stays free: heartbeats, attaches, a prompt that binds again); the answer
+        (a :class:`Reply`, True once the agent is given back) is for ``call``."""
+        if not self._idle_now() or self._nursery is None:
             return False
         idle_ms = int((trio.current_time() - self._last_agent_use) * 1000)
-        pid = self.link.pid
         self.agent_released = True
+        self.link.ready = trio.Event()  # no turn starts on the agent being let go
         self._rebound = trio.Event()
-        await self.link.let_go()
-        self.release_count += 1
-        log.info("session %s let its agent (pid %s) go: %s", self.session_id, pid, reason)
-        self.log.publish(
-            "agent_released", {"sessionId": self.session_id, "reason": reason, "idleMs": idle_ms}
-        )
-        return True
+        self._given_back = trio.Event()
+        reply: Reply[bool] = Reply()
+        self._nursery.start_soon(self._let_go, reason, idle_ms, self._given_back, reply)
+        return reply
+
+    async def _let_go(
+        self, reason: str, idle_ms: int, given_back: trio.Event, reply: Reply[bool]
+    ) -> None:
+        pid = self.link.pid
+        try:
+            # An idle agent has nothing to finish: a short wait after stdin EOF, then SIGTERM.
+            await self.link.let_go(eof_grace_s=IDLE_EOF_GRACE_S)
+            self.release_count += 1
+            log.info("session %s let its agent (pid %s) go: %s", self.session_id, pid, reason)
+            if not self.ended.is_set():  # (closed meanwhile: its final event is out)
+                self.log.publish(
+                    "agent_released",
+                    {"sessionId": self.session_id, "reason": reason, "idleMs": idle_ms},
+                )
+        finally:
+            given_back.set()
+            reply.set(True)
 
     def _ensure_bound(self, trigger: str) -> None:
         """A released session binds an agent again (in the background) for ``trigger``."""
@@ -571,6 +591,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
 
     async def _rebind(self, trigger: str) -> None:
         assert self._nursery is not None
+        await self._given_back.wait()  # the released agent is stopped (or its slot freed)
         try:
             setup = await self.link.open(self._nursery, "restart", self.session_id)
         except Exception as exc:
@@ -692,7 +713,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             case PublishEvent(event_type=etype, data=data, prompt_id=pid, originator=orig):
                 return self.log.publish(etype, data, prompt_id=pid, originator=orig)
             case ReleaseAgent(reason=reason):
-                return await self._release_agent(reason)
+                return self._release_agent(reason)
             case Heartbeat(client_id=cid):
                 now = _now_ms()
                 self.last_seen_ms = now

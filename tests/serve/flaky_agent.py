@@ -1,16 +1,20 @@
 """The scripted agent with an outage switch (for the pool's and idle release's failure tests).
 
-    python flaky_agent.py --down FILE [--die-after S] -- [scripted agent args...]
+    python flaky_agent.py [--down FILE] [--die-after S] [--linger FILE] -- [scripted args...]
 
 While FILE exists the agent fails at start (a line on stderr, exit 3: an outage of the
 agent command). ``--die-after S``: the process exits (status 1) S seconds after it
 started, whatever it is doing (an agent that crashes shortly after ``initialize``).
-Otherwise it is ``python -m acp.agents.scripted`` with the arguments after ``--``.
+``--linger FILE``: at stdin EOF it appends a line to FILE, then ignores SIGTERM and sleeps
+(only SIGKILL ends it: the slowest agent to stop). Otherwise it is
+``python -m acp.agents.scripted`` with the arguments after ``--``.
 """
 
 import os
+import signal
 import sys
 import threading
+import time
 
 
 def main() -> int:
@@ -27,7 +31,13 @@ def main() -> int:
         timer.start()
     from acp.agents.scripted.agent import main as scripted_main
 
-    return scripted_main(rest)
+    status = scripted_main(rest)
+    if "--linger" in args:
+        with open(args[args.index("--linger") + 1], "a") as f:
+            f.write(f"{os.getpid()} eof\n")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(3600)
+    return status
 
 
 if __name__ == "__main__":

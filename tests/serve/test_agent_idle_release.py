@@ -258,7 +258,7 @@ async def test_an_agent_that_cannot_load_or_resume_is_never_released(tmp_path: A
         daemon.stop()
 
 
-def flaky_daemon(tmp_path: Any) -> tuple[DaemonProcess, Any]:
+def flaky_daemon(tmp_path: Any, *agent_flags: str) -> tuple[DaemonProcess, Any]:
     """A releasing daemon whose agent fails at start while ``down`` exists (issue 22)."""
     import shlex
     import sys
@@ -272,6 +272,7 @@ def flaky_daemon(tmp_path: Any) -> tuple[DaemonProcess, Any]:
             str(ROOT / "tests" / "serve" / "flaky_agent.py"),
             "--down",
             str(down),
+            *agent_flags,
             "--",
             "--state-dir",
             str(tmp_path / "agent-state"),
@@ -348,5 +349,37 @@ async def test_a_released_session_the_agent_no_longer_knows_dies_with_that_reaso
                     break
                 await trio.sleep(0.05)
             assert (await client.get(f"/session/{sid}/pending-prompts")).status_code == 404
+    finally:
+        daemon.stop()
+
+
+async def test_an_idle_release_does_not_hold_up_the_session_while_the_agent_stops(
+    tmp_path: Any,
+) -> None:
+    marker = tmp_path / "eof.log"
+    # An agent that ignores stdin EOF and SIGTERM: stopping it takes the whole escalation.
+    daemon, _down = flaky_daemon(tmp_path, "--linger", str(marker))
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            created = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            sid = created["sessionId"]
+            assert (await client.post(f"/session/{sid}/prompt", json=text("hi"))).status_code == 200
+            pid = (await session_diag(client, sid))["agentPid"]
+            for _ in range(400):  # until the release has begun (the agent saw stdin EOF)
+                if marker.exists():
+                    break
+                await trio.sleep(0.01)
+            assert marker.read_text().startswith(f"{pid} ")
+            beat = await client.post(
+                f"/session/{sid}/heartbeat", headers={"X-Qwen-Client-Id": created["clientId"]}
+            )
+            assert beat.status_code == 200, beat.text
+            # The session answered while its old agent was still being stopped.
+            assert alive(pid)
+            async with client.stream(
+                "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+            ) as stream:
+                await collect_until(stream, lambda e: e["type"] == "agent_released")
+            assert not alive(pid)
     finally:
         daemon.stop()
