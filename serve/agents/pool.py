@@ -28,13 +28,18 @@ spawned ahead only when fewer than ``N`` children have room. Warm children are n
 sessions: they are not counted against session limits, and appear in ``/daemon/status``
 under ``runtime.agents``.
 
-Failure: a spawn or ``initialize`` that fails, or a warm child that exits before any
-session used it, counts as a consecutive failure. The warm refill waits
-``REFILL_BACKOFF_S * 2**(n-1)`` (capped at :data:`MAX_REFILL_BACKOFF_S`) after each, and
-after :data:`FAILING_AFTER` in a row it stops refilling: the pool reports ``failing`` (with
-the last error, truncated) in ``/daemon/status`` and makes ``/readyz`` answer
-``agent_unavailable``, instead of respawning forever. Session creates still try their own
-spawn (so their error reaches the caller); the first child that initializes resets it.
+Failure: a spawn or ``initialize`` that fails, or a child that exits on its own before it
+is *stable*, counts as a consecutive failure. A child is stable once it has stayed up
+:data:`STABLE_AFTER_S` after ``initialize``: only that is a successful start, and it resets
+the count and the backoff (so an agent that dies a second after ``initialize`` is failing,
+not respawned at full speed). The warm refill waits ``REFILL_BACKOFF_S * 2**(n-1)`` (capped
+at :data:`MAX_REFILL_BACKOFF_S`) after each failure. After :data:`FAILING_AFTER` in a row
+the pool is ``failing`` (the last error, truncated, in ``/daemon/status``; ``/readyz``
+answers ``agent_unavailable`` when it is the primary workspace's pool, see
+``serve/host.py``): the refill then only *probes*, one child at a time after the capped
+backoff, so the pool recovers by itself once the agent works again (a probe child that
+becomes stable ends ``failing``; one not needed as warm capacity is then stopped). Session
+creates still try their own spawn at once (so their error reaches the caller).
 
 Release: :meth:`AgentLease.release` ends the session's use of its slot. On an exclusive
 child (``M = 1``) the child is stopped (by escalation) in the caller's task. On a shared
@@ -85,8 +90,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Consecutive spawn failures after which the warm refill stops (reported as failing).
+#: Consecutive spawn failures after which the pool is failing (the refill only probes).
 FAILING_AFTER: Final = 3
+#: Seconds a child must stay up after ``initialize`` to count as a successful start.
+STABLE_AFTER_S: Final = 5.0
 REFILL_BACKOFF_S: Final = 0.5
 MAX_REFILL_BACKOFF_S: Final = 30.0
 #: Characters of the last spawn error kept for /daemon/status.
@@ -110,6 +117,7 @@ class AgentChild:
         "mux",
         "ready_at",
         "slots",
+        "stable",
         "stopping",
         "used",
     )
@@ -123,6 +131,7 @@ class AgentChild:
         self.ready_at = time.time()
         self.used = False  # a session has taken a slot at least once
         self.stopping = False
+        self.stable = False  # stayed up STABLE_AFTER_S: a successful start
 
     @property
     def pid(self) -> int:
@@ -215,6 +224,10 @@ class _Refill(msgspec.Struct, frozen=True):
     pass
 
 
+class _Stable(msgspec.Struct, frozen=True):
+    child_id: str
+
+
 class _Measured(msgspec.Struct, frozen=True):
     pss_kib: dict[str, int]  # child id -> KiB
 
@@ -237,6 +250,7 @@ PoolMsg = (
     | _SpawnFailed
     | _Exited
     | _Refill
+    | _Stable
     | _Abandon
     | _Measured
     | _RoomResult
@@ -455,8 +469,6 @@ class AgentPool(Actor[PoolMsg]):
             case _Spawned(child=child):
                 self.spawning -= 1
                 self.spawned_total += 1
-                self.failures = 0
-                self._backoff_until = 0.0
                 if self.draining:
                     child.stopping = True
                     self._stop_child(child)
@@ -464,6 +476,7 @@ class AgentPool(Actor[PoolMsg]):
                 self.children[child.id] = child
                 assert self._nursery is not None
                 self._nursery.start_soon(self._watch, child)
+                self._nursery.start_soon(self._stable_later, child.id)
                 self._serve_waiters()
                 self._plan()
             case _SpawnFailed(error=error):
@@ -478,13 +491,29 @@ class AgentPool(Actor[PoolMsg]):
                 child = self.children.pop(cid, None)
                 self.pss_kib.pop(cid, None)
                 self.exited_total += 1
-                if child is not None and not child.stopping and not child.used:
+                if child is not None and not child.stopping and not child.stable:
+                    what = "agent" if child.used else "warm agent"
                     self._note_failure(
                         RuntimeError(
-                            f"warm agent exited (code {info.exit_code}, signal {info.signal})"
+                            f"{what} exited within {STABLE_AFTER_S:g} s of initialize "
+                            f"(code {info.exit_code}, signal {info.signal})"
                         )
                     )
                 self._plan()
+            case _Stable(child_id=cid):
+                child = self.children.get(cid)
+                if child is not None and not child.stopping and not child.conn.closed:
+                    child.stable = True
+                    self.failures = 0
+                    self._backoff_until = 0.0
+                    others = sum(
+                        1 for c in self.children.values() if c is not child and self.free_slots(c)
+                    )
+                    if not child.slots and others >= self.warm_target:
+                        # A probe (or a spawn whose caller left) that is not needed as warm.
+                        child.stopping = True
+                        self._stop_child(child)
+                    self._plan()
             case _Refill():
                 self._refill_scheduled = False
                 self._plan()
@@ -560,13 +589,19 @@ class AgentPool(Actor[PoolMsg]):
                 self._make_room()
                 return
             self._spawn()
-        if self.failing or not self.warm_target:
+        if not self.warm_target and not self.failing:
             return
         now = trio.current_time()
         if now < self._backoff_until:
             if not self._refill_scheduled:
                 self._refill_scheduled = True
                 self._nursery.start_soon(self._refill_later, self._backoff_until - now)
+            return
+        if self.failing:
+            # Probe: one child at a time, until one becomes stable (or fails again).
+            unproven = any(not c.stable and not c.stopping for c in self.children.values())
+            if not self.spawning and not unproven and self.fits_new_child():
+                self._spawn()
             return
         spare = self.warm_count() + self.spawning - needed
         while spare < self.warm_target and self.fits_new_child():
@@ -598,6 +633,10 @@ class AgentPool(Actor[PoolMsg]):
                 self._tell(_Measured({cid: by_pid.get(pid, 0) for cid, pid in pids.items()}))
             await trio.sleep(period)
 
+    async def _stable_later(self, child_id: str) -> None:
+        await trio.sleep(STABLE_AFTER_S)
+        self._tell(_Stable(child_id))
+
     async def _refill_later(self, delay_s: float) -> None:
         await trio.sleep(delay_s)
         self._tell(_Refill())
@@ -610,7 +649,7 @@ class AgentPool(Actor[PoolMsg]):
         self._backoff_until = trio.current_time() + backoff
         if self.failing:
             log.error(
-                "agent command keeps failing in %s (%d in a row): %s; warm refill stopped",
+                "agent command keeps failing in %s (%d in a row): %s; probing with backoff",
                 self.workspace,
                 self.failures,
                 self.last_error,
