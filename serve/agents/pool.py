@@ -52,8 +52,12 @@ other children are not involved.
 
 Memory (``--agent-memory-budget-mb``): a sampler task measures each child's PSS (its
 process tree, ``/proc/<pid>/smaps_rollup``, in a worker thread) every
-:data:`SAMPLE_S` (:data:`SAMPLE_BUDGET_S` with a budget). A new child is assumed to cost
-as much as the largest child measured so far. When spawning one would pass the budget
+:data:`SAMPLE_S` (:data:`SAMPLE_BUDGET_S` with a budget); with a budget each child is also
+measured right after ``initialize``, before the pool counts it. A new child is assumed to
+cost as much as the largest child measured so far; before any child was measured the cost
+is unknown, so only one child is spawned at a time until the first one is measured (callers
+wait for it; none is refused or released for an unknown cost). When spawning one would pass
+the budget
 (stopping children do not count), the warm refill waits, and a caller that needs a child
 makes the pool first ask the workspace runtime to release the least recently used idle
 session (its agent is let go as with idle release, ``agent_released {reason:
@@ -209,6 +213,7 @@ class Bound(msgspec.Struct, frozen=True):
 
 class _Spawned(msgspec.Struct, frozen=True):
     child: Any  # AgentChild
+    pss_kib: int = 0  # measured after initialize (with a budget), 0: not measured
 
 
 class _SpawnFailed(msgspec.Struct, frozen=True):
@@ -313,8 +318,16 @@ class AgentPool(Actor[PoolMsg]):
         )
         return live + self.spawning * self._largest_kib
 
+    def cost_unknown(self) -> bool:
+        """With a budget, before any child was measured: spawns go one at a time."""
+        return bool(self.budget_kib) and not self._largest_kib
+
     def fits_new_child(self) -> bool:
-        return not self.budget_kib or self.used_kib() + self._largest_kib <= self.budget_kib
+        if not self.budget_kib:
+            return True
+        if self.cost_unknown():
+            return self.spawning == 0
+        return self.used_kib() + self._largest_kib <= self.budget_kib
 
     def budget_error(self) -> Exception:
         used_mb = round(self.used_kib() / 1024)
@@ -329,7 +342,7 @@ class AgentPool(Actor[PoolMsg]):
     def refusal(self) -> Exception | None:
         """For a released session's next prompt: the 503 to answer at once, or None when a
         slot is free, a child fits the budget, or an idle session can make room."""
-        if self._pick() is not None or self.fits_new_child():
+        if self._pick() is not None or self.fits_new_child() or self.cost_unknown():
             return None
         if self.has_releasable is not None and self.has_releasable():
             return None
@@ -466,9 +479,12 @@ class AgentPool(Actor[PoolMsg]):
                 child = self.children.get(cid)
                 if child is not None and lid in child.slots:
                     child.slots[lid] = sid
-            case _Spawned(child=child):
+            case _Spawned(child=child, pss_kib=pss_kib):
                 self.spawning -= 1
                 self.spawned_total += 1
+                if pss_kib:
+                    self.pss_kib[child.id] = pss_kib
+                    self._largest_kib = max(self._largest_kib, pss_kib)
                 if self.draining:
                     child.stopping = True
                     self._stop_child(child)
@@ -586,7 +602,8 @@ class AgentPool(Actor[PoolMsg]):
         needed = math.ceil(len(self.waiters) / self.per_agent)
         while self.spawning < needed:
             if not self.fits_new_child():
-                self._make_room()
+                if not self.cost_unknown():  # (unknown: wait for the first measurement)
+                    self._make_room()
                 return
             self._spawn()
         if not self.warm_target and not self.failing:
@@ -691,7 +708,11 @@ class AgentPool(Actor[PoolMsg]):
                 raise
             self._tell(_SpawnFailed(exc))
             return
-        self._tell(_Spawned(AgentChild(child_id, conn, mux)))
+        pss_kib = 0
+        if self.budget_kib:  # its cost before the pool counts it (one /proc scan)
+            measured = await trio.to_thread.run_sync(measure_trees, [conn.process.pid])
+            pss_kib = measured.get(conn.process.pid, 0)
+        self._tell(_Spawned(AgentChild(child_id, conn, mux), pss_kib))
 
     async def _watch(self, child: AgentChild) -> None:
         info: ExitInfo = await child.conn.wait_closed()

@@ -1,13 +1,15 @@
 """The scripted agent with an outage switch (for the pool's and idle release's failure tests).
 
-    python flaky_agent.py [--down FILE] [--die-after S] [--linger FILE] -- [scripted args...]
+    python flaky_agent.py [--down FILE] [--die-after S] [--linger FILE] [--no-restore]
+                          -- [scripted agent args...]
 
 While FILE exists the agent fails at start (a line on stderr, exit 3: an outage of the
 agent command). ``--die-after S``: the process exits (status 1) S seconds after it
 started, whatever it is doing (an agent that crashes shortly after ``initialize``).
 ``--linger FILE``: at stdin EOF it appends a line to FILE, then ignores SIGTERM and sleeps
-(only SIGKILL ends it: the slowest agent to stop). Otherwise it is
-``python -m acp.agents.scripted`` with the arguments after ``--``.
+(only SIGKILL ends it: the slowest agent to stop). ``--no-restore``: ``initialize``
+advertises neither ``loadSession`` nor ``resume`` (its sessions are never released).
+Otherwise it is ``python -m acp.agents.scripted`` with the arguments after ``--``.
 """
 
 import os
@@ -29,8 +31,20 @@ def main() -> int:
         timer = threading.Timer(delay, os._exit, args=(1,))
         timer.daemon = True
         timer.start()
-    from acp.agents.scripted.agent import main as scripted_main
+    from acp.agents.scripted import agent
 
+    if "--no-restore" in args:
+        plain = agent.ScriptedAgent.METHODS["initialize"]
+
+        def initialize(self: object, rid: object, params: object) -> object:
+            result = plain(self, rid, params)
+            caps = result["agentCapabilities"]
+            caps["loadSession"] = False
+            caps["sessionCapabilities"].pop("resume", None)
+            return result
+
+        agent.ScriptedAgent.METHODS["initialize"] = initialize
+    scripted_main = agent.main
     status = scripted_main(rest)
     if "--linger" in args:
         with open(args[args.index("--linger") + 1], "a") as f:
