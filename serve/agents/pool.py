@@ -22,9 +22,12 @@ refill state. A spawn that fails fails up to ``M`` waiting callers with its own 
 (``OSError``, :class:`~acp.errors.RequestTimeout`...), which the HTTP layer maps as before.
 
 Warm capacity (``--warm-agents N``, default 1): the pool keeps ``N`` children with a free
-slot ready ahead of need, counting spawns in flight. With ``M = 1`` that is ``N`` idle
-children; with ``M > 1`` spare slots on live children *are* the warm capacity, so a child is
-spawned ahead only when fewer than ``N`` children have room. Warm children are not
+slot ready ahead of need, counting spawns in flight (a child being spawned has ``M`` free
+slots, less the waiting callers it will serve). With ``M = 1`` that is ``N`` idle children;
+with ``M > 1`` spare slots on live children *are* the warm capacity, so a child is spawned
+ahead only when fewer than ``N`` children (live or being spawned) will have room once the
+waiting callers are served: an idle spare exists only while every other child is full, so
+the next create never waits a whole agent start. Warm children are not
 sessions: they are not counted against session limits, and appear in ``/daemon/status``
 under ``runtime.agents``.
 
@@ -620,10 +623,28 @@ class AgentPool(Actor[PoolMsg]):
             if not self.spawning and not unproven and self.fits_new_child():
                 self._spawn()
             return
-        spare = self.warm_count() + self.spawning - needed
+        spare = self._rooms_after_waiters()
         while spare < self.warm_target and self.fits_new_child():
             self._spawn()
             spare += 1
+
+    def _rooms_after_waiters(self) -> int:
+        """Children, live or being spawned, that will still have a free slot once the
+        waiting callers are served (the most loaded first, as :meth:`_pick` does; a child
+        being spawned offers ``M`` slots): the warm capacity counted ahead."""
+        free = sorted(
+            self.free_slots(c)
+            for c in self.children.values()
+            if self.free_slots(c) > 0 and not c.conn.closed
+        )
+        free += [self.per_agent] * self.spawning
+        waiting = len(self.waiters)
+        rooms = 0
+        for slots in free:
+            taken = min(slots, waiting)
+            waiting -= taken
+            rooms += slots > taken
+        return rooms
 
     def _make_room(self) -> None:
         """Ask the runtime to release the least recently used idle session (a task)."""

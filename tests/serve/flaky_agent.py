@@ -1,7 +1,7 @@
 """The scripted agent with an outage switch (for the pool's and idle release's failure tests).
 
     python flaky_agent.py [--down FILE] [--die-after S] [--linger FILE] [--no-restore]
-                          -- [scripted agent args...]
+                          [--start-delay S] -- [scripted agent args...]
 
 While FILE exists the agent fails at start (a line on stderr, exit 3: an outage of the
 agent command). ``--die-after S``: the process exits (status 1) S seconds after it
@@ -9,6 +9,7 @@ started, whatever it is doing (an agent that crashes shortly after ``initialize`
 ``--linger FILE``: at stdin EOF it appends a line to FILE, then ignores SIGTERM and sleeps
 (only SIGKILL ends it: the slowest agent to stop). ``--no-restore``: ``initialize``
 advertises neither ``loadSession`` nor ``resume`` (its sessions are never released).
+``--start-delay S``: it reads nothing for S seconds first (a slow-starting agent).
 Otherwise it is ``python -m acp.agents.scripted`` with the arguments after ``--``.
 """
 
@@ -31,6 +32,8 @@ def main() -> int:
         timer = threading.Timer(delay, os._exit, args=(1,))
         timer.daemon = True
         timer.start()
+    if "--start-delay" in args:
+        time.sleep(float(args[args.index("--start-delay") + 1]))
     from acp.agents.scripted import agent
 
     if "--no-restore" in args:

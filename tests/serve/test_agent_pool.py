@@ -281,3 +281,35 @@ async def test_a_secondary_workspace_failing_is_reported_but_the_daemon_stays_re
             assert str(second.resolve()) in issue["message"]
     finally:
         daemon.stop()
+
+
+async def test_packed_mode_spawns_no_spare_while_a_child_being_spawned_will_have_room() -> None:
+    # A slow start: the creates arrive while the warm child is still being spawned.
+    daemon = spawn_daemon(
+        [
+            "--agent",
+            flaky_agent("--start-delay", "1"),
+            "--warm-agents",
+            "1",
+            "--sessions-per-agent",
+            "12",
+        ],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            replies: list[httpx.Response] = []
+
+            async def one() -> None:
+                replies.append(await client.post("/session", json={"sessionScope": "thread"}))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(6):
+                    nursery.start_soon(one)
+            assert [r.status_code for r in replies] == [200] * 6
+            # The one child has 6 free slots: that is the warm capacity, no spare child.
+            pool = (await status(client))["runtime"]["agents"][0]
+            assert pool["spawning"] == 0 and pool["spawnedTotal"] == 1, pool
+            assert [(c["state"], c["sessions"]) for c in pool["children"]] == [("shared", 6)]
+    finally:
+        daemon.stop()
