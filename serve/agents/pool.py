@@ -31,8 +31,8 @@ the next create never waits a whole agent start. Warm children are not
 sessions: they are not counted against session limits, and appear in ``/daemon/status``
 under ``runtime.agents``.
 
-Failure: a spawn or ``initialize`` that fails, or a child that exits on its own before it
-is *stable*, counts as a consecutive failure. A child is stable once it has stayed up
+Failure: a spawn or ``initialize`` that fails, or a warm child that exits before any
+session used it, counts as a consecutive failure. A child is stable once it has stayed up
 :data:`STABLE_AFTER_S` after ``initialize``: only that is a successful start, and it resets
 the count and the backoff (so an agent that dies a second after ``initialize`` is failing,
 not respawned at full speed). The warm refill waits ``REFILL_BACKOFF_S * 2**(n-1)`` (capped
@@ -510,12 +510,13 @@ class AgentPool(Actor[PoolMsg]):
                 child = self.children.pop(cid, None)
                 self.pss_kib.pop(cid, None)
                 self.exited_total += 1
-                if child is not None and not child.stopping and not child.stable:
-                    what = "agent" if child.used else "warm agent"
+                # (A used child's exit is its sessions' business: they restart in place
+                # within their own restart window; it may also be a session's release.)
+                if child is not None and not child.stopping and not child.used:
+                    when = "" if child.stable else f" within {STABLE_AFTER_S:g} s of initialize"
                     self._note_failure(
                         RuntimeError(
-                            f"{what} exited within {STABLE_AFTER_S:g} s of initialize "
-                            f"(code {info.exit_code}, signal {info.signal})"
+                            f"warm agent exited{when} (code {info.exit_code}, signal {info.signal})"
                         )
                     )
                 self._plan()
