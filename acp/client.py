@@ -95,6 +95,10 @@ DEFAULT_CLIENT_INFO: Final = Implementation(name="acp-serve", title="acp-serve",
 EOF_EXIT_WAIT_S: Final = 1.0
 EXIT_DRAIN_WAIT_S: Final = 2.0
 RESUME_METHODS: Final = ("session/resume", "session/unstable_resumeSession")
+#: The ``session/prompt`` params a caller may add through :meth:`AgentConnection.prompt`'s
+#: ``extra``: ACP's ``PromptRequest`` has ``sessionId``, ``prompt`` and ``_meta``, and the first
+#: two are always the connection's own (a caller's key never replaces them).
+PROMPT_EXTRA_KEYS: Final = frozenset({"_meta"})
 
 _head_decoder: Final = msgspec.json.Decoder(SessionUpdateHead)
 _kind_decoder: Final = msgspec.json.Decoder(UpdateKind)
@@ -503,12 +507,17 @@ class AgentConnection:
         timeout_s: float | None = None,
     ) -> PromptResult:
         """One turn. ``prompt`` is a list of content blocks (Structs or dicts) or the raw JSON
-        array; ``extra`` adds top-level params (e.g. ``_meta``). No timeout unless given."""
-        params: dict[str, Any] = {"sessionId": session_id, "prompt": prompt}
-        if not isinstance(prompt, Raw):
-            params["prompt"] = list(prompt)
-        if extra:
-            params.update(extra)
+        array; ``extra`` adds top-level params, only those in :data:`PROMPT_EXTRA_KEYS`
+        (``ValueError`` for any other, so nothing replaces ``sessionId`` or ``prompt``). No
+        timeout unless given."""
+        unknown = sorted(set(extra or ()) - PROMPT_EXTRA_KEYS)
+        if unknown:
+            raise ValueError(f"session/prompt params not allowed in extra: {unknown}")
+        params: dict[str, Any] = {
+            **(extra or {}),
+            "sessionId": session_id,
+            "prompt": prompt if isinstance(prompt, Raw) else list(prompt),
+        }
         raw = await self._chan().call("session/prompt", params, timeout_s)
         result: PromptResult = _decode("session/prompt", raw, decode_prompt_result)
         return result

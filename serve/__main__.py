@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return client_main(args[1:])
     if args[:1] == ["attach"]:
-        # `acp-serve attach URL [--token T]`: a stdio ACP agent forwarding to a remote /acp.
+        # `acp-serve attach URL [--token-file F]`: a stdio ACP agent forwarding to a remote /acp.
         from serve.client.attach import main as attach_main  # lazy: like the client above
 
         return attach_main(args[1:])

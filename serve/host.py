@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from actors import Supervisor, SupervisorEvent
 
 if TYPE_CHECKING:
+    from serve.binding import Binding
     from serve.config import ConfigCell, DaemonConfig
     from serve.deviceflow.poller import DeviceFlowPoller
     from serve.http.security.ratelimit import RateLimiter
@@ -87,6 +88,9 @@ class Host:
     chaos: ChaosMonkey | None
     lifecycle: Lifecycle
     front: FrontStats
+    #: The accepted token's digest and the late-binding state (``serve.binding``);
+    #: ``POST /daemon/bind`` completes it. ``None`` only in hand-built test hosts.
+    binding: Binding | None = None
 
     # ---- views -------------------------------------------------------------------------
 

@@ -24,13 +24,20 @@ from pathlib import Path
 
 import msgspec
 
-from serve.http.security.bearer import InvalidBearerToken, resolve_startup_token
+from serve.http.security.bearer import (
+    TOKEN_ENV_VAR,
+    InvalidBearerToken,
+    TokenResolution,
+    resolve_startup_token,
+    resolve_token,
+)
 from serve.http.security.cors import CorsPolicy, InvalidAllowOriginPattern, parse_allow_origin
 
 MAX_TIMER_MS = 2_147_483_647
 #: Upper bound of ``--max-body-bytes`` (1 GiB): a body is buffered in memory whole.
 MAX_BODY_BYTES = 1024 * 1024 * 1024
 DEFAULT_PORT = 4170
+BOOTSTRAP_TOKEN_ENV_VAR = "ACP_SERVE_BOOTSTRAP_TOKEN"
 MIB = 1024 * 1024
 DEFAULT_EVENT_RING_BYTES = 32 * MIB
 DEFAULT_MAX_AGENT_LINE_BYTES = 16 * MIB
@@ -58,6 +65,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     token: str | None = None
     token_from_argv: bool = False
     token_generated: bool = False
+    #: ``--bootstrap-token`` (late binding): ``token`` is a pool-scoped bootstrap token
+    #: that only ``POST /daemon/bind`` accepts; the bind installs the tenant's token and
+    #: revokes it (``serve.binding``). Until then only the probes and the bind are served.
+    bootstrap: bool = False
+    #: ``--token-header NAME``: a header that may carry the token instead of
+    #: ``Authorization`` (lower case; e.g. behind agent-sandbox's router, which strips
+    #: ``Authorization``).
+    token_header: str | None = None
     require_auth: bool = False
     workspaces: tuple[str, ...] = ()
     untrusted_workspaces: tuple[str, ...] = ()
@@ -209,6 +224,18 @@ def build_parser() -> argparse.ArgumentParser:
     add("--port", default=str(DEFAULT_PORT), help="TCP port; 0 = ephemeral (default 4170)")
     add("--token", default=None, help="bearer token (else $QWEN_SERVER_TOKEN)")
     add("--require-auth", action="store_true", help="refuse to start without a token")
+    add(
+        "--bootstrap-token",
+        default=None,
+        help="late binding: a pool-scoped token that only POST /daemon/bind accepts "
+        f"(else ${BOOTSTRAP_TOKEN_ENV_VAR})",
+    )
+    add(
+        "--token-header",
+        default=None,
+        metavar="NAME",
+        help="also accept the token from this header (e.g. X-Acp-Serve-Token)",
+    )
     add(
         "--public-probes",
         action="store_true",
@@ -394,6 +421,69 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Shortest bootstrap token accepted (it guards a route that installs the tenant's token).
+MIN_BOOTSTRAP_TOKEN_CHARS = 16
+#: Header names ``--token-header`` may not take: they mean something else to HTTP, to
+#: the daemon, or to agent-sandbox's router (which strips its ``X-Sandbox-*`` headers).
+_RESERVED_TOKEN_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "host",
+        "cookie",
+        "origin",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "upgrade",
+        "x-qwen-client-id",
+        "last-event-id",
+    }
+)
+_TCHAR = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+
+
+def _bootstrap_token(ns: argparse.Namespace, env: Mapping[str, str]) -> tuple[str | None, bool]:
+    """``--bootstrap-token`` (else ``$ACP_SERVE_BOOTSTRAP_TOKEN``) and whether it came from
+    argv; refused together with a tenant token (the bind installs that one)."""
+    flag = ns.bootstrap_token
+    raw = flag if flag is not None else env.get(BOOTSTRAP_TOKEN_ENV_VAR)
+    if raw is None:
+        return None, False
+    source = "--bootstrap-token" if flag is not None else BOOTSTRAP_TOKEN_ENV_VAR
+    try:
+        token = resolve_token(raw, {})
+    except InvalidBearerToken as exc:
+        raise SettingsError(str(exc).replace("--token", source)) from None
+    if token is None:
+        raise SettingsError(f"Invalid {source}: empty")
+    if len(token) < MIN_BOOTSTRAP_TOKEN_CHARS:
+        raise SettingsError(
+            f"Invalid {source}: shorter than {MIN_BOOTSTRAP_TOKEN_CHARS} characters"
+        )
+    if ns.token is not None or env.get(TOKEN_ENV_VAR, "").strip():
+        raise SettingsError(
+            f"{source} cannot be combined with --token or {TOKEN_ENV_VAR}: "
+            "POST /daemon/bind installs the tenant's token"
+        )
+    return token, flag is not None
+
+
+def _token_header(raw: str | None) -> str | None:
+    """``--token-header``: an HTTP field name (RFC 9110 token), stored in lower case."""
+    if raw is None:
+        return None
+    name = raw.strip().lower()
+    if not name or any(ch not in _TCHAR for ch in name):
+        raise SettingsError(f'Invalid --token-header "{raw}": not an HTTP header name')
+    if name in _RESERVED_TOKEN_HEADERS or name.startswith(
+        ("x-sandbox-", "sec-", "access-control-")
+    ):
+        raise SettingsError(f'Invalid --token-header "{raw}": a reserved header name')
+    return name
+
+
 def _int(flag: str, raw: str, *, minimum: int, maximum: int | None = None, what: str) -> int:
     text = raw.strip()
     try:
@@ -465,16 +555,23 @@ def parse_settings(
     port = _int("--port", ns.port, minimum=0, maximum=65535, what="an integer in [0, 65535]")
 
     # Token: flag wins over env; trimmed; empty = none; generated on a non-loopback bind
-    # when neither source is present (§2.3).
+    # when neither source is present (§2.3). A bootstrap token (late binding) stands in
+    # for it until POST /daemon/bind installs the tenant's.
+    bootstrap, bootstrap_from_argv = _bootstrap_token(ns, env)
     try:
-        resolution = resolve_startup_token(
-            ns.token, env, loopback_bind=is_loopback_hostname(hostname)
+        resolution = (
+            TokenResolution(token=bootstrap, source="bootstrap", argv_warning=bootstrap_from_argv)
+            if bootstrap is not None
+            else resolve_startup_token(ns.token, env, loopback_bind=is_loopback_hostname(hostname))
         )
     except InvalidBearerToken as exc:
         raise SettingsError(str(exc)) from None
     token = resolution.token
     token_from_argv = resolution.argv_warning
     generated = resolution.generated
+    token_header = _token_header(ns.token_header)
+    if token_header is not None and token is None:
+        raise SettingsError("--token-header needs a token (--token or QWEN_SERVER_TOKEN)")
     if token is None and not is_loopback_hostname(hostname):
         raise SettingsError(
             f"Refusing to bind {hostname}:{port} without a bearer token "
@@ -667,6 +764,8 @@ def parse_settings(
         token=token,
         token_from_argv=token_from_argv,
         token_generated=generated,
+        bootstrap=bootstrap is not None,
+        token_header=token_header,
         require_auth=ns.require_auth,
         workspaces=workspaces,
         untrusted_workspaces=untrusted,

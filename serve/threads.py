@@ -11,6 +11,7 @@ kind           threads  used by
 =============  =======  ==============================================================
 journal        8        the event journal (``serve.journal``): writes, fsyncs, scans
 file routes    8        the workspace file and settings routes (``serve.http.routes``)
+                        and the ``/acp`` ``_qwen/file/*`` methods (``serve.acpfront``)
 agent fs       8        an agent's ``fs/*`` effects (``serve.permissions.effects``)
 process scans  2        ``/proc`` scans: a stopped agent's leftovers, the reaper
                         (``acp.children``; its limiter lives there, ``acp`` does not

@@ -87,6 +87,7 @@ from serve.http.capabilities import Feature
 from serve.http.daemon_status import daemon_status
 from serve.http.errors import to_api_error
 from serve.permissions.mediator import CastVote
+from serve.sessions import turns
 from serve.sessions.messages import (
     Attach,
     Attached,
@@ -114,6 +115,7 @@ from serve.sessions.messages import (
 from serve.sessions.registry import CreateSession, RestoreSession
 from serve.status.agent import context_state, supported_commands
 from serve.status.shared import shared_workspace
+from serve.threads import file_routes_limiter
 from serve.workspace import (
     WorkspaceFsError,
     edit_text,
@@ -1043,11 +1045,10 @@ class AcpFront:
             isinstance(deadline, bool) or not isinstance(deadline, int) or deadline <= 0
         ):
             raise _params_error("`deadlineMs` must be a positive integer")
-        extra = {
-            k: v
-            for k, v in params.items()
-            if k not in ("sessionId", "prompt", "promptId", "deadlineMs")
-        }
+        try:
+            extra = turns.passthrough(params)  # an allow-list: `_meta` only
+        except ValueError as exc:
+            raise _params_error(str(exc)) from None
         session = link.session
         admission = await session.call(
             SubmitPrompt(blocks, text, link.client_id, extra or None, prompt_id, deadline),
@@ -1374,7 +1375,8 @@ class _Files:
     @staticmethod
     async def run(fn: Callable[[], Any]) -> Any:
         try:
-            return await trio.to_thread.run_sync(fn)
+            # The file routes' thread budget, not trio's shared default of 40.
+            return await trio.to_thread.run_sync(fn, limiter=file_routes_limiter())
         except WorkspaceFsError as exc:
             body = exc.to_body()
             code = (

@@ -29,7 +29,9 @@ ahead only when fewer than ``N`` children (live or being spawned) will have room
 waiting callers are served: an idle spare exists only while every other child is full, so
 the next create never waits a whole agent start. Warm children are not
 sessions: they are not counted against session limits, and appear in ``/daemon/status``
-under ``runtime.agents``.
+under ``runtime.agents``. A late-bound daemon (``--bootstrap-token``) holds the warm
+refill until :class:`InstallAgentEnv` (its bind) gives the tenant's environment, which every
+child spawned afterwards gets on top of :func:`~serve.sessions.agent_link.agent_env`.
 
 Failure: a spawn or ``initialize`` that fails, or a warm child that exits before any
 session used it, counts as a consecutive failure. A child is stable once it has stayed up
@@ -236,6 +238,14 @@ class _Stable(msgspec.Struct, frozen=True):
     child_id: str
 
 
+class InstallAgentEnv(msgspec.Struct, frozen=True):
+    """Late binding (``POST /daemon/bind``): the tenant's variables, added to every child
+    spawned from now on; the warm refill held since start (``--bootstrap-token``) begins.
+    Answered with ``None`` once installed."""
+
+    env: dict[str, str]
+
+
 class _Measured(msgspec.Struct, frozen=True):
     pss_kib: dict[str, int]  # child id -> KiB
 
@@ -259,6 +269,7 @@ PoolMsg = (
     | _Exited
     | _Refill
     | _Stable
+    | InstallAgentEnv
     | _Abandon
     | _Measured
     | _RoomResult
@@ -273,6 +284,10 @@ class AgentPool(Actor[PoolMsg]):
         self.settings = settings
         self.workspace = workspace
         self.warm_target = settings.warm_agents
+        #: A late-bound daemon spawns no warm child before its bind: a child would start
+        #: without the tenant's environment and credentials (:class:`InstallAgentEnv`).
+        self.unbound = settings.bootstrap
+        self.extra_env: dict[str, str] = {}
         self.per_agent = max(1, settings.sessions_per_agent)
         self.children: dict[str, AgentChild] = {}
         self.spawning = 0
@@ -421,6 +436,10 @@ class AgentPool(Actor[PoolMsg]):
             self._tell(_Abandon(reply))
             raise
 
+    async def install_env(self, env: dict[str, str]) -> None:
+        """See :class:`InstallAgentEnv`."""
+        await self.ask(InstallAgentEnv(dict(env)), timeout_s=10.0)
+
     def _tell(self, msg: Any) -> None:
         try:
             self.tell_nowait(msg)
@@ -478,6 +497,11 @@ class AgentPool(Actor[PoolMsg]):
                     self._after_release(child)
                 self._serve_waiters()
                 self._plan()
+            case InstallAgentEnv(env=env):
+                self.extra_env = dict(env)
+                self.unbound = False
+                self._plan()
+                return None
             case Bound(child_id=cid, lease_id=lid, session_id=sid):
                 child = self.children.get(cid)
                 if child is not None and lid in child.slots:
@@ -610,7 +634,7 @@ class AgentPool(Actor[PoolMsg]):
                     self._make_room()
                 return
             self._spawn()
-        if not self.warm_target and not self.failing:
+        if self.unbound or (not self.warm_target and not self.failing):
             return
         now = trio.current_time()
         if now < self._backoff_until:
@@ -713,7 +737,7 @@ class AgentPool(Actor[PoolMsg]):
                 self._nursery,
                 settings.agent_argv,
                 cwd=self.workspace,
-                env=agent_env(settings),
+                env={**agent_env(settings), **self.extra_env},
                 handler=mux,
                 request_timeout_s=init_timeout,
                 max_line_bytes=settings.max_agent_line_bytes,

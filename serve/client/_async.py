@@ -102,9 +102,13 @@ class AcpServeClient:
         http: httpx.AsyncClient | None = None,
         backoff: Backoff | None = None,
         read_timeout_s: float = 45.0,
+        token_header: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._token = token or None
+        #: Send the token in this header instead of ``Authorization: Bearer`` (a daemon
+        #: started with ``--token-header``, behind a proxy that strips ``Authorization``).
+        self._token_header = token_header or None
         self._requested_client_id = client_id
         self._owns_http = http is None
         self._http = http or httpx.AsyncClient(
@@ -149,7 +153,10 @@ class AcpServeClient:
     def _headers(self, session_id: str | None = None, *, workspace: bool = False) -> dict[str, str]:
         headers: dict[str, str] = {}
         if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
+            if self._token_header:
+                headers[self._token_header] = self._token
+            else:
+                headers["Authorization"] = f"Bearer {self._token}"
         if session_id is not None:
             client_id = self.client_id_for(session_id)
         elif workspace:

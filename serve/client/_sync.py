@@ -114,6 +114,7 @@ class SyncAcpServeClient:
         timeout_s: float = 30.0,
         backoff: Backoff | None = None,
         read_timeout_s: float = 45.0,
+        token_header: str | None = None,
     ) -> None:
         try:
             running = sniffio.current_async_library()
@@ -135,6 +136,7 @@ class SyncAcpServeClient:
                 timeout_s=timeout_s,
                 backoff=backoff,
                 read_timeout_s=read_timeout_s,
+                token_header=token_header,
             )
 
         try:

@@ -1,4 +1,5 @@
-"""``acp-serve attach URL [--token T]``: a stdio ACP agent that forwards to a remote ``/acp``.
+"""``acp-serve attach URL [--token-file F] [--token-header NAME]``: a stdio ACP agent for a
+remote ``/acp``.
 
 An editor that only spawns local agent processes runs this; it speaks ACP (newline-delimited
 JSON-RPC) on stdin/stdout and forwards every message to a remote daemon's ``/acp`` over
@@ -19,6 +20,13 @@ Theory of operation
   expired or the daemon restarted), a new connection is initialised with the saved params
   and every session is taken back with ``session/resume`` before its stream reopens.
 * stdin EOF: the connection is deleted and the process exits 0.
+* ``fs/*`` and ``terminal/*`` requests from the daemon are refused (``-32601``, answered to
+  the daemon, never shown to the editor): the daemon serves an agent's files and terminals
+  itself and never sends them, so one that arrives is not the editor's to run.
+* Warnings (stderr, the bridge still runs): a plain ``http://`` URL to a host other than
+  loopback (the token and the session travel unencrypted), and a token given on the
+  command line (other local users can read argv): use ``$QWEN_SERVER_TOKEN`` or
+  ``--token-file``.
 
 Bounds: stdin lines up to :data:`MAX_LINE_BYTES`; at most :data:`MAX_SESSIONS` session
 streams; POSTs are retried for at most :data:`POST_RETRY_S` before the editor gets a
@@ -28,9 +36,11 @@ JSON-RPC error for its request. Diagnostics go to stderr; stdout carries only AC
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import sys
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +57,10 @@ BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 5.0
 #: How long a renewal waits for the daemon to answer one session/resume.
 RESUME_TIMEOUT_S = 60.0
+#: Request methods from the daemon that the bridge refuses instead of passing to the editor.
+REFUSED_PREFIXES = ("fs/", "terminal/")
+#: Largest token file read by ``--token-file`` (bytes).
+MAX_TOKEN_FILE_BYTES = 64 * 1024
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -57,10 +71,22 @@ class Gone(Exception):
 
 
 class Bridge:
-    def __init__(self, url: str, token: str | None, stdout: trio.abc.SendStream) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        stdout: trio.abc.SendStream,
+        token_header: str | None = None,
+    ) -> None:
         base = url.rstrip("/")
         self.endpoint = base if base.endswith("/acp") else base + "/acp"
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers = (
+            {}
+            if not token
+            else {token_header: token}
+            if token_header
+            else {"Authorization": f"Bearer {token}"}
+        )
         self.stdout = stdout
         self.write_lock = trio.Lock()
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
@@ -325,6 +351,11 @@ class Bridge:
                 waiter.set()
             return False  # our own renewal's replies
         method = message.get("method")
+        if isinstance(method, str) and method.startswith(REFUSED_PREFIXES):
+            if mid is not None:
+                assert self.nursery is not None
+                self.nursery.start_soon(self._refuse, mid, method, session)
+            return False
         if method is not None and mid is not None and session is not None:
             self.reply_sessions[mid] = session.session_id
             while len(self.reply_sessions) > 1024:
@@ -344,6 +375,14 @@ class Bridge:
                 return True
         await self.emit(payload)
         return False
+
+    async def _refuse(self, rid: Any, method: str, session: SessionStream | None) -> None:
+        log.warning("refused %s from the daemon (attach serves no files or terminals)", method)
+        reply = _error(rid, -32601, f"{method} is not served through acp-serve attach")
+        try:
+            await self._post(_encoder.encode(reply), session.session_id if session else None)
+        except httpx.HTTPError as exc:
+            log.warning("could not answer %s: %s", method, exc)
 
     async def close(self) -> None:
         if self.conn_id:
@@ -389,10 +428,10 @@ async def _lines(stdin: trio.abc.ReceiveStream) -> Any:
             yield b"\x00"  # an over-long line: answered as a parse error
 
 
-async def run(url: str, token: str | None) -> int:
+async def run(url: str, token: str | None, token_header: str | None = None) -> int:
     stdin = trio.lowlevel.FdStream(os.dup(0))
     stdout = trio.lowlevel.FdStream(os.dup(1))
-    bridge = Bridge(url, token, stdout)
+    bridge = Bridge(url, token, stdout, token_header)
     try:
         async with trio.open_nursery() as nursery:
             bridge.nursery = nursery
@@ -442,12 +481,75 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "--token",
         default=None,
-        help="bearer token (default: $QWEN_SERVER_TOKEN); prefer the environment over argv",
+        help="bearer token (default: $QWEN_SERVER_TOKEN); visible to other local users in "
+        "the process list, prefer the environment or --token-file",
+    )
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="read the bearer token from FILE (its first line)",
+    )
+    parser.add_argument(
+        "--token-header",
+        default=None,
+        metavar="NAME",
+        help="send the token in this header instead of Authorization "
+        "(default: $ACP_SERVE_TOKEN_HEADER; a daemon with --token-header)",
     )
     args = parser.parse_args(list(argv))
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="attach: %(message)s")
-    token = args.token or os.environ.get("QWEN_SERVER_TOKEN") or None
+    if args.token is not None and args.token_file is not None:
+        parser.error("give --token or --token-file, not both")
+    token = args.token
+    if args.token is not None:
+        log.warning(
+            "--token on the command line is visible to other local users (ps, /proc); "
+            "use $QWEN_SERVER_TOKEN or --token-file instead"
+        )
+    if args.token_file is not None:
+        try:
+            token = _read_token_file(args.token_file)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--token-file: {exc}")
+    token = token or os.environ.get("QWEN_SERVER_TOKEN") or None
+    warning = insecure_url_warning(args.url)
+    if warning:
+        log.warning("%s", warning)
+    token_header = args.token_header or os.environ.get("ACP_SERVE_TOKEN_HEADER") or None
     try:
-        return trio.run(run, args.url, token)
+        return trio.run(run, args.url, token, token_header)
     except KeyboardInterrupt:
         return 130
+
+
+def _read_token_file(path: str) -> str:
+    with open(path, "rb") as f:
+        data = f.read(MAX_TOKEN_FILE_BYTES + 1)
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_TOKEN_FILE_BYTES} bytes")
+    lines = data.decode("utf-8", errors="strict").splitlines()
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise ValueError(f"{path} holds no token")
+    return token
+
+
+def insecure_url_warning(url: str) -> str | None:
+    """Why ``url`` is unsafe to send a token and a session over, or None: plain ``http://``
+    to a host that is not loopback."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() != "http":
+        return None
+    host = (parts.hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass
+    return (
+        f"{url} is plain http:// to a host that is not loopback: the token and the session's "
+        "traffic travel unencrypted; use https:// (or an SSH tunnel to 127.0.0.1)"
+    )

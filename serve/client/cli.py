@@ -333,6 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--url", default=DEFAULT_URL, help=f"daemon URL (default {DEFAULT_URL})")
     parser.add_argument("--token", default=None, help="bearer token (default $QWEN_SERVER_TOKEN)")
+    parser.add_argument(
+        "--token-header",
+        default=None,
+        metavar="NAME",
+        help="send the token in this header instead of Authorization "
+        "(default $ACP_SERVE_TOKEN_HEADER; a daemon with --token-header)",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable JSON lines")
     parser.add_argument("--client-id", default=None, help="client id to resume (advanced)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -389,7 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _amain(args: argparse.Namespace, io: _Io) -> int:
     token = args.token if args.token is not None else os.environ.get("QWEN_SERVER_TOKEN")
-    async with AcpServeClient(args.url, token=token, client_id=args.client_id) as client:
+    token_header = args.token_header or os.environ.get("ACP_SERVE_TOKEN_HEADER") or None
+    async with AcpServeClient(
+        args.url, token=token, client_id=args.client_id, token_header=token_header
+    ) as client:
         try:
             code: int = await args.run(client, io, args)
             return code

@@ -24,7 +24,9 @@ from serve.http.errors import ApiError, to_api_error
 from serve.http.routes import (
     acp,
     auth,
+    bind,
     docs,
+    drain,
     extensions,
     files,
     health,
@@ -49,7 +51,9 @@ log = logging.getLogger(__name__)
 ROUTE_MODULES: tuple[ModuleType, ...] = (
     acp,
     auth,
+    bind,
     docs,
+    drain,
     extensions,
     files,
     health,

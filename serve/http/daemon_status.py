@@ -203,6 +203,7 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
     for event in history:
         counts[event["kind"]] = counts.get(event["kind"], 0) + 1
 
+    binding = getattr(daemon, "binding", None)
     body: dict[str, Any] = {
         "v": 1,
         "detail": detail,
@@ -223,6 +224,12 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
             "allowOriginConfigured": bool(allow),
             "allowOriginMode": "none" if not allow else "any" if "*" in allow else "list",
             "sessionShellCommandEnabled": "session_shell_command" in tags,
+            "tokenHeader": settings.token_header,
+            # Late binding (--bootstrap-token): whether the bind is still to come.
+            "lateBinding": {
+                "enabled": binding is not None and binding.late,
+                "bound": binding is not None and binding.late and not binding.pending,
+            },
         },
         "limits": {
             "maxRegisteredWorkspaces": len(settings.workspaces)

@@ -29,7 +29,11 @@ runs (so no handler, no body read, no session or disk change):
 4. **/health pre-auth**: ``GET|HEAD /health`` skips the bearer check on loopback binds
    unless ``--require-auth``.
 5. **bearer**: with a token, exactly one ``Authorization: Bearer <token>`` (scheme in any
-   case, digests compared in constant time), else the uniform ``401 {"error":"Unauthorized"}``.
+   case, digests compared in constant time) or, with ``--token-header NAME``, exactly one
+   ``NAME: <token>``, else the uniform ``401 {"error":"Unauthorized"}``. The accepted
+   digest is read per request from ``host.binding`` (late binding swaps it). A daemon that
+   awaits its bind (``--bootstrap-token``) then answers anything but the probes and
+   ``POST /daemon/bind`` with ``403 {"code":"daemon_not_bound"}``.
 6. **rate limit** (``--rate-limit``): :class:`serve.http.security.RateLimiter`, per client key and
    tier; ``429`` with ``Retry-After``/``X-RateLimit-*``. Exempt tiers never touch a bucket;
    draining daemons are not limited. The limiter is ``host.front.rate_limiter``
@@ -87,6 +91,8 @@ from serve.http.security import (
     HostAllowlist,
     RateLimiter,
     Tier,
+    check_authorization,
+    check_token_header,
     client_key,
     is_loopback_host,
     is_remote_same_origin,
@@ -100,6 +106,7 @@ from serve.settings import Settings
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from serve.binding import Binding
     from serve.host import Host
     from serve.http.metrics import DaemonMetrics
 
@@ -148,6 +155,13 @@ _FAST_PATHS = frozenset({"/health", "/capabilities"})
 _HEALTH_OK = b'{"status":"ok"}'
 _PUBLIC_PAGES = frozenset({"/demo", "/doc", "/openapi.json", "/favicon.ico"})
 _NO_TIERS = {tier.value: 0 for tier in Tier}
+_BIND_PATHS = frozenset({"/daemon/bind", "/daemon/bind/"})
+_NOT_BOUND_403 = msgspec.json.encode(
+    {
+        "error": "This daemon is not bound yet: POST /daemon/bind with the bootstrap token first",
+        "code": "daemon_not_bound",
+    }
+)
 
 
 def _require_auth(host: Host) -> bool:
@@ -240,6 +254,8 @@ class SecurityFront:
         self._bound_host = settings.hostname
         self._loopback = is_loopback_host(settings.hostname)
         self._bearer = BearerAuth.from_token(settings.token) if settings.token else None
+        self._binding: Binding | None = getattr(host, "binding", None)
+        self._token_header = settings.token_header.encode() if settings.token_header else None
         self._health_preauth = self._loopback and not settings.require_auth
         # --public-probes: orchestrator probes (shallow /health, /readyz) need no token on
         # any bind; they reveal only "up" and "ready". /health?deep=1 still needs it.
@@ -276,10 +292,12 @@ class SecurityFront:
         hosts: list[bytes] = []
         origins: list[bytes] = []
         auths: list[bytes] = []
+        tokens: list[bytes] = []
         content_length: bytes | None = None
         chunked = False
         client_id: bytes | None = None
         preflight = False
+        token_header = self._token_header
         for name, value in scope["headers"]:
             if name == b"host":
                 hosts.append(value)
@@ -287,6 +305,8 @@ class SecurityFront:
                 origins.append(value)
             elif name == b"authorization":
                 auths.append(value)
+            elif name == token_header:
+                tokens.append(value)
             elif name == b"content-length":
                 content_length = value
             elif name == b"transfer-encoding":
@@ -329,7 +349,7 @@ class SecurityFront:
             origin = origins[0].decode("latin-1")
             host = hosts[0].decode("latin-1") if len(hosts) == 1 else None
             if is_remote_same_origin(origin, host, tls=scope.get("scheme") == "https"):
-                if not self._authorized(auths):
+                if not self._authorized(auths, tokens):
                     await refuse(401, _UNAUTHORIZED_401)
                     return
                 origins = []
@@ -366,8 +386,11 @@ class SecurityFront:
                 )
             )
         ):
-            if not self._authorized(auths):
+            if not self._authorized(auths, tokens):
                 await refuse(401, _UNAUTHORIZED_401)
+                return
+            if self._unbound_refused(method, path):
+                await refuse(403, _NOT_BOUND_403)
                 return
 
         # 6. rate limit
@@ -421,9 +444,26 @@ class SecurityFront:
             metrics.requests.labels("GET", path, "200").inc()
         await _respond(send, 200, body, (), close=False)
 
-    def _authorized(self, auths: list[bytes]) -> bool:
+    def _authorized(self, auths: list[bytes], tokens: list[bytes]) -> bool:
+        """The token in ``Authorization`` or in the ``--token-header`` header."""
         assert self._bearer is not None
-        return self._bearer.check([a.decode("latin-1") for a in auths])
+        binding = self._binding
+        digest = binding.digest() if binding is not None else self._bearer.digest
+        if digest is None:
+            return False
+        if tokens and check_token_header([t.decode("latin-1") for t in tokens], digest):
+            return True
+        return check_authorization([a.decode("latin-1") for a in auths], digest)
+
+    def _unbound_refused(self, method: str, path: str) -> bool:
+        """A daemon awaiting its bind serves only the probes and ``POST /daemon/bind``."""
+        binding = self._binding
+        if binding is None or not binding.pending:
+            return False
+        return not (
+            (method == "POST" and path in _BIND_PATHS)
+            or (method in ("GET", "HEAD") and path in _HEALTH_PATHS)
+        )
 
     def _rate_limit(
         self, scope: Scope, tier: Tier, client_id: bytes | None
@@ -462,6 +502,8 @@ class SecurityFront:
         hosts: list[bytes] = []
         origins: list[bytes] = []
         auths: list[bytes] = []
+        tokens: list[bytes] = []
+        token_header = self._token_header
         for name, value in scope["headers"]:
             if name == b"host":
                 hosts.append(value)
@@ -469,6 +511,8 @@ class SecurityFront:
                 origins.append(value)
             elif name == b"authorization":
                 auths.append(value)
+            elif name == token_header:
+                tokens.append(value)
         port = self._host.port
         if port != self._port:
             self._rebind(port)
@@ -483,8 +527,10 @@ class SecurityFront:
             is not CorsAction.ALLOW
         ):
             refusal = (403, _CORS_403)
-        elif self._bearer is not None and not self._authorized(auths):
+        elif self._bearer is not None and not self._authorized(auths, tokens):
             refusal = (401, _UNAUTHORIZED_401)
+        elif self._unbound_refused("GET", scope["path"]):
+            refusal = (403, _NOT_BOUND_403)
         if refusal is not None:
             message = await receive()
             if message["type"] != "websocket.connect":

@@ -710,6 +710,13 @@ class Journal:
         self.disk_bytes = total
         return removed
 
+    async def flush(self) -> None:
+        """Make every event accepted so far by every open writer durable; writers stay open
+        (``POST /daemon/drain``). Raises the first :class:`JournalIOError`."""
+        for writer in self.writers:
+            if not writer.closed:
+                await writer.flush()
+
     async def aclose(self) -> None:
         """Close every open writer (drain: after this, everything published is durable)."""
         for writer in self.writers:

@@ -1038,12 +1038,12 @@ class EffectGate:
                 workspace_roots=[root],
             )
         path = _tool_call_path(call, raw)
-        if path is None and earlier is not None and earlier.paths:
+        if not path and earlier is not None and earlier.paths:
             path = earlier.paths[0]
-        real = ""
-        if path is not None:
-            absolute = _norm_path(path, session.workspace)
-            real = await threads.run_sync(agent_fs_limiter(), os.path.realpath, absolute)
+        if not path:
+            return None  # no path to classify: the clients are asked (not a write to "")
+        absolute = _norm_path(path, session.workspace)
+        real = await threads.run_sync(agent_fs_limiter(), os.path.realpath, absolute)
         if capability == "fs.read":
             return classify_read(real, [root])
         return classify_write(real, [root])

@@ -43,6 +43,7 @@ import trio
 
 from acp.children import run_reaper
 from actors import Actor, ChildSpec, Restart, Supervisor, SupervisorGaveUp
+from serve.binding import Binding
 from serve.config import ConfigCell, DaemonConfig, load_daemon_config
 from serve.deviceflow import service as device_flow_service
 from serve.host import FrontStats, Host, Lifecycle
@@ -223,6 +224,7 @@ def build_host(
         chaos=chaos,
         lifecycle=lifecycle,
         front=front,
+        binding=Binding(settings.token, bootstrap=settings.bootstrap),
     )
     return host, children
 

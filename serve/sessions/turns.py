@@ -1,7 +1,8 @@
 """What a turn sends and what its terminal events say (pure helpers of the session actor).
 
 The session actor runs a turn as ``session/prompt`` with :func:`prompt_extra` (the caller's
-extra fields plus ``_meta["qwen.daemon.invocation"]``), echoes the prompt's content blocks
+``_meta`` plus ``_meta["qwen.daemon.invocation"]``; :func:`passthrough` is what the fronts take
+from a prompt request, an allow-list), echoes the prompt's content blocks
 (:func:`text_blocks`) as ``user_message_chunk`` updates, and ends it with one of the
 terminal payloads below (``turn_complete`` / ``turn_error`` data, ``promptId`` added by the
 prompt queue).
@@ -9,16 +10,31 @@ prompt queue).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
+from acp.client import PROMPT_EXTRA_KEYS
 from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from serve.sessions.prompt_queue import Job
 
 
+def passthrough(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a client's prompt request that go on to the agent's ``session/prompt``:
+    only those of :data:`~acp.client.PROMPT_EXTRA_KEYS` (``_meta``, a JSON object). Every other
+    field is the daemon's own (``sessionId``, ``prompt``, ``promptId``, ...) or is dropped, so
+    no client field reaches the agent unread. ``ValueError`` (the message) for a bad ``_meta``."""
+    meta = request.get("_meta")
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise ValueError("`_meta` must be a JSON object")
+    return {"_meta": meta}
+
+
 def prompt_extra(job: Job, session_id: str) -> dict[str, Any]:
-    extra = dict(job.extra or {})
+    extra = {k: v for k, v in (job.extra or {}).items() if k in PROMPT_EXTRA_KEYS}
     meta = dict(extra.pop("_meta", None) or {})
     meta["qwen.daemon.invocation"] = {
         "version": 1,

@@ -9,7 +9,9 @@ holds the ignore file; :func:`translate_glob` and :func:`expand_braces` are shar
 escapes, trailing-space trimming (unless escaped), ``!`` negation, trailing ``/``
 (directories only), anchoring (a ``/`` at the start or in the middle ties the pattern to
 the ignore file's directory; otherwise it matches a name at any depth), ``*``, ``?``,
-``[...]``/``[!...]``, leading ``**/``, inner ``/**/`` and trailing ``/**``. Not
+``[...]``/``[!...]`` (never matching ``/``), leading ``**/``, inner ``/**/`` and trailing
+``/**``; a line longer than :data:`MAX_PATTERN_BYTES` is skipped. Matching never backtracks
+more than linearly (:func:`translate_glob`), so no pattern can stall a worker. Not
 supported: ``core.excludesFile`` and the global ignore file (a daemon must not depend on
 its user's home directory).
 
@@ -51,6 +53,7 @@ __all__ = [
     "MAX_BRACE_EXPANSIONS",
     "MAX_CACHED_IGNORE_FILES",
     "MAX_IGNORE_FILE_BYTES",
+    "MAX_PATTERN_BYTES",
     "IgnoreRule",
     "IgnoreRules",
     "IgnoreSnapshot",
@@ -68,6 +71,10 @@ MAX_IGNORE_FILE_BYTES: Final = 1024 * 1024
 MAX_CACHED_IGNORE_FILES: Final = 4096
 #: Alternatives a single glob pattern may expand to through ``{a,b}`` braces.
 MAX_BRACE_EXPANSIONS: Final = 64
+#: Largest glob pattern (UTF-8 bytes): ``GET /glob`` refuses a longer one, an ignore file's
+#: longer line is skipped. Matching costs O(path length × pattern length) (see
+#: :func:`translate_glob`), so this bounds one match.
+MAX_PATTERN_BYTES: Final = 1024
 
 _ALWAYS_IGNORED_DIRS: Final = frozenset({".git"})
 _ROOT_SOURCES: Final = (".git/info/exclude", ".gitignore", ".qwenignore")
@@ -94,7 +101,7 @@ def _translate_class(pat: str, i: int) -> tuple[str, int] | None:
         c = pat[j]
         if c == "]" and not first:
             inner = "".join(body)
-            return ("[^/" + inner + "]" if negate else "[" + inner + "]"), j + 1
+            return ("[^/" + inner + "]" if negate else "(?!/)[" + inner + "]"), j + 1
         first = False
         if c == "\\" and j + 1 < len(pat):
             body.append(re.escape(pat[j + 1]))
@@ -105,9 +112,15 @@ def _translate_class(pat: str, i: int) -> tuple[str, int] | None:
     return None
 
 
-def translate_glob(pat: str) -> str:
-    """Regex source (for ``fullmatch``) for a gitignore-style glob over ``/`` paths."""
-    out: list[str] = []
+_SLASH: Final = "/"
+_STAR: Final = "*"
+_GLOBSTAR_DIR: Final = "**/"  # zero or more whole segments, each with its "/"
+_GLOBSTAR_END: Final = "**"  # a trailing "**": anything
+
+
+def _glob_tokens(pat: str) -> list[tuple[str, str]]:
+    """``(kind, regex)`` tokens: one-character atoms (kind ``""``) and the markers above."""
+    out: list[tuple[str, str]] = []
     i, n = 0, len(pat)
     while i < n:
         c = pat[i]
@@ -116,32 +129,79 @@ def translate_glob(pat: str) -> str:
             while j < n and pat[j] == "*":
                 j += 1
             if j - i >= 2 and (i == 0 or pat[i - 1] == "/") and (j == n or pat[j] == "/"):
-                if j == n:
-                    out.append(".*")
-                    i = j
-                else:
-                    out.append("(?:.*/)?")
-                    i = j + 1
+                out.append((_GLOBSTAR_END, ".*") if j == n else (_GLOBSTAR_DIR, ""))
+                i = j if j == n else j + 1
                 continue
-            out.append("[^/]*")
+            out.append((_STAR, ""))
             i = j
         elif c == "?":
-            out.append("[^/]")
+            out.append(("", "[^/]"))
             i += 1
         elif c == "[":
             translated = _translate_class(pat, i)
             if translated is None:
-                out.append(re.escape(c))
+                out.append(("", re.escape(c)))
                 i += 1
             else:
-                out.append(translated[0])
+                out.append(("", translated[0]))
                 i = translated[1]
+        elif c == "/" or (c == "\\" and i + 1 < n and pat[i + 1] == "/"):
+            out.append((_SLASH, "/"))
+            i += 1 if c == "/" else 2
         elif c == "\\" and i + 1 < n:
-            out.append(re.escape(pat[i + 1]))
+            out.append(("", re.escape(pat[i + 1])))
             i += 2
         else:
-            out.append(re.escape(c))
+            out.append(("", re.escape(c)))
             i += 1
+    return out
+
+
+def _segment_source(tokens: list[tuple[str, str]]) -> str:
+    """One path segment: pieces of fixed width between ``*``s (see :func:`translate_glob`)."""
+    pieces: list[str] = [""]
+    for kind, regex in tokens:
+        if kind == _STAR:
+            pieces.append("")
+        else:
+            pieces[-1] += regex
+    if len(pieces) == 1:
+        return pieces[0]
+    middle = "".join(f"(?>[^/]*?{piece})" for piece in pieces[1:-1])
+    return pieces[0] + middle + "[^/]*" + pieces[-1]
+
+
+def _block_source(tokens: list[tuple[str, str]]) -> str:
+    segments: list[list[tuple[str, str]]] = [[]]
+    for token in tokens:
+        if token[0] == _SLASH:
+            segments.append([])
+        else:
+            segments[-1].append(token)
+    return "/".join(_segment_source(segment) for segment in segments)
+
+
+def translate_glob(pat: str) -> str:
+    """Regex source (for ``fullmatch``) for a gitignore-style glob over ``/`` paths.
+
+    The regex cannot backtrack more than linearly, whatever the pattern (a glob such as
+    ``*?*?*?*?*?*?*?*?*?*Q`` took CPython's ``re`` minutes on a 40-character name, holding the
+    GIL). Within a segment the pattern is fixed-width pieces between ``*``s; matching each
+    middle piece at its leftmost place is always right (the ``*`` after it takes up the
+    rest), so each is an atomic group ``(?>[^/]*?piece)`` that is never re-entered; only the
+    last piece, pinned to the segment's end, is free. Likewise a block of segments between two
+    ``**/`` is matched at its leftmost place (the next ``**/`` takes up whole segments) in an
+    atomic group, and only the last block is free. A match then costs O(path × pattern)."""
+    blocks: list[list[tuple[str, str]]] = [[]]
+    for token in _glob_tokens(pat):
+        if token[0] == _GLOBSTAR_DIR:
+            blocks.append([])
+        else:
+            blocks[-1].append(token)
+    out = [_block_source(blocks[0])]
+    for k, block in enumerate(blocks[1:], start=1):
+        source = "(?:[^/]*/)*?" + _block_source(block)
+        out.append(source if k == len(blocks) - 1 else f"(?>{source})")
     return "".join(out)
 
 
@@ -209,10 +269,9 @@ def parse_gitignore(text: str) -> tuple[IgnoreRule, ...]:
             line = line.rstrip("/")
         anchored = "/" in line
         line = line.lstrip("/")
-        if not line:
+        if not line or len(line.encode()) > MAX_PATTERN_BYTES:
             continue
-        body = translate_glob(line)
-        source = body if anchored else "(?:.*/)?" + body
+        source = translate_glob(line if anchored else "**/" + line)
         try:
             regex = re.compile(source, re.DOTALL)
         except re.error:

@@ -26,7 +26,7 @@ import time
 from typing import Final
 
 from serve.workspace.errors import WorkspaceFsError, from_os_error, make_error
-from serve.workspace.gitignore import expand_braces, translate_glob
+from serve.workspace.gitignore import MAX_PATTERN_BYTES, expand_braces, translate_glob
 from serve.workspace.paths import ResolvedPath, Workspace
 from serve.workspace.results import (
     EntryKind,
@@ -41,7 +41,7 @@ from serve.workspace.results import (
 __all__ = [
     "DEFAULT_GLOB_RESULTS",
     "MAX_GLOB_DEPTH",
-    "MAX_GLOB_PATTERN_CHARS",
+    "MAX_GLOB_PATTERN_BYTES",
     "MAX_GLOB_RESULTS",
     "MAX_GLOB_VISITED_ENTRIES",
     "MAX_LIST_ENTRIES",
@@ -57,10 +57,10 @@ MAX_LIST_SCAN_ENTRIES: Final = 100_000
 #: Default and largest ``maxResults`` of ``glob``.
 DEFAULT_GLOB_RESULTS: Final = 5000
 MAX_GLOB_RESULTS: Final = 50_000
-#: Directory entries one ``glob`` may look at, directory depth it descends, pattern length.
+#: Directory entries one ``glob`` may look at, directory depth it descends, pattern bytes.
 MAX_GLOB_VISITED_ENTRIES: Final = 200_000
 MAX_GLOB_DEPTH: Final = 64
-MAX_GLOB_PATTERN_CHARS: Final = 1024
+MAX_GLOB_PATTERN_BYTES: Final = MAX_PATTERN_BYTES
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _GLOB_PRUNED_DIRS: Final = frozenset({".git", "node_modules"})
@@ -163,8 +163,10 @@ def list_dir(
 def _compile_glob(pattern: object) -> tuple[str, list[re.Pattern[str]], tuple[str, ...]]:
     """Validate a glob pattern: (pattern, regexes, literal leading directory parts)."""
     text = str_arg("pattern", pattern)
-    if not text or len(text) > MAX_GLOB_PATTERN_CHARS:
-        raise make_error("parse_error", f"pattern must be 1 to {MAX_GLOB_PATTERN_CHARS} characters")
+    if not text or len(text.encode(errors="surrogatepass")) > MAX_GLOB_PATTERN_BYTES:
+        raise make_error(
+            "parse_error", f"pattern must be 1 to {MAX_GLOB_PATTERN_BYTES} bytes (UTF-8)"
+        )
     if any(ord(c) < 0x20 or c == "\x7f" for c in text):
         raise make_error("parse_error", "pattern contains control characters")
     if text.startswith(("/", "\\")) or re.match(r"[A-Za-z]:[\\/]", text):

@@ -259,3 +259,21 @@ async def test_cancelling_the_owning_nursery_reaps_the_agent(tmp_path: Path) -> 
 async def test_spawn_of_a_missing_command_raises(nursery: trio.Nursery, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         await AgentConnection.spawn(nursery, ["/no/such/agent", "--acp"], cwd=str(tmp_path))
+
+
+async def test_prompt_extra_passes_only_meta_and_never_replaces_the_session(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    conn, _, puppet = await spawn(
+        nursery, tmp_path, {"respond": {"session/prompt": {"stopReason": "end_turn"}}}
+    )
+    await conn.initialize()
+    blocks = [{"type": "text", "text": "hi"}]
+    for bad in ({"sessionId": "other"}, {"prompt": []}, {"_meta": {}, "tools": 1}):
+        with pytest.raises(ValueError, match="not allowed"):
+            await conn.prompt("s1", blocks, extra=bad)
+    result = await conn.prompt("s1", blocks, extra={"_meta": {"k": 1}})
+    assert result.stop_reason == "end_turn"
+    sent = [m for m in puppet.received() if m.get("method") == "session/prompt"]
+    assert [m["params"] for m in sent] == [{"_meta": {"k": 1}, "sessionId": "s1", "prompt": blocks}]
+    await conn.aclose()

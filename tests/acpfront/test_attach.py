@@ -247,3 +247,156 @@ async def test_attach_renews_a_connection_the_daemon_forgot() -> None:
         assert code == 0
     finally:
         d.stop()
+
+
+class FakeAcp:
+    """A hostile stand-in for a daemon's /acp (plain HTTP/1.1 on 127.0.0.1): it answers
+    ``initialize``, then its connection stream sends ``frames``; every POST is recorded."""
+
+    def __init__(self, frames: list[dict[str, Any]]) -> None:
+        self.frames = frames
+        self.port = 0
+        self.posts: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.posted = trio.Event()
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            buffer = b""
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                head, buffer = buffer.split(b"\r\n\r\n", 1)
+                request_line, *lines = head.decode().split("\r\n")
+                headers = {k.lower(): v.strip() for k, v in (x.split(":", 1) for x in lines)}
+                length = int(headers.get("content-length", "0"))
+                while len(buffer) < length:
+                    buffer += await stream.receive_some(65536)
+                body, buffer = buffer[:length], buffer[length:]
+                method = request_line.split(" ")[0]
+                if method == "GET":
+                    await stream.send_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                        b"connection: close\r\n\r\n"
+                    )
+                    for frame in self.frames:
+                        await stream.send_all(f"data: {json.dumps(frame)}\n\n".encode())
+                    await trio.sleep_forever()
+                message = json.loads(body) if body else {}
+                if method == "POST":
+                    self.posts.append((headers, message))
+                    self.posted.set()
+                    self.posted = trio.Event()
+                if message.get("method") == "initialize":
+                    reply = json.dumps(
+                        {"jsonrpc": "2.0", "id": message["id"], "result": {"protocolVersion": 1}}
+                    ).encode()
+                    await stream.send_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                        b"acp-connection-id: c1\r\ncontent-length: "
+                        + str(len(reply)).encode()
+                        + b"\r\n\r\n"
+                        + reply
+                    )
+                else:
+                    await stream.send_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
+
+
+async def test_attach_refuses_fs_and_terminal_requests_from_the_daemon(
+    tmp_path: Any,
+) -> None:
+    """The real daemon never sends fs/* or terminal/* to a client; one that does is answered
+    -32601 by the bridge and never reaches the editor."""
+    fake = FakeAcp(
+        [
+            {
+                "jsonrpc": "2.0",
+                "id": "d1",
+                "method": "fs/read_text_file",
+                "params": {"sessionId": "s1", "path": "/etc/passwd"},
+            },
+            {
+                "jsonrpc": "2.0",
+                "id": "d2",
+                "method": "terminal/create",
+                "params": {"sessionId": "s1", "command": "sh"},
+            },
+            {"jsonrpc": "2.0", "method": "fs/write_text_file", "params": {"path": "/x"}},
+            {"jsonrpc": "2.0", "method": "_qwen/notify", "params": {"kind": "marker"}},
+        ]
+    )
+    token_file = tmp_path / "token"
+    token_file.write_text("file-token-123\n")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(fake.run)
+        process = await trio.lowlevel.open_process(
+            [
+                sys.executable,
+                "-m",
+                "serve",
+                "attach",
+                f"http://127.0.0.1:{fake.port}",
+                "--token-file",
+                str(token_file),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        editor = Editor(process)
+        try:
+            await editor.request(1, "initialize", {"protocolVersion": 1})
+            with trio.fail_after(GUARD_S):
+                while not any(m.get("params", {}).get("kind") == "marker" for m in editor.messages):
+                    await editor.recv()
+                while len(fake.posts) < 3:
+                    await fake.posted.wait()
+        finally:
+            assert process.stdin is not None
+            await process.stdin.aclose()
+            with trio.fail_after(GUARD_S):
+                code = await process.wait()
+                assert process.stderr is not None
+                stderr = b""
+                while chunk := await process.stderr.receive_some(65536):
+                    stderr += chunk
+            nursery.cancel_scope.cancel()
+    assert code == 0
+    assert "refused fs/read_text_file" in stderr.decode()
+    assert "--token" not in stderr.decode()  # a token file draws no warning
+    assert [m.get("method") for m in editor.messages] == [None, "_qwen/notify"]
+    answers = {m["id"]: m for _, m in fake.posts if "method" not in m}
+    assert set(answers) == {"d1", "d2"}
+    assert all(a["error"]["code"] == -32601 for a in answers.values())
+    assert all(h["authorization"] == "Bearer file-token-123" for h, _ in fake.posts)
+
+
+def test_attach_warns_about_a_token_in_argv_and_plain_http_to_another_host() -> None:
+    def attach(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "serve", "attach", *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=GUARD_S,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    loud = attach("http://192.0.2.7:4170", "--token", "argv-token")
+    assert "--token on the command line is visible to other local users" in loud
+    assert "plain http:// to a host that is not loopback" in loud
+    assert "argv-token" not in loud
+    for quiet_url in ("http://127.0.0.1:4170", "http://localhost:4170", "https://192.0.2.7"):
+        assert attach(quiet_url) == ""

@@ -557,6 +557,21 @@ async def test_qwen_file_status_and_context_methods(
         assert isinstance(commands["result"]["availableCommands"], list)
 
 
+@pytest.mark.timeout(60)  # a hang guard: this glob took hours before (issue 22, item 20)
+async def test_qwen_file_glob_answers_a_hostile_pattern(
+    acp: AcpHttp, daemon_proc: DaemonProcess
+) -> None:
+    (daemon_proc.workspace / ("b" * 60 + ".md")).write_text("x")
+    await acp.initialize({"protocolVersion": 1})
+    async with acp.stream() as conn:
+        rid = await acp.request("_qwen/file/glob", {"pattern": "*?" * 9 + "*Q"})
+        reply = (await conn.reply(rid)).message
+        assert reply["result"]["matches"] == [], reply
+        rid = await acp.request("_qwen/file/glob", {"pattern": "*" * 1025})
+        error = (await conn.reply(rid)).message["error"]
+        assert error["code"] == -32602 and error["data"]["errorKind"] == "parse_error"
+
+
 # ---- the session methods ------------------------------------------------------------------
 
 

@@ -300,6 +300,22 @@ async def test_a_diff_only_request_outside_the_workspace_is_refused_by_its_path(
     assert not outside.exists()
 
 
+async def test_a_request_that_names_no_path_is_asked_not_refused_unseen(
+    daemons: Callable[[str], DaemonProcess],
+) -> None:
+    """Issue 22: an ``edit`` tool call with no location, diff or raw path was classified as
+    a write to "" and denied by the approval policy with no client asked."""
+    daemon = daemons("opencode")
+    async with connect(daemon) as http:
+        sid, cid = await new_session(http)
+        events = await turn(http, sid, cid, "write-unmapped unmapped.txt asked first")
+    assert [e for e in events if e["type"] == "effect_denied"] == []
+    requests = [e["data"] for e in events if e["type"] == "permission_request"]
+    assert requests and requests[0]["toolCall"]["toolCallId"].startswith("tc-")  # the agent's
+    assert said(events) == "wrote unmapped.txt"
+    assert (daemon.workspace / "unmapped.txt").read_text() == "asked first"
+
+
 # -- item 4: whole command lines in terminal/create --------------------------------------------
 
 

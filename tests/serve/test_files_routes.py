@@ -262,6 +262,57 @@ async def test_stat_list_glob_and_ignore_rules(
     assert log_file.json()["matchedIgnore"] == "file"
 
 
+#: Nine ``*?`` pairs: CPython's backtracking ``re`` took hours on a 60-character name.
+HOSTILE_GLOB = "*?" * 9 + "*Q"
+
+
+@pytest.mark.timeout(60)  # a hang guard: before the fix these calls did not come back
+async def test_a_hostile_glob_pattern_is_answered_and_stalls_nothing(
+    client: httpx.AsyncClient, daemon_proc: DaemonProcess, ws: Path
+) -> None:
+    base = rel(daemon_proc, ws)
+    name = "a" * 60 + ".txt"
+    (ws / name).write_text("x")
+    found = await client.get("/glob", params={"pattern": HOSTILE_GLOB, "cwd": base})
+    assert found.status_code == 200 and found.json()["matches"] == []
+    hit = HOSTILE_GLOB[:-1] + "t"  # the same shape, ending in the name's last letter
+    found = await client.get("/glob", params={"pattern": hit, "cwd": base})
+    assert found.json()["matches"] == [f"{base}/{name}"]
+
+    # The same line in an ignore file (which an agent in auto-edit can write).
+    (ws / ".gitignore").write_text(HOSTILE_GLOB + "\n")
+    listing = await client.get("/list", params={"path": base, "includeIgnored": "true"})
+    assert listing.status_code == 200
+    assert {"name": name, "kind": "file", "ignored": False} in listing.json()["entries"]
+    (ws / ".gitignore").write_text(HOSTILE_GLOB + "\n" + hit + "\n")
+    listing = await client.get("/list", params={"path": base, "includeIgnored": "true"})
+    assert {"name": name, "kind": "file", "ignored": True} in listing.json()["entries"]
+    assert (await client.get("/health")).status_code == 200
+
+
+async def test_glob_patterns_are_bounded_in_bytes(
+    client: httpx.AsyncClient, daemon_proc: DaemonProcess, ws: Path
+) -> None:
+    base = rel(daemon_proc, ws)
+    (ws / "x.txt").write_text("x")
+    fits = await client.get("/glob", params={"pattern": "*" + "?" * 1019 + "*", "cwd": base})
+    assert fits.status_code == 200
+    for pattern in ("*" * 1025, "é" * 513):  # 1025 and 1026 bytes
+        body = assert_file_error(
+            await client.get("/glob", params={"pattern": pattern, "cwd": base}),
+            400,
+            "parse_error",
+        )
+        assert body["error"] == "pattern must be 1 to 1024 bytes (UTF-8)"
+    # An ignore file's line past the bound is skipped, the others apply.
+    (ws / ".gitignore").write_text("x" + "*" * 1024 + "\nnothing\n")
+    listing = (await client.get("/list", params={"path": base, "includeIgnored": "1"})).json()
+    assert {"name": "x.txt", "kind": "file", "ignored": False} in listing["entries"]
+    (ws / ".gitignore").write_text("x" + "*" * 1023 + "\n")
+    listing = (await client.get("/list", params={"path": base, "includeIgnored": "1"})).json()
+    assert {"name": "x.txt", "kind": "file", "ignored": True} in listing["entries"]
+
+
 # ---- writes and edits ---------------------------------------------------------------------
 
 

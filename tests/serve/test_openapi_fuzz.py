@@ -44,7 +44,9 @@ EXAMPLES = int(os.environ.get("ACP_FUZZ_EXAMPLES", "8"))
 #: ``ACP_FUZZ_RANDOM=1``: new random cases each run instead of the reproducible set.
 RANDOM = os.environ.get("ACP_FUZZ_RANDOM") == "1"
 REQUEST_TIMEOUT_S = 15.0
-NOT_FUZZED = {("POST", "/workspace/auth/device-flow")}
+#: Not fuzzed: the device flow (outbound calls), and the drain (a valid case drains the
+#: daemon for good, by design, and every later case would then be a 503).
+NOT_FUZZED = {("POST", "/workspace/auth/device-flow"), ("POST", "/daemon/drain")}
 NOT_PINNED = {("GET", "/session/{session_id}/events")}
 
 

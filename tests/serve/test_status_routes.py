@@ -71,6 +71,8 @@ async def test_summary_shape(client: httpx.AsyncClient, daemon_proc: DaemonProce
         "allowOriginConfigured": False,
         "allowOriginMode": "none",
         "sessionShellCommandEnabled": False,
+        "tokenHeader": None,
+        "lateBinding": {"enabled": False, "bound": False},
     }
     assert body["limits"]["maxSessions"] == 5
     assert body["limits"]["eventRingSize"] == 8000

@@ -24,6 +24,9 @@ these prompts (the first word picks the behaviour, the rest are arguments):
 * ``write-elsewhere REL OTHER TEXT``: like ``write-diff`` for REL, then writes OTHER;
 * ``switch-mode ID``: the agent changes its own mode (``config_option_update`` or
   ``current_mode_update``);
+* ``write-unmapped REL TEXT``: a permission request for an ``edit`` tool call that names no
+  path at all (no ``locations``, no ``diff``, no ``rawInput``), then the write when allowed;
+* ``params``: replies with the ``session/prompt`` params it got, ``prompt`` left out (JSON);
 * ``shell CMDLINE``: ``terminal/create`` with the whole command line in ``command`` and no
   ``args`` (kimi), then ``wait_for_exit``/``output``/``release``; replies with the output;
 * anything else: echoed back.
@@ -200,12 +203,14 @@ class Agent:
         text = " ".join(b.get("text", "") for b in params["prompt"] if b.get("type") == "text")
         word, _, rest = text.strip().partition(" ")
         try:
-            if word in ("write-diff", "write-announced", "write-elsewhere"):
+            if word in ("write-diff", "write-announced", "write-elsewhere", "write-unmapped"):
                 reply = self.write(sid, word, rest)
             elif word == "switch-mode":
                 reply = self.switch_mode(sid, rest)
             elif word == "shell":
                 reply = self.shell(sid, rest)
+            elif word == "params":
+                reply = json.dumps({k: v for k, v in params.items() if k != "prompt"})
             else:
                 reply = text
         except RuntimeError as exc:
@@ -236,6 +241,8 @@ class Agent:
                 },
             )
             call: dict[str, Any] = {"toolCallId": tool, "title": f"Write {rel}"}
+        elif how == "write-unmapped":
+            call = {"toolCallId": tool, "title": "Edit", "kind": "edit"}
         else:
             call = {
                 "toolCallId": tool,

@@ -31,10 +31,13 @@ EXPECTED = {
     # Beyond the issue's list: strict in qwen serve 0.24.4 too.
     ("POST", "/workspace/reload"),
     ("POST", "/session/<id>/rewind"),
+    # acp-serve's own: late binding and the drain before a suspend.
+    ("POST", "/daemon/bind"),
+    ("POST", "/daemon/drain"),
 }
 
 
-def test_declared_list_is_the_issue_list_plus_reload_and_rewind() -> None:
+def test_declared_list_is_the_issue_list_plus_reload_rewind_and_bind() -> None:
     declared = [(r.method, r.rule) for r in STRICT_ROUTES]
     assert len(declared) == len(set(declared))
     assert set(declared) == EXPECTED

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import random
 import re
 from pathlib import Path
 
@@ -140,3 +142,76 @@ def test_symlinked_ignore_file_is_not_followed(tmp_path: Path) -> None:
     os.symlink(outside / "rules", tmp_path / "ws" / ".gitignore")
     ws = Workspace(tmp_path / "ws")
     assert ws.ignore.match("a.txt", False) is None
+
+
+# ---- matching cost and agreement with a reference (issue 22, item 20) ------------------------
+
+
+def reference_match(pat: str, path: str) -> bool:
+    """Glob semantics by plain recursion over (pattern, path) positions, memoised: ``*`` any
+    run without ``/``, ``**`` between slashes any whole segments, a trailing ``/**``
+    anything, ``?`` and ``[ab]``/``[!ab]`` one character other than ``/``."""
+
+    @functools.cache
+    def at(i: int, j: int) -> bool:
+        if i == len(pat):
+            return j == len(path)
+        c = pat[i]
+        if c == "*":
+            end = i
+            while end < len(pat) and pat[end] == "*":
+                end += 1
+            if end - i >= 2 and (i == 0 or pat[i - 1] == "/"):
+                if end == len(pat):
+                    return True
+                if pat[end] == "/":
+                    starts = [k for k in range(j, len(path) + 1) if k == j or path[k - 1] == "/"]
+                    return any(at(end + 1, k) for k in starts)
+            k = j
+            while True:
+                if at(end, k):
+                    return True
+                if k == len(path) or path[k] == "/":
+                    return False
+                k += 1
+        if j == len(path) or (path[j] == "/") != (c == "/"):
+            return False
+        if c == "[":
+            close = pat.index("]", i + 2)
+            body = pat[i + 1 : close]
+            negate = body.startswith("!")
+            return ((path[j] in body.lstrip("!")) != negate) and at(close + 1, j + 1)
+        return (c == "?" or c == path[j]) and at(i + 1, j + 1)
+
+    return at(0, 0)
+
+
+def test_glob_translation_agrees_with_the_reference_matcher() -> None:
+    rng = random.Random(22)
+    pieces = ["a", "b", "*", "**", "?", "/", "**/", "/**", "[ab]", "[!a]"]
+    for _ in range(3000):
+        pat = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 7)))
+        regex = re.compile(translate_glob(pat), re.DOTALL)
+        for _ in range(12):
+            path = "".join(rng.choice("ab/") for _ in range(rng.randint(0, 9)))
+            assert bool(regex.fullmatch(path)) == reference_match(pat, path), (pat, path)
+
+
+@pytest.mark.timeout(60)  # a hang guard: backtracking took hours on these
+def test_hostile_patterns_match_without_backtracking_blowup() -> None:
+    name = "a" * 2000
+    deep = "/".join([name[:50]] * 40)
+    cases = [
+        ("*?" * 400 + "*Q", False),
+        ("*a" * 400 + "Q", False),
+        ("**/" * 100 + "*a*a*a*Q", False),
+        ("a*" * 300, True),
+        ("**/a*" * 100 + "a", False),
+    ]
+    for pat, matches_name in cases:
+        regex = re.compile(translate_glob(pat), re.DOTALL)
+        assert bool(regex.fullmatch(name)) is matches_name, pat
+        assert regex.fullmatch(deep) is None, pat
+    (rule,) = parse_gitignore("*?" * 400 + "*Q\n")
+    assert rule.regex.fullmatch("dir/" + name) is None
+    assert rule.regex.fullmatch("dir/" + name + "Q") is not None

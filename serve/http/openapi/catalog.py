@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from serve.binding import BindRequest
 from serve.http.openapi import types as t
 from serve.http.security._wire import ErrorBody
 from serve.status.env import EnvCell
@@ -189,6 +190,28 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         "Daemon status snapshot",
         (ok(OPEN_OBJECT), err(400, "`invalid_detail`."), err(500, "`daemon_status_failed`.")),
         params=(q("detail", {"type": "string", "enum": ["summary", "full"]}),),
+    ),
+    ("POST", "/daemon/bind"): Operation(
+        "Late binding: install the tenant's token, workspace, agent variables and credentials",
+        (
+            ok(OPEN_OBJECT),
+            BAD_REQUEST,
+            err(409, "`already_bound`, `bind_in_progress` or `not_late_bound`."),
+            err(422, "`bind_failed`: the clone or a write failed; nothing kept, still unbound."),
+        ),
+        body=BindRequest,
+        body_required=True,
+        description="Only with the bootstrap token, once (`--bootstrap-token`).",
+    ),
+    ("POST", "/daemon/drain"): Operation(
+        "Drain before a suspend: finish or cancel running turns, flush the journal",
+        (
+            ok(OPEN_OBJECT),
+            BAD_REQUEST,
+            err(503, "`drain_incomplete` (call again) or `journal_io`."),
+        ),
+        body=OPEN_OBJECT,
+        description="Body `{timeoutMs?}`; the daemon stays draining until it stops.",
     ),
     # -- sessions -----------------------------------------------------------------------------
     ("POST", "/session"): Operation(

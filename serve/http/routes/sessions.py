@@ -39,6 +39,7 @@ from serve.http.security.clientid import InvalidClientId, validate_client_id
 from serve.http.security.hosts import is_loopback_address
 from serve.http.wire import json_body, json_response
 from serve.permissions.mediator import CastVote, SessionOf
+from serve.sessions import turns
 from serve.sessions.actor import SessionActor
 from serve.sessions.errors import SessionError
 from serve.sessions.messages import (
@@ -420,11 +421,10 @@ def _validate_prompt(body: dict[str, Any]) -> tuple[msgspec.Raw, str, dict[str, 
             non_text += 1
     if non_text > 256:
         raise ApiError(400, {"error": "at most 256 non-text content blocks per prompt"})
-    extra = {
-        k: v
-        for k, v in body.items()
-        if k not in ("prompt", "deadlineMs", "eventDetailMode", "retry", "delivery", "promptId")
-    }
+    try:
+        extra = turns.passthrough(body)  # an allow-list: no body key replaces the daemon's own
+    except ValueError as exc:
+        raise ApiError(400, {"error": str(exc)}) from None
     return msgspec.Raw(msgspec.json.encode(prompt)), "\n".join(texts), extra
 
 

@@ -22,6 +22,10 @@ Every failure is the same ``401 {"error":"Unauthorized"}`` (:data:`UNAUTHORIZED_
 missing header, several headers, ``Basic``, wrong or empty token alike. Only the digest is
 kept after start-up.
 
+*The token header* (``--token-header NAME``, :func:`check_token_header`): the same token
+may come as the bare value of that header, for proxies that strip ``Authorization`` (the
+agent-sandbox router does); the request is authorized when either carries it.
+
 *Redaction* (:func:`redact`, :class:`RedactingFilter`): replace every occurrence of a secret
 (and its percent-encoded form) in a string or a log record with ``[redacted]``. Install the
 filter on the daemon's log handlers so tokens never reach a log file.
@@ -55,6 +59,7 @@ __all__ = [
     "RedactingFilter",
     "TokenResolution",
     "check_authorization",
+    "check_token_header",
     "generate_token",
     "redact",
     "resolve_startup_token",
@@ -183,6 +188,21 @@ def check_authorization(header_values: Sequence[str], expected_digest: bytes) ->
         return False
     credential = _credential(header_values[0])
     if credential is None:
+        return False
+    return hmac.compare_digest(token_digest(credential), expected_digest)
+
+
+def check_token_header(header_values: Sequence[str], expected_digest: bytes) -> bool:
+    """True iff the ``--token-header`` header carries the configured token.
+
+    Exactly one header whose value (spaces and tabs around it trimmed, no scheme) has the
+    configured token's SHA-256, compared in constant time like :func:`check_authorization`;
+    zero or several headers, an empty or oversized value are False.
+    """
+    if len(header_values) != 1:
+        return False
+    credential = header_values[0].strip(" \t")
+    if credential == "" or len(credential) > MAX_CREDENTIAL_CHARS:
         return False
     return hmac.compare_digest(token_digest(credential), expected_digest)
 

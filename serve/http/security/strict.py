@@ -75,6 +75,8 @@ STRICT_ROUTES: tuple[StrictRoute, ...] = (
     StrictRoute("POST", "/workspace/memory", "workspace memory write"),
     StrictRoute("POST", "/workspace/reload", "workspace reload"),
     StrictRoute("POST", "/session/<id>/rewind", "session rewind"),
+    StrictRoute("POST", "/daemon/bind", "late binding"),
+    StrictRoute("POST", "/daemon/drain", "drain before suspend"),
 )
 
 _PARAM = re.compile(r"<[^<>]*>")
