@@ -143,14 +143,24 @@ class Host:
             **({"rateLimitHits": hits} if (hits := self.rate_limit_hits()) else {}),
         }
 
+    def agents_failing(self) -> list[str]:
+        """The workspaces whose agent pool is failing (for the ``/readyz`` body)."""
+        return [rt.path for rt in self.registry.agents_failing()]
+
     def readiness(self) -> tuple[bool, str]:
-        """For ``/readyz``: (ready, reason)."""
+        """For ``/readyz``: (ready, reason).
+
+        Agent readiness is scoped to the primary workspace: its pool failing makes the
+        daemon unready (``agent_unavailable``: a Service should route no new session here).
+        A secondary workspace's failing pool does not: it is that workspace's trouble, the
+        daemon still serves the others; ``/readyz`` lists it (``agentsFailing``) and
+        ``/daemon/status`` reports it as an ``agent_command_failing`` issue."""
         if self.draining:
             return False, "draining"
         states = {c["name"]: c["state"] for c in self.root.children()}
         if not self.root.running or any(state != "running" for state in states.values()):
             return False, "supervisor_not_running"
-        if self.registry.agents_failing():
+        if self.registry.primary.agents.failing:
             return False, "agent_unavailable"
         limit = self.settings.max_sessions
         if limit and len(self.registry.live()) >= limit * len(self.settings.workspaces):

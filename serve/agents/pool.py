@@ -22,21 +22,29 @@ refill state. A spawn that fails fails up to ``M`` waiting callers with its own 
 (``OSError``, :class:`~acp.errors.RequestTimeout`...), which the HTTP layer maps as before.
 
 Warm capacity (``--warm-agents N``, default 1): the pool keeps ``N`` children with a free
-slot ready ahead of need, counting spawns in flight. With ``M = 1`` that is ``N`` idle
-children; with ``M > 1`` spare slots on live children *are* the warm capacity, so a child is
-spawned ahead only when fewer than ``N`` children have room. Warm children are not
+slot ready ahead of need, counting spawns in flight (a child being spawned has ``M`` free
+slots, less the waiting callers it will serve). With ``M = 1`` that is ``N`` idle children;
+with ``M > 1`` spare slots on live children *are* the warm capacity, so a child is spawned
+ahead only when fewer than ``N`` children (live or being spawned) will have room once the
+waiting callers are served: an idle spare exists only while every other child is full, so
+the next create never waits a whole agent start. Warm children are not
 sessions: they are not counted against session limits, and appear in ``/daemon/status``
 under ``runtime.agents``. A late-bound daemon (``--bootstrap-token``) holds the warm
 refill until :class:`InstallAgentEnv` (its bind) gives the tenant's environment, which every
 child spawned afterwards gets on top of :func:`~serve.sessions.agent_link.agent_env`.
 
 Failure: a spawn or ``initialize`` that fails, or a warm child that exits before any
-session used it, counts as a consecutive failure. The warm refill waits
-``REFILL_BACKOFF_S * 2**(n-1)`` (capped at :data:`MAX_REFILL_BACKOFF_S`) after each, and
-after :data:`FAILING_AFTER` in a row it stops refilling: the pool reports ``failing`` (with
-the last error, truncated) in ``/daemon/status`` and makes ``/readyz`` answer
-``agent_unavailable``, instead of respawning forever. Session creates still try their own
-spawn (so their error reaches the caller); the first child that initializes resets it.
+session used it, counts as a consecutive failure. A child is stable once it has stayed up
+:data:`STABLE_AFTER_S` after ``initialize``: only that is a successful start, and it resets
+the count and the backoff (so an agent that dies a second after ``initialize`` is failing,
+not respawned at full speed). The warm refill waits ``REFILL_BACKOFF_S * 2**(n-1)`` (capped
+at :data:`MAX_REFILL_BACKOFF_S`) after each failure. After :data:`FAILING_AFTER` in a row
+the pool is ``failing`` (the last error, truncated, in ``/daemon/status``; ``/readyz``
+answers ``agent_unavailable`` when it is the primary workspace's pool, see
+``serve/host.py``): the refill then only *probes*, one child at a time after the capped
+backoff, so the pool recovers by itself once the agent works again (a probe child that
+becomes stable ends ``failing``; one not needed as warm capacity is then stopped). Session
+creates still try their own spawn at once (so their error reaches the caller).
 
 Release: :meth:`AgentLease.release` ends the session's use of its slot. On an exclusive
 child (``M = 1``) the child is stopped (by escalation) in the caller's task. On a shared
@@ -49,8 +57,12 @@ other children are not involved.
 
 Memory (``--agent-memory-budget-mb``): a sampler task measures each child's PSS (its
 process tree, ``/proc/<pid>/smaps_rollup``, in a worker thread) every
-:data:`SAMPLE_S` (:data:`SAMPLE_BUDGET_S` with a budget). A new child is assumed to cost
-as much as the largest child measured so far. When spawning one would pass the budget
+:data:`SAMPLE_S` (:data:`SAMPLE_BUDGET_S` with a budget); with a budget each child is also
+measured right after ``initialize``, before the pool counts it. A new child is assumed to
+cost as much as the largest child measured so far; before any child was measured the cost
+is unknown, so only one child is spawned at a time until the first one is measured (callers
+wait for it; none is refused or released for an unknown cost). When spawning one would pass
+the budget
 (stopping children do not count), the warm refill waits, and a caller that needs a child
 makes the pool first ask the workspace runtime to release the least recently used idle
 session (its agent is let go as with idle release, ``agent_released {reason:
@@ -89,8 +101,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Consecutive spawn failures after which the warm refill stops (reported as failing).
+#: Consecutive spawn failures after which the pool is failing (the refill only probes).
 FAILING_AFTER: Final = 3
+#: Seconds a child must stay up after ``initialize`` to count as a successful start.
+STABLE_AFTER_S: Final = 5.0
 REFILL_BACKOFF_S: Final = 0.5
 MAX_REFILL_BACKOFF_S: Final = 30.0
 #: Characters of the last spawn error kept for /daemon/status.
@@ -114,6 +128,7 @@ class AgentChild:
         "mux",
         "ready_at",
         "slots",
+        "stable",
         "stopping",
         "used",
     )
@@ -127,6 +142,7 @@ class AgentChild:
         self.ready_at = time.time()
         self.used = False  # a session has taken a slot at least once
         self.stopping = False
+        self.stable = False  # stayed up STABLE_AFTER_S: a successful start
 
     @property
     def pid(self) -> int:
@@ -204,6 +220,7 @@ class Bound(msgspec.Struct, frozen=True):
 
 class _Spawned(msgspec.Struct, frozen=True):
     child: Any  # AgentChild
+    pss_kib: int = 0  # measured after initialize (with a budget), 0: not measured
 
 
 class _SpawnFailed(msgspec.Struct, frozen=True):
@@ -217,6 +234,10 @@ class _Exited(msgspec.Struct, frozen=True):
 
 class _Refill(msgspec.Struct, frozen=True):
     pass
+
+
+class _Stable(msgspec.Struct, frozen=True):
+    child_id: str
 
 
 class InstallAgentEnv(msgspec.Struct, frozen=True):
@@ -249,6 +270,7 @@ PoolMsg = (
     | _SpawnFailed
     | _Exited
     | _Refill
+    | _Stable
     | InstallAgentEnv
     | _Abandon
     | _Measured
@@ -316,8 +338,16 @@ class AgentPool(Actor[PoolMsg]):
         )
         return live + self.spawning * self._largest_kib
 
+    def cost_unknown(self) -> bool:
+        """With a budget, before any child was measured: spawns go one at a time."""
+        return bool(self.budget_kib) and not self._largest_kib
+
     def fits_new_child(self) -> bool:
-        return not self.budget_kib or self.used_kib() + self._largest_kib <= self.budget_kib
+        if not self.budget_kib:
+            return True
+        if self.cost_unknown():
+            return self.spawning == 0
+        return self.used_kib() + self._largest_kib <= self.budget_kib
 
     def budget_error(self) -> Exception:
         used_mb = round(self.used_kib() / 1024)
@@ -332,7 +362,7 @@ class AgentPool(Actor[PoolMsg]):
     def refusal(self) -> Exception | None:
         """For a released session's next prompt: the 503 to answer at once, or None when a
         slot is free, a child fits the budget, or an idle session can make room."""
-        if self._pick() is not None or self.fits_new_child():
+        if self._pick() is not None or self.fits_new_child() or self.cost_unknown():
             return None
         if self.has_releasable is not None and self.has_releasable():
             return None
@@ -488,11 +518,12 @@ class AgentPool(Actor[PoolMsg]):
                 child = self.children.get(cid)
                 if child is not None and lid in child.slots:
                     child.slots[lid] = sid
-            case _Spawned(child=child):
+            case _Spawned(child=child, pss_kib=pss_kib):
                 self.spawning -= 1
                 self.spawned_total += 1
-                self.failures = 0
-                self._backoff_until = 0.0
+                if pss_kib:
+                    self.pss_kib[child.id] = pss_kib
+                    self._largest_kib = max(self._largest_kib, pss_kib)
                 if self.draining:
                     child.stopping = True
                     self._stop_child(child)
@@ -500,6 +531,7 @@ class AgentPool(Actor[PoolMsg]):
                 self.children[child.id] = child
                 assert self._nursery is not None
                 self._nursery.start_soon(self._watch, child)
+                self._nursery.start_soon(self._stable_later, child.id)
                 self._serve_waiters()
                 self._plan()
             case _SpawnFailed(error=error):
@@ -514,13 +546,30 @@ class AgentPool(Actor[PoolMsg]):
                 child = self.children.pop(cid, None)
                 self.pss_kib.pop(cid, None)
                 self.exited_total += 1
+                # (A used child's exit is its sessions' business: they restart in place
+                # within their own restart window; it may also be a session's release.)
                 if child is not None and not child.stopping and not child.used:
+                    when = "" if child.stable else f" within {STABLE_AFTER_S:g} s of initialize"
                     self._note_failure(
                         RuntimeError(
-                            f"warm agent exited (code {info.exit_code}, signal {info.signal})"
+                            f"warm agent exited{when} (code {info.exit_code}, signal {info.signal})"
                         )
                     )
                 self._plan()
+            case _Stable(child_id=cid):
+                child = self.children.get(cid)
+                if child is not None and not child.stopping and not child.conn.closed:
+                    child.stable = True
+                    self.failures = 0
+                    self._backoff_until = 0.0
+                    others = sum(
+                        1 for c in self.children.values() if c is not child and self.free_slots(c)
+                    )
+                    if not child.slots and others >= self.warm_target:
+                        # A probe (or a spawn whose caller left) that is not needed as warm.
+                        child.stopping = True
+                        self._stop_child(child)
+                    self._plan()
             case _Refill():
                 self._refill_scheduled = False
                 self._plan()
@@ -593,10 +642,11 @@ class AgentPool(Actor[PoolMsg]):
         needed = math.ceil(len(self.waiters) / self.per_agent)
         while self.spawning < needed:
             if not self.fits_new_child():
-                self._make_room()
+                if not self.cost_unknown():  # (unknown: wait for the first measurement)
+                    self._make_room()
                 return
             self._spawn()
-        if self.failing or not self.warm_target or self.unbound:
+        if self.unbound or (not self.warm_target and not self.failing):
             return
         now = trio.current_time()
         if now < self._backoff_until:
@@ -604,10 +654,34 @@ class AgentPool(Actor[PoolMsg]):
                 self._refill_scheduled = True
                 self._nursery.start_soon(self._refill_later, self._backoff_until - now)
             return
-        spare = self.warm_count() + self.spawning - needed
+        if self.failing:
+            # Probe: one child at a time, until one becomes stable (or fails again).
+            unproven = any(not c.stable and not c.stopping for c in self.children.values())
+            if not self.spawning and not unproven and self.fits_new_child():
+                self._spawn()
+            return
+        spare = self._rooms_after_waiters()
         while spare < self.warm_target and self.fits_new_child():
             self._spawn()
             spare += 1
+
+    def _rooms_after_waiters(self) -> int:
+        """Children, live or being spawned, that will still have a free slot once the
+        waiting callers are served (the most loaded first, as :meth:`_pick` does; a child
+        being spawned offers ``M`` slots): the warm capacity counted ahead."""
+        free = sorted(
+            self.free_slots(c)
+            for c in self.children.values()
+            if self.free_slots(c) > 0 and not c.conn.closed
+        )
+        free += [self.per_agent] * self.spawning
+        waiting = len(self.waiters)
+        rooms = 0
+        for slots in free:
+            taken = min(slots, waiting)
+            waiting -= taken
+            rooms += slots > taken
+        return rooms
 
     def _make_room(self) -> None:
         """Ask the runtime to release the least recently used idle session (a task)."""
@@ -634,6 +708,10 @@ class AgentPool(Actor[PoolMsg]):
                 self._tell(_Measured({cid: by_pid.get(pid, 0) for cid, pid in pids.items()}))
             await trio.sleep(period)
 
+    async def _stable_later(self, child_id: str) -> None:
+        await trio.sleep(STABLE_AFTER_S)
+        self._tell(_Stable(child_id))
+
     async def _refill_later(self, delay_s: float) -> None:
         await trio.sleep(delay_s)
         self._tell(_Refill())
@@ -646,7 +724,7 @@ class AgentPool(Actor[PoolMsg]):
         self._backoff_until = trio.current_time() + backoff
         if self.failing:
             log.error(
-                "agent command keeps failing in %s (%d in a row): %s; warm refill stopped",
+                "agent command keeps failing in %s (%d in a row): %s; probing with backoff",
                 self.workspace,
                 self.failures,
                 self.last_error,
@@ -688,7 +766,11 @@ class AgentPool(Actor[PoolMsg]):
                 raise
             self._tell(_SpawnFailed(exc))
             return
-        self._tell(_Spawned(AgentChild(child_id, conn, mux)))
+        pss_kib = 0
+        if self.budget_kib:  # its cost before the pool counts it (one /proc scan)
+            measured = await trio.to_thread.run_sync(measure_trees, [conn.process.pid])
+            pss_kib = measured.get(conn.process.pid, 0)
+        self._tell(_Spawned(AgentChild(child_id, conn, mux), pss_kib))
 
     async def _watch(self, child: AgentChild) -> None:
         info: ExitInfo = await child.conn.wait_closed()

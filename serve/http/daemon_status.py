@@ -191,7 +191,8 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
                     "agent_command_failing",
                     "error",
                     f"the agent command failed {pool.failures} times in a row in "
-                    f"{pool.workspace}; warm refill stopped",
+                    f"{pool.workspace}; probing with backoff"
+                    + ("" if pool is pools[0] else " (a secondary workspace: still ready)"),
                     "agents",
                 )
             )

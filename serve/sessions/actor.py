@@ -261,6 +261,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.release_count = 0
         self._rebinding = False
         self._rebound = trio.Event()
+        #: Set once a released agent is given back (a rebind waits for it).
+        self._given_back = trio.Event()
         self._last_agent_use = 0.0  # trio clock: the agent was bound or a prompt ended
         self._rebind_error: Exception | None = None
 
@@ -522,26 +524,44 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 continue
             if self._idle_now():
                 try:
-                    await self.ask(ReleaseAgent("idle"), timeout_s=30)
+                    await self.call(ReleaseAgent("idle"), timeout_s=30)
                 except (ActorError, SessionGone):
                     return
             if not self.agent_released:
                 self._last_agent_use = trio.current_time()  # busy: look again a period later
 
-    async def _release_agent(self, reason: str) -> bool:
-        if not self._idle_now():
+    def _release_agent(self, reason: str) -> bool | Reply[bool]:
+        """Let the agent go: decided here, the wait for the agent to stop runs as a task
+        (the inbox stays free: heartbeats, attaches, a prompt that binds again); the answer
+        (a :class:`Reply`, True once the agent is given back) is for ``call``."""
+        if not self._idle_now() or self._nursery is None:
             return False
         idle_ms = int((trio.current_time() - self._last_agent_use) * 1000)
-        pid = self.link.pid
         self.agent_released = True
+        self.link.ready = trio.Event()  # no turn starts on the agent being let go
         self._rebound = trio.Event()
-        await self.link.let_go()
-        self.release_count += 1
-        log.info("session %s let its agent (pid %s) go: %s", self.session_id, pid, reason)
-        self.log.publish(
-            "agent_released", {"sessionId": self.session_id, "reason": reason, "idleMs": idle_ms}
-        )
-        return True
+        self._given_back = trio.Event()
+        reply: Reply[bool] = Reply()
+        self._nursery.start_soon(self._let_go, reason, idle_ms, self._given_back, reply)
+        return reply
+
+    async def _let_go(
+        self, reason: str, idle_ms: int, given_back: trio.Event, reply: Reply[bool]
+    ) -> None:
+        pid = self.link.pid
+        try:
+            # An idle agent has nothing to finish: a short wait after stdin EOF, then SIGTERM.
+            await self.link.let_go(eof_grace_s=IDLE_EOF_GRACE_S)
+            self.release_count += 1
+            log.info("session %s let its agent (pid %s) go: %s", self.session_id, pid, reason)
+            if not self.ended.is_set():  # (closed meanwhile: its final event is out)
+                self.log.publish(
+                    "agent_released",
+                    {"sessionId": self.session_id, "reason": reason, "idleMs": idle_ms},
+                )
+        finally:
+            given_back.set()
+            reply.set(True)
 
     def _ensure_bound(self, trigger: str) -> None:
         """A released session binds an agent again (in the background) for ``trigger``."""
@@ -571,30 +591,33 @@ class SessionActor(Actor[SessionMsg], AgentSide):
 
     async def _rebind(self, trigger: str) -> None:
         assert self._nursery is not None
+        await self._given_back.wait()  # the released agent is stopped (or its slot freed)
         try:
             setup = await self.link.open(self._nursery, "restart", self.session_id)
         except Exception as exc:
             self._rebinding = False
-            if getattr(exc, "body", {}).get("code") == "memory_budget_exceeded":
-                # No room for an agent now: the waiting prompts end, the session stays
-                # (released); a later prompt tries again.
-                self._rebind_error = exc
-                data = {
-                    "sessionId": self.session_id,
-                    "message": str(exc),
-                    "code": "memory_budget_exceeded",
-                    "errorKind": "memory_budget_exceeded",
-                }
-                for terminal in self.prompts.abort_all("turn_error", data):
-                    self._publish_terminal(terminal)
-                rebound, self._rebound = self._rebound, trio.Event()
-                rebound.set()
+            if turns.session_unknown(exc):
+                # The agent says the session does not exist (any more): it cannot come back.
+                log.warning("session %s is unknown to its agent: %r", self.session_id, exc)
+                await self._abort_everything("agent_session_not_found", died=True)
+                self._rebound.set()
+                self._stopping = True
+                self.close()
                 return
+            # No agent now (memory budget, spawn, initialize, a timeout...): the waiting
+            # prompts end with a retryable error, the session stays released, and a later
+            # prompt tries again.
             log.warning("session %s could not bind an agent again: %r", self.session_id, exc)
-            await self._abort_everything("channel_closed", died=True)
-            self._rebound.set()
-            self._stopping = True
-            self.close()
+            data = turns.rebind_failed(self.session_id, exc)
+            self._rebind_error = (
+                exc
+                if data["code"] == "memory_budget_exceeded"
+                else AgentUnavailable(self.session_id)
+            )
+            for terminal in self.prompts.abort_all("turn_error", data):
+                self._publish_terminal(terminal)
+            rebound, self._rebound = self._rebound, trio.Event()
+            rebound.set()
             return
         self._adopt_setup(setup)
         self.agent_released = False
@@ -690,7 +713,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             case PublishEvent(event_type=etype, data=data, prompt_id=pid, originator=orig):
                 return self.log.publish(etype, data, prompt_id=pid, originator=orig)
             case ReleaseAgent(reason=reason):
-                return await self._release_agent(reason)
+                return self._release_agent(reason)
             case Heartbeat(client_id=cid):
                 now = _now_ms()
                 self.last_seen_ms = now

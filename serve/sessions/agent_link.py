@@ -301,10 +301,11 @@ class AgentLink:
             self.ready = trio.Event()
         return exit_info
 
-    async def let_go(self) -> None:
-        """Idle release: not ready until :meth:`open` again, and the agent given back."""
+    async def let_go(self, *, eof_grace_s: float | None = None) -> None:
+        """Idle release: not ready until :meth:`open` again, and the agent given back (an
+        exclusive one stopped with ``eof_grace_s`` after stdin EOF)."""
         self.ready = trio.Event()
-        await self.release()
+        await self.release(eof_grace_s=eof_grace_s)
 
     async def release(self, *, eof_grace_s: float | None = None) -> None:
         """Give the agent back to its source (stopped, or its slot freed); bounded."""

@@ -136,9 +136,10 @@ class ReapIfIdle(msgspec.Struct, frozen=True):
 
 class ReleaseAgent(msgspec.Struct, frozen=True):
     """Let the agent go while the session is idle (``--agent-idle-release-ms``, the agent
-    pool's memory budget). Answered True when released; False when busy, already released,
-    or when its agent cannot load or resume. The next prompt, model or mode change (or
-    extension call) binds an agent again."""
+    pool's memory budget). Answered False when busy, already released, or when its agent
+    cannot load or resume; else a Reply that resolves to True once the agent is given back
+    (``SessionActor.call`` awaits it; the inbox is not held while the agent stops). The next
+    prompt, model or mode change (or extension call) binds an agent again."""
 
     reason: str = "idle"
 

@@ -74,7 +74,7 @@ class WorkspaceRuntime:
         """For the pool's memory budget: release the least recently used idle session."""
         for session in self._releasable():
             try:
-                if await session.ask(ReleaseAgent("memory_budget"), timeout_s=10):
+                if await session.call(ReleaseAgent("memory_budget"), timeout_s=10):
                     return True
             except Exception:  # closing meanwhile, or busy: the next one
                 continue

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from acp.client import PROMPT_EXTRA_KEYS
-from acp.errors import RemoteError
+from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from serve.sessions.prompt_queue import Job
 
 
@@ -118,10 +118,36 @@ def cancel_timeout(session_id: str, grace_ms: int) -> dict[str, Any]:
     }
 
 
+def session_unknown(exc: BaseException) -> bool:
+    """The agent's answer to ``session/resume`` / ``session/load`` says it does not know the
+    session (``-32002`` resource not found, or ``-32602`` invalid params)."""
+    return isinstance(exc, RemoteError) and exc.code in (RESOURCE_NOT_FOUND, INVALID_PARAMS)
+
+
+def rebind_failed(session_id: str, exc: BaseException) -> dict[str, Any]:
+    """The terminal of the prompts a released session could not bind an agent for (the
+    session stays released; retryable): ``memory_budget_exceeded`` or ``agent_unavailable``."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict) and body.get("code") == "memory_budget_exceeded":
+        code = "memory_budget_exceeded"
+    else:
+        code = "agent_unavailable"
+    message = str(exc) or type(exc).__name__
+    if code == "agent_unavailable":
+        message = f"no agent could be bound for the session ({type(exc).__name__}: {message})"
+    return {"sessionId": session_id, "message": message, "code": code, "errorKind": code}
+
+
 def aborted(session_id: str, reason: str, *, died: bool) -> tuple[str, dict[str, Any]]:
     """The terminal of every unfinished prompt when the session ends."""
     if died and reason == "channel_closed":
         return "turn_error", channel_closed(session_id)
+    if died and reason == "agent_session_not_found":
+        return "turn_error", {
+            "sessionId": session_id,
+            "message": "the agent no longer knows the session",
+            "code": reason,
+        }
     if died:
         return "turn_error", {
             "sessionId": session_id,

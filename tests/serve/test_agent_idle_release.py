@@ -256,3 +256,130 @@ async def test_an_agent_that_cannot_load_or_resume_is_never_released(tmp_path: A
             assert "agent_released" not in [e["type"] for e in events]
     finally:
         daemon.stop()
+
+
+def flaky_daemon(tmp_path: Any, *agent_flags: str) -> tuple[DaemonProcess, Any]:
+    """A releasing daemon whose agent fails at start while ``down`` exists (issue 22)."""
+    import shlex
+    import sys
+
+    from tests.support.daemon import ROOT
+
+    down = tmp_path / "down"
+    agent = shlex.join(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "serve" / "flaky_agent.py"),
+            "--down",
+            str(down),
+            *agent_flags,
+            "--",
+            "--state-dir",
+            str(tmp_path / "agent-state"),
+        ]
+    )
+    daemon = spawn_daemon(
+        ["--agent", agent, "--agent-idle-release-ms", str(RELEASE_MS), "--warm-agents", "0"],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    return daemon, down
+
+
+async def released_session(client: httpx.AsyncClient) -> str:
+    sid: str = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+    assert (await client.post(f"/session/{sid}/prompt", json=text("hello"))).status_code == 200
+    async with client.stream(
+        "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+    ) as stream:
+        await collect_until(stream, lambda e: e["type"] == "agent_released")
+    return sid
+
+
+async def test_an_agent_outage_at_rebind_fails_the_prompt_retryably_and_keeps_the_session(
+    tmp_path: Any,
+) -> None:
+    daemon, down = flaky_daemon(tmp_path)
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            sid = await released_session(client)
+            down.touch()  # the agent command fails for a while
+            failed = await client.post(f"/session/{sid}/prompt", json=text("during the outage"))
+            assert failed.status_code == 503, failed.text
+            assert failed.json()["code"] == "agent_unavailable"
+            assert failed.headers["retry-after"] == "1"
+            # The session stays, still released; nothing died.
+            diag = await session_diag(client, sid)
+            assert diag["agentReleased"] is True and diag["agentPid"] is None
+            async with client.stream(
+                "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+            ) as stream:
+                events = await collect_until(stream, lambda e: e["type"] == "turn_error")
+            assert events[-1]["data"]["code"] == "agent_unavailable"
+            assert "session_died" not in [e["type"] for e in events]
+
+            down.unlink()  # the agent works again: the same session answers
+            again = await client.post(f"/session/{sid}/prompt", json=text("after the outage"))
+            assert again.status_code == 200, again.text
+            assert again.json()["stopReason"] == "end_turn"
+            diag = await session_diag(client, sid)
+            assert diag["agentReleased"] is False and diag["agentPid"] is not None
+    finally:
+        daemon.stop()
+
+
+async def test_a_released_session_the_agent_no_longer_knows_dies_with_that_reason(
+    tmp_path: Any,
+) -> None:
+    daemon, _down = flaky_daemon(tmp_path)
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            sid = await released_session(client)
+            # The agent's own record of the session is gone: resume answers "not found".
+            (tmp_path / "agent-state" / "sessions" / f"{sid}.json").unlink()
+            async with client.stream(
+                "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+            ) as stream:
+                failed = await client.post(f"/session/{sid}/prompt", json=text("still there?"))
+                assert failed.status_code == 404, failed.text
+                assert failed.json()["code"] == "agent_session_not_found"
+                events = await collect_until(stream, lambda e: e["type"] == "session_died")
+            assert events[-1]["data"]["reason"] == "agent_session_not_found"
+            for _ in range(100):
+                if (await client.get(f"/session/{sid}/pending-prompts")).status_code == 404:
+                    break
+                await trio.sleep(0.05)
+            assert (await client.get(f"/session/{sid}/pending-prompts")).status_code == 404
+    finally:
+        daemon.stop()
+
+
+async def test_an_idle_release_does_not_hold_up_the_session_while_the_agent_stops(
+    tmp_path: Any,
+) -> None:
+    marker = tmp_path / "eof.log"
+    # An agent that ignores stdin EOF and SIGTERM: stopping it takes the whole escalation.
+    daemon, _down = flaky_daemon(tmp_path, "--linger", str(marker))
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            created = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            sid = created["sessionId"]
+            assert (await client.post(f"/session/{sid}/prompt", json=text("hi"))).status_code == 200
+            pid = (await session_diag(client, sid))["agentPid"]
+            for _ in range(400):  # until the release has begun (the agent saw stdin EOF)
+                if marker.exists():
+                    break
+                await trio.sleep(0.01)
+            assert marker.read_text().startswith(f"{pid} ")
+            beat = await client.post(
+                f"/session/{sid}/heartbeat", headers={"X-Qwen-Client-Id": created["clientId"]}
+            )
+            assert beat.status_code == 200, beat.text
+            # The session answered while its old agent was still being stopped.
+            assert alive(pid)
+            async with client.stream(
+                "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+            ) as stream:
+                await collect_until(stream, lambda e: e["type"] == "agent_released")
+            assert not alive(pid)
+    finally:
+        daemon.stop()

@@ -163,3 +163,43 @@ async def test_the_budget_releases_the_lru_idle_session_then_refuses_with_503() 
             assert len(series) == 2 and all(float(line.split()[-1]) > 0 for line in series)
     finally:
         daemon.stop()
+
+
+async def test_the_budget_holds_for_children_spawned_before_the_first_sample() -> None:
+    """Six creates at once, before any child was measured: the budget still holds (the
+    first child's cost is measured before more are admitted)."""
+    import shlex
+    import sys
+
+    from tests.support.daemon import ROOT
+
+    # Sessions that can never be released: only refusal keeps the budget.
+    agent = shlex.join(
+        [sys.executable, str(ROOT / "tests" / "serve" / "flaky_agent.py"), "--no-restore"]
+    )
+    budget_mb = math.ceil(2.5 * await child_kib() / 1024)
+    daemon = spawn_daemon(
+        ["--agent", agent, "--agent-memory-budget-mb", str(budget_mb), "--warm-agents", "0"],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=60) as client:
+            replies: list[httpx.Response] = []
+
+            async def one() -> None:
+                replies.append(await create(client))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(6):
+                    nursery.start_soon(one)
+            codes = sorted(r.status_code for r in replies)
+            assert 200 in codes, [r.text for r in replies]
+            refused = [r for r in replies if r.status_code != 200]
+            assert refused and all(
+                r.status_code == 503 and r.json()["code"] == "memory_budget_exceeded"
+                for r in refused
+            ), [r.text for r in refused]
+            pool = await pool_until(client, all_measured(codes.count(200)))
+            assert pool["memoryUsedKiB"] <= budget_mb * 1024, pool
+    finally:
+        daemon.stop()

@@ -134,9 +134,11 @@ async def test_a_killed_warm_child_is_replaced_and_drain_stops_it() -> None:
                 client, lambda p: len(warm_pids(p)) == 1 and first not in warm_pids(p)
             )
             assert pool["exitedTotal"] == 1
-            assert pool["consecutiveFailures"] == 0 and not pool["failing"]  # reset by the refill
             assert "signal 9" in pool["lastError"]
             (second,) = warm_pids(pool)
+            # Reset once the replacement has stayed up a while (a stable start).
+            pool = await pool_until(client, lambda p: p["consecutiveFailures"] == 0)
+            assert not pool["failing"] and warm_pids(pool) == [second]
             assert (await client.get("/readyz")).status_code == 200
         assert daemon.stop() == 0
         assert not alive(second)  # drain stopped the warm child
@@ -160,13 +162,17 @@ async def test_a_failing_agent_command_is_reported_not_respawned_forever() -> No
             ready = await client.get("/readyz")
             assert ready.status_code == 503
             assert ready.json()["reason"] == "agent_unavailable"
-            # A create still tries once and answers with the agent's failure.
+            assert ready.json()["agentsFailing"] == [str(daemon.workspace)]
+            # A create still tries at once and answers with the agent's failure.
+            before = (await status(client))["runtime"]["agents"][0]["consecutiveFailures"]
             created = await client.post("/session", json={"sessionScope": "thread"})
             assert created.status_code == 503, created.text
             assert created.json()["code"] == "acp_channel_unavailable"
-            # The warm refill stayed stopped: only the create's own spawn was added.
             pool = (await status(client))["runtime"]["agents"][0]
-            assert pool["consecutiveFailures"] == 4 and pool["spawning"] == 0
+            assert pool["consecutiveFailures"] > before
+            # The refill goes on probing, one child at a time, with a growing backoff.
+            pool = await pool_until(client, lambda p: p["consecutiveFailures"] >= before + 2)
+            assert pool["failing"] and pool["spawning"] <= 1
             assert body["runtime"]["sessions"]["active"] == 0
     finally:
         daemon.stop()
@@ -194,3 +200,116 @@ async def test_without_warm_agents_no_child_runs_before_a_session() -> None:
 def test_pool_flags_are_validated(flag: str, value: str) -> None:
     with pytest.raises(SettingsError, match=flag):
         parse_settings([flag, value], env={})
+
+
+def flaky_agent(*flags: str) -> str:
+    """The scripted agent behind tests/serve/flaky_agent.py's failure switches."""
+    import shlex
+    import sys
+
+    from tests.support.daemon import ROOT
+
+    return shlex.join([sys.executable, str(ROOT / "tests" / "serve" / "flaky_agent.py"), *flags])
+
+
+async def ready_until(client: httpx.AsyncClient, status_code: int, polls: int = POLLS) -> Any:
+    reply = None
+    for _ in range(polls):
+        reply = await client.get("/readyz")
+        if reply.status_code == status_code:
+            return reply
+        await trio.sleep(0.1)
+    raise AssertionError(f"/readyz never answered {status_code}; last: {reply and reply.text}")
+
+
+async def test_the_pool_keeps_probing_a_failing_agent_and_is_ready_again_when_it_works(
+    tmp_path: Any,
+) -> None:
+    down = tmp_path / "down"
+    down.touch()  # an agent outage from the start
+    daemon = spawn_daemon(
+        ["--agent", flaky_agent("--down", str(down))], env={"QWEN_SERVER_TOKEN": TOKEN}
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            await pool_until(client, lambda p: p["failing"])
+            assert (await ready_until(client, 503)).json()["reason"] == "agent_unavailable"
+            down.unlink()  # the agent works again; no session create comes (no traffic)
+            await ready_until(client, 200)
+            pool = await pool_until(client, lambda p: len(warm_pids(p)) == 1)
+            assert not pool["failing"] and pool["consecutiveFailures"] == 0
+    finally:
+        daemon.stop()
+
+
+async def test_an_agent_that_dies_soon_after_initialize_is_failing_not_a_respawn_storm() -> None:
+    daemon = spawn_daemon(
+        ["--agent", flaky_agent("--die-after", "1")], env={"QWEN_SERVER_TOKEN": TOKEN}
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            pool = await pool_until(client, lambda p: p["failing"])
+            assert "exited" in pool["lastError"]
+            assert (await ready_until(client, 503)).json()["reason"] == "agent_unavailable"
+    finally:
+        daemon.stop()
+
+
+async def test_a_secondary_workspace_failing_is_reported_but_the_daemon_stays_ready(
+    tmp_path: Any,
+) -> None:
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / ".agent-down").touch()  # the agent fails only in the second workspace
+    daemon = spawn_daemon(
+        ["--workspace", str(second), "--agent", flaky_agent("--down", ".agent-down")],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            for _ in range(POLLS):
+                pools = (await status(client))["runtime"]["agents"]
+                if pools[1]["failing"]:
+                    break
+                await trio.sleep(0.05)
+            assert pools[1]["failing"] and not pools[0]["failing"]
+            ready = await client.get("/readyz")
+            assert ready.status_code == 200, ready.text
+            assert ready.json()["agentsFailing"] == [str(second.resolve())]
+            body = await status(client)
+            issue = next(i for i in body["issues"] if i["code"] == "agent_command_failing")
+            assert str(second.resolve()) in issue["message"]
+    finally:
+        daemon.stop()
+
+
+async def test_packed_mode_spawns_no_spare_while_a_child_being_spawned_will_have_room() -> None:
+    # A slow start: the creates arrive while the warm child is still being spawned.
+    daemon = spawn_daemon(
+        [
+            "--agent",
+            flaky_agent("--start-delay", "1"),
+            "--warm-agents",
+            "1",
+            "--sessions-per-agent",
+            "12",
+        ],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            replies: list[httpx.Response] = []
+
+            async def one() -> None:
+                replies.append(await client.post("/session", json={"sessionScope": "thread"}))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(6):
+                    nursery.start_soon(one)
+            assert [r.status_code for r in replies] == [200] * 6
+            # The one child has 6 free slots: that is the warm capacity, no spare child.
+            pool = (await status(client))["runtime"]["agents"][0]
+            assert pool["spawning"] == 0 and pool["spawnedTotal"] == 1, pool
+            assert [(c["state"], c["sessions"]) for c in pool["children"]] == [("shared", 6)]
+    finally:
+        daemon.stop()

@@ -175,7 +175,8 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         public=True,
     ),
     ("GET", "/readyz"): Operation(
-        "Readiness (503 while starting, draining or at session capacity)",
+        "Readiness (503 while starting, draining, at session capacity, or while the primary "
+        "workspace's agent keeps failing)",
         (
             ok(t.ReadyResponse, "Ready."),
             Reply(503, "Not ready (`reason`; `Retry-After`).", t.ReadyResponse),

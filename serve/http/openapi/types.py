@@ -136,10 +136,13 @@ class CapabilitiesEnvelope(_Wire, frozen=True):
 
 
 class ReadyResponse(_Wire, frozen=True):
-    """``GET /readyz``: ``ready`` (200) or ``not_ready`` with a ``reason`` (503)."""
+    """``GET /readyz``: ``ready`` (200) or ``not_ready`` with a ``reason`` (503);
+    ``agentsFailing``: the workspaces whose agent command keeps failing (only the primary's
+    makes the daemon unready)."""
 
     status: Literal["ready", "not_ready"]
     reason: str | UnsetType = UNSET
+    agents_failing: list[str] | UnsetType = UNSET
 
 
 # ---- sessions --------------------------------------------------------------------------------

@@ -23,11 +23,18 @@ async def health() -> Response:
 
 @blueprint.get("/readyz")
 async def readyz() -> Response:
-    """Readiness for orchestrators: 503 while draining, starting, or at capacity."""
-    ready, reason = daemon().readiness()
+    """Readiness for orchestrators: 503 while draining, starting, at capacity, or while the
+    primary workspace's agent keeps failing; workspaces whose agent is failing are listed
+    (``agentsFailing``) when there are any."""
+    host = daemon()
+    ready, reason = host.readiness()
+    failing = host.agents_failing()
+    extra = {"agentsFailing": failing} if failing else {}
     if ready:
-        return json_response({"status": "ready"})
-    return json_response({"status": "not_ready", "reason": reason}, 503, {"Retry-After": "5"})
+        return json_response({"status": "ready", **extra})
+    return json_response(
+        {"status": "not_ready", "reason": reason, **extra}, 503, {"Retry-After": "5"}
+    )
 
 
 @blueprint.get("/capabilities")

@@ -495,9 +495,18 @@ async def prompt(session_id: str) -> Response:
         if key in data:
             error_body[key] = data[key]
     error_body["promptId"] = admission.prompt_id
+    code = data.get("code")
     retryable = ("channel_closed", "daemon_shutdown", "agent_restarted", "cancel_timeout")
-    status = 503 if data.get("code") in retryable else 500
+    if code in _RETRY_AFTER:  # a released session found no agent: it stays, try again
+        return json_response(error_body, 503, {"Retry-After": _RETRY_AFTER[code]})
+    if code == "agent_session_not_found":  # the agent lost the session: it is gone
+        return json_response(error_body, 404)
+    status = 503 if code in retryable else 500
     return json_response(error_body, status)
+
+
+#: Retry-After (seconds) of a released session's prompt that could not bind an agent.
+_RETRY_AFTER = {"agent_unavailable": "1", "memory_budget_exceeded": "10"}
 
 
 @blueprint.get("/session/<session_id>/pending-prompts")
