@@ -23,7 +23,10 @@ a ``session/new`` that failed stay until pushed out: other sessions' may be in t
 
 Terminals: the connection gives the mux a :class:`~acp.terminal.TerminalManager`; every
 handler bound to it that is a :class:`~acp.handler.BaseClientHandler` uses that manager
-(terminal ids are the connection's, requests are still routed per session).
+(terminal ids are the connection's, requests are still routed per session; the terminal cap
+is per session). A session leaving the connection (:meth:`SessionMux.unbind`) takes its
+terminals with it: they are killed and forgotten there, since the agent's own
+``terminal/kill`` for them would be refused once the session is unbound.
 
 Flow control: :meth:`flow_control` waits on the handler that received the last update (a
 lagging reader of one session paces the connection only while its own updates flow).
@@ -106,6 +109,8 @@ class SessionMux(BaseClientHandler):
             del self._handlers[session_id]
             if self._last is current:
                 self._last = None
+            if self.terminals is not None:
+                self.terminals.release_session(session_id)
 
     @property
     def session_ids(self) -> list[str]:

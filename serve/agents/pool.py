@@ -75,7 +75,7 @@ from acp.errors import AcpError, RemoteError
 from acp.handler import ClientHandler
 from acp.mux import SessionMux
 from acp.process import ExitInfo
-from actors import Actor, ActorError, Reply
+from actors import Actor, ActorError, Reply, RestartWindow
 from serve.agents.memory import measure_trees
 from serve.sessions.agent_link import agent_env
 from serve.sessions.errors import MemoryBudgetExceeded, SessionsUnavailable
@@ -95,6 +95,8 @@ MAX_ERROR_CHARS: Final = 300
 CLOSE_SESSION_TIMEOUT_S: Final = 2.0
 #: Seconds an idle child gets after stdin EOF before SIGTERM (nothing of a turn to finish).
 IDLE_EOF_GRACE_S: Final = 0.2
+#: Exited shared children whose restart charge is remembered (for their other sessions).
+MAX_CHARGED: Final = 64
 #: Memory sampling period without / with a budget (seconds).
 SAMPLE_S: Final = 5.0
 SAMPLE_BUDGET_S: Final = 1.0
@@ -149,6 +151,23 @@ class AgentLease:
     def child_id(self) -> str:
         return self.child.id
 
+    @property
+    def shared(self) -> bool:
+        return not self.exclusive
+
+    async def charge_exit(self, intensity: int, period_s: float) -> bool:
+        """Count this child's exit once against the pool's window of shared-child restarts
+        (every session on the child asks; the first one counts it); True while it allows."""
+        if self.exclusive:
+            return False
+        try:
+            allowed: bool = await self.pool.ask(
+                ChargeExit(self.child.id, intensity, period_s), timeout_s=5.0
+            )
+        except ActorError:
+            return False
+        return allowed
+
     def bind(self, session_id: str, handler: ClientHandler) -> None:
         """Route ``session_id``'s updates and requests on this connection to ``handler``."""
         self.session_id = session_id
@@ -198,6 +217,15 @@ class Bound(msgspec.Struct, frozen=True):
     session_id: str
 
 
+class ChargeExit(msgspec.Struct, frozen=True):
+    """A session restoring itself after its shared child exited: answered True while the
+    window of shared-child restarts allows (each child's exit counted once)."""
+
+    child_id: str
+    intensity: int
+    period_s: float
+
+
 class _Spawned(msgspec.Struct, frozen=True):
     child: Any  # AgentChild
 
@@ -233,6 +261,7 @@ PoolMsg = (
     Acquire
     | Release
     | Bound
+    | ChargeExit
     | _Spawned
     | _SpawnFailed
     | _Exited
@@ -276,6 +305,10 @@ class AgentPool(Actor[PoolMsg]):
         #: (True when one let its agent go), and whether any session could be released.
         self.releaser: Callable[[], Awaitable[bool]] | None = None
         self.has_releasable: Callable[[], bool] | None = None
+        #: Restarts of shared children, each exit counted once (``ChargeExit``), and the
+        #: answers given per exited child (the last :data:`MAX_CHARGED` children).
+        self.child_restarts: RestartWindow | None = None
+        self._charged: dict[str, bool] = {}
 
     # ---- read models -------------------------------------------------------------------
 
@@ -448,6 +481,17 @@ class AgentPool(Actor[PoolMsg]):
                     self._after_release(child)
                 self._serve_waiters()
                 self._plan()
+            case ChargeExit(child_id=cid, intensity=intensity, period_s=period_s):
+                if cid not in self._charged:
+                    if self.child_restarts is None:
+                        self.child_restarts = RestartWindow(intensity, period_s)
+                    allowed = self.child_restarts.allows()
+                    if allowed:
+                        self.child_restarts.count()
+                    self._charged[cid] = allowed
+                    while len(self._charged) > MAX_CHARGED:
+                        del self._charged[next(iter(self._charged))]
+                return self._charged[cid]
             case Bound(child_id=cid, lease_id=lid, session_id=sid):
                 child = self.children.get(cid)
                 if child is not None and lid in child.slots:
