@@ -268,6 +268,8 @@ async def test_a_deleted_sessions_terminals_die_on_a_shared_child(packed: Daemon
         child = (await pids(client))[a]
         assert child is not None and (await pids(client))[b] == child
         marker = str(300 + os.getpid() % 600)  # a sleep nobody else runs
+        mode = await client.post(f"/session/{a}/approval-mode", json={"mode": "yolo"})
+        assert mode.status_code == 200, mode.text  # the agent runs it without asking
         await submit(client, a, f"[shell sleep {marker}]")
         with trio.fail_after(30):
             while not (found := processes_running(["sleep", marker])):
