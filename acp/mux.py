@@ -28,6 +28,12 @@ is per session). A session leaving the connection (:meth:`SessionMux.unbind`) ta
 terminals with it: they are killed and forgotten there, since the agent's own
 ``terminal/kill`` for them would be refused once the session is unbound.
 
+Oversized lines: the connection drops a line over its cap before it is parsed, but reads
+the ``sessionId`` its start or end names (:func:`acp.client.named_session`); the mux reports
+the drop to that session only. A line that names no bound session is counted on the mux
+(``unattributed_drops``, per child in ``/daemon/status``) and logged, never reported to the
+co-tenants: it is not theirs, and their own prompt ids would be stamped on it.
+
 Flow control: :meth:`flow_control` waits on the handler that received the last update (a
 lagging reader of one session paces the connection only while its own updates flow).
 
@@ -85,6 +91,8 @@ class SessionMux(BaseClientHandler):
         self._handlers: dict[str, ClientHandler] = {}
         self._unbound: deque[tuple[str, str, msgspec.Raw]] = deque(maxlen=MAX_UNBOUND_UPDATES)
         self._last: ClientHandler | None = None
+        #: Oversized lines dropped that named no bound session (see on_oversized_line).
+        self.unattributed_drops = 0
 
     # ---- the routing table -------------------------------------------------------------
 
@@ -152,12 +160,23 @@ class SessionMux(BaseClientHandler):
         if hook is not None:
             await hook(incoming_bytes)
 
-    def on_oversized_line(self, size: int, limit: int) -> None:
-        """A dropped line names no session we can read: tell every bound session."""
-        for handler in list(self._handlers.values()):
-            hook = getattr(handler, "on_oversized_line", None)
-            if hook is not None:
-                hook(size, limit)
+    def on_oversized_line(self, size: int, limit: int, session_id: str | None = None) -> None:
+        """A dropped line goes to the bound session it names (its start or end, read by the
+        connection); one that names none, or one not bound here, is only counted
+        (:attr:`unattributed_drops`) and logged: telling every co-tenant would report a line
+        that is not theirs, under their own prompts, and show them a neighbour's activity."""
+        handler = self._handlers.get(session_id) if session_id is not None else None
+        hook = getattr(handler, "on_oversized_line", None)
+        if hook is not None:
+            hook(size, limit, session_id)
+            return
+        self.unattributed_drops += 1
+        log.warning(
+            "dropped a %d-byte agent line over the %d-byte cap naming no bound session (%s)",
+            size,
+            limit,
+            "no sessionId" if session_id is None else f"sessionId {session_id[:64]!r}",
+        )
 
     # ---- requests ----------------------------------------------------------------------
 

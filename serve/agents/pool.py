@@ -371,6 +371,8 @@ class AgentPool(Actor[PoolMsg]):
                 "slots": self.per_agent,
                 "readyAt": _iso(c.ready_at),
                 "pssKiB": self.pss_kib.get(c.id),
+                # oversized lines naming no session on it (acp/mux.py; logged, not reported)
+                "unattributedDroppedLines": c.mux.unattributed_drops,
             }
             for c in self.children.values()
         ]

@@ -281,3 +281,35 @@ async def test_a_deleted_sessions_terminals_die_on_a_shared_child(packed: Daemon
         assert alive(child)  # B's child lives on, and B works
         reply = await client.post(f"/session/{b}/prompt", json=text("b here"))
         assert reply.status_code == 200 and reply.json()["stopReason"] == "end_turn"
+
+
+# ---- item 5: an oversized agent line is reported to its own session only -----------------
+
+
+@pytest.fixture
+def small_lines() -> Iterator[DaemonProcess]:
+    yield from daemon(
+        ["--sessions-per-agent", "2", "--warm-agents", "0", "--max-agent-line-bytes", "4096"]
+    )
+
+
+async def test_an_oversized_line_is_reported_only_to_the_session_it_belongs_to(
+    small_lines: DaemonProcess,
+) -> None:
+    async with await open_client(small_lines) as client:
+        a, b = await create(client), await create(client)
+        assert (await pids(client))[a] == (await pids(client))[b] is not None
+        busy = await submit(client, b, "[think waiting] [sleep 30000]")  # B's turn runs too
+        await wait_event(
+            client, b, lambda e: e.get("type") == "session_update" and e.get("promptId") == busy
+        )
+        reply = await client.post(f"/session/{a}/prompt", json=text("w" * 6000 + " [think ok]"))
+        assert reply.status_code == 200 and reply.json()["stopReason"] == "end_turn"
+        assert (await client.post(f"/session/{b}/cancel")).status_code == 204
+        await wait_event(client, b, lambda e: is_terminal(e) and e["promptId"] == busy)
+
+        a_dropped = [e for e in await history(client, a) if e["type"] == "agent_output_dropped"]
+        assert len(a_dropped) == 1 and a_dropped[0]["promptId"] == reply.json()["promptId"]
+        assert a_dropped[0]["data"]["sizeBytes"] > 6000
+        b_types = types(await history(client, b))
+        assert "agent_output_dropped" not in b_types
