@@ -38,8 +38,17 @@ spawn (so their error reaches the caller); the first child that initializes rese
 
 Release: :meth:`AgentLease.release` ends the session's use of its slot. On an exclusive
 child (``M = 1``) the child is stopped (by escalation) in the caller's task. On a shared
-child the session is unbound from the mux and ``session/close`` is sent when the agent
-offers it; an empty shared child is stopped unless it is needed as warm capacity.
+child the session is unbound from the mux (which kills the session's terminals) and
+``session/close`` is sent when the agent offers it; an empty shared child is stopped unless
+it is needed as warm capacity.
+
+Agents without ``session/close`` (or a close that fails): the session stays inside the
+child with its MCP servers, so its slot is not given back but becomes a *dead* slot
+(``deadSessions``): a child hosts at most ``M`` sessions, live or dead, over its life, and a
+child left with only dead slots is stopped (recycled) even when it would count as warm
+capacity. ``/daemon/status`` says so (``withoutSessionClose: "recycle"``, per child
+``closesSessions`` and ``deadSessions``). Recycling rather than refusing packing keeps
+packing's memory saving for such agents while bounding what a child accumulates.
 
 When a child exits, every session bound on it sees its connection close and restores
 itself in place by acquiring a new slot (see ``serve/sessions/actor.py``); sessions on
@@ -108,6 +117,7 @@ class AgentChild:
 
     __slots__ = (
         "conn",
+        "dead",
         "id",
         "mux",
         "ready_at",
@@ -125,6 +135,8 @@ class AgentChild:
         self.ready_at = time.time()
         self.used = False  # a session has taken a slot at least once
         self.stopping = False
+        #: Sessions left inside the agent (it could not close them): dead slots.
+        self.dead = 0
 
     @property
     def pid(self) -> int:
@@ -183,20 +195,23 @@ class AgentLease:
         self.released = True
         if self.session_id is not None:
             self.child.mux.unbind(self.session_id, self._handler)
+        left_behind = False  # the session stays inside the agent (no session/close)
         with trio.CancelScope(shield=True):
             if self.exclusive:
                 await self.conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
             elif self.session_id is not None and not self.conn.closed:
                 info = self.conn.info
+                left_behind = True
                 if info is not None and info.supports_close:
                     with trio.move_on_after(CLOSE_SESSION_TIMEOUT_S):
                         try:
                             await self.conn.close_session(
                                 self.session_id, timeout_s=CLOSE_SESSION_TIMEOUT_S
                             )
+                            left_behind = False
                         except (AcpError, RemoteError):
                             pass
-        self.pool._tell(Release(self.child.id, self.lease_id))
+        self.pool._tell(Release(self.child.id, self.lease_id, left_behind))
 
 
 # ---- messages ---------------------------------------------------------------------------
@@ -209,6 +224,9 @@ class Acquire(msgspec.Struct, frozen=True):
 class Release(msgspec.Struct, frozen=True):
     child_id: str
     lease_id: int
+    #: The session could not be closed in the agent (no ``session/close``, or it failed):
+    #: it stays inside the child, and its slot is not given back (a dead slot).
+    left_behind: bool = False
 
 
 class Bound(msgspec.Struct, frozen=True):
@@ -317,7 +335,7 @@ class AgentPool(Actor[PoolMsg]):
         return self.failures >= FAILING_AFTER
 
     def free_slots(self, child: AgentChild) -> int:
-        return 0 if child.stopping else self.per_agent - len(child.slots)
+        return 0 if child.stopping else self.per_agent - len(child.slots) - child.dead
 
     def warm_count(self) -> int:
         """Children with room for another session (idle ones when ``M = 1``)."""
@@ -368,6 +386,8 @@ class AgentPool(Actor[PoolMsg]):
                 if self.free_slots(c) == 0
                 else "shared",
                 "sessions": sum(1 for sid in c.slots.values() if sid),
+                "closesSessions": c.conn.info is not None and c.conn.info.supports_close,
+                "deadSessions": c.dead,
                 "slots": self.per_agent,
                 "readyAt": _iso(c.ready_at),
                 "pssKiB": self.pss_kib.get(c.id),
@@ -380,6 +400,9 @@ class AgentPool(Actor[PoolMsg]):
             "workspaceCwd": self.workspace,
             "warmTarget": self.warm_target,
             "sessionsPerAgent": self.per_agent,
+            # what happens to a session the agent cannot close (no session/close): it keeps
+            # its slot, and a child holding only such sessions is stopped
+            "withoutSessionClose": "recycle",
             "warm": self.warm_count(),
             "spawning": self.spawning,
             "waiting": len(self.waiters),
@@ -476,10 +499,12 @@ class AgentPool(Actor[PoolMsg]):
                 self._serve_waiters()
                 self._plan()
                 return reply
-            case Release(child_id=cid, lease_id=lid):
+            case Release(child_id=cid, lease_id=lid, left_behind=left_behind):
                 child = self.children.get(cid)
                 if child is not None:
                     child.slots.pop(lid, None)
+                    if left_behind:
+                        child.dead += 1
                     self._after_release(child)
                 self._serve_waiters()
                 self._plan()
@@ -585,6 +610,17 @@ class AgentPool(Actor[PoolMsg]):
 
     def _after_release(self, child: AgentChild) -> None:
         if child.slots or child.stopping:
+            return
+        if child.dead:
+            # Only sessions it could not close are left in it: recycle it, warm or not.
+            log.info(
+                "recycling agent child %s (pid %s): it holds only %d session(s) it cannot close",
+                child.id,
+                child.pid,
+                child.dead,
+            )
+            child.stopping = True
+            self._stop_child(child)
             return
         if self.per_agent == 1:
             # The lease closed it; a used exclusive child never goes back to warm.

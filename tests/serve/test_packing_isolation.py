@@ -313,3 +313,44 @@ async def test_an_oversized_line_is_reported_only_to_the_session_it_belongs_to(
         assert a_dropped[0]["data"]["sizeBytes"] > 6000
         b_types = types(await history(client, b))
         assert "agent_output_dropped" not in b_types
+
+
+# ---- item 6: an agent without session/close gets its children recycled -----------------
+
+
+@pytest.fixture
+def unclosable() -> Iterator[DaemonProcess]:
+    yield from daemon(["--sessions-per-agent", "2", "--warm-agents", "1"], "--no-close")
+
+
+async def pool_status(client: httpx.AsyncClient) -> dict[str, Any]:
+    return (await client.get("/daemon/status")).json()["runtime"]["agents"][0]  # type: ignore[no-any-return]
+
+
+async def test_sessions_an_agent_cannot_close_are_not_piled_up_in_a_shared_child(
+    unclosable: DaemonProcess,
+) -> None:
+    async with await open_client(unclosable) as client:
+        a, b = await create(client), await create(client)
+        first = (await pids(client))[a]
+        assert first is not None and (await pids(client))[b] == first
+        assert (await client.delete(f"/session/{a}")).status_code in (200, 204)
+
+        pool = await pool_status(client)
+        assert pool["withoutSessionClose"] == "recycle"
+        child = next(c for c in pool["children"] if c["pid"] == first)
+        assert child["closesSessions"] is False
+        assert child["deadSessions"] == 1 and child["sessions"] == 1
+        assert child["state"] == "full"  # A's slot is not handed out again
+
+        c = await create(client)
+        assert (await pids(client))[c] not in (first, None)  # not into the child holding A
+
+        # B goes too: the first child holds only sessions it cannot close, and is recycled
+        # although a warm child is wanted.
+        assert (await client.delete(f"/session/{b}")).status_code in (200, 204)
+        with trio.fail_after(20):
+            while alive(first):
+                await trio.sleep(0.05)
+        reply = await client.post(f"/session/{c}/prompt", json=text("c works"))
+        assert reply.status_code == 200 and reply.json()["stopReason"] == "end_turn"
