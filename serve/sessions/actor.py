@@ -280,6 +280,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self._rebound = trio.Event()
         self._last_agent_use = 0.0  # trio clock: the agent was bound or a prompt ended
         self._rebind_error: Exception | None = None
+        #: This session had its agent killed (an ignored cancel): not a bystander of the exit.
+        self._killed_agent = False
 
     # ---- read models (sync, for in-process status pages and metrics) -------------------
 
@@ -473,8 +475,11 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 exit_info.exit_code,
                 exit_info.signal,
             )
-            # An idle session on a shared child is a bystander: charged to the child.
-            attempt = await self.link.next_restart(bystander=self.prompts.running is None)
+            # An idle session on a shared child is a bystander: charged to the child. One
+            # that had it killed (its cancel ignored) is not, though its turn has ended.
+            bystander = self.prompts.running is None and not self._killed_agent
+            self._killed_agent = False
+            attempt = await self.link.next_restart(bystander=bystander)
             if attempt is None:  # no load/resume, or past the restart intensity
                 await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
                 raise AgentExited(exit_info)
@@ -885,6 +890,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             self.session_id,
             grace_ms,
         )
+        self._killed_agent = True
         await self.link.kill()  # the child watcher restarts it in place
 
     async def _leave_shared_child(self, job: Job, grace_ms: int) -> None:
@@ -911,7 +917,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         await self.link.let_go()
         self.release_count += 1
         self.log.publish(
-            "agent_released", {"sessionId": self.session_id, "reason": "cancel_timeout", "idleMs": 0}
+            "agent_released",
+            {"sessionId": self.session_id, "reason": "cancel_timeout", "idleMs": 0},
         )
         if self.prompts.queued:
             self._ensure_bound("prompt")

@@ -137,7 +137,10 @@ def test_an_oversized_line_is_reported_to_the_session_it_names_only() -> None:
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        (b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s-1","update":', "s-1"),
+        (
+            b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s-1","update":',
+            "s-1",
+        ),
         (b'{"method":"session/update","params":{"update":{"text":"', None),
         (b'{"params":{"update":{"text":"say \\"sessionId\\":\\"evil\\""', None),  # in a string
     ],

@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from acp import jsonrpc  # noqa: E402
-from acp.agents.scripted.agent import RpcFailure, ScriptedAgent  # noqa: E402
-from acp.errors import METHOD_NOT_FOUND  # noqa: E402
+from acp import jsonrpc
+from acp.agents.scripted.agent import RpcFailure, ScriptedAgent
+from acp.errors import METHOD_NOT_FOUND
 
 
 class PackingAgent(ScriptedAgent):
@@ -48,7 +48,7 @@ class PackingAgent(ScriptedAgent):
             return {}
         return super().close_session(rid, params)
 
-    METHODS = {
+    METHODS: ClassVar = {
         **ScriptedAgent.METHODS,
         "initialize": initialize,
         "session/close": close_session,
