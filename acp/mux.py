@@ -20,6 +20,9 @@ Updates for a ``sessionId`` nobody has bound yet are kept, in order, in a bounde
 handed to the handler when it binds. That covers ``session/new``: the agent may send
 updates (``available_commands_update``...) before the answer that tells us the id. (Those of
 a ``session/new`` that failed stay until pushed out: other sessions' may be in the buffer.)
+A session that was bound and left (:meth:`SessionMux.unbind`) is never new: its buffered
+updates are dropped, and so are those that arrive until it binds again (what an agent still
+sends of a turn abandoned when the session left must not reach it on its next bind).
 
 Terminals: the connection gives the mux a :class:`~acp.terminal.TerminalManager`; every
 handler bound to it that is a :class:`~acp.handler.BaseClientHandler` uses that manager
@@ -91,6 +94,9 @@ class SessionMux(BaseClientHandler):
         self._handlers: dict[str, ClientHandler] = {}
         self._unbound: deque[tuple[str, str, msgspec.Raw]] = deque(maxlen=MAX_UNBOUND_UPDATES)
         self._last: ClientHandler | None = None
+        #: Sessions that were bound here and left (insertion-ordered, at most
+        #: MAX_UNBOUND_UPDATES ids): their late updates are dropped, not kept for a bind.
+        self._left: dict[str, None] = {}
         #: Oversized lines dropped that named no bound session (see on_oversized_line).
         self.unattributed_drops = 0
 
@@ -99,6 +105,7 @@ class SessionMux(BaseClientHandler):
     def bind(self, session_id: str, handler: ClientHandler) -> None:
         """Route ``session_id`` to ``handler``; buffered updates for it are delivered now."""
         self._handlers[session_id] = handler
+        self._left.pop(session_id, None)
         if isinstance(handler, BaseClientHandler) and self.terminals is not None:
             handler.terminals = self.terminals
         if self._unbound:
@@ -119,6 +126,13 @@ class SessionMux(BaseClientHandler):
                 self._last = None
             if self.terminals is not None:
                 self.terminals.release_session(session_id)
+            self._left[session_id] = None
+            while len(self._left) > MAX_UNBOUND_UPDATES:
+                del self._left[next(iter(self._left))]
+            if any(sid == session_id for sid, _, _ in self._unbound):
+                self._unbound = deque(
+                    (u for u in self._unbound if u[0] != session_id), maxlen=MAX_UNBOUND_UPDATES
+                )
 
     @property
     def session_ids(self) -> list[str]:
@@ -142,7 +156,10 @@ class SessionMux(BaseClientHandler):
     def on_session_update(self, session_id: str, kind: str, update: msgspec.Raw) -> None:
         handler = self._handlers.get(session_id)
         if handler is None:
-            self._unbound.append((session_id, kind, update))
+            if session_id in self._left:  # e.g. the rest of a turn abandoned on leaving
+                log.debug("dropping a %s update for session %s, which left", kind, session_id)
+            else:
+                self._unbound.append((session_id, kind, update))
             return
         self._last = handler
         handler.on_session_update(session_id, kind, update)

@@ -148,3 +148,18 @@ def test_an_oversized_line_is_reported_to_the_session_it_names_only() -> None:
 def test_named_session_reads_the_start_then_the_end(line: bytes, expected: str | None) -> None:
     assert named_session(line + b"\n" + b'"}}}') == expected
     assert named_session(b'{"params":{"update":{}' + b"\n" + b'x"},"sessionId":"s-2"}}') == "s-2"
+
+
+def test_a_session_that_left_gets_no_stale_updates_when_it_binds_again() -> None:
+    """What the agent still sends for a session after it left (an abandoned turn) is not
+    kept for its next bind (issue 22, item 1)."""
+    mux = SessionMux()
+    a = Recorder("a")
+    mux.bind("sa", a)
+    mux.unbind("sa", a)
+    mux.on_session_update("sa", "agent_message_chunk", raw({"stale": 1}))
+    again = Recorder("a2")
+    mux.bind("sa", again)
+    assert again.updates == []
+    mux.on_session_update("sa", "plan", raw({"fresh": 1}))
+    assert [u[2] for u in again.updates] == [b'{"fresh":1}']

@@ -163,6 +163,43 @@ async def test_an_ignored_cancel_on_a_shared_child_ends_only_that_sessions_turn(
 
 
 @pytest.fixture
+def deaf_unloadable() -> Iterator[DaemonProcess]:
+    yield from daemon(
+        ["--sessions-per-agent", "2", "--warm-agents", "0", "--cancel-grace-ms", str(GRACE_MS)],
+        "--deaf --no-load",
+    )
+
+
+async def test_an_ignored_cancel_ends_a_session_the_agent_cannot_restore_and_only_it(
+    deaf_unloadable: DaemonProcess,
+) -> None:
+    async with await open_client(deaf_unloadable) as client:
+        a, b = await create(client), await create(client)
+        shared = (await pids(client))[b]
+        assert shared is not None and (await pids(client))[a] == shared
+        async with client.stream(
+            "GET", f"/session/{a}/events", headers={"Last-Event-ID": "0"}
+        ) as stream:
+            prompt_id = await submit(client, a, "[think in the turn] [sleep 30000]")
+            await wait_event(
+                client,
+                a,
+                lambda e: e.get("type") == "session_update" and e.get("promptId") == prompt_id,
+            )
+            assert (await client.post(f"/session/{a}/cancel")).status_code == 204
+            with trio.fail_after(30):
+                events = await collect_until(stream, lambda e: e["type"] == "session_died")
+        [terminal] = [e for e in events if is_terminal(e)]
+        assert terminal["data"]["errorKind"] == "cancel_timeout"
+        assert events[-1]["data"]["reason"] == "cancel_timeout"
+        # B, on the same child, never noticed.
+        assert (await pids(client))[b] == shared
+        assert "session_died" not in types(await history(client, b))
+        reply = await client.post(f"/session/{b}/prompt", json=text("b still here"))
+        assert reply.status_code == 200 and reply.json()["stopReason"] == "end_turn"
+
+
+@pytest.fixture
 def hanging() -> Iterator[DaemonProcess]:
     yield from daemon(
         ["--sessions-per-agent", "2", "--warm-agents", "0", "--cancel-grace-ms", str(GRACE_MS)]

@@ -1,12 +1,13 @@
 """The scripted agent with knobs for the packing-isolation tests.
 
-    python tests/support/packing_agent.py --state-dir DIR [--deaf] [--no-close]
+    python tests/support/packing_agent.py --state-dir DIR [--deaf] [--no-close] [--no-load]
 
 ``--deaf``: ``session/cancel``, ``$/cancel_request`` and ``session/close`` never stop a
 running turn (``[sleep N]`` sleeps its N ms whatever the client says), while the agent keeps
 answering every other request, for every session. ``--no-close``: ``initialize`` does not
-offer ``sessionCapabilities.close`` and ``session/close`` answers ``-32601``. Everything
-else is :mod:`acp.agents.scripted`.
+offer ``sessionCapabilities.close`` and ``session/close`` answers ``-32601``. ``--no-load``:
+it offers neither ``session/load`` nor ``session/resume`` (a session cannot be restored).
+Everything else is :mod:`acp.agents.scripted`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from acp.errors import METHOD_NOT_FOUND
 class PackingAgent(ScriptedAgent):
     deaf = False
     no_close = False
+    no_load = False
 
     def _on_notification(self, msg: jsonrpc.Notification) -> None:
         if self.deaf and msg.method in ("session/cancel", "$/cancel_request"):
@@ -36,6 +38,9 @@ class PackingAgent(ScriptedAgent):
         result: Any = super().initialize(rid, params)
         if self.no_close:
             result["agentCapabilities"]["sessionCapabilities"].pop("close", None)
+        if self.no_load:
+            result["agentCapabilities"]["loadSession"] = False
+            result["agentCapabilities"]["sessionCapabilities"].pop("resume", None)
         return result
 
     def close_session(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
@@ -60,6 +65,7 @@ def main() -> None:
     agent = PackingAgent(os.path.abspath(args[args.index("--state-dir") + 1]))
     agent.deaf = "--deaf" in args
     agent.no_close = "--no-close" in args
+    agent.no_load = "--no-load" in args
     agent.serve(sys.stdin.buffer)
 
 
