@@ -52,7 +52,10 @@ packing's memory saving for such agents while bounding what a child accumulates.
 
 When a child exits, every session bound on it sees its connection close and restores
 itself in place by acquiring a new slot (see ``serve/sessions/actor.py``); sessions on
-other children are not involved.
+other children are not involved. An idle session restored so is charged nothing: it asks
+the pool (:class:`ChargeExit`), which counts each shared child's exit once in its own
+restart window (the sessions' ``--agent-restart-*`` figures) and answers whether that
+window still allows it; past it, the sessions' own windows count again.
 
 Memory (``--agent-memory-budget-mb``): a sampler task measures each child's PSS (its
 process tree, ``/proc/<pid>/smaps_rollup``, in a worker thread) every

@@ -17,7 +17,15 @@ pool hands out pre-spawned children instead), then opens the ACP session:
 Restart in place: after :meth:`AgentLink.wait_exit`, :meth:`~AgentLink.next_restart` says
 whether the restart window (``--agent-restart-*``) and the agent's load/resume support allow
 another attempt, and :meth:`~AgentLink.restart` backs off (exponentially, at most 5 s) and
-opens again with ``restart``. :meth:`~AgentLink.kill` stops an unresponsive agent at once.
+opens again with ``restart``. :meth:`~AgentLink.kill` stops an unresponsive agent at once;
+:meth:`~AgentLink.responsive` asks whether it still answers at all (a probe).
+
+Shared children (a pool lease with ``shared``): a bystander's restart (no turn of its own
+running) is charged to the child through :meth:`AgentLease.charge_exit` (each exit counted
+once, in the pool) while that window allows, else to the session's own window. Releasing
+the lease forgets the connection at once (``conn`` None: no pid shown, no cancel sent to a
+child the session left), and :meth:`~AgentLink.wait_exit` then returns None instead of
+waiting for that child's exit.
 
 :class:`JournalLink` is the session's durable journal: open a writer (fresh or appending),
 rebuild an :class:`~serve.events.EventLog` from a journal after a daemon restart, close.
