@@ -511,6 +511,10 @@ class AgentPool(Actor[PoolMsg]):
                     self._after_release(child)
                 self._serve_waiters()
                 self._plan()
+            case Bound(child_id=cid, lease_id=lid, session_id=sid):
+                child = self.children.get(cid)
+                if child is not None and lid in child.slots:
+                    child.slots[lid] = sid
             case ChargeExit(child_id=cid, intensity=intensity, period_s=period_s):
                 if cid not in self._charged:
                     if self.child_restarts is None:
@@ -522,10 +526,6 @@ class AgentPool(Actor[PoolMsg]):
                     while len(self._charged) > MAX_CHARGED:
                         del self._charged[next(iter(self._charged))]
                 return self._charged[cid]
-            case Bound(child_id=cid, lease_id=lid, session_id=sid):
-                child = self.children.get(cid)
-                if child is not None and lid in child.slots:
-                    child.slots[lid] = sid
             case _Spawned(child=child):
                 self.spawning -= 1
                 self.spawned_total += 1
