@@ -135,11 +135,11 @@ class AgentChild:
         self.mux = mux
         #: lease id -> ACP session id once bound ("" before).
         self.slots: dict[int, str] = {}
+        #: Sessions left inside the agent (it could not close them): dead slots.
+        self.dead = 0
         self.ready_at = time.time()
         self.used = False  # a session has taken a slot at least once
         self.stopping = False
-        #: Sessions left inside the agent (it could not close them): dead slots.
-        self.dead = 0
 
     @property
     def pid(self) -> int:
@@ -515,17 +515,6 @@ class AgentPool(Actor[PoolMsg]):
                 child = self.children.get(cid)
                 if child is not None and lid in child.slots:
                     child.slots[lid] = sid
-            case ChargeExit(child_id=cid, intensity=intensity, period_s=period_s):
-                if cid not in self._charged:
-                    if self.child_restarts is None:
-                        self.child_restarts = RestartWindow(intensity, period_s)
-                    allowed = self.child_restarts.allows()
-                    if allowed:
-                        self.child_restarts.count()
-                    self._charged[cid] = allowed
-                    while len(self._charged) > MAX_CHARGED:
-                        del self._charged[next(iter(self._charged))]
-                return self._charged[cid]
             case _Spawned(child=child):
                 self.spawning -= 1
                 self.spawned_total += 1
@@ -588,6 +577,17 @@ class AgentPool(Actor[PoolMsg]):
                 except ValueError:
                     if reply.done and self._nursery is not None:
                         self._nursery.start_soon(_give_back, reply)
+            case ChargeExit(child_id=cid, intensity=intensity, period_s=period_s):
+                if cid not in self._charged:
+                    if self.child_restarts is None:
+                        self.child_restarts = RestartWindow(intensity, period_s)
+                    allowed = self.child_restarts.allows()
+                    if allowed:
+                        self.child_restarts.count()
+                    self._charged[cid] = allowed
+                    while len(self._charged) > MAX_CHARGED:
+                        del self._charged[next(iter(self._charged))]
+                return self._charged[cid]
         return None
 
     def _serve_waiters(self) -> None:
