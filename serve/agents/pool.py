@@ -391,11 +391,11 @@ class AgentPool(Actor[PoolMsg]):
                 "sessions": sum(1 for sid in c.slots.values() if sid),
                 "closesSessions": c.conn.info is not None and c.conn.info.supports_close,
                 "deadSessions": c.dead,
+                # oversized lines naming no session on it (acp/mux.py; logged, not reported)
+                "unattributedDroppedLines": c.mux.unattributed_drops,
                 "slots": self.per_agent,
                 "readyAt": _iso(c.ready_at),
                 "pssKiB": self.pss_kib.get(c.id),
-                # oversized lines naming no session on it (acp/mux.py; logged, not reported)
-                "unattributedDroppedLines": c.mux.unattributed_drops,
             }
             for c in self.children.values()
         ]
