@@ -118,6 +118,20 @@ def _decode[T](method: str, raw: Raw, decode: Callable[[Raw], T]) -> T:
         raise ProtocolError(f"agent sent a malformed {method} result: {exc}") from exc
 
 
+_SESSION_ID_RE: Final = re.compile(rb'(?<!\\)"sessionId"\s*:\s*"([^"\\]{1,256})"')
+
+
+def named_session(excerpt: bytes) -> str | None:
+    """The ``sessionId`` a dropped line names, read from its excerpt (start, ``\\n``, end):
+    the first one at its start (``params.sessionId`` comes first in what agents send),
+    else the last one at its end; None when neither shows one."""
+    head, _, tail = excerpt.partition(b"\n")
+    found = _SESSION_ID_RE.search(head)
+    if found is None:
+        found = next(reversed(list(_SESSION_ID_RE.finditer(tail))), None)
+    return found.group(1).decode("utf-8", "replace") if found is not None else None
+
+
 class AgentConnection:
     """One ACP agent child and the client side of its connection (see the module docstring)."""
 
@@ -327,11 +341,12 @@ class AgentConnection:
         else:
             self.handler.on_notification(method, params)
 
-    def on_oversized_line(self, size: int, limit: int) -> None:
-        """A line over the cap was dropped: tell the handler (if it wants to know)."""
+    def on_oversized_line(self, size: int, limit: int, excerpt: bytes = b"") -> None:
+        """A line over the cap was dropped: tell the handler (if it wants to know) with the
+        session the line named, when its start or end names one (:func:`named_session`)."""
         hook = getattr(self.handler, "on_oversized_line", None)
         if hook is not None:
-            hook(size, limit)
+            hook(size, limit, named_session(excerpt))
 
     async def flow_control(self, incoming_bytes: int = 0) -> None:
         """Let the handler pace the reader (see :class:`acp.rpc.FlowControlled`)."""

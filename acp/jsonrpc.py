@@ -44,10 +44,17 @@ DEFAULT_MAX_LINE_BYTES: Final = 50 * 2**20
 # --------------------------------------------------------------------------- framing
 
 
+#: Bytes of an oversized line's start and end kept for its report (:class:`OversizedLine`).
+EXCERPT_BYTES: Final = 512
+
+
 class OversizedLine(msgspec.Struct, frozen=True):
-    """A line longer than the cap was dropped; ``size`` is its length in bytes."""
+    """A line longer than the cap was dropped; ``size`` is its length in bytes, ``head`` and
+    ``tail`` its first and last :data:`EXCERPT_BYTES` (enough to tell whose it was)."""
 
     size: int
+    head: bytes = b""
+    tail: bytes = b""
 
 
 class LineFramer:
@@ -60,7 +67,7 @@ class LineFramer:
     (``msgspec.Raw`` views into it stay valid).
     """
 
-    __slots__ = ("_buf", "_discarded", "_discarding", "max_line_bytes")
+    __slots__ = ("_buf", "_discarded", "_discarding", "_head", "_tail", "max_line_bytes")
 
     def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
         if max_line_bytes <= 0:
@@ -69,6 +76,8 @@ class LineFramer:
         self._buf = bytearray()
         self._discarding = False
         self._discarded = 0
+        self._head = b""  # of the line being discarded
+        self._tail = b""
 
     @property
     def buffered_bytes(self) -> int:
@@ -88,13 +97,19 @@ class LineFramer:
             if nl < 0:
                 break
             if self._discarding:
-                out.append(OversizedLine(self._discarded + nl - start))
+                tail = (self._tail + data[max(start, nl - EXCERPT_BYTES) : nl])[-EXCERPT_BYTES:]
+                out.append(OversizedLine(self._discarded + nl - start, self._head, tail))
                 self._discarding = False
                 self._discarded = 0
+                self._head = self._tail = b""
             elif self._buf:
                 size = len(self._buf) + nl - start
                 if size > limit:
-                    out.append(OversizedLine(size))
+                    end = data[max(start, nl - EXCERPT_BYTES) : nl]
+                    tail = (bytes(self._buf[-EXCERPT_BYTES:]) + end)[-EXCERPT_BYTES:]
+                    head = bytes(self._buf[:EXCERPT_BYTES])
+                    head += data[start : start + EXCERPT_BYTES - len(head)]
+                    out.append(OversizedLine(size, head, tail))
                     self._buf = bytearray()
                 else:
                     line, self._buf = self._buf, bytearray()
@@ -104,7 +119,8 @@ class LineFramer:
                     if not line.isspace():
                         out.append(line)
             elif nl - start > limit:
-                out.append(OversizedLine(nl - start))
+                head, tail = data[start : start + EXCERPT_BYTES], data[nl - EXCERPT_BYTES : nl]
+                out.append(OversizedLine(nl - start, head, tail))
             else:
                 part = data[start:nl]
                 if part.endswith(b"\r"):
@@ -120,10 +136,15 @@ class LineFramer:
         size = len(rest)
         if self._discarding:
             self._discarded += size
+            self._tail = (self._tail + bytes(rest[-EXCERPT_BYTES:]))[-EXCERPT_BYTES:]
             return
         if len(self._buf) + size > self.max_line_bytes:
             self._discarding = True
             self._discarded = len(self._buf) + size
+            start = bytes(self._buf[:EXCERPT_BYTES])
+            self._head = start + bytes(rest[: EXCERPT_BYTES - len(start)])
+            end = bytes(self._buf[-EXCERPT_BYTES:]) + bytes(rest[-EXCERPT_BYTES:])
+            self._tail = end[-EXCERPT_BYTES:]
             self._buf = bytearray()
         else:
             self._buf += rest

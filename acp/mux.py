@@ -20,10 +20,22 @@ Updates for a ``sessionId`` nobody has bound yet are kept, in order, in a bounde
 handed to the handler when it binds. That covers ``session/new``: the agent may send
 updates (``available_commands_update``...) before the answer that tells us the id. (Those of
 a ``session/new`` that failed stay until pushed out: other sessions' may be in the buffer.)
+A session that was bound and left (:meth:`SessionMux.unbind`) is never new: its buffered
+updates are dropped, and so are those that arrive until it binds again (what an agent still
+sends of a turn abandoned when the session left must not reach it on its next bind).
 
 Terminals: the connection gives the mux a :class:`~acp.terminal.TerminalManager`; every
 handler bound to it that is a :class:`~acp.handler.BaseClientHandler` uses that manager
-(terminal ids are the connection's, requests are still routed per session).
+(terminal ids are the connection's, requests are still routed per session; the terminal cap
+is per session). A session leaving the connection (:meth:`SessionMux.unbind`) takes its
+terminals with it: they are killed and forgotten there, since the agent's own
+``terminal/kill`` for them would be refused once the session is unbound.
+
+Oversized lines: the connection drops a line over its cap before it is parsed, but reads
+the ``sessionId`` its start or end names (:func:`acp.client.named_session`); the mux reports
+the drop to that session only. A line that names no bound session is counted on the mux
+(``unattributed_drops``, per child in ``/daemon/status``) and logged, never reported to the
+co-tenants: it is not theirs, and their own prompt ids would be stamped on it.
 
 Flow control: :meth:`flow_control` waits on the handler that received the last update (a
 lagging reader of one session paces the connection only while its own updates flow).
@@ -82,12 +94,18 @@ class SessionMux(BaseClientHandler):
         self._handlers: dict[str, ClientHandler] = {}
         self._unbound: deque[tuple[str, str, msgspec.Raw]] = deque(maxlen=MAX_UNBOUND_UPDATES)
         self._last: ClientHandler | None = None
+        #: Sessions that were bound here and left (insertion-ordered, at most
+        #: MAX_UNBOUND_UPDATES ids): their late updates are dropped, not kept for a bind.
+        self._left: dict[str, None] = {}
+        #: Oversized lines dropped that named no bound session (see on_oversized_line).
+        self.unattributed_drops = 0
 
     # ---- the routing table -------------------------------------------------------------
 
     def bind(self, session_id: str, handler: ClientHandler) -> None:
         """Route ``session_id`` to ``handler``; buffered updates for it are delivered now."""
         self._handlers[session_id] = handler
+        self._left.pop(session_id, None)
         if isinstance(handler, BaseClientHandler) and self.terminals is not None:
             handler.terminals = self.terminals
         if self._unbound:
@@ -106,6 +124,15 @@ class SessionMux(BaseClientHandler):
             del self._handlers[session_id]
             if self._last is current:
                 self._last = None
+            if self.terminals is not None:
+                self.terminals.release_session(session_id)
+            self._left[session_id] = None
+            while len(self._left) > MAX_UNBOUND_UPDATES:
+                del self._left[next(iter(self._left))]
+            if any(sid == session_id for sid, _, _ in self._unbound):
+                self._unbound = deque(
+                    (u for u in self._unbound if u[0] != session_id), maxlen=MAX_UNBOUND_UPDATES
+                )
 
     @property
     def session_ids(self) -> list[str]:
@@ -129,7 +156,10 @@ class SessionMux(BaseClientHandler):
     def on_session_update(self, session_id: str, kind: str, update: msgspec.Raw) -> None:
         handler = self._handlers.get(session_id)
         if handler is None:
-            self._unbound.append((session_id, kind, update))
+            if session_id in self._left:  # e.g. the rest of a turn abandoned on leaving
+                log.debug("dropping a %s update for session %s, which left", kind, session_id)
+            else:
+                self._unbound.append((session_id, kind, update))
             return
         self._last = handler
         handler.on_session_update(session_id, kind, update)
@@ -147,12 +177,23 @@ class SessionMux(BaseClientHandler):
         if hook is not None:
             await hook(incoming_bytes)
 
-    def on_oversized_line(self, size: int, limit: int) -> None:
-        """A dropped line names no session we can read: tell every bound session."""
-        for handler in list(self._handlers.values()):
-            hook = getattr(handler, "on_oversized_line", None)
-            if hook is not None:
-                hook(size, limit)
+    def on_oversized_line(self, size: int, limit: int, session_id: str | None = None) -> None:
+        """A dropped line goes to the bound session it names (its start or end, read by the
+        connection); one that names none, or one not bound here, is only counted
+        (:attr:`unattributed_drops`) and logged: telling every co-tenant would report a line
+        that is not theirs, under their own prompts, and show them a neighbour's activity."""
+        handler = self._handlers.get(session_id) if session_id is not None else None
+        hook = getattr(handler, "on_oversized_line", None)
+        if hook is not None:
+            hook(size, limit, session_id)
+            return
+        self.unattributed_drops += 1
+        log.warning(
+            "dropped a %d-byte agent line over the %d-byte cap naming no bound session (%s)",
+            size,
+            limit,
+            "no sessionId" if session_id is None else f"sessionId {session_id[:64]!r}",
+        )
 
     # ---- requests ----------------------------------------------------------------------
 

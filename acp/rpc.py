@@ -151,9 +151,10 @@ class Dispatcher(Protocol):
 class DropObserver(Protocol):
     """A dispatcher may also hear of every line dropped for its size: ``on_oversized_line``
     is called from the reader (synchronously, must not block or raise) with the line's
-    size and the cap, both in bytes."""
+    size and the cap, both in bytes, and an excerpt: the line's first and last
+    :data:`~acp.jsonrpc.EXCERPT_BYTES` joined by ``\n`` (which no line contains)."""
 
-    def on_oversized_line(self, size: int, limit: int) -> None: ...
+    def on_oversized_line(self, size: int, limit: int, excerpt: bytes) -> None: ...
 
 
 class FlowControlled(Protocol):
@@ -221,7 +222,7 @@ class RpcChannel:
         self._flow_control: Callable[[int], Awaitable[None]] | None = getattr(
             dispatcher, "flow_control", None
         )
-        self._on_oversized: Callable[[int, int], None] | None = getattr(
+        self._on_oversized: Callable[[int, int, bytes], None] | None = getattr(
             dispatcher, "on_oversized_line", None
         )
         self._framer = LineFramer(max_line_bytes)
@@ -405,7 +406,7 @@ class RpcChannel:
             self._oversized_log.note(f"{line.size}-byte line over the {limit}-byte cap")
             if self._on_oversized is not None:
                 try:
-                    self._on_oversized(line.size, limit)
+                    self._on_oversized(line.size, limit, line.head + b"\n" + line.tail)
                 except Exception:
                     log.exception("on_oversized_line of %s failed", self.name)
             return

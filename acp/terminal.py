@@ -25,7 +25,9 @@ stdout+stderr into a bounded buffer and waits for its exit.
 * ``kill`` SIGKILLs the terminal's process group; the terminal stays valid (output and exit
   status can still be read). ``release`` kills it if still running and forgets the id.
 * :meth:`TerminalManager.aclose` kills every terminal and waits for the reaps; the owner calls
-  it when the connection ends. At most ``max_terminals`` terminals exist at once.
+  it when the connection ends. :meth:`TerminalManager.release_session` kills and forgets every
+  terminal of one session (it left a shared connection). At most ``max_terminals`` terminals
+  exist at once per session (a connection shared by M sessions holds at most M times that).
 
 A terminal belongs to the session that created it: any other session's request for it gets
 ``-32002`` (resource not found), as does an unknown or released id.
@@ -219,10 +221,11 @@ class TerminalManager:
     async def create(self, params: CreateTerminalParams) -> str:
         if self._closed:
             raise HandlerError(INTERNAL_ERROR, "terminals are shut down")
-        if len(self._terminals) >= self._max:
+        owned = sum(1 for t in self._terminals.values() if t.session_id == params.session_id)
+        if owned >= self._max:
             raise HandlerError(
                 INTERNAL_ERROR,
-                f"too many terminals (limit {self._max}); release some first",
+                f"too many terminals (limit {self._max} per session); release some first",
             )
         limit = params.output_byte_limit
         if limit is None:
@@ -279,6 +282,15 @@ class TerminalManager:
         term = self._get(params)
         del self._terminals[term.id]
         term.kill()
+
+    def release_session(self, session_id: str) -> int:
+        """Kill and forget every terminal of ``session_id`` (it left the connection); the
+        terminal tasks reap them. Returns how many there were."""
+        terms = [t for t in self._terminals.values() if t.session_id == session_id]
+        for term in terms:
+            del self._terminals[term.id]
+            term.kill()
+        return len(terms)
 
     async def aclose(self) -> None:
         """Kill every terminal and wait (bounded) for them to be reaped. Idempotent."""

@@ -48,12 +48,24 @@ creates still try their own spawn at once (so their error reaches the caller).
 
 Release: :meth:`AgentLease.release` ends the session's use of its slot. On an exclusive
 child (``M = 1``) the child is stopped (by escalation) in the caller's task. On a shared
-child the session is unbound from the mux and ``session/close`` is sent when the agent
-offers it; an empty shared child is stopped unless it is needed as warm capacity.
+child the session is unbound from the mux (which kills the session's terminals) and
+``session/close`` is sent when the agent offers it; an empty shared child is stopped unless
+it is needed as warm capacity.
+
+Agents without ``session/close`` (or a close that fails): the session stays inside the
+child with its MCP servers, so its slot is not given back but becomes a *dead* slot
+(``deadSessions``): a child hosts at most ``M`` sessions, live or dead, over its life, and a
+child left with only dead slots is stopped (recycled) even when it would count as warm
+capacity. ``/daemon/status`` says so (``withoutSessionClose: "recycle"``, per child
+``closesSessions`` and ``deadSessions``). Recycling rather than refusing packing keeps
+packing's memory saving for such agents while bounding what a child accumulates.
 
 When a child exits, every session bound on it sees its connection close and restores
 itself in place by acquiring a new slot (see ``serve/sessions/actor.py``); sessions on
-other children are not involved.
+other children are not involved. An idle session restored so is charged nothing: it asks
+the pool (:class:`ChargeExit`), which counts each shared child's exit once in its own
+restart window (the sessions' ``--agent-restart-*`` figures) and answers whether that
+window still allows it; past it, the sessions' own windows count again.
 
 Memory (``--agent-memory-budget-mb``): a sampler task measures each child's PSS (its
 process tree, ``/proc/<pid>/smaps_rollup``, in a worker thread) every
@@ -90,7 +102,7 @@ from acp.errors import AcpError, RemoteError
 from acp.handler import ClientHandler
 from acp.mux import SessionMux
 from acp.process import ExitInfo
-from actors import Actor, ActorError, Reply
+from actors import Actor, ActorError, Reply, RestartWindow
 from serve.agents import compile_cache
 from serve.agents.memory import measure_trees
 from serve.sessions.agent_link import agent_env
@@ -113,6 +125,8 @@ MAX_ERROR_CHARS: Final = 300
 CLOSE_SESSION_TIMEOUT_S: Final = 2.0
 #: Seconds an idle child gets after stdin EOF before SIGTERM (nothing of a turn to finish).
 IDLE_EOF_GRACE_S: Final = 0.2
+#: Exited shared children whose restart charge is remembered (for their other sessions).
+MAX_CHARGED: Final = 64
 #: Memory sampling period without / with a budget (seconds).
 SAMPLE_S: Final = 5.0
 SAMPLE_BUDGET_S: Final = 1.0
@@ -124,6 +138,7 @@ class AgentChild:
 
     __slots__ = (
         "conn",
+        "dead",
         "id",
         "mux",
         "ready_at",
@@ -139,6 +154,8 @@ class AgentChild:
         self.mux = mux
         #: lease id -> ACP session id once bound ("" before).
         self.slots: dict[int, str] = {}
+        #: Sessions left inside the agent (it could not close them): dead slots.
+        self.dead = 0
         self.ready_at = time.time()
         self.used = False  # a session has taken a slot at least once
         self.stopping = False
@@ -169,6 +186,23 @@ class AgentLease:
     def child_id(self) -> str:
         return self.child.id
 
+    @property
+    def shared(self) -> bool:
+        return not self.exclusive
+
+    async def charge_exit(self, intensity: int, period_s: float) -> bool:
+        """Count this child's exit once against the pool's window of shared-child restarts
+        (every session on the child asks; the first one counts it); True while it allows."""
+        if self.exclusive:
+            return False
+        try:
+            allowed: bool = await self.pool.ask(
+                ChargeExit(self.child.id, intensity, period_s), timeout_s=5.0
+            )
+        except ActorError:
+            return False
+        return allowed
+
     def bind(self, session_id: str, handler: ClientHandler) -> None:
         """Route ``session_id``'s updates and requests on this connection to ``handler``."""
         self.session_id = session_id
@@ -184,20 +218,23 @@ class AgentLease:
         self.released = True
         if self.session_id is not None:
             self.child.mux.unbind(self.session_id, self._handler)
+        left_behind = False  # the session stays inside the agent (no session/close)
         with trio.CancelScope(shield=True):
             if self.exclusive:
                 await self.conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
             elif self.session_id is not None and not self.conn.closed:
                 info = self.conn.info
+                left_behind = True
                 if info is not None and info.supports_close:
                     with trio.move_on_after(CLOSE_SESSION_TIMEOUT_S):
                         try:
                             await self.conn.close_session(
                                 self.session_id, timeout_s=CLOSE_SESSION_TIMEOUT_S
                             )
+                            left_behind = False
                         except (AcpError, RemoteError):
                             pass
-        self.pool._tell(Release(self.child.id, self.lease_id))
+        self.pool._tell(Release(self.child.id, self.lease_id, left_behind))
 
 
 # ---- messages ---------------------------------------------------------------------------
@@ -210,12 +247,24 @@ class Acquire(msgspec.Struct, frozen=True):
 class Release(msgspec.Struct, frozen=True):
     child_id: str
     lease_id: int
+    #: The session could not be closed in the agent (no ``session/close``, or it failed):
+    #: it stays inside the child, and its slot is not given back (a dead slot).
+    left_behind: bool = False
 
 
 class Bound(msgspec.Struct, frozen=True):
     child_id: str
     lease_id: int
     session_id: str
+
+
+class ChargeExit(msgspec.Struct, frozen=True):
+    """A session restoring itself after its shared child exited: answered True while the
+    window of shared-child restarts allows (each child's exit counted once)."""
+
+    child_id: str
+    intensity: int
+    period_s: float
 
 
 class _Spawned(msgspec.Struct, frozen=True):
@@ -266,6 +315,7 @@ PoolMsg = (
     Acquire
     | Release
     | Bound
+    | ChargeExit
     | _Spawned
     | _SpawnFailed
     | _Exited
@@ -315,6 +365,10 @@ class AgentPool(Actor[PoolMsg]):
         #: (True when one let its agent go), and whether any session could be released.
         self.releaser: Callable[[], Awaitable[bool]] | None = None
         self.has_releasable: Callable[[], bool] | None = None
+        #: Restarts of shared children, each exit counted once (``ChargeExit``), and the
+        #: answers given per exited child (the last :data:`MAX_CHARGED` children).
+        self.child_restarts: RestartWindow | None = None
+        self._charged: dict[str, bool] = {}
 
     # ---- read models -------------------------------------------------------------------
 
@@ -323,7 +377,7 @@ class AgentPool(Actor[PoolMsg]):
         return self.failures >= FAILING_AFTER
 
     def free_slots(self, child: AgentChild) -> int:
-        return 0 if child.stopping else self.per_agent - len(child.slots)
+        return 0 if child.stopping else self.per_agent - len(child.slots) - child.dead
 
     def warm_count(self) -> int:
         """Children with room for another session (idle ones when ``M = 1``)."""
@@ -382,6 +436,10 @@ class AgentPool(Actor[PoolMsg]):
                 if self.free_slots(c) == 0
                 else "shared",
                 "sessions": sum(1 for sid in c.slots.values() if sid),
+                "closesSessions": c.conn.info is not None and c.conn.info.supports_close,
+                "deadSessions": c.dead,
+                # oversized lines naming no session on it (acp/mux.py; logged, not reported)
+                "unattributedDroppedLines": c.mux.unattributed_drops,
                 "slots": self.per_agent,
                 "readyAt": _iso(c.ready_at),
                 "pssKiB": self.pss_kib.get(c.id),
@@ -392,6 +450,9 @@ class AgentPool(Actor[PoolMsg]):
             "workspaceCwd": self.workspace,
             "warmTarget": self.warm_target,
             "sessionsPerAgent": self.per_agent,
+            # what happens to a session the agent cannot close (no session/close): it keeps
+            # its slot, and a child holding only such sessions is stopped
+            "withoutSessionClose": "recycle",
             "warm": self.warm_count(),
             "spawning": self.spawning,
             "waiting": len(self.waiters),
@@ -502,10 +563,12 @@ class AgentPool(Actor[PoolMsg]):
                 self._serve_waiters()
                 self._plan()
                 return reply
-            case Release(child_id=cid, lease_id=lid):
+            case Release(child_id=cid, lease_id=lid, left_behind=left_behind):
                 child = self.children.get(cid)
                 if child is not None:
                     child.slots.pop(lid, None)
+                    if left_behind:
+                        child.dead += 1
                     self._after_release(child)
                 self._serve_waiters()
                 self._plan()
@@ -599,6 +662,17 @@ class AgentPool(Actor[PoolMsg]):
                 except ValueError:
                     if reply.done and self._nursery is not None:
                         self._nursery.start_soon(_give_back, reply)
+            case ChargeExit(child_id=cid, intensity=intensity, period_s=period_s):
+                if cid not in self._charged:
+                    if self.child_restarts is None:
+                        self.child_restarts = RestartWindow(intensity, period_s)
+                    allowed = self.child_restarts.allows()
+                    if allowed:
+                        self.child_restarts.count()
+                    self._charged[cid] = allowed
+                    while len(self._charged) > MAX_CHARGED:
+                        del self._charged[next(iter(self._charged))]
+                return self._charged[cid]
         return None
 
     def _serve_waiters(self) -> None:
@@ -624,6 +698,17 @@ class AgentPool(Actor[PoolMsg]):
 
     def _after_release(self, child: AgentChild) -> None:
         if child.slots or child.stopping:
+            return
+        if child.dead:
+            # Only sessions it could not close are left in it: recycle it, warm or not.
+            log.info(
+                "recycling agent child %s (pid %s): it holds only %d session(s) it cannot close",
+                child.id,
+                child.pid,
+                child.dead,
+            )
+            child.stopping = True
+            self._stop_child(child)
             return
         if self.per_agent == 1:
             # The lease closed it; a used exclusive child never goes back to warm.

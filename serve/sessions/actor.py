@@ -29,7 +29,21 @@ tasks share the nursery:
   and :class:`AgentExited` raised so the supervisor records a crash.
 
 A cancel the agent ignores escalates: after ``--cancel-grace-ms`` the turn ends with
-``turn_error {code:"cancel_timeout"}`` and the agent is restarted in place.
+``turn_error {code:"cancel_timeout"}`` and the agent is restarted in place. On a shared
+child (``--sessions-per-agent`` > 1) that would hit every session on it, so the child is
+first probed (:meth:`AgentLink.responsive`: a request no agent implements; any answer within
+:data:`PROBE_TIMEOUT_S` means it still reads and writes for everyone). Responsive: only this
+session goes, as an idle release does (the turn's request abandoned, the session unbound, its
+terminals killed, ``session/close`` where offered, ``agent_released {reason:
+"cancel_timeout"}``; the next prompt binds it again; an agent that cannot restore it ends the
+session). Unresponsive for all: the child is killed and every session on it restores itself.
+An idle session restored after its shared child exited is a bystander: the restart is charged
+to the child (the pool counts each exit once), not to the session's own window, while the
+child's window allows.
+
+When the link lets an agent go (idle release, a shared child left), the child watcher stops
+watching that connection (``AgentLink.wait_exit`` returns None): a shared child that exits
+later is no business of a session that has moved on.
 
 The actor is also the connection's :class:`acp.handler.ClientHandler`
 (:mod:`serve.sessions.agent_side`): updates relayed into the log, effects through the effect
@@ -132,6 +146,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds an agent closed while idle gets after stdin EOF before SIGTERM.
 IDLE_EOF_GRACE_S = 0.2
+#: Bound on the answer to the liveness probe of a shared child whose session ignored a
+#: cancel (seconds): no answer at all, and the child is unresponsive for every session.
+PROBE_TIMEOUT_S = 2.0
 #: Bound on the permission mediator's answer (an actor: quick) on cancel and close.
 MEDIATOR_TIMEOUT_S = 2.0
 
@@ -265,6 +282,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self._given_back = trio.Event()
         self._last_agent_use = 0.0  # trio clock: the agent was bound or a prompt ended
         self._rebind_error: Exception | None = None
+        #: This session had its agent killed (an ignored cancel): not a bystander of the exit.
+        self._killed_agent = False
 
     # ---- read models (sync, for in-process status pages and metrics) -------------------
 
@@ -445,7 +464,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             exit_info = await self.link.wait_exit()
             if self._stopping or self.ended.is_set():
                 return
-            if self.agent_released:  # let go on purpose (idle release): wait for a new one
+            if exit_info is None or self.agent_released:  # let go on purpose: wait for a new one
                 while self.agent_released and not self.closing:
                     await self._rebound.wait()
                 if self.closing:
@@ -458,7 +477,11 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 exit_info.exit_code,
                 exit_info.signal,
             )
-            attempt = self.link.next_restart()
+            # An idle session on a shared child is a bystander: charged to the child. One
+            # that had it killed (its cancel ignored) is not, though its turn has ended.
+            bystander = self.prompts.running is None and not self._killed_agent
+            self._killed_agent = False
+            attempt = await self.link.next_restart(bystander=bystander)
             if attempt is None:  # no load/resume, or past the restart intensity
                 await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
                 raise AgentExited(exit_info)
@@ -880,13 +903,48 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         await trio.sleep(grace_ms / 1000)
         if job.done or self.prompts.running is not job or self.closing:
             return
+        self._finish(job, "turn_error", turns.cancel_timeout(self.session_id, grace_ms))
+        if self.link.shared and await self.link.responsive(PROBE_TIMEOUT_S):
+            if not self.closing and self.prompts.running is job:
+                await self._leave_shared_child(job, grace_ms)
+            return
         log.warning(
             "agent of session %s ignored session/cancel for %d ms: restarting it",
             self.session_id,
             grace_ms,
         )
-        self._finish(job, "turn_error", turns.cancel_timeout(self.session_id, grace_ms))
+        self._killed_agent = True
         await self.link.kill()  # the child watcher restarts it in place
+
+    async def _leave_shared_child(self, job: Job, grace_ms: int) -> None:
+        """A cancel ignored on a shared child that still answers: only this session goes.
+        The turn's request is abandoned and the session leaves the child (unbound, its
+        terminals killed, ``session/close`` where offered) as an idle release does; the
+        next prompt binds it again. An agent that cannot restore it: the session ends."""
+        log.warning(
+            "agent of session %s ignored session/cancel for %d ms: the session leaves its "
+            "shared child (pid %s)",
+            self.session_id,
+            grace_ms,
+            self.link.pid,
+        )
+        if not self.link.restorable():
+            await self._abort_everything("cancel_timeout", died=True)
+            self._stopping = True
+            self.close()
+            return
+        self.agent_released = True
+        self._rebound = trio.Event()
+        if self._turn_scope is not None:
+            self._turn_scope.cancel()  # abandon the request (the turn has its terminal)
+        await self.link.let_go()
+        self.release_count += 1
+        self.log.publish(
+            "agent_released",
+            {"sessionId": self.session_id, "reason": "cancel_timeout", "idleMs": 0},
+        )
+        if self.prompts.queued:
+            self._ensure_bound("prompt")
 
     async def _cancel_permissions(self, *, forget: bool = False) -> None:
         try:

@@ -17,7 +17,15 @@ pool hands out pre-spawned children instead), then opens the ACP session:
 Restart in place: after :meth:`AgentLink.wait_exit`, :meth:`~AgentLink.next_restart` says
 whether the restart window (``--agent-restart-*``) and the agent's load/resume support allow
 another attempt, and :meth:`~AgentLink.restart` backs off (exponentially, at most 5 s) and
-opens again with ``restart``. :meth:`~AgentLink.kill` stops an unresponsive agent at once.
+opens again with ``restart``. :meth:`~AgentLink.kill` stops an unresponsive agent at once;
+:meth:`~AgentLink.responsive` asks whether it still answers at all (a probe).
+
+Shared children (a pool lease with ``shared``): a bystander's restart (no turn of its own
+running) is charged to the child through :meth:`AgentLease.charge_exit` (each exit counted
+once, in the pool) while that window allows, else to the session's own window. Releasing
+the lease forgets the connection at once (``conn`` None: no pid shown, no cancel sent to a
+child the session left), and :meth:`~AgentLink.wait_exit` then returns None instead of
+waiting for that child's exit.
 
 :class:`JournalLink` is the session's durable journal: open a writer (fresh or appending),
 rebuild an :class:`~serve.events.EventLog` from a journal after a daemon restart, close.
@@ -34,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import trio
 
 from acp.client import AgentConnection
+from acp.errors import AcpError, RemoteError
 from acp.handler import ClientHandler
 from acp.process import ExitInfo, scrub_env
 from acp.schema import SessionSetup
@@ -46,6 +55,10 @@ if TYPE_CHECKING:
     from serve.settings import Settings
 
 log = logging.getLogger(__name__)
+
+#: The request :meth:`AgentLink.responsive` sends: an extension method no agent offers, so
+#: a live agent answers ``-32601`` at once.
+PROBE_METHOD = "_acp_serve/probe"
 
 
 # ---- acquiring an agent -------------------------------------------------------------------
@@ -61,8 +74,16 @@ class AgentLease(Protocol):
     @property
     def child_id(self) -> str | None: ...
 
+    @property
+    def shared(self) -> bool:
+        """Other sessions may be on the same child (a slot of a shared child)."""
+
     def bind(self, session_id: str, handler: ClientHandler) -> None:
         """Route ``session_id``'s updates and requests on the connection to ``handler``."""
+
+    async def charge_exit(self, intensity: int, period_s: float) -> bool:
+        """The child exited: count it once against the child's own restart window (not per
+        session on it); True while that window allows a restart (``False``: exclusive)."""
 
     async def release(self, *, eof_grace_s: float | None = None) -> None:
         """Give the agent back (stop it, or free the slot); idempotent, bounded. An agent
@@ -102,8 +123,15 @@ class OwnAgent:
     def child_id(self) -> str | None:
         return None
 
+    @property
+    def shared(self) -> bool:
+        return False
+
     def bind(self, session_id: str, handler: ClientHandler) -> None:
         pass  # the connection was spawned with the session as its handler
+
+    async def charge_exit(self, intensity: int, period_s: float) -> bool:
+        return False
 
     async def release(self, *, eof_grace_s: float | None = None) -> None:
         await self._conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
@@ -204,6 +232,9 @@ class AgentLink:
         self.restarts = restarts if restarts is not None else RestartWindow(3, 60.0)
         self.restart_backoff_s = restart_backoff_s
         self.restart_count = 0
+        #: Set while a connection is attached; ``_let_go`` fires when it is released.
+        self._attached = trio.Event()
+        self._let_go = trio.Event()
 
     @property
     def connected(self) -> bool:
@@ -213,6 +244,11 @@ class AgentLink:
     def child_id(self) -> str | None:
         """The pool's id of the child the session is on (None: its own, or none)."""
         return self.lease.child_id if self.lease is not None else None
+
+    @property
+    def shared(self) -> bool:
+        """The session is on a shared child (``--sessions-per-agent`` > 1)."""
+        return self.lease is not None and self.lease.shared
 
     @property
     def pid(self) -> int | None:
@@ -237,6 +273,8 @@ class AgentLink:
         lease = OwnAgent(got) if isinstance(got, AgentConnection) else got
         self.lease = lease
         self.conn = lease.conn
+        self._let_go = trio.Event()
+        self._attached.set()
         try:
             setup = await self._handshake(lease, action, session_id)
         except BaseException:
@@ -280,25 +318,65 @@ class AgentLink:
             session_id, self.workspace, mcp_servers, timeout_s=self.restore_timeout_s
         )
 
-    def next_restart(self) -> int | None:
-        """The next restart attempt's number, or None when the agent may not restart."""
-        if not (self.restorable() and self.restarts.intensity and self.restarts.allows()):
+    async def next_restart(self, *, bystander: bool = False) -> int | None:
+        """The next restart attempt's number, or None when the agent may not restart.
+
+        A ``bystander`` (no turn of its own running) on a shared child is charged nothing
+        while the child's own window allows (the pool counts each exit of a shared child
+        once); otherwise, and past that window, the session's own window counts it."""
+        if not (self.restorable() and self.restarts.intensity):
             return None
-        self.restarts.count()
+        lease = self.lease
+        intensity, period_s = self.restarts.intensity, self.restarts.period_s
+        if not (bystander and lease is not None and await lease.charge_exit(intensity, period_s)):
+            if not self.restarts.allows():
+                return None
+            self.restarts.count()
         self.restart_count += 1
         return self.restart_count
+
+    async def responsive(self, timeout_s: float) -> bool:
+        """Does the agent still answer at all? A request no agent implements
+        (:data:`PROBE_METHOD`): any answer, even an error, within ``timeout_s`` is a yes."""
+        conn = self.conn
+        if conn is None or conn.closed:
+            return False
+        try:
+            await conn.request(PROBE_METHOD, {}, timeout_s=timeout_s)
+        except RemoteError:
+            return True
+        except AcpError:  # timeout, closed channel
+            return False
+        return True
 
     async def restart(self, nursery: trio.Nursery, session_id: str, attempt: int) -> SessionSetup:
         """Back off, then re-attach a fresh agent to ``session_id``."""
         await trio.sleep(min(5.0, self.restart_backoff_s * 2 ** (attempt - 1)))
         return await self.open(nursery, "restart", session_id)
 
-    async def wait_exit(self) -> ExitInfo:
-        """Until the current agent's channel closes (it exited or was stopped)."""
-        assert self.conn is not None
-        exit_info = await self.conn.wait_closed()
-        if self.ready.is_set():  # (let_go already replaced it: waiters hold that one)
-            self.ready = trio.Event()
+    async def wait_exit(self) -> ExitInfo | None:
+        """Until the current agent's channel closes (it exited or was stopped): its exit;
+        None when the link let that agent go first (released: a shared child lives on, and
+        its later exit is no business of this session). Without an agent: waits for one."""
+        while self.conn is None:
+            await self._attached.wait()
+        conn, let_go = self.conn, self._let_go
+        exit_info: ExitInfo | None = None
+        async with trio.open_nursery() as nursery:
+
+            async def closed() -> None:
+                nonlocal exit_info
+                exit_info = await conn.wait_closed()
+                nursery.cancel_scope.cancel()
+
+            async def released() -> None:
+                await let_go.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(closed)
+            nursery.start_soon(released)
+        if exit_info is not None and self.conn is conn and self.ready.is_set():
+            self.ready = trio.Event()  # (let_go already replaced it: waiters hold that one)
         return exit_info
 
     async def let_go(self, *, eof_grace_s: float | None = None) -> None:
@@ -311,6 +389,11 @@ class AgentLink:
         """Give the agent back to its source (stopped, or its slot freed); bounded."""
         lease, self.lease = self.lease, None
         if lease is not None:
+            # No longer this session's agent: status pages, cancels and the crash watcher
+            # stop looking at it at once (a shared child lives on for others).
+            self.conn = None
+            self._attached = trio.Event()
+            self._let_go.set()
             with trio.CancelScope(shield=True):
                 await lease.release(eof_grace_s=eof_grace_s)
 

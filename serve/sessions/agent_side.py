@@ -92,8 +92,9 @@ class AgentSide(BaseClientHandler):
         """Between chunks read from the agent: let lagging SSE writers catch up."""
         await self.log.wait_drained(incoming_bytes=incoming_bytes)
 
-    def on_oversized_line(self, size: int, limit: int) -> None:
-        """The agent wrote a line over ``--max-agent-line-bytes``: it was dropped, say so."""
+    def on_oversized_line(self, size: int, limit: int, session_id: str | None = None) -> None:
+        """The agent wrote a line over ``--max-agent-line-bytes``: it was dropped, say so
+        (on a shared child only the session the line names hears of it: ``acp/mux.py``)."""
         active = self.prompts.running
         self.log.publish(
             "agent_output_dropped",

@@ -7,7 +7,15 @@ import pytest
 
 from acp import jsonrpc
 from acp.errors import INVALID_REQUEST, PARSE_ERROR
-from acp.jsonrpc import Invalid, LineFramer, Notification, OversizedLine, Request, Response
+from acp.jsonrpc import (
+    EXCERPT_BYTES,
+    Invalid,
+    LineFramer,
+    Notification,
+    OversizedLine,
+    Request,
+    Response,
+)
 
 
 def feed_all(framer: LineFramer, chunks: list[bytes]) -> list[bytes | OversizedLine]:
@@ -54,7 +62,27 @@ def test_framer_drops_oversized_lines(
     for chunk in chunks:
         out.extend(framer.feed(chunk))
         assert framer.buffered_bytes <= 10
-    assert out == expected
+    sizes = [OversizedLine(o.size) if isinstance(o, OversizedLine) else o for o in out]
+    assert sizes == expected
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b"<head>" + b"m" * 3000 + b"<tail>\nok\n"],  # one chunk
+        [b"<head>" + b"m" * 5, b"m" * 2995 + b"<tail>\nok\n"],  # over the cap in the 2nd
+        [b"<head>" + b"m" * 1500, b"m" * 1500, b"<t", b"ail>\nok\n"],  # discarded in pieces
+    ],
+)
+def test_an_oversized_line_keeps_its_start_and_end(chunks: list[bytes]) -> None:
+    """Enough to tell whose line it was (a shared connection: issue 22, item 5)."""
+    framer = LineFramer(100)
+    out = [line for chunk in chunks for line in framer.feed(chunk)]
+    assert len(out) == 2 and out[1] == b"ok"
+    dropped = out[0]
+    assert isinstance(dropped, OversizedLine) and dropped.size == 3012
+    assert dropped.head.startswith(b"<head>mmm") and len(dropped.head) == EXCERPT_BYTES
+    assert dropped.tail.endswith(b"mmm<tail>") and len(dropped.tail) == EXCERPT_BYTES
 
 
 def test_framer_rejects_nonpositive_cap() -> None:

@@ -119,6 +119,39 @@ async def test_limits_and_bad_commands(nursery: trio.Nursery, tmp_path: object) 
         await other.create(CreateTerminalParams(session_id="s", command="/no/such/binary"))
 
 
+async def test_the_terminal_cap_is_per_session(nursery: trio.Nursery, tmp_path: object) -> None:
+    """Sessions sharing a connection (packing) each get the whole cap (issue 22, item 4)."""
+    terms = TerminalManager(nursery, cwd=str(tmp_path), max_terminals=1)
+    await terms.create(CreateTerminalParams(session_id="a", command="true"))
+    await terms.create(CreateTerminalParams(session_id="b", command="true"))  # b has its own
+    with pytest.raises(HandlerError, match="too many terminals"):
+        await terms.create(CreateTerminalParams(session_id="a", command="true"))
+
+
+async def test_release_session_kills_only_that_sessions_terminals(
+    nursery: trio.Nursery, tmp_path: object
+) -> None:
+    terms = TerminalManager(nursery, cwd=str(tmp_path))
+    mine = [
+        await terms.create(CreateTerminalParams(session_id="a", command="sleep", args=["1000"]))
+        for _ in range(2)
+    ]
+    theirs = await terms.create(
+        CreateTerminalParams(session_id="b", command="sleep", args=["1000"])
+    )
+    pids = [terms._terminals[t].proc.pid for t in mine]
+    other = terms._terminals[theirs].proc.pid
+    assert terms.release_session("a") == 2
+    await eventually(lambda: not any(pid_alive(p) for p in pids))
+    with pytest.raises(HandlerError) as exc_info:
+        await terms.kill(tid("a", mine[0]))  # forgotten
+    assert exc_info.value.code == RESOURCE_NOT_FOUND
+    assert pid_alive(other) and len(terms) == 1
+    # The session may come back (rebound) and create terminals again.
+    await terms.create(CreateTerminalParams(session_id="a", command="true"))
+    await terms.aclose()
+
+
 async def test_aclose_kills_everything(nursery: trio.Nursery, tmp_path: object) -> None:
     terms = TerminalManager(nursery, cwd=str(tmp_path))
     ids = [
