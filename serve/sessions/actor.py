@@ -935,9 +935,13 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             return
         self.agent_released = True
         self._rebound = trio.Event()
+        given_back = self._given_back = trio.Event()  # a rebind waits for the slot to be freed
         if self._turn_scope is not None:
             self._turn_scope.cancel()  # abandon the request (the turn has its terminal)
-        await self.link.let_go()
+        try:
+            await self.link.let_go()
+        finally:
+            given_back.set()
         self.release_count += 1
         self.log.publish(
             "agent_released",
