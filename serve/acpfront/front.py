@@ -33,20 +33,22 @@ stream for ACP clients, which read it there; on the connection stream for the da
 SDK), so no client sees its stream end with the close still unanswered.
 
 Bounds (units named): at most :data:`MAX_CONNECTIONS` connections, :data:`MAX_SESSIONS`
-sessions and :data:`MAX_INFLIGHT` requests in flight per connection; every outbox holds at
-most ``max_messages`` messages and ``max_bytes`` bytes. While a reader is attached and
-draining, a full outbox makes the pump wait (at most :data:`WRITER_STALL_S`); a session
-outbox that overflows with no reader (or a stalled one) is *evicted*: its queued events are
-dropped, an id-less ``_qwen/notify client_evicted`` is queued, and the pump stops;
-reopening the stream resumes from ``Last-Event-ID`` (or from the first dropped event)
-through the log's ring, and replies queued meanwhile follow the replay. A connection outbox
-(or a WebSocket's) that overflows ends the connection. HTTP connections with no open stream and
-no request for ``idle_timeout_s`` expire. Closing a connection (DELETE, a dropped socket,
-expiry) releases everything it held: pumps stop, its client registrations are released
-(``Detach``), and each of its sessions to which no other client is attached is closed
-(``acp_connection_closed``). A session stream that ends otherwise (``session/close``,
-``_qwen/session/detach``, the session's end) lets its registration go with ``Detach``, which,
-as on REST, closes an idle session whose last client that was.
+sessions (admitted before a session is made or restored; one made for a call that then
+cannot own it is closed again) and :data:`MAX_INFLIGHT` requests in flight per connection;
+every outbox holds at most ``max_messages`` messages and ``max_bytes`` bytes. While a
+reader is attached and draining, a full outbox makes the pump wait (at most
+:data:`WRITER_STALL_S`); a session outbox that overflows with no reader (or a stalled one)
+is *evicted*: its queued events are dropped, an id-less ``_qwen/notify client_evicted`` is
+queued, and the pump stops; reopening the stream resumes from ``Last-Event-ID`` (or from
+the first dropped event) through the log's ring, and replies queued meanwhile follow the
+replay. A connection outbox (or a WebSocket's) that overflows ends the connection. HTTP
+connections with no open stream and no request for ``idle_timeout_s`` expire. Closing a
+connection (DELETE, a dropped socket, expiry) releases everything it held: pumps stop, its
+client registrations are released (``Detach``), and each of its sessions to which no other
+client is attached is closed (``acp_connection_closed``). A session stream that ends
+otherwise (``session/close``, ``_qwen/session/detach``, the session's end) lets its
+registration go with ``Detach``, which, as on REST, closes an idle session whose last
+client that was.
 
 The front knows nothing of HTTP: the transports call :meth:`AcpFront.initialize`,
 :meth:`AcpFront.submit`, :meth:`AcpFront.session_outbox` and :meth:`AcpFront.close`.
@@ -204,6 +206,14 @@ def _params_error(message: str, **data: Any) -> RpcError:
     return RpcError(INVALID_PARAMS, message, {"httpStatus": 400, **data} if data else None)
 
 
+def _session_limit() -> RpcError:
+    return RpcError(
+        SERVER_ERROR,
+        f"A connection may own at most {MAX_SESSIONS} sessions",
+        {"httpStatus": 503, "code": "connection_session_limit", "limit": MAX_SESSIONS},
+    )
+
+
 class _ConnectionLevel(RpcError):
     """An error answered on the connection stream whatever the method (ownership,
     a header contradicting the params, an unknown method)."""
@@ -279,6 +289,8 @@ class Connection:
         self.sessions: dict[str, SessionLink] = {}
         self.server_requests: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self.inflight = 0
+        #: session/new, load and resume calls admitted under MAX_SESSIONS, not yet owned.
+        self.reserved_sessions = 0
         self.closed = False
         self.open_streams = 0
         #: The rate limiter's client key (set by the transport).
@@ -683,11 +695,7 @@ class AcpFront:
         while ended and len(conn.sessions) >= 2 * MAX_SESSIONS:
             del conn.sessions[ended.pop(0)]
         if sum(1 for old in conn.sessions.values() if not old.ended) >= MAX_SESSIONS:
-            raise RpcError(
-                SERVER_ERROR,
-                f"A connection may own at most {MAX_SESSIONS} sessions",
-                {"httpStatus": 503, "code": "connection_session_limit", "limit": MAX_SESSIONS},
-            )
+            raise _session_limit()
         attached: Attached = await session.call(Attach(None), timeout_s=ASK_TIMEOUT_S)
         outbox = Outbox(max_messages=conn.max_messages, max_bytes=conn.max_bytes)
         link = SessionLink(session, attached.client_id, outbox, attached.view)
@@ -703,6 +711,39 @@ class AcpFront:
             self._background(self._let_go, link, False)
             raise
         return link, attached.view
+
+    def _reserve(self, conn: Connection, session_id: str | None = None) -> int:
+        """Admit one more owned session under :data:`MAX_SESSIONS` *before* anything is
+        made or restored (1: a slot is reserved, the caller gives it back; 0: ``session_id``
+        is owned already and needs none)."""
+        existing = conn.sessions.get(session_id) if session_id is not None else None
+        if existing is not None and not existing.ended:
+            return 0
+        owned = sum(1 for link in conn.sessions.values() if not link.ended)
+        if owned + conn.reserved_sessions >= MAX_SESSIONS:
+            raise _session_limit()
+        conn.reserved_sessions += 1
+        return 1
+
+    async def _own_made(
+        self, conn: Connection, session: Any, attached: bool, *, replay: bool
+    ) -> tuple[SessionLink, SessionView]:
+        """:meth:`_own` for a session the call made or restored (``attached`` false): if
+        owning it fails, it is closed again rather than left alive without a client."""
+        try:
+            return await self._own(conn, session, replay=replay)
+        except BaseException:
+            if not attached:
+                self._background(self._discard, session)
+            raise
+
+    async def _discard(self, session: Any) -> None:
+        try:
+            await session.call(CloseSession(reason="acp_session_refused"), timeout_s=10)
+        except (SessionGone, ActorError):
+            pass
+        except Exception as exc:
+            log.info("ACP: closing refused session %s failed: %r", session.session_id, exc)
 
     async def _start_pump(
         self, conn: Connection, link: SessionLink, last_event_id: int | None, epoch: str | None
@@ -948,9 +989,13 @@ class AcpFront:
             raise _params_error(
                 "`sessionId` overrides are not supported by this daemon", code="invalid_session_id"
             )
-        session, attached = await self._ticket_session(CreateSession(workspace, scope))
-        # A session made for this call: its set-up events (available commands, ...) too.
-        link, view = await self._own(conn, session, replay=not attached)
+        reserved = self._reserve(conn)
+        try:
+            session, attached = await self._ticket_session(CreateSession(workspace, scope))
+            # A session made for this call: its set-up events (available commands, ...) too.
+            link, view = await self._own_made(conn, session, attached, replay=not attached)
+        finally:
+            conn.reserved_sessions -= reserved
         out = self._session_result(view, link, attached)
         mode = params.get("approvalMode")
         if isinstance(mode, str) and mode:
@@ -972,14 +1017,20 @@ class AcpFront:
         if not isinstance(sid, str) or not sid:
             raise _params_error("`sessionId` must be a non-empty string")
         workspace = self._workspace(conn, params)
+        reserved = self._reserve(conn, sid)
         try:
-            session, attached = await self._ticket_session(RestoreSession(sid, workspace, action))
-        except RpcError as exc:
-            data = exc.data if isinstance(exc.data, dict) else {}
-            if data.get("httpStatus") == 500 and data.get("code") in (-32002, -32602):
-                raise _not_found(sid) from None
-            raise
-        link, view = await self._own(conn, session, replay=action == "load")
+            try:
+                session, attached = await self._ticket_session(
+                    RestoreSession(sid, workspace, action)
+                )
+            except RpcError as exc:
+                data = exc.data if isinstance(exc.data, dict) else {}
+                if data.get("httpStatus") == 500 and data.get("code") in (-32002, -32602):
+                    raise _not_found(sid) from None
+                raise
+            link, view = await self._own_made(conn, session, attached, replay=action == "load")
+        finally:
+            conn.reserved_sessions -= reserved
         out = self._session_result(view, link, attached)
         out["state"] = view.state
         out["lastEventId"] = view.last_event_id
