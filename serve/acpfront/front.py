@@ -138,6 +138,8 @@ log = logging.getLogger(__name__)
 
 #: Connections open at once (each: two bounded outboxes per session at most).
 MAX_CONNECTIONS = 256
+#: Connections open at once from one client address (so one client cannot take them all).
+MAX_CONNECTIONS_PER_CLIENT = 32
 #: Sessions one connection may own.
 MAX_SESSIONS = 64
 #: Requests of one connection being handled at once.
@@ -146,6 +148,9 @@ MAX_INFLIGHT = 64
 MAX_SERVER_REQUESTS = 1024
 #: An HTTP connection without an open stream or a request for this long expires (seconds).
 DEFAULT_IDLE_TIMEOUT_S = 300.0
+#: An HTTP connection that never opened a stream nor sent a request after ``initialize``
+#: expires this soon (seconds): bare initializes cannot hold the connection slots.
+DEFAULT_UNUSED_TIMEOUT_S = 10.0
 #: The pump's subscriber bound (frames), as ``?maxQueued`` on the REST stream.
 PUMP_MAX_QUEUED = 2048
 ASK_TIMEOUT_S = 30.0
@@ -165,7 +170,8 @@ SESSION_REPLIES = frozenset(
     }
 )
 
-Policy = Callable[["Connection", str], RpcError | None]
+#: The transport's gate per request: (connection, method, params) → a refusal or None.
+Policy = Callable[["Connection", str, dict[str, Any]], RpcError | None]
 
 
 def _rpc_from_exception(exc: BaseException, session_id: str | None = None) -> RpcError:
@@ -277,12 +283,21 @@ class Connection:
         loopback: bool,
         max_messages: int,
         max_bytes: int,
+        client: str = "unknown",
+        owner: str = "",
     ) -> None:
         self.id = str(uuid.uuid4())
         self.transport = transport  # "http" | "ws"
         self.dialect = dialect  # "acp" (an ACP client) | "qwen" (the daemon-route SDK)
         self.workspace = workspace
         self.loopback = loopback
+        #: The client address that opened it (MAX_CONNECTIONS_PER_CLIENT counts these).
+        self.client = client
+        #: Who may use it (the transport's address + credential digest): any other
+        #: request naming its id is answered as for an unknown connection.
+        self.owner = owner
+        #: A stream was opened or a request other than initialize was sent.
+        self.used = False
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self.outbox = Outbox(max_messages=max_messages, max_bytes=max_bytes)
@@ -293,14 +308,13 @@ class Connection:
         self.reserved_sessions = 0
         self.closed = False
         self.open_streams = 0
-        #: The rate limiter's client key (set by the transport).
-        self.rate_key = "anonymous"
         self.last_activity = time.monotonic()
         #: Cancel scopes of this connection's running requests (cancelled on close).
         self.tasks: set[trio.CancelScope] = set()
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
+        self.used = True
 
     def session_outbox_for(self, session_id: str) -> Outbox:
         link = self.sessions.get(session_id)
@@ -326,6 +340,7 @@ class AcpFront:
         *,
         policy: Policy | None = None,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        unused_timeout_s: float = DEFAULT_UNUSED_TIMEOUT_S,
         max_messages: int = 2048,
         max_bytes: int = 8 * 1024 * 1024,
         version: str = "0",
@@ -336,6 +351,7 @@ class AcpFront:
         self.all_features = tuple(all_features)
         self.policy = policy
         self.idle_timeout_s = idle_timeout_s
+        self.unused_timeout_s = min(unused_timeout_s, idle_timeout_s)
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self.version = version
@@ -391,12 +407,13 @@ class AcpFront:
                     await self._release(conn, close_sessions=False)
 
     async def _reaper(self) -> None:
-        interval = max(0.05, min(30.0, self.idle_timeout_s / 4))
+        interval = max(0.05, min(30.0, self.unused_timeout_s / 4))
         while True:
             await trio.sleep(interval)
             now = time.monotonic()
             for conn in list(self.connections.values()):
-                if conn.transport == "http" and conn.idle_for(now) >= self.idle_timeout_s:
+                limit = self.idle_timeout_s if conn.used else self.unused_timeout_s
+                if conn.transport == "http" and conn.idle_for(now) >= limit:
                     log.info("ACP connection %s expired (idle)", conn.id)
                     self.expired += 1
                     self.close(conn)
@@ -417,9 +434,17 @@ class AcpFront:
         return self.connections.get(connection_id)
 
     def initialize(
-        self, transport: str, workspace: str, request: Request, *, loopback: bool
+        self,
+        transport: str,
+        workspace: str,
+        request: Request,
+        *,
+        loopback: bool,
+        client: str = "unknown",
+        owner: str = "",
     ) -> tuple[Connection, bytes]:
-        """Open a connection for ``initialize``; returns it and the encoded reply."""
+        """Open a connection for ``initialize``; returns it and the encoded reply.
+        ``client`` is the caller's address, ``owner`` what later requests must match."""
         if self._nursery is None or getattr(self.host, "draining", False):
             raise RpcError(
                 SERVER_ERROR, "Daemon is draining", {"httpStatus": 503, "code": "daemon_draining"}
@@ -437,6 +462,17 @@ class AcpFront:
                 f"ACP connection limit reached ({MAX_CONNECTIONS})",
                 {"httpStatus": 503, "code": "connection_limit_exceeded", "limit": MAX_CONNECTIONS},
             )
+        mine = sum(1 for c in self.connections.values() if c.client == client)
+        if mine >= MAX_CONNECTIONS_PER_CLIENT:
+            raise RpcError(
+                SERVER_ERROR,
+                f"ACP connection limit per client reached ({MAX_CONNECTIONS_PER_CLIENT})",
+                {
+                    "httpStatus": 503,
+                    "code": "client_connection_limit_exceeded",
+                    "limit": MAX_CONNECTIONS_PER_CLIENT,
+                },
+            )
         # The qwen SDK's route-table transports send only {clientInfo}: they speak the
         # daemon's REST semantics over JSON-RPC (its synthesised HTTP statuses).
         dialect = "acp" if version is not None else "qwen"
@@ -447,6 +483,8 @@ class AcpFront:
             loopback=loopback,
             max_messages=self.max_messages,
             max_bytes=self.max_bytes,
+            client=client,
+            owner=owner,
         )
         self.connections[conn.id] = conn
         result = {
@@ -590,7 +628,7 @@ class AcpFront:
                             {"httpStatus": 400, "code": "session_mismatch"},
                         )
                     if self.policy is not None:
-                        refusal = self.policy(conn, method)
+                        refusal = self.policy(conn, method, params)
                         if refusal is not None:
                             raise refusal
                     result = await handler(conn, params)
