@@ -81,7 +81,12 @@ from serve.acpfront.jsonrpc import (
     RpcError,
 )
 from serve.acpfront.outbox import Outbox
-from serve.acpfront.translate import PERMISSION_ID_PREFIX, notify, split_frames, translate
+from serve.acpfront.translate import (
+    PERMISSION_ID_PREFIX,
+    Deferred,
+    notify,
+    translate_frame,
+)
 from serve.events import SubscriberLimitExceeded
 from serve.events.messages import PublishEvent
 from serve.host import Host
@@ -675,7 +680,7 @@ class AcpFront:
             self.close(conn)
 
     def _push_session(
-        self, conn: Connection, link: SessionLink, event_id: int | None, payload: bytes
+        self, conn: Connection, link: SessionLink, event_id: int | None, payload: bytes | Deferred
     ) -> bool:
         outbox = link.outbox if conn.transport == "http" else conn.outbox
         if outbox.push(event_id, payload):
@@ -830,12 +835,14 @@ class AcpFront:
         try:
             with scope:
                 while True:
-                    chunk = await sub.next_chunk()
-                    if chunk is None:
+                    frames = await sub.next_frames()
+                    if frames is None:
                         finished = True
                         break
-                    for event_id, envelope in split_frames(chunk):
-                        msg = translate(event_id, envelope, requests=requests)
+                    for frame in frames:
+                        # An event stays the log's frame until a writer takes it (shared
+                        # by every connection, not copied into each outbox).
+                        msg = translate_frame(frame, requests=requests)
                         if msg is None:
                             continue
                         if msg.permission is not None:
