@@ -16,6 +16,7 @@ are never advertised.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import shlex
 import sys
@@ -97,6 +98,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: Bytes all journals may take on disk; closed sessions' go first, oldest first (0: off).
     journal_max_total_bytes: int = DEFAULT_JOURNAL_MAX_TOTAL_BYTES
     allow_origins: tuple[str, ...] = ()
+    #: --trusted-proxy: reverse proxies whose X-Forwarded-For names the client (IPs, CIDRs).
+    trusted_proxies: tuple[str, ...] = ()
     enable_session_shell: bool = False
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -313,6 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="ORIGIN",
         help="CORS allowlist entry: * or scheme://host[:port] (repeatable)",
+    )
+    add(
+        "--trusted-proxy",
+        action="append",
+        default=None,
+        metavar="ADDR",
+        help="a reverse proxy (IP or CIDR) whose X-Forwarded-For names the client (repeatable)",
     )
     add("--enable-session-shell", action="store_true", help="enable POST /session/:id/shell")
     add("--tls-cert", default=None, metavar="FILE", help="serve HTTPS with this certificate")
@@ -537,6 +547,19 @@ def _env_ms(env: Mapping[str, str], name: str) -> int | None:
     if value <= 0 or value > MAX_TIMER_MS:
         raise SettingsError(f'Invalid {name}="{raw}": must be a positive integer (milliseconds).')
     return value
+
+
+def _trusted_proxies(values: list[str]) -> tuple[str, ...]:
+    """``--trusted-proxy`` values, each an IP address or a CIDR network (normalised)."""
+    out = []
+    for value in values:
+        try:
+            out.append(str(ipaddress.ip_network(value.strip(), strict=False)))
+        except ValueError:
+            raise SettingsError(
+                f'Invalid --trusted-proxy "{value}": must be an IP address or a CIDR network'
+            ) from None
+    return tuple(out)
 
 
 def _canonical_dir(flag: str, raw: str) -> str:
@@ -800,6 +823,7 @@ def parse_settings(
         journal_retention_ms=journal_retention,
         journal_max_total_bytes=journal_total,
         allow_origins=tuple(origins),
+        trusted_proxies=_trusted_proxies(ns.trusted_proxy or []),
         enable_session_shell=ns.enable_session_shell,
         tls_cert=ns.tls_cert,
         tls_key=ns.tls_key,

@@ -33,20 +33,22 @@ stream for ACP clients, which read it there; on the connection stream for the da
 SDK), so no client sees its stream end with the close still unanswered.
 
 Bounds (units named): at most :data:`MAX_CONNECTIONS` connections, :data:`MAX_SESSIONS`
-sessions and :data:`MAX_INFLIGHT` requests in flight per connection; every outbox holds at
-most ``max_messages`` messages and ``max_bytes`` bytes. While a reader is attached and
-draining, a full outbox makes the pump wait (at most :data:`WRITER_STALL_S`); a session
-outbox that overflows with no reader (or a stalled one) is *evicted*: its queued events are
-dropped, an id-less ``_qwen/notify client_evicted`` is queued, and the pump stops;
-reopening the stream resumes from ``Last-Event-ID`` (or from the first dropped event)
-through the log's ring, and replies queued meanwhile follow the replay. A connection outbox
-(or a WebSocket's) that overflows ends the connection. HTTP connections with no open stream and
-no request for ``idle_timeout_s`` expire. Closing a connection (DELETE, a dropped socket,
-expiry) releases everything it held: pumps stop, its client registrations are released
-(``Detach``), and each of its sessions to which no other client is attached is closed
-(``acp_connection_closed``). A session stream that ends otherwise (``session/close``,
-``_qwen/session/detach``, the session's end) lets its registration go with ``Detach``, which,
-as on REST, closes an idle session whose last client that was.
+sessions (admitted before a session is made or restored; one made for a call that then
+cannot own it is closed again) and :data:`MAX_INFLIGHT` requests in flight per connection;
+every outbox holds at most ``max_messages`` messages and ``max_bytes`` bytes. While a
+reader is attached and draining, a full outbox makes the pump wait (at most
+:data:`WRITER_STALL_S`); a session outbox that overflows with no reader (or a stalled one)
+is *evicted*: its queued events are dropped, an id-less ``_qwen/notify client_evicted`` is
+queued, and the pump stops; reopening the stream resumes from ``Last-Event-ID`` (or from
+the first dropped event) through the log's ring, and replies queued meanwhile follow the
+replay. A connection outbox (or a WebSocket's) that overflows ends the connection. HTTP
+connections with no open stream and no request for ``idle_timeout_s`` expire. Closing a
+connection (DELETE, a dropped socket, expiry) releases everything it held: pumps stop, its
+client registrations are released (``Detach``), and each of its sessions to which no other
+client is attached is closed (``acp_connection_closed``). A session stream that ends
+otherwise (``session/close``, ``_qwen/session/detach``, the session's end) lets its
+registration go with ``Detach``, which, as on REST, closes an idle session whose last
+client that was.
 
 The front knows nothing of HTTP: the transports call :meth:`AcpFront.initialize`,
 :meth:`AcpFront.submit`, :meth:`AcpFront.session_outbox` and :meth:`AcpFront.close`.
@@ -79,7 +81,12 @@ from serve.acpfront.jsonrpc import (
     RpcError,
 )
 from serve.acpfront.outbox import Outbox
-from serve.acpfront.translate import PERMISSION_ID_PREFIX, notify, split_frames, translate
+from serve.acpfront.translate import (
+    PERMISSION_ID_PREFIX,
+    Deferred,
+    notify,
+    translate_frame,
+)
 from serve.events import SubscriberLimitExceeded
 from serve.events.messages import PublishEvent
 from serve.host import Host
@@ -138,6 +145,8 @@ log = logging.getLogger(__name__)
 
 #: Connections open at once (each: two bounded outboxes per session at most).
 MAX_CONNECTIONS = 256
+#: Connections open at once from one client address (so one client cannot take them all).
+MAX_CONNECTIONS_PER_CLIENT = 32
 #: Sessions one connection may own.
 MAX_SESSIONS = 64
 #: Requests of one connection being handled at once.
@@ -146,6 +155,9 @@ MAX_INFLIGHT = 64
 MAX_SERVER_REQUESTS = 1024
 #: An HTTP connection without an open stream or a request for this long expires (seconds).
 DEFAULT_IDLE_TIMEOUT_S = 300.0
+#: An HTTP connection that never opened a stream nor sent a request after ``initialize``
+#: expires this soon (seconds): bare initializes cannot hold the connection slots.
+DEFAULT_UNUSED_TIMEOUT_S = 10.0
 #: The pump's subscriber bound (frames), as ``?maxQueued`` on the REST stream.
 PUMP_MAX_QUEUED = 2048
 ASK_TIMEOUT_S = 30.0
@@ -165,7 +177,8 @@ SESSION_REPLIES = frozenset(
     }
 )
 
-Policy = Callable[["Connection", str], RpcError | None]
+#: The transport's gate per request: (connection, method, params) → a refusal or None.
+Policy = Callable[["Connection", str, dict[str, Any]], RpcError | None]
 
 
 def _rpc_from_exception(exc: BaseException, session_id: str | None = None) -> RpcError:
@@ -204,6 +217,14 @@ def _not_found(session_id: str) -> RpcError:
 
 def _params_error(message: str, **data: Any) -> RpcError:
     return RpcError(INVALID_PARAMS, message, {"httpStatus": 400, **data} if data else None)
+
+
+def _session_limit() -> RpcError:
+    return RpcError(
+        SERVER_ERROR,
+        f"A connection may own at most {MAX_SESSIONS} sessions",
+        {"httpStatus": 503, "code": "connection_session_limit", "limit": MAX_SESSIONS},
+    )
 
 
 class _ConnectionLevel(RpcError):
@@ -269,28 +290,38 @@ class Connection:
         loopback: bool,
         max_messages: int,
         max_bytes: int,
+        client: str = "unknown",
+        owner: str = "",
     ) -> None:
         self.id = str(uuid.uuid4())
         self.transport = transport  # "http" | "ws"
         self.dialect = dialect  # "acp" (an ACP client) | "qwen" (the daemon-route SDK)
         self.workspace = workspace
         self.loopback = loopback
+        #: The client address that opened it (MAX_CONNECTIONS_PER_CLIENT counts these).
+        self.client = client
+        #: Who may use it (the transport's address + credential digest): any other
+        #: request naming its id is answered as for an unknown connection.
+        self.owner = owner
+        #: A stream was opened or a request other than initialize was sent.
+        self.used = False
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self.outbox = Outbox(max_messages=max_messages, max_bytes=max_bytes)
         self.sessions: dict[str, SessionLink] = {}
         self.server_requests: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self.inflight = 0
+        #: session/new, load and resume calls admitted under MAX_SESSIONS, not yet owned.
+        self.reserved_sessions = 0
         self.closed = False
         self.open_streams = 0
-        #: The rate limiter's client key (set by the transport).
-        self.rate_key = "anonymous"
         self.last_activity = time.monotonic()
         #: Cancel scopes of this connection's running requests (cancelled on close).
         self.tasks: set[trio.CancelScope] = set()
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
+        self.used = True
 
     def session_outbox_for(self, session_id: str) -> Outbox:
         link = self.sessions.get(session_id)
@@ -316,6 +347,7 @@ class AcpFront:
         *,
         policy: Policy | None = None,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        unused_timeout_s: float = DEFAULT_UNUSED_TIMEOUT_S,
         max_messages: int = 2048,
         max_bytes: int = 8 * 1024 * 1024,
         version: str = "0",
@@ -326,6 +358,7 @@ class AcpFront:
         self.all_features = tuple(all_features)
         self.policy = policy
         self.idle_timeout_s = idle_timeout_s
+        self.unused_timeout_s = min(unused_timeout_s, idle_timeout_s)
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self.version = version
@@ -381,12 +414,13 @@ class AcpFront:
                     await self._release(conn, close_sessions=False)
 
     async def _reaper(self) -> None:
-        interval = max(0.05, min(30.0, self.idle_timeout_s / 4))
+        interval = max(0.05, min(30.0, self.unused_timeout_s / 4))
         while True:
             await trio.sleep(interval)
             now = time.monotonic()
             for conn in list(self.connections.values()):
-                if conn.transport == "http" and conn.idle_for(now) >= self.idle_timeout_s:
+                limit = self.idle_timeout_s if conn.used else self.unused_timeout_s
+                if conn.transport == "http" and conn.idle_for(now) >= limit:
                     log.info("ACP connection %s expired (idle)", conn.id)
                     self.expired += 1
                     self.close(conn)
@@ -407,9 +441,17 @@ class AcpFront:
         return self.connections.get(connection_id)
 
     def initialize(
-        self, transport: str, workspace: str, request: Request, *, loopback: bool
+        self,
+        transport: str,
+        workspace: str,
+        request: Request,
+        *,
+        loopback: bool,
+        client: str = "unknown",
+        owner: str = "",
     ) -> tuple[Connection, bytes]:
-        """Open a connection for ``initialize``; returns it and the encoded reply."""
+        """Open a connection for ``initialize``; returns it and the encoded reply.
+        ``client`` is the caller's address, ``owner`` what later requests must match."""
         if self._nursery is None or getattr(self.host, "draining", False):
             raise RpcError(
                 SERVER_ERROR, "Daemon is draining", {"httpStatus": 503, "code": "daemon_draining"}
@@ -427,6 +469,17 @@ class AcpFront:
                 f"ACP connection limit reached ({MAX_CONNECTIONS})",
                 {"httpStatus": 503, "code": "connection_limit_exceeded", "limit": MAX_CONNECTIONS},
             )
+        mine = sum(1 for c in self.connections.values() if c.client == client)
+        if mine >= MAX_CONNECTIONS_PER_CLIENT:
+            raise RpcError(
+                SERVER_ERROR,
+                f"ACP connection limit per client reached ({MAX_CONNECTIONS_PER_CLIENT})",
+                {
+                    "httpStatus": 503,
+                    "code": "client_connection_limit_exceeded",
+                    "limit": MAX_CONNECTIONS_PER_CLIENT,
+                },
+            )
         # The qwen SDK's route-table transports send only {clientInfo}: they speak the
         # daemon's REST semantics over JSON-RPC (its synthesised HTTP statuses).
         dialect = "acp" if version is not None else "qwen"
@@ -437,6 +490,8 @@ class AcpFront:
             loopback=loopback,
             max_messages=self.max_messages,
             max_bytes=self.max_bytes,
+            client=client,
+            owner=owner,
         )
         self.connections[conn.id] = conn
         result = {
@@ -580,7 +635,7 @@ class AcpFront:
                             {"httpStatus": 400, "code": "session_mismatch"},
                         )
                     if self.policy is not None:
-                        refusal = self.policy(conn, method)
+                        refusal = self.policy(conn, method, params)
                         if refusal is not None:
                             raise refusal
                     result = await handler(conn, params)
@@ -627,7 +682,7 @@ class AcpFront:
             self.close(conn)
 
     def _push_session(
-        self, conn: Connection, link: SessionLink, event_id: int | None, payload: bytes
+        self, conn: Connection, link: SessionLink, event_id: int | None, payload: bytes | Deferred
     ) -> bool:
         outbox = link.outbox if conn.transport == "http" else conn.outbox
         if outbox.push(event_id, payload):
@@ -685,11 +740,7 @@ class AcpFront:
         while ended and len(conn.sessions) >= 2 * MAX_SESSIONS:
             del conn.sessions[ended.pop(0)]
         if sum(1 for old in conn.sessions.values() if not old.ended) >= MAX_SESSIONS:
-            raise RpcError(
-                SERVER_ERROR,
-                f"A connection may own at most {MAX_SESSIONS} sessions",
-                {"httpStatus": 503, "code": "connection_session_limit", "limit": MAX_SESSIONS},
-            )
+            raise _session_limit()
         attached: Attached = await session.call(Attach(None), timeout_s=ASK_TIMEOUT_S)
         outbox = Outbox(max_messages=conn.max_messages, max_bytes=conn.max_bytes)
         link = SessionLink(session, attached.client_id, outbox, attached.view)
@@ -705,6 +756,39 @@ class AcpFront:
             self._background(self._let_go, link, False)
             raise
         return link, attached.view
+
+    def _reserve(self, conn: Connection, session_id: str | None = None) -> int:
+        """Admit one more owned session under :data:`MAX_SESSIONS` *before* anything is
+        made or restored (1: a slot is reserved, the caller gives it back; 0: ``session_id``
+        is owned already and needs none)."""
+        existing = conn.sessions.get(session_id) if session_id is not None else None
+        if existing is not None and not existing.ended:
+            return 0
+        owned = sum(1 for link in conn.sessions.values() if not link.ended)
+        if owned + conn.reserved_sessions >= MAX_SESSIONS:
+            raise _session_limit()
+        conn.reserved_sessions += 1
+        return 1
+
+    async def _own_made(
+        self, conn: Connection, session: Any, attached: bool, *, replay: bool
+    ) -> tuple[SessionLink, SessionView]:
+        """:meth:`_own` for a session the call made or restored (``attached`` false): if
+        owning it fails, it is closed again rather than left alive without a client."""
+        try:
+            return await self._own(conn, session, replay=replay)
+        except BaseException:
+            if not attached:
+                self._background(self._discard, session)
+            raise
+
+    async def _discard(self, session: Any) -> None:
+        try:
+            await session.call(CloseSession(reason="acp_session_refused"), timeout_s=10)
+        except (SessionGone, ActorError):
+            pass
+        except Exception as exc:
+            log.info("ACP: closing refused session %s failed: %r", session.session_id, exc)
 
     async def _start_pump(
         self, conn: Connection, link: SessionLink, last_event_id: int | None, epoch: str | None
@@ -753,12 +837,14 @@ class AcpFront:
         try:
             with scope:
                 while True:
-                    chunk = await sub.next_chunk()
-                    if chunk is None:
+                    frames = await sub.next_frames()
+                    if frames is None:
                         finished = True
                         break
-                    for event_id, envelope in split_frames(chunk):
-                        msg = translate(event_id, envelope, requests=requests)
+                    for frame in frames:
+                        # An event stays the log's frame until a writer takes it (shared
+                        # by every connection, not copied into each outbox).
+                        msg = translate_frame(frame, requests=requests)
                         if msg is None:
                             continue
                         if msg.permission is not None:
@@ -950,9 +1036,13 @@ class AcpFront:
             raise _params_error(
                 "`sessionId` overrides are not supported by this daemon", code="invalid_session_id"
             )
-        session, attached = await self._ticket_session(CreateSession(workspace, scope))
-        # A session made for this call: its set-up events (available commands, ...) too.
-        link, view = await self._own(conn, session, replay=not attached)
+        reserved = self._reserve(conn)
+        try:
+            session, attached = await self._ticket_session(CreateSession(workspace, scope))
+            # A session made for this call: its set-up events (available commands, ...) too.
+            link, view = await self._own_made(conn, session, attached, replay=not attached)
+        finally:
+            conn.reserved_sessions -= reserved
         out = self._session_result(view, link, attached)
         mode = params.get("approvalMode")
         if isinstance(mode, str) and mode:
@@ -974,14 +1064,20 @@ class AcpFront:
         if not isinstance(sid, str) or not sid:
             raise _params_error("`sessionId` must be a non-empty string")
         workspace = self._workspace(conn, params)
+        reserved = self._reserve(conn, sid)
         try:
-            session, attached = await self._ticket_session(RestoreSession(sid, workspace, action))
-        except RpcError as exc:
-            data = exc.data if isinstance(exc.data, dict) else {}
-            if data.get("httpStatus") == 500 and data.get("code") in (-32002, -32602):
-                raise _not_found(sid) from None
-            raise
-        link, view = await self._own(conn, session, replay=action == "load")
+            try:
+                session, attached = await self._ticket_session(
+                    RestoreSession(sid, workspace, action)
+                )
+            except RpcError as exc:
+                data = exc.data if isinstance(exc.data, dict) else {}
+                if data.get("httpStatus") == 500 and data.get("code") in (-32002, -32602):
+                    raise _not_found(sid) from None
+                raise
+            link, view = await self._own_made(conn, session, attached, replay=action == "load")
+        finally:
+            conn.reserved_sessions -= reserved
         out = self._session_result(view, link, attached)
         out["state"] = view.state
         out["lastEventId"] = view.last_event_id

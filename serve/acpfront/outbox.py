@@ -1,14 +1,16 @@
 """A bounded, single-reader FIFO of encoded JSON-RPC messages (one per stream).
 
 Each item is ``(event_id, payload)``: ``event_id`` is the session log's id for a
-session-bus message (the SSE ``id:`` line, what ``Last-Event-ID`` resumes from) and None for
-a JSON-RPC reply. Bounds: :attr:`max_messages` items and :attr:`max_bytes` payload bytes;
-:meth:`push` refuses past either (the owner decides what to evict); a producer may first
-:meth:`wait_room` while a reader is attached and draining. One reader at a time:
-:meth:`attach` hands out a new reader token and wakes the previous reader, whose next
-:meth:`take` returns None (a second GET of a stream ends the first). :meth:`end` lets the
-current reader drain what is left, then its ``take`` returns None.
-"""
+session-bus message (the SSE ``id:`` line, what ``Last-Event-ID`` resumes from) and None
+for a JSON-RPC reply. A payload may be a :class:`~serve.acpfront.translate.Deferred` (the
+log's shared frame; counted at the frame's size): :meth:`take` builds its message for the
+reader, so a queued event costs the outbox no copy of its own. Bounds: :attr:`max_messages`
+items and :attr:`max_bytes` payload bytes; :meth:`push` refuses past either (the owner
+decides what to evict); a producer may first :meth:`wait_room` while a reader is attached
+and draining. One reader at a time: :meth:`attach` hands out a new reader token and wakes
+the previous reader, whose next :meth:`take` returns None (a second GET of a stream ends
+the first). :meth:`end` lets the current reader drain what is left, then its ``take``
+returns None."""
 
 from __future__ import annotations
 
@@ -16,11 +18,14 @@ from collections import deque
 
 import trio
 
+from serve.acpfront.translate import Deferred
+
 #: Default bounds of one outbox (messages; payload bytes).
 DEFAULT_MAX_MESSAGES = 2048
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 
 Item = tuple[int | None, bytes]
+Queued = tuple[int | None, bytes | Deferred]
 
 
 class Outbox:
@@ -29,7 +34,7 @@ class Outbox:
     ) -> None:
         self.max_messages = max_messages
         self.max_bytes = max_bytes
-        self._items: deque[Item] = deque()
+        self._items: deque[Queued] = deque()
         self._bytes = 0
         self._wake = trio.Event()
         self._room = trio.Event()
@@ -62,7 +67,7 @@ class Outbox:
                 self._room = trio.Event()
             await self._room.wait()
 
-    def push(self, event_id: int | None, payload: bytes) -> bool:
+    def push(self, event_id: int | None, payload: bytes | Deferred) -> bool:
         """Append one message; False (nothing stored) when a bound would be exceeded."""
         if self.ended:
             return True  # nobody will read it; not an overflow
@@ -84,7 +89,7 @@ class Outbox:
 
     def take_replies(self) -> list[bytes]:
         """Remove and return the queued replies (a resume re-queues them after its replay)."""
-        replies = [p for event_id, p in self._items if event_id is None]
+        replies = [p for event_id, p in self._items if event_id is None and isinstance(p, bytes)]
         self._items = deque(item for item in self._items if item[0] is not None)
         self._bytes = sum(len(p) for _, p in self._items)
         return replies
@@ -113,14 +118,21 @@ class Outbox:
                 if self._reader != token:
                     return None
                 if self._items:
-                    out = list(self._items)
+                    queued = list(self._items)
                     self._items.clear()
                     self._bytes = 0
                     self._room.set()
-                    for event_id, _ in reversed(out):
+                    for event_id, _ in reversed(queued):
                         if event_id is not None:
                             self.last_taken = event_id
                             break
+                    out: list[Item] = []
+                    for event_id, payload in queued:
+                        if isinstance(payload, Deferred):
+                            payload = payload.render()
+                            if not payload:
+                                continue  # an unreadable frame (never one the log wrote)
+                        out.append((event_id, payload))
                     return out
                 if self.ended:
                     return None

@@ -13,6 +13,13 @@ A session's :class:`~serve.events.EventLog` stores complete SSE frames (``id: N`
 
 Frames without an id (``replay_complete``, ``state_resync_required``, ``client_evicted``,
 ``slow_client_warning``) are stream lifecycle: they become id-less notifications.
+
+An event with an id (except a permission request, whose id the front must remember) is not
+re-encoded when it is queued: :func:`translate_frame` gives a :class:`Deferred` that holds
+the log's own frame (one ``bytes`` object shared by every connection's outbox and the ring)
+and builds the message only when a writer takes it. So N connections with a session loaded
+hold one copy of its events, not N (a multi-MiB update would otherwise be copied into every
+outbox).
 """
 
 from __future__ import annotations
@@ -45,36 +52,74 @@ _envelope = msgspec.json.Decoder(Envelope)
 _permission = msgspec.json.Decoder(PermissionData)
 
 
+class Deferred:
+    """A log frame whose JSON-RPC message is built when a writer takes it (its size, for an
+    outbox's byte bound, is the frame's)."""
+
+    __slots__ = ("frame", "requests")
+
+    def __init__(self, frame: bytes, requests: bool) -> None:
+        self.frame = frame
+        self.requests = requests
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def render(self) -> bytes:
+        """The message (b"" if the frame cannot be read)."""
+        event_id, _type, envelope = frame_parts(self.frame)
+        msg = translate(event_id, envelope, requests=self.requests) if envelope else None
+        return msg.payload if msg is not None and isinstance(msg.payload, bytes) else b""
+
+
 class Translated(msgspec.Struct, frozen=True):
     event_id: int | None
     event_type: str
-    payload: bytes
+    payload: bytes | Deferred
     #: For a permission request: (JSON-RPC id, session id, mediator request id).
     permission: tuple[str, str, str] | None = None
 
 
-def split_frames(chunk: bytes) -> list[tuple[int | None, bytes]]:
-    """``(event id, envelope JSON)`` of each SSE frame in ``chunk`` (a subscriber's output)."""
-    out: list[tuple[int | None, bytes]] = []
-    for frame in chunk.split(b"\n\n"):
-        if not frame:
-            continue
-        event_id: int | None = None
-        data: bytes | None = None
-        for line in frame.split(b"\n"):
-            if line.startswith(b"id: "):
-                try:
-                    event_id = int(line[4:])
-                except ValueError:
-                    event_id = None
-            elif line.startswith(b"data: "):
-                data = line[6:]
-        if data is not None:
-            out.append((event_id, data))
-    return out
+def frame_parts(frame: bytes) -> tuple[int | None, str, memoryview | None]:
+    """One log frame's id, ``event:`` type and envelope JSON (a view of ``frame``, not a
+    copy; None when the frame has no ``data:`` line)."""
+    event_id: int | None = None
+    event_type = ""
+    pos = 0
+    while True:
+        end = frame.find(b"\n", pos)
+        if end < 0:
+            return event_id, event_type, None
+        if frame.startswith(b"data: ", pos):
+            stop = len(frame)
+            while stop > pos and frame[stop - 1] == 0x0A:
+                stop -= 1
+            return event_id, event_type, memoryview(frame)[pos + 6 : stop]
+        if frame.startswith(b"id: ", pos):
+            try:
+                event_id = int(frame[pos + 4 : end])
+            except ValueError:
+                event_id = None
+        elif frame.startswith(b"event: ", pos):
+            event_type = frame[pos + 7 : end].decode("utf-8", "replace")
+        pos = end + 1
 
 
-def translate(event_id: int | None, envelope: bytes, *, requests: bool = True) -> Translated | None:
+def translate_frame(frame: bytes, *, requests: bool = True) -> Translated | None:
+    """One log frame (as a subscriber hands it out) as a JSON-RPC message: deferred (see
+    the module docstring) when it has an id and its type is known from its ``event:`` line,
+    else translated now."""
+    event_id, event_type, envelope = frame_parts(frame)
+    if envelope is None:
+        return None
+    if event_id is not None and event_type and event_type != "permission_request":
+        return Translated(event_id, event_type, Deferred(frame, requests))
+    return translate(event_id, envelope, requests=requests)
+
+
+def translate(
+    event_id: int | None, envelope: bytes | memoryview, *, requests: bool = True
+) -> Translated | None:
     """One frame's envelope as a JSON-RPC message (None when it cannot be read)."""
     try:
         env = _envelope.decode(envelope)

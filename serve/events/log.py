@@ -510,6 +510,14 @@ class Subscriber:
 
     def take_nowait(self) -> bytes | None:
         """Everything available now (b"" when nothing); None when the stream is over."""
+        out = self.frames_nowait()
+        if out is None:
+            return None
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def frames_nowait(self) -> list[bytes] | None:
+        """As :meth:`take_nowait`, frame by frame: the ring's own ``bytes`` objects, shared
+        with every other reader (nothing is copied); None when the stream is over."""
         if self._done:
             return None
         log = self.log
@@ -521,7 +529,7 @@ class Subscriber:
         first = log.first_id
         if pressure > self.max_queued or (backlog and first is not None and self.cursor < first):
             out.append(self.evict("queue_overflow"))
-            return b"".join(out)
+            return out
         if not self._warned and pressure >= self.max_queued * 0.75:
             self._warned = True
             log.warnings += 1
@@ -553,16 +561,23 @@ class Subscriber:
         if not out and log.closed and self.cursor >= head:
             self.close()
             return None
-        return out[0] if len(out) == 1 else b"".join(out)
+        return out
 
     async def next_chunk(self, timeout_s: float = float("inf")) -> bytes | None:
         """Wait for frames; b"" on timeout (time for a heartbeat); None at the end."""
+        frames = await self.next_frames(timeout_s)
+        if frames is None:
+            return None
+        return frames[0] if len(frames) == 1 else b"".join(frames)
+
+    async def next_frames(self, timeout_s: float = float("inf")) -> list[bytes] | None:
+        """:meth:`next_chunk` frame by frame (see :meth:`frames_nowait`); [] on timeout."""
         with trio.move_on_after(timeout_s):
             while True:
                 wake = self.log._take_wake()
-                chunk = self.take_nowait()
-                if chunk is None or chunk:
-                    return chunk
+                frames = self.frames_nowait()
+                if frames is None or frames:
+                    return frames
                 self._parked = True
                 try:
                     await wake.wait()
@@ -570,4 +585,4 @@ class Subscriber:
                     self._parked = False
                 # Parked and caught up: what arrived meanwhile is backlog, not pressure.
                 self._mark = self.log.next_id
-        return b""
+        return []

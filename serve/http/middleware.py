@@ -99,6 +99,7 @@ from serve.http.security import (
     is_strict,
 )
 from serve.http.security.cors import self_origins
+from serve.http.security.peers import parse_trusted_proxies, scope_client_address
 from serve.http.security.ratelimit import classify, limiter_for
 from serve.logs import install_redaction
 from serve.settings import Settings
@@ -264,6 +265,7 @@ class SecurityFront:
         self._cors = CorsPolicy.from_patterns(settings.allow_origins)
         self.limiter = rate_limiter(host) or limiter_for(settings.rate_limit)
         self._limiting = settings.rate_limit.enabled
+        self._trusted_proxies = parse_trusted_proxies(settings.trusted_proxies)
         self._last_sweep = time.monotonic()
         self._port = -1
         self._hosts: frozenset[bytes] = frozenset()
@@ -295,7 +297,6 @@ class SecurityFront:
         tokens: list[bytes] = []
         content_length: bytes | None = None
         chunked = False
-        client_id: bytes | None = None
         preflight = False
         token_header = self._token_header
         for name, value in scope["headers"]:
@@ -311,9 +312,6 @@ class SecurityFront:
                 content_length = value
             elif name == b"transfer-encoding":
                 chunked = True
-            elif name == b"x-qwen-client-id":
-                if client_id is None:  # the first one, as the routes read it
-                    client_id = value
             elif name in _PREFLIGHT_HEADERS:
                 preflight = True
         declared = 0
@@ -397,7 +395,7 @@ class SecurityFront:
         if self._limiting and not self._host.draining:
             tier = classify(method, path)
             if tier is not None:
-                refusal = self._rate_limit(scope, tier, client_id)
+                refusal = self._rate_limit(scope, tier)
                 if refusal is not None:
                     status, body, headers = refusal
                     await refuse(status, body, headers)
@@ -466,18 +464,13 @@ class SecurityFront:
         )
 
     def _rate_limit(
-        self, scope: Scope, tier: Tier, client_id: bytes | None
+        self, scope: Scope, tier: Tier
     ) -> tuple[int, bytes, tuple[tuple[bytes, bytes], ...]] | None:
         now = time.monotonic()
         if now - self._last_sweep >= SWEEP_INTERVAL_S:
             self._last_sweep = now
             self.limiter.sweep()
-        client = scope.get("client")
-        key = client_key(
-            loopback_bind=self._loopback,
-            peer_ip=client[0] if client else None,
-            client_id=client_id.decode("latin-1") if client_id is not None else None,
-        )
+        key = client_key(peer_ip=scope_client_address(scope, self._trusted_proxies))
         decision = self.limiter.check(key, tier)
         if decision.log:
             if decision.allowed:

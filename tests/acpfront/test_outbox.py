@@ -65,3 +65,42 @@ def test_parse_classifies_every_shape() -> None:
     assert isinstance(both, jsonrpc.Invalid) and both.id == 3
     arr = jsonrpc.parse(b'{"jsonrpc":"2.0","id":4,"method":"m","params":[1]}')
     assert isinstance(arr, jsonrpc.Invalid) and arr.error.code == jsonrpc.INVALID_PARAMS
+
+
+async def test_loaded_connections_share_the_logs_frames_not_copies() -> None:
+    """Issue 22 item 18: every connection that loaded a session queued its own copy of each
+    event (64 non-reading connections + one 7 MiB prompt: +470 MiB). Now each outbox holds
+    the ring's own frame, and the message is built only for a reader."""
+    import json
+
+    import msgspec
+
+    from serve.acpfront.translate import translate_frame
+    from serve.events import EventLog
+
+    log = EventLog("s1")
+    big = "x" * (1 << 20)
+    update = {"sessionId": "s1", "update": {"sessionUpdate": "user_message_chunk", "text": big}}
+    log.publish("session_update", msgspec.Raw(msgspec.json.encode(update)))
+    log.publish("turn_complete", {"stopReason": "end_turn"}, prompt_id="p1")
+    boxes = [Outbox() for _ in range(3)]
+    for box in boxes:
+        frames = log.subscribe(last_event_id=0).frames_nowait()
+        assert frames is not None
+        for frame in frames:
+            msg = translate_frame(frame)
+            assert msg is not None
+            box.push(msg.event_id, msg.payload)
+    ring_frame = log.frame(1)
+    for box in boxes:
+        # The queued item is the ring's frame object itself, counted at its size.
+        assert box._items[0][1].frame is ring_frame  # type: ignore[union-attr]
+        assert box.size_bytes < len(ring_frame) + 4096
+    token = boxes[0].attach()
+    taken = await boxes[0].take(token, 1)
+    assert taken is not None
+    messages = [(event_id, json.loads(payload)) for event_id, payload in taken]
+    assert messages[0] == (1, {"jsonrpc": "2.0", "method": "session/update", "params": update})
+    assert messages[1][0] == 2 and messages[1][1]["params"]["kind"] == "turn_complete"
+    assert messages[1][1]["params"]["promptId"] == "p1"
+    assert messages[2][0] is None and messages[2][1]["params"]["kind"] == "replay_complete"

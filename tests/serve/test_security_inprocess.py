@@ -172,11 +172,32 @@ async def test_non_loopback_rate_limit_keys_by_peer_ip() -> None:
     async with client(app, ip="10.0.0.1") as a, client(app, ip="10.0.0.2") as b:
         assert (await a.get("/workspace/settings", headers=AUTH)).status_code == 200
         assert (await a.get("/workspace/settings", headers=AUTH)).status_code == 429
-        # Another address, or the same address with a client id, is another key.
+        # Another address is another key; a client id is not (issue 22 item 17).
         assert (await b.get("/workspace/settings", headers=AUTH)).status_code == 200
         who = {**AUTH, "X-Qwen-Client-Id": "c1"}
-        assert (await a.get("/workspace/settings", headers=who)).status_code == 200
-    assert rate_limit_hits(daemon)["read"] == 1
+        assert (await a.get("/workspace/settings", headers=who)).status_code == 429
+    assert rate_limit_hits(daemon)["read"] == 2
+
+
+async def test_rate_limit_keys_by_forwarded_address_only_from_a_trusted_proxy() -> None:
+    settings = Settings(
+        workspaces=("/tmp",),
+        hostname="0.0.0.0",
+        token=TOKEN,
+        rate_limit=RateLimitSettings(enabled=True, read=1, window_ms=60_000),
+        trusted_proxies=("10.0.0.9/32",),
+    )
+    app, _daemon = make_app(settings, [])
+    async with client(app, ip="10.0.0.9") as proxy, client(app, ip="10.0.0.1") as direct:
+        for n in (1, 2):  # two clients behind the proxy: two keys
+            via = {**AUTH, "X-Forwarded-For": f"203.0.113.{n}"}
+            assert (await proxy.get("/workspace/settings", headers=via)).status_code == 200
+        via = {**AUTH, "X-Forwarded-For": "203.0.113.1"}
+        assert (await proxy.get("/workspace/settings", headers=via)).status_code == 429
+        # An untrusted peer's header is ignored: it cannot mint keys.
+        for n, status in ((3, 200), (4, 429)):
+            spoof = {**AUTH, "X-Forwarded-For": f"203.0.113.{n}"}
+            assert (await direct.get("/workspace/settings", headers=spoof)).status_code == status
 
 
 async def test_draining_daemons_are_not_rate_limited() -> None:

@@ -1,14 +1,17 @@
 """Rate limiting on the real daemon: tiers, keys, exemptions, 401-before-429, counters.
 
 One daemon with tiny budgets (read 3, mutation 2, prompt 1 per minute), a token and one
-allowed origin. Every test uses its own ``X-Qwen-Client-Id`` (loopback binds key buckets by
-client id), so tests do not share buckets and need no clock.
+allowed origin. Buckets are keyed by the client's address, never by ``X-Qwen-Client-Id``
+(issue 22 item 17), so every test calls from its own loopback address (127.0.0.N, all
+routed to the daemon's 127.0.0.1): tests do not share buckets and need no clock.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -43,9 +46,21 @@ def daemon() -> Iterator[DaemonProcess]:
         d.stop()
 
 
-@pytest.fixture(scope="module")
+@contextmanager
+def calling_from(daemon: DaemonProcess, n: int) -> Iterator[httpx.Client]:
+    """A client whose requests come from 127.0.0.``n`` (another key per address)."""
+    transport = httpx.HTTPTransport(local_address=f"127.0.0.{n}")
+    with httpx.Client(base_url=daemon.url, timeout=30, transport=transport) as client:
+        yield client
+
+
+_addresses = itertools.count(11)
+
+
+@pytest.fixture
 def http(daemon: DaemonProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=daemon.url, timeout=30) as client:
+    """Each test calls from an address of its own."""
+    with calling_from(daemon, next(_addresses)) as client:
         yield client
 
 
@@ -90,7 +105,9 @@ def test_401_comes_before_429_and_costs_nothing(http: httpx.Client) -> None:
     assert http.get("/capabilities", headers=who).status_code == 401
 
 
-def test_tiers_and_keys_are_separate_buckets(http: httpx.Client) -> None:
+def test_tiers_and_addresses_are_separate_buckets(
+    daemon: DaemonProcess, http: httpx.Client
+) -> None:
     a, b = as_client("tier-a"), as_client("tier-b")
     for _ in range(LIMITS["read"]):
         http.get("/capabilities", headers=a)
@@ -104,8 +121,11 @@ def test_tiers_and_keys_are_separate_buckets(http: httpx.Client) -> None:
     response = http.post("/session/nope/prompt", json={}, headers=a)
     assert response.status_code in (400, 404)
     assert_429(http.post("/session/nope/prompt", json={}, headers=a), "prompt")
-    # Another client id is another key.
-    assert http.get("/capabilities", headers=b).status_code == 200
+    # Another client id is the same key: a fresh id per request is no way around the limit.
+    assert_429(http.get("/capabilities", headers=b), "read")
+    # Another address is another key.
+    with calling_from(daemon, 250) as elsewhere:
+        assert elsewhere.get("/capabilities", headers=b).status_code == 200
 
 
 def test_exempt_traffic_is_never_limited(http: httpx.Client) -> None:
@@ -131,27 +151,30 @@ def test_429_carries_cors_headers_for_allowed_origins(http: httpx.Client) -> Non
     )
 
 
-def test_hits_are_counted_in_status_and_the_tag_is_advertised(http: httpx.Client) -> None:
+def test_hits_are_counted_in_status_and_the_tag_is_advertised(
+    daemon: DaemonProcess, http: httpx.Client
+) -> None:
     who = as_client("counter-5")
     for _ in range(LIMITS["read"] + 2):
-        http.get("/capabilities", headers=as_client("counter-5-spend"))
-    status = http.get("/daemon/status", headers=who)
-    assert status.status_code == 200, status.text
-    rate = status.json()["runtime"]["rateLimit"]
-    assert rate["enabled"] is True
-    assert rate["hits"]["read"] >= 2
-    assert set(rate["hits"]) == {"prompt", "mutation", "read"}
-    features = http.get("/capabilities", headers=as_client("counter-5-caps")).json()["features"]
-    assert "rate_limit" in features
+        http.get("/capabilities", headers=who)
+    with calling_from(daemon, 251) as other:
+        status = other.get("/daemon/status", headers=who)
+        assert status.status_code == 200, status.text
+        rate = status.json()["runtime"]["rateLimit"]
+        assert rate["enabled"] is True
+        assert rate["hits"]["read"] >= 2
+        assert set(rate["hits"]) == {"prompt", "mutation", "read"}
+        features = other.get("/capabilities", headers=who).json()["features"]
+        assert "rate_limit" in features
 
 
 def test_rate_limit_log_lines_never_contain_the_token(
     daemon: DaemonProcess, http: httpx.Client
 ) -> None:
-    """A client id equal to the token ends up in the rate-limit log line: it is redacted."""
+    """The line names the key (the address), never the client id (here equal to the token)."""
     who = as_client(TOKEN)
     for _ in range(LIMITS["read"] + 1):
         http.get("/capabilities", headers=who)
     stderr = daemon.stderr()  # the line is written before the 429 is sent
-    assert "key=cid:[redacted]" in stderr
+    assert "rate limit exceeded: key=127.0.0." in stderr
     assert TOKEN not in stderr

@@ -18,12 +18,17 @@ their sessions and outboxes, and all routing):
 
 The security front (bearer, Host, CORS) has already run for every request and upgrade; the
 rate limiter applies per JSON-RPC method (HTTP: 429 on the POST, as on REST; WebSocket: a
-JSON-RPC error), and on a daemon without a token the methods whose REST twin is a
-strict-gate route answer ``token_required``.
+JSON-RPC error; ``initialize`` is a mutation), keyed by the client's address (never
+``X-Qwen-Client-Id``); on a daemon without a token the methods whose REST twin is a
+strict-gate route, and every request that would change an approval mode, answer
+``token_required``. A connection is bound to the transport and the caller (address and
+credential digest) that created it: any other request naming its id gets the 404 of an
+unknown connection.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import uuid
@@ -34,7 +39,7 @@ from quart import Blueprint, Response, current_app, make_response, request, webs
 from quart.wrappers.base import ClientDisconnectedError
 
 from serve.acpfront import AcpFront, Connection, jsonrpc
-from serve.acpfront.front import DEFAULT_IDLE_TIMEOUT_S, Policy
+from serve.acpfront.front import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_UNUSED_TIMEOUT_S, Policy
 from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
 from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
 from serve.host import Host
@@ -47,6 +52,8 @@ from serve.http.security import (
     is_loopback_address,
     is_strict,
 )
+from serve.http.security.peers import parse_trusted_proxies, scope_client_address
+from serve.http.security.strict import approval_mode_change_allowed
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +83,15 @@ def _idle_timeout_s() -> float:
     return DEFAULT_IDLE_TIMEOUT_S
 
 
+def _unused_timeout_s() -> float:
+    """``QWEN_SERVE_ACP_UNUSED_TIMEOUT_MS`` (default 10000): expiry of an HTTP connection
+    that never opened a stream nor sent a request after ``initialize``."""
+    raw = os.environ.get("QWEN_SERVE_ACP_UNUSED_TIMEOUT_MS", "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw) / 1000
+    return DEFAULT_UNUSED_TIMEOUT_S
+
+
 FEATURES: tuple[Feature, ...] = (
     Feature(
         "acp_http_transport",
@@ -86,9 +102,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature("acp_websocket_transport", tuple(("GET", rule) for rule in _ROUTES), when=acp_enabled),
 )
 
-#: JSON-RPC methods whose REST twin is a strict-gate route (see serve/http/security/strict).
+#: JSON-RPC methods whose REST twin is a strict-gate route (see serve/http/security/strict);
+#: approval-mode changes are gated by :func:`_changes_approval_mode` on every method.
 _STRICT_TWINS = {
-    "session/set_mode": ("POST", "/session/<id>/approval-mode"),
     "_qwen/session/update_metadata": ("PATCH", "/session/<id>/metadata"),
     "_qwen/file/write": ("POST", "/file/write"),
     "_qwen/file/edit": ("POST", "/file/edit"),
@@ -139,18 +155,33 @@ def the_front() -> AcpFront:
     return front  # type: ignore[no-any-return]
 
 
+def _changes_approval_mode(method: str, params: dict[str, Any]) -> bool:
+    """Every /acp request that would change a session's approval mode."""
+    if method == "session/set_mode":
+        return True
+    if method == "session/set_config_option":
+        return params.get("configId") == "mode"
+    if method == "session/new":
+        return params.get("approvalMode") not in (None, "")
+    return False
+
+
 def _policy_for(d: Host) -> Policy:
-    def policy(conn: Connection, method: str) -> RpcError | None:
+    def policy(conn: Connection, method: str, params: dict[str, Any]) -> RpcError | None:
         """The strict gate (and, for WebSocket connections, the rate limit) per method."""
+        token = d.settings.token is not None
         twin = _STRICT_TWINS.get(method)
-        if twin is not None and d.settings.token is None and is_strict(*twin):
+        if (twin is not None and not token and is_strict(*twin)) or (
+            _changes_approval_mode(method, params)
+            and not approval_mode_change_allowed(token_configured=token)
+        ):
             return RpcError(
                 SERVER_ERROR,
                 TOKEN_REQUIRED_BODY.error,
                 {"httpStatus": 401, "code": TOKEN_REQUIRED_BODY.code},
             )
         if conn.transport == "ws":
-            return _rate_limit(d, conn.rate_key, method)
+            return _rate_limit(d, conn.client, method)
         return None
 
     return policy
@@ -193,6 +224,7 @@ async def _start_front() -> None:
         d,
         policy=_policy_for(d),
         idle_timeout_s=_idle_timeout_s(),
+        unused_timeout_s=_unused_timeout_s(),
         version=ver,
         all_features=features(),
     )
@@ -256,19 +288,28 @@ def _connection() -> Connection | Response:
     except RpcError as exc:
         return _rpc_response(503, None, exc)
     conn = front.get(conn_id.strip())
-    if conn is None:
+    # A connection answers only the transport and credentials that created it: a WebSocket
+    # connection's id over HTTP, or another caller's, is as unknown as a made-up one.
+    if conn is None or conn.transport != "http" or conn.owner != _request_owner():
         return _invalid(404, f'Unknown ACP connection "{conn_id}"')
     return conn
 
 
-def _rate_key(peer: str | None, client_id: str | None) -> str:
-    d = daemon()
-    return client_key(
-        loopback_bind=is_loopback_address(d.settings.hostname)
-        or d.settings.hostname == "localhost",
-        peer_ip=peer,
-        client_id=client_id,
-    )
+def _client(scope: Any) -> str:
+    """The caller's address as the rate limiter keys it (``serve/http/security/peers.py``):
+    the peer's, or a ``--trusted-proxy``'s forwarded one; never ``X-Qwen-Client-Id``."""
+    trusted = parse_trusted_proxies(daemon().settings.trusted_proxies)
+    return client_key(peer_ip=scope_client_address(scope, trusted))
+
+
+def _owner(client: str, authorization: str | None) -> str:
+    """What a connection is bound to: its creator's address and credential (a digest)."""
+    credential = hashlib.sha256(authorization.encode()).hexdigest() if authorization else "-"
+    return f"{client} {credential}"
+
+
+def _request_owner() -> str:
+    return _owner(_client(request.scope), request.headers.get("Authorization"))
 
 
 def _last_event_id() -> int | None:
@@ -279,6 +320,12 @@ def _last_event_id() -> int | None:
     if not raw.isdigit() or int(raw) > MAX_SAFE_INTEGER:
         return None
     return int(raw)
+
+
+def _refused(rid: Any, refusal: RpcError) -> Response:
+    """A rate-limit refusal as the POST's 429."""
+    retry = max(1, -(-int(refusal.data["retryAfterMs"]) // 1000))
+    return _rpc_response(429, rid, refusal, {"Retry-After": str(retry)})
 
 
 # ---- POST ---------------------------------------------------------------------------------
@@ -299,10 +346,19 @@ async def _post(workspace_ref: str | None) -> Response:
         workspace = _workspace(workspace_ref)
         if workspace is None:
             return _invalid(404, f"Workspace {workspace_ref} is not served by this daemon")
+        client = _client(request.scope)
+        refusal = _rate_limit(daemon(), client, message.method)
+        if refusal is not None:
+            return _refused(message.id, refusal)
         try:
             front = the_front()
             conn, reply = front.initialize(
-                "http", workspace, message, loopback=is_loopback_address(request.remote_addr or "")
+                "http",
+                workspace,
+                message,
+                loopback=is_loopback_address(request.remote_addr or ""),
+                client=client,
+                owner=_owner(client, request.headers.get("Authorization")),
             )
         except RpcError as exc:
             return _rpc_response(_status_of(exc), message.id, exc)
@@ -314,15 +370,9 @@ async def _post(workspace_ref: str | None) -> Response:
         return found
     conn = found
     if isinstance(message, jsonrpc.Request | jsonrpc.Notification):
-        refusal = _rate_limit(
-            daemon(),
-            _rate_key(request.remote_addr, request.headers.get("X-Qwen-Client-Id")),
-            message.method,
-        )
+        refusal = _rate_limit(daemon(), conn.client, message.method)
         if refusal is not None:
-            retry = max(1, -(-int(refusal.data["retryAfterMs"]) // 1000))
-            rid = message.id if isinstance(message, jsonrpc.Request) else None
-            return _rpc_response(429, rid, refusal, {"Retry-After": str(retry)})
+            return _refused(message.id if isinstance(message, jsonrpc.Request) else None, refusal)
     header_session = request.headers.get("Acp-Session-Id")
     try:
         the_front().submit(conn, message, header_session.strip() if header_session else None)
@@ -493,20 +543,28 @@ async def _websocket(workspace_ref: str | None) -> None:
         await websocket.close(1002)
         return
     workspace = _workspace(workspace_ref)
+    client = _client(websocket.scope)
     try:
         if workspace is None:
             raise RpcError(
                 jsonrpc.INVALID_PARAMS, f"Workspace {workspace_ref} is not served by this daemon"
             )
+        refusal = _rate_limit(daemon(), client, message.method)
+        if refusal is not None:
+            raise refusal
         front = the_front()
         conn, reply = front.initialize(
-            "ws", workspace, message, loopback=is_loopback_address(websocket.remote_addr or "")
+            "ws",
+            workspace,
+            message,
+            loopback=is_loopback_address(websocket.remote_addr or ""),
+            client=client,
+            owner=_owner(client, websocket.headers.get("Authorization")),
         )
     except RpcError as exc:
         await websocket.send(jsonrpc.error_bytes(message.id, exc).decode())
         await websocket.close(1013)
         return
-    conn.rate_key = _rate_key(websocket.remote_addr, websocket.headers.get("X-Qwen-Client-Id"))
     conn.open_streams += 1
     await websocket.send(reply.decode())
     try:

@@ -37,6 +37,11 @@ from serve.http.errors import (
 )
 from serve.http.security.clientid import InvalidClientId, validate_client_id
 from serve.http.security.hosts import is_loopback_address
+from serve.http.security.strict import (
+    TOKEN_REQUIRED_BODY,
+    TOKEN_REQUIRED_CODE,
+    approval_mode_change_allowed,
+)
 from serve.http.wire import json_body, json_response
 from serve.permissions.mediator import CastVote, SessionOf
 from serve.sessions import turns
@@ -304,6 +309,11 @@ async def create_session() -> Response:
         raise bad_request(
             "`sessionId` overrides are not supported by this daemon", "invalid_session_id"
         )
+    if approval_mode is not None and not approval_mode_change_allowed(
+        token_configured=daemon().settings.token is not None
+    ):
+        # The approval-mode route's gate, before anything is made (strict.py).
+        raise ApiError(401, {"error": TOKEN_REQUIRED_BODY.error, "code": TOKEN_REQUIRED_CODE})
     workspace = resolve_workspace(body)
     registry = daemon().registry
     for attempt in range(3):

@@ -9,10 +9,11 @@ traffic that must never be throttled — ``OPTIONS``, ``GET|HEAD /health``,
 ``POST /session/*/heartbeat``, ``GET /session/*/events`` (SSE) and ``/acp[/…]``. First
 match wins and trailing slashes are ignored.
 
-The *client key* (:func:`client_key`) is ``cid:<X-Qwen-Client-Id>`` or ``anonymous`` on a
-loopback bind (every local caller shares one address), and ``<peer ip>`` or
-``<peer ip>:<client id>`` otherwise (IPv4-mapped ``::ffff:`` prefix removed). Invalid
-client ids are ignored for keying (the header is rejected later by the client-id check).
+The *client key* (:func:`client_key`) is the client's address
+(:func:`serve.http.security.peers.client_address`: the peer's, or from a ``--trusted-proxy``
+the forwarded one; IPv4-mapped ``::ffff:`` prefix removed), never ``X-Qwen-Client-Id``:
+the reference keys a loopback bind by that header, which a client picks freely, so a fresh
+id per request was never limited. Every local caller of a loopback bind shares one budget.
 
 Each ``(key, tier)`` owns a bucket of capacity ``max`` that refills continuously at
 ``max / window_ms`` tokens per ms and starts full; a request takes one token if at least
@@ -47,8 +48,6 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
-
-from serve.http.security.clientid import is_valid_client_id
 
 if TYPE_CHECKING:
     from serve.settings import RateLimitSettings
@@ -222,17 +221,10 @@ def _strip_mapped(ip: str) -> str:
     return ip
 
 
-def client_key(*, loopback_bind: bool, peer_ip: str | None, client_id: str | None) -> str:
-    """The bucket key of a request.
-
-    Loopback bind: ``cid:<id>`` for a valid client id, else ``anonymous``. Otherwise:
-    ``<ip>`` or ``<ip>:<id>`` (``unknown`` when the peer address is not known).
-    """
-    valid_id = client_id if client_id and is_valid_client_id(client_id) else None
-    if loopback_bind:
-        return f"cid:{valid_id}" if valid_id else "anonymous"
-    ip = _strip_mapped(peer_ip) if peer_ip else "unknown"
-    return f"{ip}:{valid_id}" if valid_id else ip
+def client_key(*, peer_ip: str | None) -> str:
+    """The bucket key of a request: the client's address (``unknown`` when not known),
+    whatever client id it sends."""
+    return _strip_mapped(peer_ip) if peer_ip else "unknown"
 
 
 # ---------------------------------------------------------------------------------------
@@ -388,15 +380,13 @@ class RateLimiter:
         method: str,
         path: str,
         *,
-        loopback_bind: bool,
         peer_ip: str | None,
-        client_id: str | None,
     ) -> Decision:
         """:func:`classify` + :func:`client_key` + :meth:`check` in one call."""
         if not self.config.enabled:
             return _DISABLED
         tier = classify(method, path, workspace_acp=self.config.workspace_acp)
-        key = client_key(loopback_bind=loopback_bind, peer_ip=peer_ip, client_id=client_id)
+        key = client_key(peer_ip=peer_ip)
         return self.check(key, tier)
 
     def check(self, key: str, tier: Tier | None) -> Decision:

@@ -31,10 +31,12 @@ import msgspec
 from serve.http.security._wire import ErrorBody
 
 __all__ = [
+    "APPROVAL_MODE_ROUTE",
     "STRICT_ROUTES",
     "TOKEN_REQUIRED_BODY",
     "TOKEN_REQUIRED_CODE",
     "StrictRoute",
+    "approval_mode_change_allowed",
     "is_strict",
     "strict_gate_allows",
 ]
@@ -109,6 +111,20 @@ def is_strict(method: str, rule: str) -> bool:
                 "/workspace" + suffix,
             ) in _STRICT_SHAPES
     return False
+
+
+#: The gate of every approval-mode change, whatever path asks for it: this route, and the
+#: paths that change the mode besides (``POST /session {approvalMode}``, ``/acp``
+#: ``session/new {approvalMode}``, ``session/set_mode``, ``session/set_config_option
+#: {configId: "mode"}``) ask :func:`approval_mode_change_allowed`.
+APPROVAL_MODE_ROUTE = ("POST", "/session/<id>/approval-mode")
+
+
+def approval_mode_change_allowed(*, token_configured: bool) -> bool:
+    """The one rule for changing a session's approval mode: as its REST route."""
+    return not is_strict(*APPROVAL_MODE_ROUTE) or strict_gate_allows(
+        token_configured=token_configured
+    )
 
 
 def strict_gate_allows(*, token_configured: bool) -> bool:
