@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from serve.config import ConfigCell, DaemonConfig
     from serve.deviceflow.poller import DeviceFlowPoller
     from serve.http.security.ratelimit import RateLimiter
+    from serve.isolation import Isolation
     from serve.journal import Journal
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
@@ -87,6 +88,8 @@ class Host:
     chaos: ChaosMonkey | None
     lifecycle: Lifecycle
     front: FrontStats
+    #: Per-agent-child limits and the agents' ceiling (serve/isolation).
+    isolation: Isolation | None = None
 
     # ---- views -------------------------------------------------------------------------
 

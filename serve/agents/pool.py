@@ -77,7 +77,8 @@ from acp.mux import SessionMux
 from acp.process import ExitInfo
 from actors import Actor, ActorError, Reply
 from serve.agents.memory import measure_trees
-from serve.sessions.agent_link import agent_env
+from serve.isolation import ChildLimits, Isolation
+from serve.sessions.agent_link import spawn_limited
 from serve.sessions.errors import MemoryBudgetExceeded, SessionsUnavailable
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ class AgentChild:
     __slots__ = (
         "conn",
         "id",
+        "limits",
         "mux",
         "ready_at",
         "slots",
@@ -114,10 +116,18 @@ class AgentChild:
         "used",
     )
 
-    def __init__(self, child_id: str, conn: AgentConnection, mux: SessionMux) -> None:
+    def __init__(
+        self,
+        child_id: str,
+        conn: AgentConnection,
+        mux: SessionMux,
+        limits: ChildLimits | None = None,
+    ) -> None:
         self.id = child_id
         self.conn = conn
         self.mux = mux
+        #: Its cgroup / watchdog entry (serve/isolation); removed once it is reaped.
+        self.limits = limits
         #: lease id -> ACP session id once bound ("" before).
         self.slots: dict[int, str] = {}
         self.ready_at = time.time()
@@ -246,9 +256,17 @@ PoolMsg = (
 class AgentPool(Actor[PoolMsg]):
     """The agent children of one workspace (see the module docstring)."""
 
-    def __init__(self, settings: Settings, workspace: str, *, name: str = "agents") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        workspace: str,
+        *,
+        name: str = "agents",
+        isolation: Isolation | None = None,
+    ) -> None:
         super().__init__(name, inbox_size=1024)
         self.settings = settings
+        self.isolation = isolation
         self.workspace = workspace
         self.warm_target = settings.warm_agents
         self.per_agent = max(1, settings.sessions_per_agent)
@@ -338,6 +356,7 @@ class AgentPool(Actor[PoolMsg]):
                 "slots": self.per_agent,
                 "readyAt": _iso(c.ready_at),
                 "pssKiB": self.pss_kib.get(c.id),
+                "limits": c.limits.usage() if c.limits is not None else None,
             }
             for c in self.children.values()
         ]
@@ -425,7 +444,7 @@ class AgentPool(Actor[PoolMsg]):
             async with trio.open_nursery() as nursery:
                 for child in list(self.children.values()):
                     child.stopping = True
-                    nursery.start_soon(_aclose, child.conn)
+                    nursery.start_soon(_aclose, child.conn, child.limits)
         self.children.clear()
 
     # ---- handling ----------------------------------------------------------------------
@@ -631,14 +650,13 @@ class AgentPool(Actor[PoolMsg]):
         mux = SessionMux()
         assert self._nursery is not None
         try:
-            conn = await AgentConnection.spawn(
+            conn, limits = await spawn_limited(
                 self._nursery,
-                settings.agent_argv,
+                settings,
+                self.isolation,
                 cwd=self.workspace,
-                env=agent_env(settings),
                 handler=mux,
                 request_timeout_s=init_timeout,
-                max_line_bytes=settings.max_agent_line_bytes,
             )
         except OSError as exc:
             self._tell(_SpawnFailed(exc))
@@ -648,19 +666,27 @@ class AgentPool(Actor[PoolMsg]):
         except BaseException as exc:
             with trio.CancelScope(shield=True):
                 await conn.aclose(grace_s=1.0)
+                if limits is not None:
+                    await limits.aclose()
             if not isinstance(exc, Exception):
                 raise
             self._tell(_SpawnFailed(exc))
             return
-        self._tell(_Spawned(AgentChild(child_id, conn, mux)))
+        self._tell(_Spawned(AgentChild(child_id, conn, mux, limits)))
 
     async def _watch(self, child: AgentChild) -> None:
-        info: ExitInfo = await child.conn.wait_closed()
+        try:
+            info: ExitInfo = await child.conn.wait_closed()
+            if child.limits is not None:
+                child.limits.verdict(info)  # read before its cgroup goes (agent_oom)
+        finally:
+            if child.limits is not None:
+                await child.limits.aclose()
         self._tell(_Exited(child.id, info))
 
     def _stop_child(self, child: AgentChild) -> None:
         if self._nursery is not None:
-            self._nursery.start_soon(_aclose, child.conn)
+            self._nursery.start_soon(_aclose, child.conn, child.limits)
 
 
 async def _give_back(reply: Reply[AgentLease]) -> None:
@@ -671,10 +697,12 @@ async def _give_back(reply: Reply[AgentLease]) -> None:
     await lease.release()
 
 
-async def _aclose(conn: AgentConnection) -> None:
+async def _aclose(conn: AgentConnection, limits: ChildLimits | None = None) -> None:
     """Stop a child the pool holds: warm, spare or drained, so nothing of a turn is running;
     an agent that ignores stdin EOF gets only IDLE_EOF_GRACE_S before SIGTERM."""
     await conn.aclose(grace_s=1.0, eof_grace_s=IDLE_EOF_GRACE_S)
+    if limits is not None:
+        await limits.aclose()
 
 
 def _truncate(text: str) -> str:

@@ -48,6 +48,7 @@ __all__ = [
     "RESTART_WINDOW_S",
     "SUMMARY_EVENTS",
     "daemon_status",
+    "isolation_section",
     "supervisor_history",
 ]
 
@@ -69,6 +70,18 @@ def _scrub(text: str, token: str | None) -> str:
     if token:
         text = text.replace(token, "[redacted]")
     return text[:MAX_REASON_CHARS]
+
+
+def isolation_section(daemon: Host) -> dict[str, Any]:
+    """``isolation``: one object, each part under its own key. The agent limits
+    (serve/isolation: ``backend``, ``limits``, ``ceiling``, ``children`` with each child's
+    memory current/peak and tasks, read from its cgroup's files: in-kernel, no disk I/O)
+    are at the top level; other parts (the file sandbox) add their own keys."""
+    iso = getattr(daemon, "isolation", None)
+    if iso is None:
+        return {"backend": "off", "limits": None, "ceiling": None, "children": []}
+    out: dict[str, Any] = iso.status()
+    return out
 
 
 def _raw_history(daemon: Host) -> list[Any]:
@@ -276,6 +289,7 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
             }
             for rt in runtimes
         ]
+    body["isolation"] = isolation_section(daemon)
     chaos = daemon.chaos
     if chaos is not None:
         body["runtime"]["chaos"] = chaos.status()

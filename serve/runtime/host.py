@@ -47,6 +47,7 @@ from serve.config import ConfigCell, DaemonConfig, load_daemon_config
 from serve.deviceflow import service as device_flow_service
 from serve.host import FrontStats, Host, Lifecycle
 from serve.http.security.ratelimit import limiter_for
+from serve.isolation import Isolation, IsolationError
 from serve.journal import Journal, JournalLimits
 from serve.mcp import service as mcp_service
 from serve.permissions.effects import EffectGate
@@ -54,7 +55,7 @@ from serve.permissions.mediator import PermissionMediator
 from serve.sessions.actor import SessionActor
 from serve.sessions.chaos import ChaosMonkey
 from serve.sessions.runtimes import WorkspaceRuntimes
-from serve.settings import Settings
+from serve.settings import Settings, SettingsError
 from serve.status.shared import HUB_SERVICE
 from serve.workspace.hub import WorkspaceHub
 from serve.workspace_state import reload as workspace_state
@@ -147,6 +148,10 @@ def build_host(
         HUB_SERVICE, hub.run, Restart.PERMANENT, shutdown_grace_s=2.0, stop=hub.close
     )
     mcp_pool, mcp_spec = mcp_service.build(settings, sessions_for)
+    try:
+        isolation = Isolation(settings)
+    except IsolationError as exc:
+        raise SettingsError(str(exc)) from None
     runtimes = WorkspaceRuntimes(
         settings,
         mediator,
@@ -155,6 +160,7 @@ def build_host(
         journal=journal,
         mcp_pool=mcp_pool,
         retire_hook=retire,
+        isolation=isolation,
     )
     device_flow, device_flow_spec = device_flow_service.build(settings, config, hub)
     state, state_spec = workspace_state.build(settings.workspaces)
@@ -175,6 +181,9 @@ def build_host(
             stop=mediator.close,
         )
     )
+    # Before the agent pools (their warm children need the agents' cgroup), stopped after
+    # them (it removes every cgroup it made).
+    children.append(ChildSpec("isolation", isolation.run, Restart.PERMANENT, shutdown_grace_s=5.0))
     children.extend(runtimes.child_specs())
     children.append(hub_spec)
     optional: list[ChildSpec] = []
@@ -223,6 +232,7 @@ def build_host(
         chaos=chaos,
         lifecycle=lifecycle,
         front=front,
+        isolation=isolation,
     )
     return host, children
 

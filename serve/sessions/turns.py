@@ -83,6 +83,15 @@ def agent_restarted(session_id: str) -> dict[str, Any]:
     }
 
 
+def agent_oom(session_id: str, message: str) -> dict[str, Any]:
+    return {
+        "sessionId": session_id,
+        "message": message,
+        "code": "agent_oom",
+        "errorKind": "agent_oom",
+    }
+
+
 def deadline_exceeded(session_id: str) -> dict[str, Any]:
     return {
         "sessionId": session_id,
@@ -106,6 +115,10 @@ def aborted(session_id: str, reason: str, *, died: bool) -> tuple[str, dict[str,
     """The terminal of every unfinished prompt when the session ends."""
     if died and reason == "channel_closed":
         return "turn_error", channel_closed(session_id)
+    if died and reason == "agent_oom":
+        return "turn_error", agent_oom(
+            session_id, "the agent was killed for memory and may not restart again"
+        )
     if died:
         return "turn_error", {
             "sessionId": session_id,

@@ -304,7 +304,11 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         "`: heartbeat` every 15 s. Reconnect with `Last-Event-ID` and `X-Qwen-Event-Epoch`. "
         "Agent pool events (tag `agent_idle_release`): `agent_released` "
         "(data `AgentReleasedEvent`) when an idle session lets its agent go, "
-        "`agent_rebound` (data `AgentReboundEvent`) when it has one again.",
+        "`agent_rebound` (data `AgentReboundEvent`) when it has one again. "
+        "`agent_oom` (data `AgentOomEvent`): the agent child was killed for memory "
+        "(`--agent-memory-max-mb`); the running prompt ends with `turn_error {code: "
+        '"agent_oom"}`, then `session_restarted {reason: "agent_oom"}` or, past the restart '
+        'intensity, `session_died {reason: "agent_oom"}`.',
     ),
     ("GET", "/session/<session_id>/context"): Operation(
         "The session's models, modes and config options",
@@ -483,6 +487,7 @@ EXTRA_SCHEMAS: Final = (
     PreflightCell,
     t.AgentReleasedEvent,
     t.AgentReboundEvent,
+    t.AgentOomEvent,
 )
 
 
