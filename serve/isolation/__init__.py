@@ -270,8 +270,12 @@ class ChildLimits:
 class Isolation:
     """The daemon's agent isolation (see the module docstring)."""
 
-    def __init__(self, settings: Settings, detected: Detected | None = None) -> None:
+    def __init__(
+        self, settings: Settings, detected: Detected | None = None, *, proc: str = "/proc/self"
+    ) -> None:
         self.settings = settings
+        #: Where the daemon's own ``oom_score_adj`` is written (a unit test: elsewhere).
+        self.proc = proc
         self.detected = detected if detected is not None else detect(settings.agent_limits)
         self.backend: Backend = self.detected.backend
         self.version = self.detected.version
@@ -315,7 +319,7 @@ class Isolation:
         (blocking: run in a worker thread)."""
         if self.backend == "off":
             return
-        _write_quietly("/proc/self/oom_score_adj", DAEMON_OOM_SCORE_ADJ)
+        _write_quietly(f"{self.proc}/oom_score_adj", DAEMON_OOM_SCORE_ADJ)
         if self.version is None:
             return
         bases = dict(self.detected.bases)

@@ -5,7 +5,8 @@
 It answers ``initialize`` (``loadSession``: a restarted child is restored in place),
 ``session/new``, ``session/load`` and ``session/prompt``. A prompt's text says what to do:
 
-* ``alloc N``: allocate N MiB in 1 MiB pieces, touching every page (in this process);
+* ``alloc N [S]``: allocate N MiB in 1 MiB pieces, touching every page (in this process),
+  and hold it S seconds (default 0.2);
 * ``alloc-child N``: the same in a forked grandchild (a tool of the agent), then wait for it;
 * ``fork N``: fork up to N sleeping children; the reply says how many forks succeeded
   (``forked K failed F``), then they are killed again;
@@ -29,14 +30,14 @@ def send(obj: object) -> None:
     sys.stdout.flush()
 
 
-def alloc(mib: int) -> None:
+def alloc(mib: int, hold_s: float = 0.2) -> None:
     hold = []
     for _ in range(mib):
         block = bytearray(MIB)
         for i in range(0, MIB, 4096):
             block[i] = 1
         hold.append(block)
-    time.sleep(0.2)
+    time.sleep(hold_s)
 
 
 def fork_many(n: int) -> str:
@@ -61,8 +62,9 @@ def fork_many(n: int) -> str:
 def act(text: str) -> str:
     word, _, arg = text.strip().partition(" ")
     if word == "alloc":
-        alloc(int(arg))
-        return f"allocated {arg}"
+        mib, _, hold = arg.partition(" ")
+        alloc(int(mib), float(hold or 0.2))
+        return f"allocated {mib}"
     if word == "alloc-child":
         pid = os.fork()
         if pid == 0:
