@@ -14,6 +14,10 @@ It answers ``initialize`` (``loadSession``: a restarted child is restored in pla
 * ``pid``: reply with its pid; anything else: reply ``ok <text>``.
 
 Every reply is one ``agent_message_chunk`` followed by ``end_turn``.
+
+``HOSTILE_MARK=MIB:FILE`` (environment): ``alloc`` appends ``time.monotonic()`` to FILE when
+it has allocated MIB MiB (the benchmark's "crossed the cap" moment; the clock is the
+machine's ``CLOCK_MONOTONIC``, the same in every process).
 """
 
 import json
@@ -31,8 +35,14 @@ def send(obj: object) -> None:
 
 
 def alloc(mib: int, hold_s: float = 0.2) -> None:
+    mark = os.environ.get("HOSTILE_MARK", "")
+    mark_mib, _, mark_file = mark.partition(":")
+    at = int(mark_mib) if mark_file else -1
     hold = []
-    for _ in range(mib):
+    for n in range(mib):
+        if n == at:
+            with open(mark_file, "a") as f:
+                f.write(f"{time.monotonic()}\n")
         block = bytearray(MIB)
         for i in range(0, MIB, 4096):
             block[i] = 1
