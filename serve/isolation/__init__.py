@@ -66,6 +66,9 @@ MIN_CEILING_BYTES: Final = 64 * MIB
 MAX_CHILDREN: Final = 4096
 
 
+_INSTANCES = itertools.count(1)
+
+
 class IsolationError(Exception):
     """``--agent-limits cgroup`` without a usable cgroup (the daemon refuses to start)."""
 
@@ -289,7 +292,9 @@ class Isolation:
         )
         self.limits = self._limits(settings)
         self.parents: dict[str, Path] = {}
-        self.parent_name = f"{cgroups.PREFIX}{os.getpid()}"
+        # ``acp-serve.<pid>``; a second daemon in one process (tests) ``acp-serve.<pid>.<n>``.
+        n = next(_INSTANCES)
+        self.parent_name = f"{cgroups.PREFIX}{os.getpid()}" + (f".{n}" if n > 1 else "")
         self.oom_total = 0
         self.ready = False
         self.setup_error: str | None = None

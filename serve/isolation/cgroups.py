@@ -431,7 +431,7 @@ def pid_of(name: str) -> int | None:
     """The daemon pid in an ``acp-serve.<pid>`` directory name (None: not one of ours)."""
     if not name.startswith(PREFIX):
         return None
-    tail = name[len(PREFIX) :]
+    tail = name[len(PREFIX) :].split(".", 1)[0]  # acp-serve.<pid>[.<n>]
     return int(tail) if tail.isdigit() else None
 
 

@@ -183,7 +183,8 @@ class SpawnAgentSource:
         cwd: str,
         handler: ClientHandler,
         timeout_s: float,
-    ) -> OwnAgent:
+    ) -> AgentConnection | OwnAgent:
+        """The connection itself, or (with limits) a lease that also removes its cgroup."""
         conn, limits = await spawn_limited(
             nursery,
             self.settings,
@@ -200,7 +201,7 @@ class SpawnAgentSource:
                 if limits is not None:
                     await limits.aclose()
             raise
-        return OwnAgent(conn, limits)
+        return conn if limits is None else OwnAgent(conn, limits)
 
 
 # ---- the link -----------------------------------------------------------------------------

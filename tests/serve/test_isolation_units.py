@@ -148,7 +148,7 @@ async def test_v2_daemon_moves_into_a_leaf_and_children_get_their_limit_files(
     assert (root / cgroups.DAEMON_LEAF / "cgroup.procs").exists()
     assert (tmp_path / "oom_score_adj").read_text() == "-500"  # the daemon: picked last
     assert (root / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
-    parent = root / f"acp-serve.{os.getpid()}"
+    parent = root / iso.parent_name
     assert (parent / "memory.max").read_text() == str((1024 - 256) * MIB)
 
     child = await iso.child()
@@ -195,7 +195,7 @@ async def test_a_kill_at_the_ceiling_is_named_ceiling(tmp_path: Path) -> None:
     )
     await trio.to_thread.run_sync(iso.setup)
     iso.ready = True
-    parent = root / f"acp-serve.{os.getpid()}"
+    parent = root / iso.parent_name
     child = await iso.child()
     assert child is not None
     (parent / child.name / "memory.events").write_text("max 0\noom_kill 1\n")
@@ -236,12 +236,15 @@ def test_stale_groups_of_dead_daemons_are_found_and_removed(tmp_path: Path) -> N
     (stale / "agent-3" / "memory.max").write_text("1")
     mine = tmp_path / f"acp-serve.{os.getpid()}"
     mine.mkdir()
+    (tmp_path / f"acp-serve.{os.getpid()}.2").mkdir()  # a second daemon of this process
+    (tmp_path / f"acp-serve.{dead.pid}.2").mkdir()
     other = tmp_path / "acp-serve.daemon"  # the v2 leaf: not a daemon's group
     other.mkdir()
     found = cgroups.stale_groups(tmp_path, own_pid=os.getpid())
-    assert found == [stale]
+    assert sorted(found) == [stale, tmp_path / f"acp-serve.{dead.pid}.2"]
     assert cgroups.remove_group(found) == []
     assert not stale.exists() and mine.exists() and other.exists()
+    assert (tmp_path / f"acp-serve.{os.getpid()}.2").exists()
 
 
 # ---- settings ---------------------------------------------------------------------------
