@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 :func:`daemon_status` reads in-memory state only: settings, the capability registry, the
 session registry, the permission mediator's snapshot, the supervisors' bounded event
-histories. It makes no agent request, starts nothing and does no file I/O, so it is
+histories. It makes no agent request, starts nothing and does no file I/O (but for the
+agents' cgroup usage files of ``isolation``: in-kernel counters), so it is
 cheap, and it answers even while sessions are wedged. ``detail="full"`` adds, per live
 session, its summary and its event log's fill level; ``summary`` leaves out the
 mediator's per-request internals and keeps the newest :data:`SUMMARY_EVENTS` supervisor

@@ -300,6 +300,7 @@ class Isolation:
         self.setup_error: str | None = None
         self._children: dict[str, ChildLimits] = {}
         self._ids = itertools.count(1)
+        self._stopped = trio.Event()
 
     def _limits(self, settings: Settings) -> Limits:
         if self.backend == "off":
@@ -346,7 +347,9 @@ class Isolation:
         return errors
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        """Set up, then (the watchdog backend) sample the children; clean up on exit."""
+        """Set up, then (the watchdog backend) sample the children until :meth:`close`;
+        clean up on exit."""
+        self._stopped = trio.Event()
         try:
             await trio.to_thread.run_sync(self.setup)
         except OSError as exc:
@@ -372,10 +375,11 @@ class Isolation:
         )
         task_status.started(self)
         try:
-            if self.backend == "watchdog":
-                await self._watch()
-            else:
-                await trio.sleep_forever()
+            async with trio.open_nursery() as nursery:
+                if self.backend == "watchdog":
+                    nursery.start_soon(self._watch)
+                await self._stopped.wait()
+                nursery.cancel_scope.cancel()
         finally:
             self.ready = False
             with trio.CancelScope(shield=True):
@@ -384,6 +388,10 @@ class Isolation:
                 errors = await trio.to_thread.run_sync(self.teardown)
             for error in errors:
                 log.warning("agent cgroup: %s", error)
+
+    def close(self) -> None:
+        """The supervisor's stop hook: end :meth:`run` (which then removes its cgroups)."""
+        self._stopped.set()
 
     # ---- per child ---------------------------------------------------------------------
 

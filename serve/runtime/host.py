@@ -183,7 +183,15 @@ def build_host(
     )
     # Before the agent pools (their warm children need the agents' cgroup), stopped after
     # them (it removes every cgroup it made).
-    children.append(ChildSpec("isolation", isolation.run, Restart.PERMANENT, shutdown_grace_s=5.0))
+    children.append(
+        ChildSpec(
+            "isolation",
+            isolation.run,
+            Restart.PERMANENT,
+            shutdown_grace_s=5.0,
+            stop=isolation.close,
+        )
+    )
     children.extend(runtimes.child_specs())
     children.append(hub_spec)
     optional: list[ChildSpec] = []

@@ -188,6 +188,10 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         "Daemon status snapshot",
         (ok(OPEN_OBJECT), err(400, "`invalid_detail`."), err(500, "`daemon_status_failed`.")),
         params=(q("detail", {"type": "string", "enum": ["summary", "full"]}),),
+        description="`isolation`: the agent children's resource limits (`backend` "
+        "cgroup-v2 | cgroup-v1 | watchdog | off, `reason`, `limits`, `ceiling`, "
+        "`agentOomTotal`, `children[]` with `memoryCurrentBytes`, `memoryPeakBytes`, "
+        "`pidsCurrent`).",
     ),
     # -- sessions -----------------------------------------------------------------------------
     ("POST", "/session"): Operation(
