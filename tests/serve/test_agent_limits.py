@@ -316,3 +316,21 @@ def test_a_crashed_daemons_cgroups_are_removed_at_the_next_start(
     assert agents_dirs(crashed) == []
     second.stop()
     assert agents_dirs(second.proc.pid) == []
+
+
+def test_every_session_on_a_shared_child_killed_for_memory_gets_agent_oom(
+    cleanup: list[DaemonProcess],
+) -> None:
+    daemon = hostile_daemon("--agent-memory-max-mb", "64", "--sessions-per-agent", "2")
+    cleanup.append(daemon)
+    with httpx.Client(base_url=daemon.url, headers=AUTH, timeout=60) as client:
+        first = new_session(client)
+        second = new_session(client)
+        assert len(status(client)["children"]) == 1  # both on one child
+        assert prompt(client, first, "alloc 200").json()["code"] == "agent_oom"
+        for sid in (first, second):
+            events = stream(client, sid, lambda e: e["type"] == "session_restarted")
+            oom = [e["data"] for e in events if e["type"] == "agent_oom"]
+            assert len(oom) == 1 and oom[0]["limitMb"] == 64
+        assert reply_text(client, second, "after") == "ok after"
+        assert status(client)["agentOomTotal"] == 1  # one child killed, named once

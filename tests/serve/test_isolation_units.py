@@ -275,3 +275,53 @@ def test_auto_memory_max_is_half_the_ceiling(tmp_path: Path) -> None:
     assert iso.limits == Limits((2048 - 256) // 2 * MIB, 4096, 100)
     off = Isolation(settings("--agent-limits", "off"), Detected("off", "off"))
     assert off.limits == Limits() and off.ceiling_bytes is None
+
+
+async def test_the_watchdog_kills_a_tree_over_its_cap_and_the_largest_over_the_ceiling() -> None:
+    from serve.isolation.watchdog import TreeSample
+
+    iso = Isolation(
+        settings("--agent-limits", "watchdog", "--agent-memory-max-mb", "100"),
+        Detected("watchdog", "test", daemon_limit_bytes=(256 + 150) * MIB),
+    )
+    assert iso.ceiling_bytes == 150 * MIB  # 406 MiB minus the 256 MiB headroom
+    iso.ready = True
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    try:
+        kids = []
+        for proc in procs:
+            child = await iso.child()
+            assert child is not None and child.confinement().cgroup_procs == ()
+            child.attach(proc.pid)
+            kids.append(child)
+        # Over its own cap: that tree is killed, the others are not.
+        iso._enforce(
+            {
+                kids[0].name: TreeSample(120 * MIB, (procs[0].pid,)),
+                kids[1].name: TreeSample(90 * MIB, (procs[1].pid,)),
+                kids[2].name: TreeSample(10 * MIB, (procs[2].pid,)),
+            }
+        )
+        assert procs[0].wait(timeout=10) == -signal.SIGKILL
+        assert procs[1].poll() is None and procs[2].poll() is None
+        report = kids[0].verdict(killed())
+        assert report is not None and (report.scope, report.peak_bytes) == ("agent", 120 * MIB)
+        # Together over the ceiling (150 MiB): the largest tree goes.
+        iso._enforce(
+            {
+                kids[1].name: TreeSample(95 * MIB, (procs[1].pid,)),
+                kids[2].name: TreeSample(60 * MIB, (procs[2].pid,)),
+            }
+        )
+        assert procs[1].wait(timeout=10) == -signal.SIGKILL
+        assert procs[2].poll() is None
+        report = kids[1].verdict(killed())
+        assert report is not None and report.scope == "ceiling"
+        assert iso.oom_total == 2
+        # A child that exits on its own has no verdict.
+        procs[2].terminate()
+        assert kids[2].verdict(killed(signal.SIGTERM)) is None
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
