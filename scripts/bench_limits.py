@@ -86,10 +86,14 @@ async def neighbours(limits: str, prompts: int) -> dict[str, float]:
 
             async def memory_hog() -> None:
                 nonlocal ooms
+                sid, kills = hog, 0
                 while not done.is_set():
-                    r = await client.post(f"/session/{hog}/prompt", json=text("alloc 400 0.3"))
+                    r = await client.post(f"/session/{sid}/prompt", json=text("alloc 400 0.3"))
                     if r.status_code != 200:
                         ooms += 1
+                        kills += 1
+                        if kills >= 3:  # the restart intensity: a fresh hog session
+                            sid, kills = await new_session(client), 0
                         await trio.sleep(0.3)  # the restart in place
 
             async def cpu_hog(sid: str) -> None:
@@ -141,20 +145,16 @@ async def time_to_oom(limits: str, runs: int) -> list[float]:
     out: list[float] = []
     try:
         async with httpx.AsyncClient(base_url=d.url, headers=AUTH, timeout=120) as client:
-            sid = await new_session(client)
             for _ in range(runs):
-                last = 0
-                async with client.stream(
-                    "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
-                ) as stream:
-                    events = await collect_until(stream, lambda e: e["type"] == "turn_complete")
-                    last = int(events[-1]["id"]) if events else 0
+                # A fresh session per run: the restart intensity (3 a minute) would end one
+                # that is killed every run.
+                sid = await new_session(client)
                 mark.unlink(missing_ok=True)
                 got: list[float] = []
 
-                async def watch(last_id: int = last, into: list[float] = got) -> None:
+                async def watch(sid: str = sid, into: list[float] = got) -> None:
                     async with client.stream(
-                        "GET", f"/session/{sid}/events", headers={"Last-Event-ID": str(last_id)}
+                        "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
                     ) as stream:
                         await collect_until(stream, lambda e: e["type"] == "agent_oom")
                         into.append(time.monotonic())
@@ -165,12 +165,7 @@ async def time_to_oom(limits: str, runs: int) -> list[float]:
                     await client.post(f"/session/{sid}/prompt", json=text("alloc 400 5"))
                 crossed = float(mark.read_text().split()[0])
                 out.append(got[0] - crossed)
-                # Wait for the restart, then a prompt that completes (the next run's base).
-                for _ in range(200):
-                    r = await client.post(f"/session/{sid}/prompt", json=text("ready?"))
-                    if r.status_code == 200:
-                        break
-                    await trio.sleep(0.1)
+                await client.delete(f"/session/{sid}")
     finally:
         d.stop()
     return out
