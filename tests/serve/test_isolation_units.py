@@ -18,6 +18,7 @@ from acp.process import ExitInfo
 from serve.isolation import (
     AGENT_OOM_SCORE_ADJ,
     MIB,
+    ChildLimits,
     Detected,
     Isolation,
     IsolationError,
@@ -277,7 +278,7 @@ def test_auto_memory_max_is_half_the_ceiling(tmp_path: Path) -> None:
     assert off.limits == Limits() and off.ceiling_bytes is None
 
 
-async def test_the_watchdog_kills_a_tree_over_its_cap_and_the_largest_over_the_ceiling() -> None:
+def test_the_watchdog_kills_a_tree_over_its_cap_and_the_largest_over_the_ceiling() -> None:
     from serve.isolation.watchdog import TreeSample
 
     iso = Isolation(
@@ -289,9 +290,10 @@ async def test_the_watchdog_kills_a_tree_over_its_cap_and_the_largest_over_the_c
     procs = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
     try:
         kids = []
-        for proc in procs:
-            child = await iso.child()
-            assert child is not None and child.confinement().cgroup_procs == ()
+        for n, proc in enumerate(procs):
+            child = ChildLimits(iso, f"agent-{n}", {})  # what Isolation.child() makes
+            iso._children[child.name] = child
+            assert child.confinement().cgroup_procs == ()
             child.attach(proc.pid)
             kids.append(child)
         # Over its own cap: that tree is killed, the others are not.
