@@ -225,7 +225,9 @@ class AgentConnection:
             async with trio.open_nursery() as nursery:
                 self.process.start(nursery)
                 if isinstance(self.handler, BaseClientHandler) and self.handler.terminals is None:
-                    self._terminals = TerminalManager(nursery, cwd=cwd, env=env)
+                    # The agent's terminals run inside its confinement (its cgroups:
+                    # they count against its limits, like the tools it starts itself).
+                    self._terminals = TerminalManager(nursery, cwd=cwd, env=env, confine=confine)
                     self.handler.terminals = self._terminals
                 self._channel = RpcChannel(
                     self.process.stdin,

@@ -35,6 +35,7 @@ A terminal belongs to the session that created it: any other session's request f
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import logging
@@ -48,6 +49,7 @@ from typing import Final
 import trio
 
 from acp.children import open_process
+from acp.confine import Confinement
 from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, RESOURCE_NOT_FOUND, HandlerError
 from acp.process import scrub_env
 from acp.schema import (
@@ -196,8 +198,11 @@ class TerminalManager:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         max_terminals: int = DEFAULT_MAX_TERMINALS,
+        confine: Confinement | None = None,
     ) -> None:
         self._nursery = nursery
+        #: Every terminal command is started through this (the agent's cgroups, ...).
+        self._confine = confine
         self._cwd = cwd
         self._env = scrub_env(os.environ if env is None else env)
         self._max = max_terminals
@@ -242,6 +247,16 @@ class TerminalManager:
             )
         )
         try:
+            if self._confine is not None and not self._confine.empty:
+                # The wrapper always starts: keep "no such command" an error here.
+                found = await trio.to_thread.run_sync(
+                    functools.partial(_is_executable, argv[0], path=env.get("PATH"), cwd=cwd)
+                )
+                if not found:
+                    raise FileNotFoundError(errno.ENOENT, "No such file or directory", argv[0])
+            if self._confine is not None:
+                env.update(self._confine.env)
+                argv = self._confine.wrap(argv)
             proc = await open_process(
                 argv,
                 cwd=cwd,

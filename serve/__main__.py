@@ -61,7 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     subreaper = become_subreaper()
     if not subreaper and os.getpid() != 1:
         log.warning("cannot become a child subreaper: orphans of agents go to PID 1")
-    daemon = Daemon(settings, config, reaper=subreaper or os.getpid() == 1)
+    try:
+        daemon = Daemon(settings, config, reaper=subreaper or os.getpid() == 1)
+    except SettingsError as exc:  # e.g. --agent-limits cgroup without a usable cgroup
+        print(f"acp-serve: {exc}", file=sys.stderr)
+        return 1
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from serve.config import ConfigCell, DaemonConfig
     from serve.deviceflow.poller import DeviceFlowPoller
     from serve.http.security.ratelimit import RateLimiter
+    from serve.isolation import Isolation
     from serve.journal import Journal
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
@@ -91,6 +92,8 @@ class Host:
     #: The accepted token's digest and the late-binding state (``serve.binding``);
     #: ``POST /daemon/bind`` completes it. ``None`` only in hand-built test hosts.
     binding: Binding | None = None
+    #: Per-agent-child limits and the agents' ceiling (serve/isolation).
+    isolation: Isolation | None = None
 
     # ---- views -------------------------------------------------------------------------
 

@@ -146,6 +146,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     agent_memory_budget_mb: int = 0
     #: Bound of the node module compile cache given to node-based agents, in MiB (0 = off).
     agent_compile_cache_mb: int = 256
+    #: Per-agent-child limits (serve/isolation): ``auto|cgroup|watchdog|off``.
+    agent_limits: str = "auto"
+    #: Memory cap of one agent child's process tree, MiB (None = auto: half the agents'
+    #: ceiling, else half the machine's RAM; 0 = none).
+    agent_memory_max_mb: int | None = None
+    #: Tasks (processes and threads) of one agent child's tree (0 = none).
+    agent_pids_max: int = 4096
+    #: cgroup v2 ``cpu.weight`` of each agent child (1-10000; v1: ``cpu.shares``; 0 = none).
+    agent_cpu_weight: int = 100
+    #: What the daemon keeps for itself below its own cgroup's memory limit, MiB.
+    agent_memory_headroom_mb: int = 256
     inert_flags: tuple[str, ...] = ()
 
     @property
@@ -412,6 +423,37 @@ def build_parser() -> argparse.ArgumentParser:
         "under the state directory, bounded to this many MiB (default 256; 0 = off)",
     )
     add(
+        "--agent-limits",
+        default="auto",
+        metavar="MODE",
+        help="per-agent-child limits: auto|cgroup|watchdog|off (default auto)",
+    )
+    add(
+        "--agent-memory-max-mb",
+        default=None,
+        metavar="MiB",
+        help="memory cap of each agent child's process tree (default: half the agents' "
+        "ceiling, else half the RAM; 0 = none)",
+    )
+    add(
+        "--agent-pids-max",
+        default="4096",
+        metavar="N",
+        help="tasks of each agent child's process tree (default 4096; 0 = none)",
+    )
+    add(
+        "--agent-cpu-weight",
+        default="100",
+        metavar="W",
+        help="cpu.weight of each agent child, 1-10000 (default 100; 0 = none)",
+    )
+    add(
+        "--agent-memory-headroom-mb",
+        default="256",
+        metavar="MiB",
+        help="kept for the daemon below its own cgroup memory limit (default 256)",
+    )
+    add(
         "--chaos-kill-rate",
         default="0",
         metavar="N",
@@ -518,6 +560,13 @@ def _int(flag: str, raw: str, *, minimum: int, maximum: int | None = None, what:
         raise SettingsError(f'Invalid {flag} "{raw}": must be {what}') from None
     if value < minimum or (maximum is not None and value > maximum):
         raise SettingsError(f'Invalid {flag} "{raw}": must be {what}')
+    return value
+
+
+def _choice(flag: str, raw: str, choices: tuple[str, ...]) -> str:
+    value = raw.strip().lower()
+    if value not in choices:
+        raise SettingsError(f'Invalid {flag} "{raw}": must be one of {"|".join(choices)}')
     return value
 
 
@@ -895,6 +944,39 @@ def parse_settings(
             minimum=0,
             maximum=1 << 16,
             what="an integer in [0, 65536] (MiB)",
+        ),
+        agent_limits=_choice(
+            "--agent-limits", ns.agent_limits, ("auto", "cgroup", "watchdog", "off")
+        ),
+        agent_memory_max_mb=None
+        if ns.agent_memory_max_mb is None
+        else _int(
+            "--agent-memory-max-mb",
+            ns.agent_memory_max_mb,
+            minimum=0,
+            maximum=1 << 22,
+            what="an integer in [0, 4194304] (MiB)",
+        ),
+        agent_pids_max=_int(
+            "--agent-pids-max",
+            ns.agent_pids_max,
+            minimum=0,
+            maximum=4_194_304,
+            what="an integer in [0, 4194304]",
+        ),
+        agent_cpu_weight=_int(
+            "--agent-cpu-weight",
+            ns.agent_cpu_weight,
+            minimum=0,
+            maximum=10_000,
+            what="an integer in [0, 10000] (0 = none)",
+        ),
+        agent_memory_headroom_mb=_int(
+            "--agent-memory-headroom-mb",
+            ns.agent_memory_headroom_mb,
+            minimum=0,
+            maximum=1 << 20,
+            what="an integer in [0, 1048576] (MiB)",
         ),
         inert_flags=inert,
     )

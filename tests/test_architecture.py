@@ -27,6 +27,7 @@ DOMAIN = (
     "serve.deviceflow",
     "serve.status",
     "serve.agents",
+    "serve.isolation",
 )
 WEB = ("quart", "quart_trio", "werkzeug", "hypercorn")
 UPPER = ("serve.http", "serve.runtime", "serve.host")

@@ -105,7 +105,8 @@ from acp.process import ExitInfo
 from actors import Actor, ActorError, Reply, RestartWindow
 from serve.agents import compile_cache
 from serve.agents.memory import measure_trees
-from serve.sessions.agent_link import agent_env
+from serve.isolation import ChildLimits, Isolation
+from serve.sessions.agent_link import agent_env, spawn_limited
 from serve.sessions.errors import MemoryBudgetExceeded, SessionsUnavailable
 
 if TYPE_CHECKING:
@@ -140,6 +141,7 @@ class AgentChild:
         "conn",
         "dead",
         "id",
+        "limits",
         "mux",
         "ready_at",
         "slots",
@@ -148,10 +150,18 @@ class AgentChild:
         "used",
     )
 
-    def __init__(self, child_id: str, conn: AgentConnection, mux: SessionMux) -> None:
+    def __init__(
+        self,
+        child_id: str,
+        conn: AgentConnection,
+        mux: SessionMux,
+        limits: ChildLimits | None = None,
+    ) -> None:
         self.id = child_id
         self.conn = conn
         self.mux = mux
+        #: Its cgroup / watchdog entry (serve/isolation); removed once it is reaped.
+        self.limits = limits
         #: lease id -> ACP session id once bound ("" before).
         self.slots: dict[int, str] = {}
         #: Sessions left inside the agent (it could not close them): dead slots.
@@ -331,9 +341,17 @@ PoolMsg = (
 class AgentPool(Actor[PoolMsg]):
     """The agent children of one workspace (see the module docstring)."""
 
-    def __init__(self, settings: Settings, workspace: str, *, name: str = "agents") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        workspace: str,
+        *,
+        name: str = "agents",
+        isolation: Isolation | None = None,
+    ) -> None:
         super().__init__(name, inbox_size=1024)
         self.settings = settings
+        self.isolation = isolation
         self.workspace = workspace
         self.warm_target = settings.warm_agents
         #: A late-bound daemon spawns no warm child before its bind: a child would start
@@ -443,6 +461,7 @@ class AgentPool(Actor[PoolMsg]):
                 "slots": self.per_agent,
                 "readyAt": _iso(c.ready_at),
                 "pssKiB": self.pss_kib.get(c.id),
+                "limits": c.limits.usage() if c.limits is not None else None,
             }
             for c in self.children.values()
         ]
@@ -518,16 +537,8 @@ class AgentPool(Actor[PoolMsg]):
             self._nursery = nursery
             self.draining = False
             nursery.start_soon(self._sample_memory)
-            if self.workspace == self.settings.primary_workspace:
-                # One probe child populates the node compile cache when it needs it.
-                nursery.start_soon(
-                    functools.partial(
-                        compile_cache.warm_up,
-                        self.settings,
-                        cwd=self.workspace,
-                        env=agent_env(self.settings),
-                    )
-                )
+            if not self.unbound:
+                self._probe_compile_cache()
             try:
                 await super().run(task_status=task_status)
             finally:
@@ -547,8 +558,22 @@ class AgentPool(Actor[PoolMsg]):
             async with trio.open_nursery() as nursery:
                 for child in list(self.children.values()):
                     child.stopping = True
-                    nursery.start_soon(_aclose, child.conn)
+                    nursery.start_soon(_aclose, child.conn, child.limits)
         self.children.clear()
+
+    def _probe_compile_cache(self) -> None:
+        """One probe child populates the node compile cache when it needs it (primary
+        workspace only; a late-bound daemon's after its bind, with the tenant's env)."""
+        if self._nursery is None or self.workspace != self.settings.primary_workspace:
+            return
+        self._nursery.start_soon(
+            functools.partial(
+                compile_cache.warm_up,
+                self.settings,
+                cwd=self.workspace,
+                env={**agent_env(self.settings), **self.extra_env},
+            )
+        )
 
     # ---- handling ----------------------------------------------------------------------
 
@@ -574,6 +599,8 @@ class AgentPool(Actor[PoolMsg]):
                 self._plan()
             case InstallAgentEnv(env=env):
                 self.extra_env = dict(env)
+                if self.unbound:
+                    self._probe_compile_cache()
                 self.unbound = False
                 self._plan()
                 return None
@@ -830,14 +857,14 @@ class AgentPool(Actor[PoolMsg]):
         mux = SessionMux()
         assert self._nursery is not None
         try:
-            conn = await AgentConnection.spawn(
+            conn, limits = await spawn_limited(
                 self._nursery,
-                settings.agent_argv,
+                settings,
+                self.isolation,
                 cwd=self.workspace,
                 env={**agent_env(settings), **self.extra_env},
                 handler=mux,
                 request_timeout_s=init_timeout,
-                max_line_bytes=settings.max_agent_line_bytes,
             )
         except OSError as exc:
             self._tell(_SpawnFailed(exc))
@@ -847,6 +874,8 @@ class AgentPool(Actor[PoolMsg]):
         except BaseException as exc:
             with trio.CancelScope(shield=True):
                 await conn.aclose(grace_s=1.0)
+                if limits is not None:
+                    await limits.aclose()
             if not isinstance(exc, Exception):
                 raise
             self._tell(_SpawnFailed(exc))
@@ -855,15 +884,21 @@ class AgentPool(Actor[PoolMsg]):
         if self.budget_kib:  # its cost before the pool counts it (one /proc scan)
             measured = await trio.to_thread.run_sync(measure_trees, [conn.process.pid])
             pss_kib = measured.get(conn.process.pid, 0)
-        self._tell(_Spawned(AgentChild(child_id, conn, mux), pss_kib))
+        self._tell(_Spawned(AgentChild(child_id, conn, mux, limits), pss_kib))
 
     async def _watch(self, child: AgentChild) -> None:
-        info: ExitInfo = await child.conn.wait_closed()
+        try:
+            info: ExitInfo = await child.conn.wait_closed()
+            if child.limits is not None:
+                child.limits.verdict(info)  # read before its cgroup goes (agent_oom)
+        finally:
+            if child.limits is not None:
+                await child.limits.aclose()
         self._tell(_Exited(child.id, info))
 
     def _stop_child(self, child: AgentChild) -> None:
         if self._nursery is not None:
-            self._nursery.start_soon(_aclose, child.conn)
+            self._nursery.start_soon(_aclose, child.conn, child.limits)
 
 
 async def _give_back(reply: Reply[AgentLease]) -> None:
@@ -874,10 +909,12 @@ async def _give_back(reply: Reply[AgentLease]) -> None:
     await lease.release()
 
 
-async def _aclose(conn: AgentConnection) -> None:
+async def _aclose(conn: AgentConnection, limits: ChildLimits | None = None) -> None:
     """Stop a child the pool holds: warm, spare or drained, so nothing of a turn is running;
     an agent that ignores stdin EOF gets only IDLE_EOF_GRACE_S before SIGTERM."""
     await conn.aclose(grace_s=1.0, eof_grace_s=IDLE_EOF_GRACE_S)
+    if limits is not None:
+        await limits.aclose()
 
 
 def _truncate(text: str) -> str:

@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 :func:`daemon_status` reads in-memory state only: settings, the capability registry, the
 session registry, the permission mediator's snapshot, the supervisors' bounded event
-histories. It makes no agent request, starts nothing and does no file I/O, so it is
+histories. It makes no agent request, starts nothing and does no file I/O (but for the
+agents' cgroup usage files of ``isolation``: in-kernel counters), so it is
 cheap, and it answers even while sessions are wedged. ``detail="full"`` adds, per live
 session, its summary and its event log's fill level; ``summary`` leaves out the
 mediator's per-request internals and keeps the newest :data:`SUMMARY_EVENTS` supervisor
@@ -48,6 +49,7 @@ __all__ = [
     "RESTART_WINDOW_S",
     "SUMMARY_EVENTS",
     "daemon_status",
+    "isolation_section",
     "supervisor_history",
 ]
 
@@ -69,6 +71,18 @@ def _scrub(text: str, token: str | None) -> str:
     if token:
         text = text.replace(token, "[redacted]")
     return text[:MAX_REASON_CHARS]
+
+
+def isolation_section(daemon: Host) -> dict[str, Any]:
+    """``isolation``: one object, each part under its own key. The agent limits
+    (serve/isolation: ``backend``, ``limits``, ``ceiling``, ``children`` with each child's
+    memory current/peak and tasks, read from its cgroup's files: in-kernel, no disk I/O)
+    are at the top level; other parts (the file sandbox) add their own keys."""
+    iso = getattr(daemon, "isolation", None)
+    if iso is None:
+        return {"backend": "off", "limits": None, "ceiling": None, "children": []}
+    out: dict[str, Any] = iso.status()
+    return out
 
 
 def _raw_history(daemon: Host) -> list[Any]:
@@ -284,6 +298,7 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
             }
             for rt in runtimes
         ]
+    body["isolation"] = isolation_section(daemon)
     chaos = daemon.chaos
     if chaos is not None:
         body["runtime"]["chaos"] = chaos.status()

@@ -209,6 +209,32 @@ def _state_series(d: Host) -> Iterator[Any]:
             children.add_metric((rt.id, state), count)
     yield pss
     yield children
+    iso = getattr(d, "isolation", None)
+    if iso is not None:
+        memory = GaugeMetricFamily(
+            "acp_serve_agent_memory_bytes",
+            "Memory of each agent child's process tree under its limit (its cgroup's "
+            "current usage, or the watchdog's last measured RSS)",
+            labels=("child", "pid"),
+        )
+        peak = GaugeMetricFamily(
+            "acp_serve_agent_memory_peak_bytes",
+            "Peak memory of each agent child's process tree (cgroup v1/v2 or the watchdog)",
+            labels=("child", "pid"),
+        )
+        for usage in iso.children_usage():
+            key = (usage["name"], str(usage["pid"]))
+            if usage.get("memoryCurrentBytes") is not None:
+                memory.add_metric(key, usage["memoryCurrentBytes"])
+            if usage.get("memoryPeakBytes") is not None:
+                peak.add_metric(key, usage["memoryPeakBytes"])
+        yield memory
+        yield peak
+        yield counter(
+            "acp_serve_agent_oom",
+            "Agent children killed for memory (agent_oom), since the daemon started",
+            iso.oom_total,
+        )
     if d.journal is not None:
         js = d.journal.statistics()
         yield counter(

@@ -48,6 +48,7 @@ from serve.config import ConfigCell, DaemonConfig, load_daemon_config
 from serve.deviceflow import service as device_flow_service
 from serve.host import FrontStats, Host, Lifecycle
 from serve.http.security.ratelimit import limiter_for
+from serve.isolation import Isolation, IsolationError
 from serve.journal import Journal, JournalLimits
 from serve.mcp import service as mcp_service
 from serve.permissions.effects import EffectGate
@@ -55,7 +56,7 @@ from serve.permissions.mediator import PermissionMediator
 from serve.sessions.actor import SessionActor
 from serve.sessions.chaos import ChaosMonkey
 from serve.sessions.runtimes import WorkspaceRuntimes
-from serve.settings import Settings
+from serve.settings import Settings, SettingsError
 from serve.status.shared import HUB_SERVICE
 from serve.workspace.hub import WorkspaceHub
 from serve.workspace_state import reload as workspace_state
@@ -148,6 +149,10 @@ def build_host(
         HUB_SERVICE, hub.run, Restart.PERMANENT, shutdown_grace_s=2.0, stop=hub.close
     )
     mcp_pool, mcp_spec = mcp_service.build(settings, sessions_for)
+    try:
+        isolation = Isolation(settings)
+    except IsolationError as exc:
+        raise SettingsError(str(exc)) from None
     runtimes = WorkspaceRuntimes(
         settings,
         mediator,
@@ -156,6 +161,7 @@ def build_host(
         journal=journal,
         mcp_pool=mcp_pool,
         retire_hook=retire,
+        isolation=isolation,
     )
     device_flow, device_flow_spec = device_flow_service.build(settings, config, hub)
     state, state_spec = workspace_state.build(settings.workspaces)
@@ -174,6 +180,17 @@ def build_host(
             Restart.PERMANENT,
             shutdown_grace_s=1.0,
             stop=mediator.close,
+        )
+    )
+    # Before the agent pools (their warm children need the agents' cgroup), stopped after
+    # them (it removes every cgroup it made).
+    children.append(
+        ChildSpec(
+            "isolation",
+            isolation.run,
+            Restart.PERMANENT,
+            shutdown_grace_s=5.0,
+            stop=isolation.close,
         )
     )
     children.extend(runtimes.child_specs())
@@ -225,6 +242,7 @@ def build_host(
         lifecycle=lifecycle,
         front=front,
         binding=Binding(settings.token, bootstrap=settings.bootstrap),
+        isolation=isolation,
     )
     return host, children
 

@@ -477,19 +477,29 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 exit_info.exit_code,
                 exit_info.signal,
             )
+            oom = self.link.oom(exit_info)
+            if oom is not None:  # killed for memory (serve/isolation): say so, then restore
+                self.log.publish("agent_oom", {"sessionId": self.session_id, **oom.event_data()})
+            died_reason = "agent_oom" if oom is not None else "channel_closed"
             # An idle session on a shared child is a bystander: charged to the child. One
             # that had it killed (its cancel ignored) is not, though its turn has ended.
             bystander = self.prompts.running is None and not self._killed_agent
             self._killed_agent = False
             attempt = await self.link.next_restart(bystander=bystander)
             if attempt is None:  # no load/resume, or past the restart intensity
-                await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
+                await self._abort_everything(died_reason, died=True, exit_info=exit_info)
                 raise AgentExited(exit_info)
             reason = f"agent exited (code {exit_info.exit_code}, signal {exit_info.signal})"
+            if oom is not None:
+                reason = f"agent killed for memory ({oom.scope} limit)"
             self._record_supervision("crash", reason, attempt)
             if self.prompts.running is not None:
                 self._finish(
-                    self.prompts.running, "turn_error", turns.agent_restarted(self.session_id)
+                    self.prompts.running,
+                    "turn_error",
+                    turns.agent_oom(self.session_id, oom.message())
+                    if oom is not None
+                    else turns.agent_restarted(self.session_id),
                 )
             await self._cancel_permissions()
             try:
@@ -507,6 +517,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                     "attempt": attempt,
                     "exitCode": exit_info.exit_code,
                     "signal": _signal_name(exit_info.signal),
+                    **({"reason": "agent_oom"} if oom is not None else {}),
                 },
             )
 

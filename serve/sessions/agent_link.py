@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import trio
@@ -48,6 +49,7 @@ from acp.process import ExitInfo, scrub_env
 from acp.schema import SessionSetup
 from actors import RestartWindow
 from serve.events import EventLog
+from serve.isolation import ChildLimits, Isolation, OomReport
 from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
 from serve.sessions.errors import NotSupportedByAgent
 
@@ -110,10 +112,12 @@ class AgentSource(Protocol):
 
 
 class OwnAgent:
-    """The lease of an agent spawned for one session alone: ``release`` stops it."""
+    """The lease of an agent spawned for one session alone: ``release`` stops it (and
+    removes its cgroup, ``limits``)."""
 
-    def __init__(self, conn: AgentConnection) -> None:
+    def __init__(self, conn: AgentConnection, limits: ChildLimits | None = None) -> None:
         self._conn = conn
+        self.limits = limits
 
     @property
     def conn(self) -> AgentConnection:
@@ -135,6 +139,52 @@ class OwnAgent:
 
     async def release(self, *, eof_grace_s: float | None = None) -> None:
         await self._conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
+        if self.limits is not None:
+            await self.limits.aclose()
+
+
+def oom_report(lease: object, exit_info: ExitInfo) -> OomReport | None:
+    """Whether the child under ``lease`` (an :class:`OwnAgent` or a pool's lease) was
+    killed for memory (``serve/isolation``): read once its exit is known."""
+    limits = getattr(lease, "limits", None)
+    if limits is None:
+        child = getattr(lease, "child", None)
+        limits = getattr(child, "limits", None)
+    return limits.verdict(exit_info) if isinstance(limits, ChildLimits) else None
+
+
+async def spawn_limited(
+    nursery: trio.Nursery,
+    settings: Settings,
+    isolation: Isolation | None,
+    *,
+    cwd: str,
+    handler: ClientHandler,
+    request_timeout_s: float,
+    env: Mapping[str, str] | None = None,
+) -> tuple[AgentConnection, ChildLimits | None]:
+    """Spawn ``settings.agent_argv`` inside its own limits (``isolation``; None: none), with
+    ``env`` (default :func:`agent_env`). The caller owns the limits: ``aclose`` them once the
+    child is reaped."""
+    limits = await isolation.child() if isolation is not None else None
+    try:
+        conn = await AgentConnection.spawn(
+            nursery,
+            settings.agent_argv,
+            cwd=cwd,
+            env=agent_env(settings) if env is None else env,
+            handler=handler,
+            request_timeout_s=request_timeout_s,
+            max_line_bytes=settings.max_agent_line_bytes,
+            confine=limits.confinement() if limits is not None else None,
+        )
+    except BaseException:
+        if limits is not None:
+            await limits.aclose()
+        raise
+    if limits is not None:
+        limits.attach(conn.process.pid)
+    return conn, limits
 
 
 def agent_env(settings: Settings) -> dict[str, str]:
@@ -156,8 +206,9 @@ def agent_env(settings: Settings) -> dict[str, str]:
 class SpawnAgentSource:
     """The default source: spawn ``settings.agent_argv`` per session and initialize it."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, isolation: Isolation | None = None) -> None:
         self.settings = settings
+        self.isolation = isolation
 
     async def acquire(
         self,
@@ -166,23 +217,25 @@ class SpawnAgentSource:
         cwd: str,
         handler: ClientHandler,
         timeout_s: float,
-    ) -> AgentConnection:
-        conn = await AgentConnection.spawn(
+    ) -> AgentConnection | OwnAgent:
+        """The connection itself, or (with limits) a lease that also removes its cgroup."""
+        conn, limits = await spawn_limited(
             nursery,
-            self.settings.agent_argv,
+            self.settings,
+            self.isolation,
             cwd=cwd,
-            env=agent_env(self.settings),
             handler=handler,
             request_timeout_s=timeout_s,
-            max_line_bytes=self.settings.max_agent_line_bytes,
         )
         try:
             await conn.initialize(timeout_s=timeout_s)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await conn.aclose(grace_s=1.0)
+                if limits is not None:
+                    await limits.aclose()
             raise
-        return conn
+        return conn if limits is None else OwnAgent(conn, limits)
 
 
 # ---- the link -----------------------------------------------------------------------------
@@ -354,6 +407,10 @@ class AgentLink:
         await trio.sleep(min(5.0, self.restart_backoff_s * 2 ** (attempt - 1)))
         return await self.open(nursery, "restart", session_id)
 
+    def oom(self, exit_info: ExitInfo) -> OomReport | None:
+        """Whether the agent that just exited was killed for memory (``agent_oom``)."""
+        return oom_report(self.lease, exit_info) if self.lease is not None else None
+
     async def wait_exit(self) -> ExitInfo | None:
         """Until the current agent's channel closes (it exited or was stopped): its exit;
         None when the link let that agent go first (released: a shared child lives on, and
@@ -492,4 +549,6 @@ __all__ = [
     "SpawnAgentSource",
     "agent_env",
     "can_resume",
+    "oom_report",
+    "spawn_limited",
 ]

@@ -43,12 +43,13 @@ import trio
 
 from actors import Actor, ActorError, ChildSpec, Restart, Supervisor, unwrap_group
 from serve.sessions.actor import CloseSession, SessionActor
-from serve.sessions.agent_link import AgentSource
+from serve.sessions.agent_link import AgentSource, SpawnAgentSource
 from serve.sessions.errors import SessionConflictError, SessionLimitError, SessionsUnavailable
 from serve.sessions.messages import ReapIfIdle
 
 if TYPE_CHECKING:
     from serve.config import RestartIntensity
+    from serve.isolation import Isolation
     from serve.journal import Journal
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
@@ -149,6 +150,8 @@ class SessionRegistry(Actor[RegistryMsg]):
         #: Where sessions get their agents (None: each spawns its own; see agent_link). The
         #: workspace runtime installs its agent pool (serve/agents/pool.py) here.
         self.agent_source: AgentSource | None = None
+        #: Per-child limits for sessions that spawn their own agent (no pool).
+        self.isolation: Isolation | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -304,7 +307,9 @@ class SessionRegistry(Actor[RegistryMsg]):
                 session_id=session_id,
                 on_gone=self._forget,
                 journal=self.journal,
-                source=self.agent_source,
+                source=self.agent_source
+                if self.agent_source is not None
+                else SpawnAgentSource(self.settings, self.isolation),
                 effects=self.effects,
                 mcp_pool=self.mcp_pool,
                 **self._restart_kwargs(),

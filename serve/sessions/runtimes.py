@@ -28,6 +28,7 @@ from serve.sessions.registry import SessionRegistry
 
 if TYPE_CHECKING:
     from serve.config import RestartIntensity
+    from serve.isolation import Isolation
     from serve.journal import Journal
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
@@ -101,8 +102,10 @@ class WorkspaceRuntimes:
         journal: Journal | None = None,
         mcp_pool: McpPool | None = None,
         retire_hook: Callable[[SessionActor], None] | None = None,
+        isolation: Isolation | None = None,
     ) -> None:
         self.settings = settings
+        self.isolation = isolation
         self.effects = effects
         self.journal = journal
         self.mcp_pool = mcp_pool
@@ -122,7 +125,10 @@ class WorkspaceRuntimes:
                 retire_hook=retire_hook,
                 total_count=self.total_count,
             )
-            agents = AgentPool(settings, path, name=f"agents:{workspace_id(path)}")
+            registry.isolation = isolation
+            agents = AgentPool(
+                settings, path, name=f"agents:{workspace_id(path)}", isolation=isolation
+            )
             self.runtimes[path] = WorkspaceRuntime(
                 path, primary=index == 0, trusted=trusted, registry=registry, agents=agents
             )

@@ -99,6 +99,15 @@ def agent_restarted(session_id: str) -> dict[str, Any]:
     }
 
 
+def agent_oom(session_id: str, message: str) -> dict[str, Any]:
+    return {
+        "sessionId": session_id,
+        "message": message,
+        "code": "agent_oom",
+        "errorKind": "agent_oom",
+    }
+
+
 def deadline_exceeded(session_id: str) -> dict[str, Any]:
     return {
         "sessionId": session_id,
@@ -148,6 +157,10 @@ def aborted(session_id: str, reason: str, *, died: bool) -> tuple[str, dict[str,
             "message": "the agent no longer knows the session",
             "code": reason,
         }
+    if died and reason == "agent_oom":
+        return "turn_error", agent_oom(
+            session_id, "the agent was killed for memory and may not restart again"
+        )
     if died:
         return "turn_error", {
             "sessionId": session_id,

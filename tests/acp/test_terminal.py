@@ -209,3 +209,38 @@ async def test_an_executable_with_a_space_in_its_path_is_not_given_to_the_shell(
     term_id = await terms.create(CreateTerminalParams(session_id="s", command=str(spaced)))
     await terms.wait_for_exit(tid("s", term_id))
     assert terms.output(tid("s", term_id)).output == "ran as itself\n"
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/sys/fs/cgroup/pids/cgroup.procs").exists(),
+    reason="needs root and a writable cgroup v1 pids hierarchy",
+)
+async def test_terminals_run_inside_the_agents_confinement(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A terminal the agent asks for counts against the agent's limits: it joins the
+    agent's cgroups before its exec; a missing command is still refused at create."""
+    import uuid
+
+    from acp.confine import Confinement
+
+    group = Path("/sys/fs/cgroup/pids") / f"acp-serve-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        confine = Confinement(cgroup_procs=(str(group / "cgroup.procs"),), oom_score_adj=700)
+        terms = TerminalManager(nursery, cwd=str(tmp_path), confine=confine)
+        term_id = await terms.create(
+            CreateTerminalParams(
+                session_id="s",
+                command="sh",
+                args=["-c", "grep pids: /proc/self/cgroup; cat /proc/self/oom_score_adj"],
+            )
+        )
+        await terms.wait_for_exit(tid("s", term_id))
+        lines = terms.output(tid("s", term_id)).output.split()
+        assert lines[0].endswith("/" + group.name) and lines[1] == "700"
+        with pytest.raises(HandlerError, match="cannot start terminal command"):
+            await terms.create(CreateTerminalParams(session_id="s", command="/no/such/tool"))
+        await terms.aclose()
+    finally:
+        group.rmdir()

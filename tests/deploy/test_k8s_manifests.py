@@ -97,7 +97,7 @@ def test_kustomizations_list_existing_files() -> None:
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-@pytest.mark.parametrize("target", [".", "overlays/workspace-alpha"])
+@pytest.mark.parametrize("target", [".", "overlays/workspace-alpha", "overlays/delegated-cgroups"])
 def test_kustomize_renders_valid_resources(target: str) -> None:
     rendered = subprocess.run(
         ["kubectl", "kustomize", str(K8S / target)],
@@ -110,6 +110,17 @@ def test_kustomize_renders_valid_resources(target: str) -> None:
     assert {d["kind"] for d in docs} == {"Deployment", "Service", "PersistentVolumeClaim"}
     for doc in docs:
         kubernetes_validate.validate(doc, VERSIONS[-1], strict=True)
+    if target == "overlays/delegated-cgroups":
+        (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+        template = deployment["spec"]["template"]
+        annotations = template["metadata"]["annotations"]
+        assert annotations["io.kubernetes.cri-o.cgroup2-mount-hierarchy-rw"] == "true"
+        command = template["spec"]["containers"][0]["command"]
+        args = list(command[1:])
+        args[args.index("/workspace")] = str(ROOT)
+        settings = parse_settings(args, {"QWEN_SERVER_TOKEN": TOKEN})
+        assert settings.agent_limits == "cgroup"  # refuses to start undelegated
+        return
     if target != ".":
         names = {d["metadata"]["name"] for d in docs}
         assert names == {
@@ -246,3 +257,17 @@ def test_the_daemon_is_the_containers_pid_1() -> None:
     assert command[0] == "acp-serve"
     assert not {"tini", "dumb-init", "sh", "bash", "/bin/sh"} & set(command)
     assert "args" not in _container()
+
+
+def test_agents_stay_below_the_containers_memory_limit() -> None:
+    """The base runs the agents' limits in auto mode with a headroom that leaves the daemon
+    room below limits.memory (the ceiling: the limit minus the headroom)."""
+    container = _container()
+    args = _command_args()
+    args[args.index("/workspace")] = str(ROOT)
+    settings = parse_settings(args, {"QWEN_SERVER_TOKEN": TOKEN})
+    assert settings.agent_limits == "auto"
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi")
+    limit_mb = int(limit[:-2]) * 1024
+    assert 0 < settings.agent_memory_headroom_mb < limit_mb // 2

@@ -33,8 +33,10 @@ def test_children_in_start_order(tmp_path: Path) -> None:
     ws = next(iter(host.registry)).id
     # The workspace hub is a core child (routes await it); the optional services run under
     # their own supervisor, a child of the root with its own restart budget.
+    # The agents' limits (serve/isolation) start before the pools and stop after them.
     assert names == [
         "permission-mediator",
+        "isolation",
         f"agents:{ws}",
         f"sessions:{ws}",
         "workspace-hub",

@@ -190,6 +190,10 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         "Daemon status snapshot",
         (ok(OPEN_OBJECT), err(400, "`invalid_detail`."), err(500, "`daemon_status_failed`.")),
         params=(q("detail", {"type": "string", "enum": ["summary", "full"]}),),
+        description="`isolation`: the agent children's resource limits (`backend` "
+        "cgroup-v2 | cgroup-v1 | watchdog | off, `reason`, `limits`, `ceiling`, "
+        "`agentOomTotal`, `children[]` with `memoryCurrentBytes`, `memoryPeakBytes`, "
+        "`pidsCurrent`).",
     ),
     ("POST", "/daemon/bind"): Operation(
         "Late binding: install the tenant's token, workspace, agent variables and credentials",
@@ -328,7 +332,11 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         "`: heartbeat` every 15 s. Reconnect with `Last-Event-ID` and `X-Qwen-Event-Epoch`. "
         "Agent pool events (tag `agent_idle_release`): `agent_released` "
         "(data `AgentReleasedEvent`) when an idle session lets its agent go, "
-        "`agent_rebound` (data `AgentReboundEvent`) when it has one again.",
+        "`agent_rebound` (data `AgentReboundEvent`) when it has one again. "
+        "`agent_oom` (data `AgentOomEvent`): the agent child was killed for memory "
+        "(`--agent-memory-max-mb`); the running prompt ends with `turn_error {code: "
+        '"agent_oom"}`, then `session_restarted {reason: "agent_oom"}` or, past the restart '
+        'intensity, `session_died {reason: "agent_oom"}`.',
     ),
     ("GET", "/session/<session_id>/context"): Operation(
         "The session's models, modes and config options",
@@ -507,6 +515,7 @@ EXTRA_SCHEMAS: Final = (
     PreflightCell,
     t.AgentReleasedEvent,
     t.AgentReboundEvent,
+    t.AgentOomEvent,
 )
 
 

@@ -365,6 +365,24 @@ class AgentReboundEvent(_Wire, frozen=True):
     trigger: Literal["prompt", "model", "mode", "extension"]
 
 
+class AgentOomEvent(_Wire, frozen=True):
+    """``agent_oom`` data: the session's agent child was killed for memory (``serve/isolation``,
+    ``--agent-memory-max-mb``). Every session on that child gets it; the running prompt ends
+    with ``turn_error {code: "agent_oom"}`` and the session is restored in place like after
+    any crash (``session_restarted {reason: "agent_oom"}``), or, past the restart intensity,
+    ends with ``session_died {reason: "agent_oom"}``. ``scope``: ``agent`` (its own cap),
+    ``ceiling`` (all agents together reached the agents' ceiling), ``system`` (a kernel OOM
+    outside both). ``backend``: ``cgroup-v2``, ``cgroup-v1`` or ``watchdog``. ``peakBytes``:
+    the kernel's recorded peak (cgroups) or the last measured tree RSS (the watchdog)."""
+
+    session_id: str
+    backend: Literal["cgroup-v2", "cgroup-v1", "watchdog"]
+    scope: Literal["agent", "ceiling", "system"]
+    limit_bytes: int | None
+    limit_mb: int | None
+    peak_bytes: int | None
+
+
 # ---- workspace -------------------------------------------------------------------------------
 
 
