@@ -312,7 +312,9 @@ async def create_session() -> Response:
             raise service_unavailable("Daemon is shutting down", "daemon_draining") from None
         session = await _await_ticket(ticket)
         try:
-            attached: Attached = await session.call(Attach(client_id), timeout_s=_ASK_TIMEOUT_S)
+            attached: Attached = await session.call(
+                Attach(client_id, request.remote_addr), timeout_s=_ASK_TIMEOUT_S
+            )
             break
         except (SessionGone, ActorStopped):
             # It closed (its last client detached) before our Attach: start afresh.
@@ -352,7 +354,7 @@ async def _restore(session_id: str, action: str) -> Response:
         if exc.status == 500 and exc.body.get("code") in (-32002, -32602):
             raise session_not_found(session_id) from None
         raise
-    attached: Attached = await ask(session, Attach(client_id))
+    attached: Attached = await ask(session, Attach(client_id, request.remote_addr))
     out = session_response(attached.view, attached=ticket.attached, client_id=attached.client_id)
     out["state"] = attached.view.state
     out["lastEventId"] = attached.view.last_event_id
