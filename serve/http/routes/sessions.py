@@ -698,6 +698,16 @@ async def events(session_id: str) -> Response:
     d = daemon()
     d.front.sse_streams += 1
 
+    def ended() -> None:
+        """The stream is over for the daemon: ended, or evicted while its write blocks."""
+        d.front.sse_streams -= 1
+        try:  # the session counts the stream's end as being seen
+            session.tell_nowait(StreamEnded())
+        except (InboxFull, ActorStopped):
+            pass
+
+    sub.on_close = ended
+
     async def stream() -> Any:
         try:
             yield RETRY_FRAME
@@ -714,12 +724,7 @@ async def events(session_id: str) -> Response:
                 for start in range(0, len(chunk), SSE_WRITE_BYTES):
                     yield bytes(view[start : start + SSE_WRITE_BYTES])
         finally:
-            sub.close()
-            d.front.sse_streams -= 1
-            try:  # the session counts the stream's end as being seen
-                session.tell_nowait(StreamEnded())
-            except (InboxFull, ActorStopped):
-                pass
+            sub.close()  # runs ended() unless an eviction already did
 
     response = await make_response(
         stream(),
