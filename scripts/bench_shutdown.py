@@ -12,6 +12,8 @@ Scenarios (each a fresh daemon):
 * ``keep-alive after POST``: the same after a request with a body (``POST /session``);
 * ``scripted agent idle``: one session of the scripted agent, idle;
 * ``idle /acp conn stream``: one ACP connection (``initialize``) with its SSE stream open;
+* ``stalled SSE reader``: a session stream whose reader stopped reading, a 3 MB update
+  blocked on its socket (the shutdown must cut it after the graceful timeout, 2 s);
 * ``idle qwen --acp``: one session whose agent is the real ``qwen --acp`` (node, from
   ``.cache/node``, pointed at the fake model server as ``tests/support/node.py`` does), idle
   after one prompt, then the same with 1 and 10 ``GET /session/:id/events`` clients;
@@ -250,6 +252,15 @@ def main() -> int:
             conn = match.group(1).decode()
             return [(open_stream(server, "/acp", f"Acp-Connection-Id: {conn}"), b"\r\n0\r\n\r\n")]
 
+        def stalled_reader(server: Server) -> Held:
+            """A stream whose reader stopped reading, with a 3 MB update blocked on it."""
+            sid = new_session(server)
+            sock = open_stream(server, f"/session/{sid}/events")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            body = json.dumps({"prompt": [{"type": "text", "text": "x" * 3_000_000}]})
+            http(server, "POST", f"/session/{sid}/prompt", body.encode())
+            return [(sock, None)]
+
         def held(sock: socket.socket) -> Held:
             return [(sock, None)]
 
@@ -268,6 +279,7 @@ def main() -> int:
             ("acp-serve, scripted agent idle", lambda r: acp_serve(r, None), with_session),
             ("acp-serve, scripted + 10 SSE", lambda r: acp_serve(r, None), prompted(10)),
             ("acp-serve, idle /acp conn stream", lambda r: acp_serve(r, None), acp_connection),
+            ("acp-serve, stalled SSE reader", lambda r: acp_serve(r, None), stalled_reader),
         ]
         if cli is not None and qwen_agent is not None:
             agent = qwen_agent

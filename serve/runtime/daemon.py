@@ -19,7 +19,9 @@ Shutdown order: stop accepting (``draining``), end every session (each publishes
 ``session_died {reason: "daemon_shutdown"}`` and closes its event log, so SSE streams end
 cleanly instead of being cut by hypercorn's graceful timeout), end the fronts' other
 streams (``lifecycle.stream_closers``: the /acp connection streams and WebSockets, after
-their pumps relayed that last event), then the root supervisor
+their pumps relayed that last event), let the listener stop once nothing of the app is in
+flight (bounded by ``--http-graceful-timeout-ms``; past it the connections still busy, such
+as a write blocked on a reader that stopped reading, are shut down), then the root supervisor
 stops its children in reverse start order: the HTTP listener first, the session actors
 (and their agent processes, stopped by escalation) after it. The whole drain is bounded by
 :data:`SHUTDOWN_FORCE_S`; past it the remaining tasks are cancelled, and a cleanup that
@@ -189,6 +191,15 @@ class Daemon:
         with trio.move_on_after(self.settings.http_graceful_timeout_ms / 1000):
             while front.open_requests > 0:  # noqa: ASYNC110
                 await trio.sleep(0.01)
+        if front.open_requests > 0:
+            # A write blocked on a full socket (a reader that stopped reading) cannot be
+            # cancelled: hypercorn shields it. Shutting the socket down makes it fail.
+            cut = shut_down_connections(self.host.lifecycle.port)
+            log.warning(
+                "%d request(s) still busy after the graceful timeout; %d connection(s) shut down",
+                front.open_requests,
+                cut,
+            )
         if self._http_config is not None:
             self._http_config.graceful_timeout = min(
                 self._http_config.graceful_timeout, LEFTOVER_GRACE_S
@@ -224,6 +235,39 @@ class Daemon:
         await hypercorn.trio.serve(
             self._app, config, shutdown_trigger=self._http_stop.wait, task_status=task_status
         )
+
+
+def shut_down_connections(port: int) -> int:
+    """Shut down, both ways, every accepted TCP connection of this process on ``port`` (the
+    listener itself has no peer and is left alone); returns how many. The drain's last
+    resort for connections whose writes are blocked: the blocked ``send`` then fails with
+    EPIPE and hypercorn ends the connection. Linux (``/proc/self/fd``); 0 elsewhere."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    cut = 0
+    for name in names:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue
+        try:
+            if (
+                sock.type == socket.SOCK_STREAM
+                and sock.family in (socket.AF_INET, socket.AF_INET6)
+                and sock.getsockname()[1] == port
+            ):
+                sock.getpeername()  # OSError for the listener
+                sock.shutdown(socket.SHUT_RDWR)
+                cut += 1
+        except OSError:
+            pass
+        finally:
+            sock.close()  # the duplicate only; the connection's own fd stays with hypercorn
+    return cut
 
 
 def bind_listener(host: str, port: int, *, user_timeout_ms: int | None = None) -> tuple[int, int]:
@@ -270,4 +314,4 @@ def bind_listener(host: str, port: int, *, user_timeout_ms: int | None = None) -
     raise last_error
 
 
-__all__ = ["Daemon", "bind_listener", "workspace_id"]
+__all__ = ["Daemon", "bind_listener", "shut_down_connections", "workspace_id"]

@@ -187,3 +187,32 @@ def test_sigterm_closes_a_keep_alive_connection_that_sent_a_body() -> None:
         sock.close()
     finally:
         daemon.stop(signal.SIGKILL)
+
+
+async def test_sigterm_with_a_reader_that_stopped_reading_still_exits_0() -> None:
+    """A write blocked on a full socket cannot be cancelled (hypercorn shields it), so it
+    held the listener past the hard-exit bound: exit 1. After the graceful timeout the
+    connections still open are shut down, the blocked write fails, and the exit is clean."""
+    daemon = spawn_daemon(env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            stuck = socket.create_connection(("127.0.0.1", daemon.port))
+            stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stuck.sendall(
+                f"GET /session/{sid}/events HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n"
+                f"Authorization: Bearer {TOKEN}\r\n\r\n".encode()
+            )
+            await _connected_clients(client, 1)
+            r = await client.post(
+                f"/session/{sid}/prompt",
+                # Echoed back as one 3 MB update: more than the socket buffers hold.
+                json={"prompt": [{"type": "text", "text": "x" * 3_000_000}]},
+            )
+            assert r.status_code == 200
+        code = await trio.to_thread.run_sync(daemon.stop, signal.SIGTERM, 30.0)
+        assert code == 0, daemon.stderr()[-3000:]
+        assert "shutdown reached its" not in daemon.stderr(), daemon.stderr()[-3000:]
+        stuck.close()
+    finally:
+        daemon.stop(signal.SIGKILL)
