@@ -14,6 +14,7 @@ limiter type; the HTTP layer and the runtime import it; domain packages never do
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,10 @@ class Lifecycle:
     started_monotonic: float = field(default_factory=time.monotonic)
     urls: list[str] = field(default_factory=list)
     draining: bool = False
+    #: What ends a front's event streams on shutdown, after the sessions have ended and
+    #: before the listener stops (the /acp front registers its own; REST streams end with
+    #: their session's log). Each is awaited with the time left for it in seconds.
+    stream_closers: list[Callable[[float], Awaitable[None]]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -56,6 +61,9 @@ class FrontStats:
     rate_limiter: RateLimiter | None = None
     #: Open SSE event streams.
     sse_streams: int = 0
+    #: ASGI calls of the app in flight (HTTP requests until their last body message,
+    #: WebSockets until their handler returns; serve/http/keepalive.py counts them).
+    open_requests: int = 0
     #: Event-log totals of sessions that are gone, so counters never go backwards.
     retired: dict[str, int] = field(
         default_factory=lambda: {"published": 0, "evictions": 0, "warnings": 0}

@@ -44,6 +44,9 @@ DEFAULT_EVENT_RING_BYTES = 32 * MIB
 DEFAULT_MAX_AGENT_LINE_BYTES = 16 * MIB
 DEFAULT_JOURNAL_RETENTION_MS = 7 * 24 * 3600 * 1000
 DEFAULT_JOURNAL_MAX_TOTAL_BYTES = 1024 * MIB
+#: Default --writer-idle-timeout-ms: a connection whose written data stays unacknowledged
+#: (or whose peer keeps its window shut) this long is cut by the kernel.
+DEFAULT_WRITER_IDLE_TIMEOUT_MS = 60_000
 
 
 class SettingsError(Exception):
@@ -110,7 +113,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: seed's default: answer when the turn ends, a dropped POST cancels it) or "async"
     #: (202 at admission, as the reference does; the turn outlives the POST).
     prompt_response: str = "blocking"
-    writer_idle_timeout_ms: int | None = None
+    writer_idle_timeout_ms: int | None = DEFAULT_WRITER_IDLE_TIMEOUT_MS
     channel_idle_timeout_ms: int = 0
     initialize_timeout_ms: int = 10_000
     session_restore_timeout_ms: int = 60_000
@@ -348,7 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="POST /session/:id/prompt without Prefer: blocking (answer at the turn's end; "
         "default) or async (202 at admission); else $ACP_SERVE_PROMPT_RESPONSE",
     )
-    add("--writer-idle-timeout-ms", default=None, help="evict SSE writers idle this long")
+    add(
+        "--writer-idle-timeout-ms",
+        default=None,
+        help="cut a connection whose writes stay blocked this long (default 60000)",
+    )
     add("--channel-idle-timeout-ms", default="0", help="delay before reaping an idle agent")
     add("--initialize-timeout-ms", default=None, help="ACP initialize/session-new timeout")
     add("--session-restore-timeout-ms", default=None, help="ACP load/resume timeout")
@@ -781,7 +788,7 @@ def parse_settings(
     writer_idle = (
         _timer("--writer-idle-timeout-ms", ns.writer_idle_timeout_ms, positive=True)
         if ns.writer_idle_timeout_ms is not None
-        else _env_ms(env, "QWEN_SERVE_WRITER_IDLE_TIMEOUT_MS")
+        else _env_ms(env, "QWEN_SERVE_WRITER_IDLE_TIMEOUT_MS") or DEFAULT_WRITER_IDLE_TIMEOUT_MS
     )
     init_timeout = (
         _timer("--initialize-timeout-ms", ns.initialize_timeout_ms, positive=True)

@@ -529,6 +529,20 @@ class AcpFront:
         if self._nursery is not None:
             self._nursery.start_soon(self._release, conn, True)
 
+    async def end_streams(self, timeout_s: float) -> None:
+        """The daemon is stopping and its sessions have ended: let every pump relay what
+        its session published last (``session_died``), up to ``timeout_s``, then end every
+        stream (each reader drains its outbox, then its SSE response or WebSocket closes),
+        so the HTTP listener has nothing left to wait for."""
+        with trio.move_on_after(timeout_s):
+            for conn in list(self.connections.values()):
+                for link in list(conn.sessions.values()):
+                    await link.pump_done.wait()
+        for conn in list(self.connections.values()):
+            conn.outbox.end()
+            for link in conn.sessions.values():
+                link.outbox.end()
+
     async def _release(self, conn: Connection, close_sessions: bool) -> None:
         conn.closed = True
         self.connections.pop(conn.id, None)

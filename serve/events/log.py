@@ -293,10 +293,12 @@ class EventLog:
         Two measures, the worse counts: frames published since the subscriber last took a
         batch over its ``max_queued``, and bytes of the frames it has not taken yet over
         ``ring_bytes`` (capped at 1.0: one frame larger than the ring is pressure enough,
-        the next publish would evict it). A subscriber already past its ``max_queued``,
-        or whose cursor left the ring, is ignored: it is evicted as soon as its writer
-        comes back, and a writer stuck on a dead socket must not slow the session for
-        everyone (``--writer-idle-timeout-ms`` cuts such connections)."""
+        the next publish would evict it). A subscriber busy writing that is already past
+        its ``max_queued``, or whose cursor left the ring, is evicted here and now: its
+        writer may be blocked on a socket nobody reads, which would hold the stream (and
+        its connection slot) until that write returned; it must not slow the session for
+        everyone either. Its writer gets the ``client_evicted`` frame if it comes back,
+        and ``--writer-idle-timeout-ms`` cuts the socket if it does not."""
         head = self.next_id
         first = self.first_id
         published = self.bytes_published
@@ -304,20 +306,25 @@ class EventLog:
         size = self.ring_size
         starts = self._starts
         worst = 0.0
+        stalled: list[Subscriber] = []
         for sub in self.subscribers:
             if sub._parked:
                 continue
             ratio = (head - sub._mark) / sub.max_queued
             if ratio > 1.0:
+                stalled.append(sub)
                 continue
             cursor = sub.cursor
             if cursor < head and first is not None:
                 if cursor < first:
+                    stalled.append(sub)
                     continue
                 pending = published - starts[cursor % size] + incoming_bytes
                 ratio = max(ratio, min(1.0, pending / ring_bytes))
             if ratio > worst:
                 worst = ratio
+        for sub in stalled:
+            sub._final = sub.evict("queue_overflow")
         return worst
 
     async def wait_drained(
@@ -477,7 +484,11 @@ class Subscriber:
         self._warned = False
         self._done = False
         self._parked = False
+        self._final: bytes | None = None  # the eviction frame for a writer evicted away
         self.sent_frames = 0
+        #: Called once when the subscriber ends (closed, evicted, or drained to the end):
+        #: the stream's owner releases what it counts for the stream there.
+        self.on_close: Callable[[], None] | None = None
 
     @property
     def lag(self) -> int:
@@ -491,6 +502,9 @@ class Subscriber:
         self._done = True
         self.log.subscribers.discard(self)
         self.log._drained.set()
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close()
 
     def evict(self, reason: str, **extra: Any) -> bytes:
         """Terminal ``client_evicted`` frame; the subscriber is finished afterwards."""
@@ -519,7 +533,8 @@ class Subscriber:
         """As :meth:`take_nowait`, frame by frame: the ring's own ``bytes`` objects, shared
         with every other reader (nothing is copied); None when the stream is over."""
         if self._done:
-            return None
+            final, self._final = self._final, None
+            return final
         log = self.log
         out = self._pending
         self._pending = []

@@ -21,6 +21,7 @@ from serve.http import capabilities, metrics, middleware
 from serve.http.capabilities import Feature
 from serve.http.context import FEATURES_KEY, HOST_KEY
 from serve.http.errors import ApiError, to_api_error
+from serve.http.keepalive import ShieldLastBody
 from serve.http.routes import (
     acp,
     auth,
@@ -135,6 +136,10 @@ def create_app(host: Host) -> QuartTrio:
         app.register_blueprint(module.blueprint)
     instruments = metrics.install_metrics(app, host)
     middleware.install_middleware(app, host, features, instruments)
+    # Outermost: a keep-alive connection becomes idle again after any response, and the
+    # calls in flight are counted for the drain.
+    outer = ShieldLastBody(app.asgi_app, host.front)  # type: ignore[arg-type]
+    app.asgi_app = outer  # type: ignore[assignment,method-assign]
 
     @app.errorhandler(ApiError)
     async def _api_error(exc: ApiError) -> Response:

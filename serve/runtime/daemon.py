@@ -17,7 +17,11 @@ stream gets that terminal event and ends; the root's ``on_give_up`` hook, set in
 
 Shutdown order: stop accepting (``draining``), end every session (each publishes
 ``session_died {reason: "daemon_shutdown"}`` and closes its event log, so SSE streams end
-cleanly instead of being cut by hypercorn's graceful timeout), then the root supervisor
+cleanly instead of being cut by hypercorn's graceful timeout), end the fronts' other
+streams (``lifecycle.stream_closers``: the /acp connection streams and WebSockets, after
+their pumps relayed that last event), let the listener stop once nothing of the app is in
+flight (bounded by ``--http-graceful-timeout-ms``; past it the connections still busy, such
+as a write blocked on a reader that stopped reading, are shut down), then the root supervisor
 stops its children in reverse start order: the HTTP listener first, the session actors
 (and their agent processes, stopped by escalation) after it. The whole drain is bounded by
 :data:`SHUTDOWN_FORCE_S`; past it the remaining tasks are cancelled, and a cleanup that
@@ -53,6 +57,10 @@ SHUTDOWN_FORCE_S = 5.0
 #: Past SHUTDOWN_FORCE_S plus this, a shutdown stuck in uncancellable cleanup exits hard.
 HARD_EXIT_MARGIN_S = 2.0
 PORT_ATTEMPTS = 10
+#: How long a front may take to relay its sessions' last events before its streams end.
+STREAM_END_S = 1.0
+#: hypercorn's graceful timeout once the app has nothing in flight (its own leftovers only).
+LEFTOVER_GRACE_S = 0.1
 
 
 class Daemon:
@@ -75,6 +83,7 @@ class Daemon:
         self.settings = settings
         self._app = create_app(self.host)
         self._http_stop = trio.Event()
+        self._http_config: hypercorn.config.Config | None = None
         self._stopped = trio.Event()
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -95,7 +104,7 @@ class Daemon:
                         self._serve_http,
                         Restart.PERMANENT,
                         shutdown_grace_s=SHUTDOWN_FORCE_S,
-                        stop=lambda: self._http_stop.set(),
+                        stop=self._stop_http,
                     ),
                 ],
             )
@@ -113,12 +122,15 @@ class Daemon:
         await self._drain_prompts(self.settings.drain_timeout_ms / 1000)
         log.info("shutting down")
         trio.lowlevel.spawn_system_task(self._hard_deadline, SHUTDOWN_FORCE_S + HARD_EXIT_MARGIN_S)
-        with trio.move_on_after(SHUTDOWN_FORCE_S):
+        with trio.move_on_after(SHUTDOWN_FORCE_S) as bound:
             await self._close_sessions("daemon_shutdown")
+            await self._end_streams()
             self.host.root.shutdown()
             await self.host.root.finished.wait()
             if self.host.journal is not None:
                 await self.host.journal.aclose()
+        if bound.cancelled_caught:
+            log.warning("shutdown reached its %.1f s bound; cancelling the rest", SHUTDOWN_FORCE_S)
         self._stopped.set()
 
     async def _hard_deadline(self, after_s: float) -> None:
@@ -146,6 +158,15 @@ class Daemon:
         with trio.move_on_after(SHUTDOWN_FORCE_S - 1):
             await self.host.registry.close_all(reason)
 
+    async def _end_streams(self) -> None:
+        """End every front's event streams (their terminal frames are queued by now), so
+        the listener stops at once instead of waiting out ``--http-graceful-timeout-ms``."""
+        for end in list(self.host.lifecycle.stream_closers):
+            try:
+                await end(STREAM_END_S)
+            except Exception:
+                log.exception("ending the event streams failed")
+
     async def _watch_signals(self, cancel_scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
@@ -160,9 +181,34 @@ class Daemon:
 
     # ---- the HTTP front ----------------------------------------------------------------
 
+    async def _stop_http(self) -> None:
+        """Stop the listener once the app has nothing in flight (the drain has ended every
+        event stream, so only responses still being written count), or after
+        ``--http-graceful-timeout-ms``. hypercorn then gets :data:`LEFTOVER_GRACE_S` for
+        its own leftovers (closing idle keep-alive connections, a closed WebSocket's ping
+        task asleep for its interval) instead of a second graceful timeout."""
+        front = self.host.front
+        with trio.move_on_after(self.settings.http_graceful_timeout_ms / 1000):
+            while front.open_requests > 0:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        if front.open_requests > 0:
+            # A write blocked on a full socket (a reader that stopped reading) cannot be
+            # cancelled: hypercorn shields it. Shutting the socket down makes it fail.
+            cut = shut_down_connections(self.host.lifecycle.port)
+            log.warning(
+                "%d request(s) still busy after the graceful timeout; %d connection(s) shut down",
+                front.open_requests,
+                cut,
+            )
+        if self._http_config is not None:
+            self._http_config.graceful_timeout = min(
+                self._http_config.graceful_timeout, LEFTOVER_GRACE_S
+            )
+        self._http_stop.set()
+
     async def _serve_http(self, *, task_status: trio.TaskStatus[list[str]]) -> None:
         self._http_stop = trio.Event()
-        config = hypercorn.config.Config()
+        config = self._http_config = hypercorn.config.Config()
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
         config.graceful_timeout = self.settings.http_graceful_timeout_ms / 1000
@@ -189,6 +235,39 @@ class Daemon:
         await hypercorn.trio.serve(
             self._app, config, shutdown_trigger=self._http_stop.wait, task_status=task_status
         )
+
+
+def shut_down_connections(port: int) -> int:
+    """Shut down, both ways, every accepted TCP connection of this process on ``port`` (the
+    listener itself has no peer and is left alone); returns how many. The drain's last
+    resort for connections whose writes are blocked: the blocked ``send`` then fails with
+    EPIPE and hypercorn ends the connection. Linux (``/proc/self/fd``); 0 elsewhere."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    cut = 0
+    for name in names:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue
+        try:
+            if (
+                sock.type == socket.SOCK_STREAM
+                and sock.family in (socket.AF_INET, socket.AF_INET6)
+                and sock.getsockname()[1] == port
+            ):
+                sock.getpeername()  # OSError for the listener
+                sock.shutdown(socket.SHUT_RDWR)
+                cut += 1
+        except OSError:
+            pass
+        finally:
+            sock.close()  # the duplicate only; the connection's own fd stays with hypercorn
+    return cut
 
 
 def bind_listener(host: str, port: int, *, user_timeout_ms: int | None = None) -> tuple[int, int]:
@@ -235,4 +314,4 @@ def bind_listener(host: str, port: int, *, user_timeout_ms: int | None = None) -
     raise last_error
 
 
-__all__ = ["Daemon", "bind_listener", "workspace_id"]
+__all__ = ["Daemon", "bind_listener", "shut_down_connections", "workspace_id"]

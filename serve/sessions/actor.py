@@ -715,8 +715,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                     originator=cid,
                 )
                 return MetadataSet(self.session_id, name)
-            case Attach(client_id=cid):
-                return Attached(self._register_client(cid), self.view())
+            case Attach(client_id=cid, peer=peer):
+                return Attached(self._register_client(cid, peer), self.view())
             case Detach(client_id=cid):
                 return await self._detach(cid)
             case KnowsClient(client_id=cid):
@@ -758,14 +758,14 @@ class SessionActor(Actor[SessionMsg], AgentSide):
 
     # ---- clients and streams -----------------------------------------------------------
 
-    def _register_client(self, requested: str | None) -> str:
+    def _register_client(self, requested: str | None, peer: str | None = None) -> str:
         """Reuse ``requested`` if already registered here, else mint a fresh id."""
         client_id = (
             requested
             if requested is not None and requested in self.clients
             else f"client_{uuid.uuid4()}"
         )
-        self.clients.register(client_id)
+        self.clients.register(client_id, peer)
         return client_id
 
     async def _detach(self, client_id: str | None) -> Detached:

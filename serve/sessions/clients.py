@@ -17,8 +17,13 @@ timeout and consensus can be reached by the clients that are really there.
 session actor; expiry is lazy: every query first drops the clients idle past the timeout,
 so no timer task is needed and a read always sees the current membership. It behaves as a
 read-only mapping ``client id -> attach count`` (``in``, ``len``, iteration, ``get``) for
-the code that used the plain dict before. Bounded by :data:`MAX_CLIENTS` per session: past
-it, the client idle longest is dropped first.
+the code that used the plain dict before.
+
+Bounds: :data:`MAX_CLIENTS` per session, and :data:`MAX_CLIENTS_PER_PEER` per attaching
+peer (its address): past the peer's bound, that peer's own idlest client is dropped; past
+the table's, the idlest client overall. A client with an open stream is never dropped (a
+flood of anonymous attaches cannot push a streaming client out); streams are bounded by
+the event log's subscriber bound, so the table holds at most its bound plus those.
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
-__all__ = ["DEFAULT_CLIENT_IDLE_TIMEOUT_MS", "MAX_CLIENTS", "ClientTable"]
+__all__ = ["DEFAULT_CLIENT_IDLE_TIMEOUT_MS", "MAX_CLIENTS", "MAX_CLIENTS_PER_PEER", "ClientTable"]
 
 #: Default ``--client-idle-timeout-ms``.
 DEFAULT_CLIENT_IDLE_TIMEOUT_MS: Final = 300_000
 #: Clients remembered per session (the idlest is dropped beyond it).
 MAX_CLIENTS: Final = 4096
+#: Clients one peer (address) may hold per session (its own idlest is dropped beyond it).
+MAX_CLIENTS_PER_PEER: Final = 1024
 
 
 def _wall_ms() -> int:
@@ -40,12 +47,13 @@ def _wall_ms() -> int:
 
 
 class _Client:
-    __slots__ = ("attaches", "last_seen_ms", "streams")
+    __slots__ = ("attaches", "last_seen_ms", "peer", "streams")
 
-    def __init__(self, now_ms: int) -> None:
+    def __init__(self, now_ms: int, peer: str | None) -> None:
         self.attaches = 0
         self.streams = 0
         self.last_seen_ms = now_ms
+        self.peer = peer
 
 
 class ClientTable:
@@ -57,29 +65,56 @@ class ClientTable:
         *,
         clock_ms: Callable[[], int] = _wall_ms,
         max_clients: int = MAX_CLIENTS,
+        max_per_peer: int = MAX_CLIENTS_PER_PEER,
     ) -> None:
-        if idle_timeout_ms < 0 or max_clients <= 0:
+        if idle_timeout_ms < 0 or max_clients <= 0 or max_per_peer <= 0:
             raise ValueError("ClientTable bounds must be non-negative / positive")
         self.idle_timeout_ms = idle_timeout_ms
         self._clock = clock_ms
         self._max = max_clients
+        self._max_per_peer = max_per_peer
         self._clients: dict[str, _Client] = {}
+        self._per_peer: dict[str, int] = {}
         self.expired = 0  # clients dropped for idleness, for status pages
 
     # ---- changes -----------------------------------------------------------------------
 
-    def register(self, client_id: str) -> None:
-        """One more attach of ``client_id`` (new or known); it is active now."""
+    def register(self, client_id: str, peer: str | None = None) -> None:
+        """One more attach of ``client_id`` (new or known) from ``peer`` (its address, None
+        when unknown); it is active now. A new client past a bound drops the idlest client
+        without an open stream: the peer's own past its bound, anyone's past the table's."""
         now = self._clock()
         self._expire(now)
         entry = self._clients.get(client_id)
         if entry is None:
+            if peer is not None and self._per_peer.get(peer, 0) >= self._max_per_peer:
+                self._drop_idlest(peer)
             if len(self._clients) >= self._max:
-                idlest = min(self._clients, key=lambda c: self._clients[c].last_seen_ms)
-                del self._clients[idlest]
-            entry = self._clients[client_id] = _Client(now)
+                self._drop_idlest(None)
+            entry = self._clients[client_id] = _Client(now, peer)
+            if peer is not None:
+                self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         entry.attaches += 1
         entry.last_seen_ms = now
+
+    def _drop_idlest(self, peer: str | None) -> None:
+        """Drop the idlest client without an open stream (of ``peer`` when given)."""
+        candidates = [
+            (entry.last_seen_ms, cid)
+            for cid, entry in self._clients.items()
+            if entry.streams == 0 and (peer is None or entry.peer == peer)
+        ]
+        if candidates:
+            self._remove(min(candidates)[1])
+
+    def _remove(self, client_id: str) -> None:
+        entry = self._clients.pop(client_id)
+        if entry.peer is not None:
+            left = self._per_peer[entry.peer] - 1
+            if left:
+                self._per_peer[entry.peer] = left
+            else:
+                del self._per_peer[entry.peer]
 
     def release(self, client_id: str) -> None:
         """One attach fewer (``POST /detach``); the last one removes the client."""
@@ -88,7 +123,7 @@ class ClientTable:
             return
         entry.attaches -= 1
         if entry.attaches <= 0:
-            del self._clients[client_id]
+            self._remove(client_id)
 
     def touch(self, client_id: str) -> bool:
         """A heartbeat: ``client_id`` is active now (False when it is not registered)."""
@@ -154,5 +189,5 @@ class ClientTable:
             if entry.streams == 0 and now_ms - entry.last_seen_ms > timeout
         ]
         for cid in idle:
-            del self._clients[cid]
+            self._remove(cid)
         self.expired += len(idle)

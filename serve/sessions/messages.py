@@ -77,6 +77,8 @@ class UpdateMetadata(msgspec.Struct, frozen=True):
 
 class Attach(msgspec.Struct, frozen=True):
     client_id: str | None
+    #: The attaching peer's address (bounds the clients one peer holds), None if unknown.
+    peer: str | None = None
 
 
 class Detach(msgspec.Struct, frozen=True):

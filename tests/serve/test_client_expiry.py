@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 
 from tests.serve.test_mediation import ALLOW, Room, daemon_with, http, of_type
+from tests.support.daemon import spawn_daemon
 
 IDLE_MS = 1500
 
@@ -70,3 +72,23 @@ async def test_a_client_streaming_its_events_stays_registered(tmp_path: Path) ->
                     f"/session/{room.sid}/heartbeat", headers={"X-Qwen-Client-Id": streamer}
                 )
                 assert ok.status_code == 200
+
+
+async def test_a_flood_of_attaches_does_not_push_out_a_streaming_client() -> None:
+    """Issue 22 item 15: past the table's 4096 clients the idlest was dropped whatever it
+    did, so 4160 anonymous attaches made the streaming client's heartbeat a 400."""
+    daemon = spawn_daemon()
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as client:
+            first = (await client.post("/session", json={"sessionScope": "single"})).json()
+            sid, me = first["sessionId"], first["clientId"]
+            headers = {"X-Qwen-Client-Id": me}
+            # The stream is subscribed once its response head has arrived.
+            async with client.stream("GET", f"/session/{sid}/events", headers=headers):
+                for _ in range(4160):
+                    attach = await client.post("/session", json={"sessionScope": "single"})
+                    assert attach.json()["sessionId"] == sid
+                beat = await client.post(f"/session/{sid}/heartbeat", headers=headers)
+                assert beat.status_code == 200, beat.text
+    finally:
+        daemon.stop()

@@ -50,3 +50,46 @@ async def test_stuck_reader_is_cut_and_does_not_slow_the_others() -> None:
             stuck.close()
     finally:
         daemon.stop()
+
+
+async def test_a_stuck_reader_is_evicted_and_gives_its_connection_slot_back() -> None:
+    """Issue 22 item 14: a reader that stops reading kept its --max-connections slot until
+    its socket died, which without a writer timeout was never. Its subscriber is evicted
+    while its write is still blocked, the slot is free at once for a new reader, and the
+    default writer idle timeout is on."""
+    daemon = spawn_daemon(["--max-connections", "1"], env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            caps = (await client.get("/capabilities")).json()
+            assert "writer_idle_timeout" in caps["features"]
+            status = (await client.get("/daemon/status")).json()
+            assert status["limits"]["writerIdleTimeoutMs"] == 60_000
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            stuck = socket.create_connection(("127.0.0.1", daemon.port))
+            stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stuck.sendall(
+                f"GET /session/{sid}/events?maxQueued=16 HTTP/1.1\r\n"
+                f"Host: 127.0.0.1:{daemon.port}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+            )
+            await trio.sleep(0.3)
+            refused = await client.get(f"/session/{sid}/events")
+            assert refused.status_code == 503
+            assert refused.json()["code"] == "connection_limit_exceeded"
+            r = await client.post(
+                f"/session/{sid}/prompt",
+                json={"prompt": [{"type": "text", "text": "[flood 30000]"}]},
+            )
+            assert r.status_code == 200 and r.json()["stopReason"] == "end_turn"
+            # The stuck socket is still open (the kernel cuts it after 60 s without
+            # progress), but its stream was evicted: its slot is free for a new reader.
+            with trio.fail_after(10):
+                while True:
+                    health = (await client.get("/health", params={"deep": "1"})).json()
+                    if health["connectedClients"] == 0:
+                        break
+                    await trio.sleep(0.1)
+            async with client.stream("GET", f"/session/{sid}/events") as fresh:
+                assert fresh.status_code == 200
+            stuck.close()
+    finally:
+        daemon.stop()

@@ -290,3 +290,26 @@ async def test_pacing_counts_the_bytes_a_busy_reader_has_not_taken() -> None:
     assert 0.29 < log.max_pressure() < 0.32
     # The line being received will evict it when published: pressure enough to wait.
     assert log.max_pressure(incoming_bytes=80_000) == 1.0
+
+
+async def test_a_writer_blocked_past_its_bound_is_evicted_while_it_is_away() -> None:
+    """Issue 22 item 14: the stream of a reader that stopped reading ends (its owner is
+    told once, its slot is free) while its writer is still blocked, not when it returns."""
+    log = EventLog("s1")
+    sub = log.subscribe(max_queued=16)
+    ended: list[str] = []
+    sub.on_close = lambda: ended.append("ended")
+    other = log.subscribe(max_queued=16)
+    assert sub.take_nowait() == b""  # the writer went away to write, and is stuck there
+    for _ in range(17):
+        log.publish("a", {})
+        assert other.take_nowait()  # a reader that keeps up is not touched
+    await log.wait_drained()  # the agent reader's pacing check, between two chunks
+    assert ended == ["ended"] and sub not in log.subscribers and sub.finished
+    assert log.subscribers == {other}
+    evicted = parse(sub.take_nowait())  # the writer comes back: its terminal frame...
+    assert [e["type"] for e in evicted] == ["client_evicted"]
+    assert evicted[0]["data"]["reason"] == "queue_overflow"
+    assert sub.take_nowait() is None  # ...then the end
+    sub.close()
+    assert ended == ["ended"]  # told once

@@ -73,3 +73,33 @@ def test_the_table_is_bounded_dropping_the_idlest() -> None:
     assert table.active() == frozenset({"a", "c", "d"})
     with pytest.raises(ValueError):
         ClientTable(-1)
+
+
+def test_a_flood_of_attaches_never_evicts_a_client_with_an_open_stream() -> None:
+    """Issue 22 item 15: 4160 anonymous attaches once pushed the streaming client out."""
+    clock = Clock()
+    table = ClientTable(0, clock_ms=clock, max_clients=8)
+    table.register("streamer")
+    assert table.stream_opened("streamer")
+    clock.now += 1
+    table.register("idle")
+    for i in range(100):  # the streamer is the idlest by its clock, but it streams
+        clock.now += 1
+        table.register(f"anon{i}")
+    assert "streamer" in table and table.touch("streamer")
+    assert len(table) == 8
+    assert "idle" not in table  # the idlest without a stream went first
+
+
+def test_attaches_from_one_peer_evict_only_that_peers_clients() -> None:
+    clock = Clock()
+    table = ClientTable(0, clock_ms=clock, max_clients=8, max_per_peer=3)
+    table.register("bob", peer="10.0.0.2")
+    for i in range(50):
+        clock.now += 1
+        table.register(f"flood{i}", peer="10.0.0.9")
+    assert "bob" in table
+    flood = {c for c in table.active() if c.startswith("flood")}
+    assert flood == {"flood47", "flood48", "flood49"}  # the peer keeps its newest 3
+    table.register("bob", peer="10.0.0.2")  # a known client's re-attach adds nobody
+    assert len(table) == 4

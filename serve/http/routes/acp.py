@@ -240,12 +240,15 @@ async def _start_front() -> None:
     await nursery.start(run)
     current_app.extensions["acpfront"] = front
     current_app.extensions["acpfront_scope"] = scope
+    d.lifecycle.stream_closers.append(front.end_streams)
 
 
 @blueprint.after_app_serving
 async def _stop_front() -> None:
     scope = current_app.extensions.pop("acpfront_scope", None)
-    current_app.extensions.pop("acpfront", None)
+    front = current_app.extensions.pop("acpfront", None)
+    if front is not None and front.end_streams in daemon().lifecycle.stream_closers:
+        daemon().lifecycle.stream_closers.remove(front.end_streams)
     if scope is not None:
         scope.cancel()
 

@@ -375,7 +375,7 @@ async def _load_branch(session: Any, new_id: str, client_id: str | None) -> dict
             RestoreSession(new_id, session.workspace, "load"), timeout_s=_REGISTRY_TIMEOUT_S
         )
         branch = await ticket.pending.wait()
-        attached: Attached = await ask(branch, Attach(client_id))
+        attached: Attached = await ask(branch, Attach(client_id, request.remote_addr))
     except Exception as exc:
         mapped = to_api_error(exc)
         error = mapped.body if mapped is not None else {"error": str(exc)}

@@ -323,7 +323,9 @@ async def create_session() -> Response:
             raise service_unavailable("Daemon is shutting down", "daemon_draining") from None
         session = await _await_ticket(ticket)
         try:
-            attached: Attached = await session.call(Attach(client_id), timeout_s=_ASK_TIMEOUT_S)
+            attached: Attached = await session.call(
+                Attach(client_id, request.remote_addr), timeout_s=_ASK_TIMEOUT_S
+            )
             break
         except (SessionGone, ActorStopped):
             # It closed (its last client detached) before our Attach: start afresh.
@@ -363,7 +365,7 @@ async def _restore(session_id: str, action: str) -> Response:
         if exc.status == 500 and exc.body.get("code") in (-32002, -32602):
             raise session_not_found(session_id) from None
         raise
-    attached: Attached = await ask(session, Attach(client_id))
+    attached: Attached = await ask(session, Attach(client_id, request.remote_addr))
     out = session_response(attached.view, attached=ticket.attached, client_id=attached.client_id)
     out["state"] = attached.view.state
     out["lastEventId"] = attached.view.last_event_id
@@ -715,6 +717,16 @@ async def events(session_id: str) -> Response:
     d = daemon()
     d.front.sse_streams += 1
 
+    def ended() -> None:
+        """The stream is over for the daemon: ended, or evicted while its write blocks."""
+        d.front.sse_streams -= 1
+        try:  # the session counts the stream's end as being seen
+            session.tell_nowait(StreamEnded())
+        except (InboxFull, ActorStopped):
+            pass
+
+    sub.on_close = ended
+
     async def stream() -> Any:
         try:
             yield RETRY_FRAME
@@ -731,12 +743,7 @@ async def events(session_id: str) -> Response:
                 for start in range(0, len(chunk), SSE_WRITE_BYTES):
                     yield bytes(view[start : start + SSE_WRITE_BYTES])
         finally:
-            sub.close()
-            d.front.sse_streams -= 1
-            try:  # the session counts the stream's end as being seen
-                session.tell_nowait(StreamEnded())
-            except (InboxFull, ActorStopped):
-                pass
+            sub.close()  # runs ended() unless an eviction already did
 
     response = await make_response(
         stream(),
