@@ -534,7 +534,7 @@ class Subscriber:
         with every other reader (nothing is copied); None when the stream is over."""
         if self._done:
             final, self._final = self._final, None
-            return final
+            return None if final is None else [final]
         log = self.log
         out = self._pending
         self._pending = []
