@@ -207,7 +207,8 @@ class AgentConnection:
             async with trio.open_nursery() as nursery:
                 self.process.start(nursery)
                 if isinstance(self.handler, BaseClientHandler) and self.handler.terminals is None:
-                    self._terminals = TerminalManager(nursery, cwd=cwd, env=env)
+                    # The agent's terminals run confined as the agent itself is.
+                    self._terminals = TerminalManager(nursery, cwd=cwd, env=env, confine=confine)
                     self.handler.terminals = self._terminals
                 self._channel = RpcChannel(
                     self.process.stdin,

@@ -8,7 +8,10 @@ stdout+stderr into a bounded buffer and waits for its exit.
 
 * ``create`` starts ``command`` + ``args`` in its own process group, with stdin from
   ``/dev/null``, ``cwd`` (default: the manager's), and the scrubbed daemon environment plus
-  the request's ``env``. It returns at once with a terminal id.
+  the request's ``env``. It returns at once with a terminal id. A manager given a
+  ``confine`` (the agent's own :class:`~acp.confine.Confinement`: its file sandbox, cgroups,
+  private ``TMPDIR``) starts every command through that wrapper, so a terminal can do no more
+  than the agent that asked for it.
 * **Whole command lines** (:func:`argv_for`): some agents (kimi) send a shell command line in
   ``command`` and no ``args`` (``"ls -la | head"``). The rule: when ``args`` is empty,
   ``command`` is not an executable on the terminal's ``PATH`` nor a path to one (relative
@@ -46,6 +49,7 @@ from typing import Final
 import trio
 
 from acp.children import open_process
+from acp.confine import Confinement
 from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, RESOURCE_NOT_FOUND, HandlerError
 from acp.process import scrub_env
 from acp.schema import (
@@ -194,8 +198,10 @@ class TerminalManager:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         max_terminals: int = DEFAULT_MAX_TERMINALS,
+        confine: Confinement | None = None,
     ) -> None:
         self._nursery = nursery
+        self._confine = confine if confine is not None else Confinement()
         self._cwd = cwd
         self._env = scrub_env(os.environ if env is None else env)
         self._max = max_terminals
@@ -231,6 +237,7 @@ class TerminalManager:
             raise HandlerError(INVALID_PARAMS, "outputByteLimit must not be negative")
         limit = min(limit, MAX_OUTPUT_BYTE_LIMIT)
         env = dict(self._env)
+        env.update(self._confine.env)
         env.update({v.name: v.value for v in params.env})
         cwd = params.cwd or self._cwd
         argv = await trio.to_thread.run_sync(
@@ -238,6 +245,18 @@ class TerminalManager:
                 argv_for, params.command, list(params.args), path=env.get("PATH"), cwd=cwd
             )
         )
+        if not self._confine.empty:
+            # Through the wrapper a missing command would only show as exit 127: refuse it
+            # here as an unconfined start would.
+            if not await trio.to_thread.run_sync(
+                functools.partial(_is_executable, argv[0], path=env.get("PATH"), cwd=cwd)
+            ):
+                raise HandlerError(
+                    INTERNAL_ERROR,
+                    f"cannot start terminal command {params.command!r}: not found",
+                    {"command": params.command},
+                )
+            argv = self._confine.wrap(argv)
         try:
             proc = await open_process(
                 argv,

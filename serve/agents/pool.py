@@ -77,6 +77,7 @@ from acp.mux import SessionMux
 from acp.process import ExitInfo
 from actors import Actor, ActorError, Reply
 from serve.agents.memory import measure_trees
+from serve.isolation import sandbox
 from serve.sessions.agent_link import agent_env
 from serve.sessions.errors import MemoryBudgetExceeded, SessionsUnavailable
 
@@ -630,19 +631,31 @@ class AgentPool(Actor[PoolMsg]):
         init_timeout = settings.initialize_timeout_ms / 1000
         mux = SessionMux()
         assert self._nursery is not None
+        env = agent_env(settings)
+        try:
+            # The file sandbox (serve/isolation/sandbox.py): ruleset + private TMPDIR.
+            box = await sandbox.prepare(settings, self.workspace, env)
+        except OSError as exc:
+            self._tell(_SpawnFailed(exc))
+            return
         try:
             conn = await AgentConnection.spawn(
                 self._nursery,
                 settings.agent_argv,
                 cwd=self.workspace,
-                env=agent_env(settings),
+                env=env,
                 handler=mux,
                 request_timeout_s=init_timeout,
                 max_line_bytes=settings.max_agent_line_bytes,
+                confine=box.confinement(),
             )
-        except OSError as exc:
+        except BaseException as exc:
+            await box.aclose()
+            if not isinstance(exc, OSError):
+                raise
             self._tell(_SpawnFailed(exc))
             return
+        self._nursery.start_soon(sandbox.remove_when_closed, conn, box)
         try:
             await conn.initialize(timeout_s=init_timeout)
         except BaseException as exc:

@@ -39,6 +39,7 @@ from acp.process import ExitInfo, scrub_env
 from acp.schema import SessionSetup
 from actors import RestartWindow
 from serve.events import EventLog
+from serve.isolation import sandbox
 from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
 from serve.sessions.errors import NotSupportedByAgent
 
@@ -136,15 +137,24 @@ class SpawnAgentSource:
         handler: ClientHandler,
         timeout_s: float,
     ) -> AgentConnection:
-        conn = await AgentConnection.spawn(
-            nursery,
-            self.settings.agent_argv,
-            cwd=cwd,
-            env=agent_env(self.settings),
-            handler=handler,
-            request_timeout_s=timeout_s,
-            max_line_bytes=self.settings.max_agent_line_bytes,
-        )
+        env = agent_env(self.settings)
+        # The file sandbox (serve/isolation/sandbox.py): ruleset + private TMPDIR.
+        box = await sandbox.prepare(self.settings, cwd, env)
+        try:
+            conn = await AgentConnection.spawn(
+                nursery,
+                self.settings.agent_argv,
+                cwd=cwd,
+                env=env,
+                handler=handler,
+                request_timeout_s=timeout_s,
+                max_line_bytes=self.settings.max_agent_line_bytes,
+                confine=box.confinement(),
+            )
+        except BaseException:
+            await box.aclose()
+            raise
+        nursery.start_soon(sandbox.remove_when_closed, conn, box)
         try:
             await conn.initialize(timeout_s=timeout_s)
         except BaseException:

@@ -1,0 +1,1 @@
+"""Isolation of agent children (resource limits, the file sandbox: ``sandbox.py``)."""
