@@ -24,6 +24,7 @@ from pathlib import Path
 
 import msgspec
 
+from acp import landlock
 from serve.http.security.bearer import InvalidBearerToken, resolve_startup_token
 from serve.http.security.cors import CorsPolicy, InvalidAllowOriginPattern, parse_allow_origin
 
@@ -769,9 +770,7 @@ def _agent_sandbox(mode: str) -> str:
     if mode not in ("auto", "landlock", "off"):
         raise SettingsError(f'Invalid --agent-sandbox "{mode}": must be one of auto, landlock, off')
     if mode == "landlock":
-        from acp.landlock import abi_version
-
-        if abi_version() < 1:
+        if landlock.abi_version() < 1:
             raise SettingsError(
                 "--agent-sandbox=landlock: this kernel has no Landlock (Linux 5.13+ with "
                 "landlock in CONFIG_LSM / lsm=); use auto or off"

@@ -135,23 +135,30 @@ async def test_each_child_has_a_private_tmpdir_removed_with_it(
     hclient: httpx.AsyncClient, layout: Layout
 ) -> None:
     layout.targets.write_text(json.dumps(_targets(layout) | {"journal": "/nonexistent"}))
-    sid, cid = await new_session(hclient)
+    sid, _ = await new_session(hclient)
     r = await hclient.get("/daemon/status")
     box = r.json()["isolation"]["sandbox"]
     assert (box["mode"], box["active"], box["backend"]) == ("landlock", True, "landlock")
     assert box["landlockAbi"] == landlock.abi_version()
     assert str(layout.state) in box["roots"]["protected"]
     parent = Path(box["roots"]["tmpdirParent"])
-    assert (parent.stat().st_mode & 0o777) == 0o700
-    children = list(parent.iterdir())
-    assert children and all((c.stat().st_mode & 0o777) == 0o700 for c in children)
-    before = set(children)
+    before = await trio.to_thread.run_sync(_private_children, parent)
+    assert before
     r = await hclient.delete(f"/session/{sid}")
     assert r.status_code in (200, 204), r.text
     # The session's child is stopped and reaped: its TMPDIR goes with it.
     with trio.fail_after(20):
-        while before <= set(parent.iterdir()):
+        while True:  # polling a directory: there is no event to wait on
+            if not before <= await trio.to_thread.run_sync(_private_children, parent):
+                break
             await trio.sleep(0.1)
+
+
+def _private_children(parent: Path) -> set[Path]:
+    assert (parent.stat().st_mode & 0o777) == 0o700
+    children = set(parent.iterdir())
+    assert all((c.stat().st_mode & 0o777) == 0o700 for c in children)
+    return children
 
 
 def test_the_session_shell_runs_in_the_sandbox(layout: Layout) -> None:
