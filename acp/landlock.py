@@ -12,6 +12,9 @@ kind is denied unless a rule on the accessed file *or any directory above it* gr
 rights of nested rules add up (a rule can never take away what a rule above granted). It is
 inherited by every descendant and cannot be undone, and needs no privilege (only
 ``no_new_privs``, which :func:`apply` sets: a setuid program then does not gain privileges).
+Landlock also keeps a sandboxed process from ptrace-reading (``/proc/PID/environ``, ``mem``)
+a process outside its sandbox, the daemon, unless it has ``CAP_SYS_PTRACE``: an agent run as
+root would, so :func:`apply` drops that capability from the bounding set before the ``exec``.
 
 A child gets two kinds of grants (:func:`plan`):
 
@@ -76,6 +79,8 @@ _SYS_RESTRICT_SELF: Final = 446
 _CREATE_RULESET_VERSION: Final = 1 << 0
 _RULE_PATH_BENEATH: Final = 1
 _PR_SET_NO_NEW_PRIVS: Final = 38
+_PR_CAPBSET_DROP: Final = 24
+_CAP_SYS_PTRACE: Final = 19
 
 EXECUTE: Final = 1 << 0
 WRITE_FILE: Final = 1 << 1
@@ -184,6 +189,13 @@ def apply(spec: Mapping[str, Any]) -> None:
                 raise LandlockError(exc.errno, f"cannot add the rule for {path}: {exc.strerror}")
             finally:
                 os.close(fd)
+        # Root keeps CAP_SYS_PTRACE, with which Landlock lets it read any process's
+        # /proc/PID/environ and mem (the daemon's token): drop it from the bounding set, so
+        # the exec'd agent never has it. Without CAP_SETPCAP (not root) it is not held.
+        if libc.prctl(_PR_CAPBSET_DROP, _CAP_SYS_PTRACE, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            if err != errno.EPERM:
+                raise LandlockError(err, f"prctl(PR_CAPBSET_DROP): {os.strerror(err)}")
         if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             err = ctypes.get_errno()
             raise LandlockError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")

@@ -37,6 +37,7 @@ Everything that lists directories runs in a worker thread (:func:`prepare`).
 from __future__ import annotations
 
 import atexit
+import ctypes
 import functools
 import logging
 import os
@@ -51,6 +52,7 @@ import trio
 
 from acp import landlock
 from acp.confine import Confinement
+from acp.process import scrub_env
 
 if TYPE_CHECKING:
     from acp.client import AgentConnection
@@ -96,6 +98,27 @@ def resolve(settings: Settings) -> SandboxMode:
     if abi < 1:
         return SandboxMode(mode, False, 0, "the kernel has no Landlock")
     return SandboxMode(mode, True, abi)
+
+
+# ---- the daemon's own environment ---------------------------------------------------------------
+
+
+def scrub_own_environ() -> list[str]:
+    """Overwrite, in this process's C environment, the values of the variables the agents
+    never get (:func:`acp.process.scrub_env`: ``QWEN_SERVER_TOKEN``...). An agent does not
+    inherit them, but ``/proc/<daemon pid>/environ`` (the environment block the process
+    started with) is readable by every process of the daemon's uid, sandboxed or not.
+    ``os.environ`` (read at start-up) keeps them for the daemon. Returns the names."""
+    keep = scrub_env(os.environ)
+    names = [n for n in os.environ if n not in keep]
+    libc = ctypes.CDLL(None)
+    libc.getenv.restype = ctypes.c_void_p
+    for name in names:
+        ptr = libc.getenv(name.encode())
+        if ptr:
+            size = len(ctypes.string_at(ptr))
+            ctypes.memset(ptr, ord("x"), size)
+    return names
 
 
 # ---- the temp directories -------------------------------------------------------------------

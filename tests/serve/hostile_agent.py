@@ -56,6 +56,7 @@ def terminal_script(t):
         "touch_outside": f"touch {t['outside']}/from-terminal",
         "touch_tmpdir": 'touch "$TMPDIR/from-terminal"',
         "touch_workspace": "touch ./from-terminal",
+        "env_token": f"env | grep -q -- {t.get('token') or 'no-token'}",
     }
     return "; ".join(
         f"if {cmd} >/dev/null 2>&1; then echo {name}=ok; else echo {name}=denied; fi"
@@ -90,6 +91,14 @@ class Agent:
         with open(self.targets_file) as f:
             self.t = json.load(f)
         result = {"direct": direct_probes(self.t, self.cwd)}
+        # What of the daemon's secrets it can see: its own environment, the daemon's.
+        token = self.t.get("token") or "\0"
+        result["env_has_token"] = any(token in v for v in os.environ.values())
+        try:
+            with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+                result["daemon_environ_has_token"] = token.encode() in f.read()
+        except OSError as exc:
+            result["daemon_environ_has_token"] = errno.errorcode.get(exc.errno, "error")
         try:
             term = self.call(
                 "terminal/create",
