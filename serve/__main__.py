@@ -12,8 +12,8 @@ import trio
 from acp.children import become_subreaper
 from actors import SupervisorGaveUp
 from serve.config import config_warnings, load_daemon_config
-from serve.logs import setup_logging, stop_logging
 from serve.isolation import sandbox
+from serve.logs import setup_logging, stop_logging
 from serve.settings import SettingsError, parse_settings
 
 #: Exit status when the root supervisor gave up (EX_SOFTWARE).
