@@ -20,9 +20,11 @@ the exec wrapper (``acp/confine.py``) with a Landlock ruleset planned by
   file, every other workspace of the daemon, and the other children's temp directories.
 
 The private temp directory (``TMPDIR``, ``TMP``, ``TEMP``) is a fresh ``0700`` directory under
-the daemon's own ``0700`` parent (``$TMPDIR/acp-serve-agents-<pid>-…``), created before the
-spawn and removed once the child has been reaped (:meth:`ChildSandbox.aclose`); terminals of
-the agent share it; the session shell gets one of its own for each command.
+the daemon's own ``0700`` parent (``<state>/agent-tmp/<pid>-…``: inside the protected state
+directory, granted to its one child by the more specific rule; a dead daemon's are removed at
+the next start), created before the spawn and removed once the child has been reaped
+(:meth:`ChildSandbox.aclose`); terminals of the agent share it; the session shell gets one of
+its own for each command.
 
 A warm pool child is spawned before its session exists, for its workspace: its roots are
 fixed at spawn (the workspace, never a session's own directory), so a session that would need
@@ -124,17 +126,42 @@ def scrub_own_environ() -> list[str]:
 # ---- the temp directories -------------------------------------------------------------------
 
 _parent_lock = threading.Lock()
-_parent: str | None = None
+_parents: dict[str, str] = {}
+
+#: Under the state directory: already carved out of every child's view, so the children's
+#: temp directories add no carved level of their own (``/tmp`` stays one plain rule).
+TMP_SUBDIR: Final = "agent-tmp"
 
 
-def temp_parent() -> str:
-    """The daemon's ``0700`` parent of the children's temp directories (made once)."""
-    global _parent
+def temp_parent(state_dir: str) -> str:
+    """This daemon's ``0700`` parent of the children's temp directories,
+    ``<state>/agent-tmp/<pid>-…`` (made once; removed at exit, and a dead daemon's on the
+    next start)."""
     with _parent_lock:
-        if _parent is None or not os.path.isdir(_parent):
-            _parent = tempfile.mkdtemp(prefix=f"acp-serve-agents-{os.getpid()}-")
-            atexit.register(shutil.rmtree, _parent, True)
-        return _parent
+        parent = _parents.get(state_dir)
+        if parent is None or not os.path.isdir(parent):
+            base = os.path.join(state_dir, TMP_SUBDIR)
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+            os.makedirs(base, mode=0o700, exist_ok=True)
+            _remove_dead(base)
+            parent = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base)
+            atexit.register(shutil.rmtree, parent, True)
+            _parents[state_dir] = parent
+        return parent
+
+
+def _remove_dead(base: str) -> None:
+    """Remove the temp directories a daemon that is gone left behind (a crash)."""
+    for name in os.listdir(base):
+        pid = name.split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        except PermissionError:
+            pass
 
 
 # ---- one child's sandbox ----------------------------------------------------------------------
@@ -185,7 +212,7 @@ def _roots(
     if settings.agent_is_default:
         os.makedirs(scripted, mode=0o700, exist_ok=True)
         write.append(scripted)
-    protected = [settings.state_dir, temp_parent()]
+    protected = [settings.state_dir, temp_parent(settings.state_dir)]
     if settings.config_file:
         protected.append(os.path.abspath(settings.config_file))
     for w in (*settings.workspaces, *settings.untrusted_workspaces):
@@ -195,7 +222,7 @@ def _roots(
 
 
 def _prepare_sync(settings: Settings, workspace: str, env: Mapping[str, str]) -> ChildSandbox:
-    tmpdir = tempfile.mkdtemp(prefix="agent-", dir=temp_parent())  # 0700
+    tmpdir = tempfile.mkdtemp(prefix="agent-", dir=temp_parent(settings.state_dir))  # 0700
     try:
         roots = _roots(settings, workspace, env, tmpdir)
         spec = landlock.plan(
@@ -262,7 +289,9 @@ def status(settings: Settings) -> dict[str, Any]:
             "read": ["/"],
             "readOnly": list(settings.untrusted_workspaces),
             "write": write,
-            "tmpdirParent": temp_parent(),
+            # no I/O here: the parent once made, else where it will be
+            "tmpdirParent": _parents.get(settings.state_dir)
+            or os.path.join(settings.state_dir, TMP_SUBDIR),
             "protected": protected,
         }
         out["rule"] = (
