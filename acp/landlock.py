@@ -64,13 +64,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 #: Rules one plan may hold (each is one ``open`` + one syscall in the child).
-MAX_RULES: Final = 4096
+MAX_RULES: Final = 16384
 
 # Syscall numbers: the same on every architecture (the unified table, Linux 5.13+).
 _SYS_CREATE_RULESET: Final = 444
@@ -160,8 +161,12 @@ class _PathBeneathAttr(ctypes.Structure):
 
 def apply(spec: Mapping[str, Any]) -> None:
     """Restrict the calling process (and all it will start) to ``spec`` (from :func:`plan`):
-    ``{"read": [paths], "write": [paths]}``. A path that no longer exists is skipped (it needs
-    no rule). Raises on any other failure: the caller must not run the agent then."""
+    ``{"read": [paths], "write": [paths]}``, or ``{"rules_file": path}`` naming a file that
+    holds it (a plan too large for one argv string). A path that no longer exists is skipped
+    (it needs no rule). Raises on any other failure: the caller must not run the agent then."""
+    if "rules_file" in spec:  # a large plan travels in a file (argv has a 128 KiB limit)
+        with open(spec["rules_file"], "rb") as f:
+            spec = json.loads(f.read())
     libc = _libc()
     abi = abi_version()
     if abi < 1:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import functools
+import json
 import logging
 import os
 import shutil
@@ -61,6 +62,9 @@ if TYPE_CHECKING:
     from serve.settings import Settings
 
 log = logging.getLogger(__name__)
+
+#: A ruleset spec larger than this (JSON bytes) goes to the child in a file, not in its argv.
+INLINE_SPEC_BYTES: Final = 32 * 1024
 
 #: Device files every child may write (missing ones are skipped).
 DEVICE_WRITES: Final = (
@@ -228,6 +232,13 @@ def _prepare_sync(settings: Settings, workspace: str, env: Mapping[str, str]) ->
         spec = landlock.plan(
             roots["write"], roots["protected"], read=roots["read"], extra_write=DEVICE_WRITES
         )
+        if len(json.dumps(spec)) > INLINE_SPEC_BYTES:
+            # Too large for one argv string (128 KiB): the wrapper reads it from a file.
+            path = os.path.join(tmpdir, ".acp-serve-sandbox.json")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with open(fd, "w") as f:
+                json.dump(spec, f)
+            spec = {"rules_file": path}
     except BaseException:
         shutil.rmtree(tmpdir, ignore_errors=True)
         raise

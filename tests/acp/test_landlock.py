@@ -177,3 +177,18 @@ def test_a_sandbox_that_cannot_be_applied_refuses_to_start(tmp_path: Path) -> No
     assert r.returncode == EXIT_CONFINE_FAILED
     assert "cannot apply the sandbox" in r.stderr
     assert not marker.exists()
+
+
+@needs_landlock
+def test_a_large_plan_travels_in_a_file(tmp_path: Path) -> None:
+    t = _tree(tmp_path)
+    spec = landlock.plan([str(t["ws"])], [str(t["state"])])
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps(spec))
+    journal = t["state"] / "journal" / "s1.jsonl"
+    argv = Confinement(landlock={"rules_file": str(rules)}).wrap(
+        ["sh", "-c", f"cat {journal}; touch {t['ws']}/ok"]
+    )
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert "Permission denied" in r.stderr and "secret" not in r.stdout
+    assert (t["ws"] / "ok").exists()
