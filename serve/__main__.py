@@ -12,7 +12,6 @@ import trio
 from acp.children import become_subreaper
 from actors import SupervisorGaveUp
 from serve.config import config_warnings, load_daemon_config
-from serve.isolation import sandbox
 from serve.logs import setup_logging, stop_logging
 from serve.settings import SettingsError, parse_settings
 
@@ -42,8 +41,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     setup_logging(settings.log_format)
     log = logging.getLogger("serve")
-    # Secrets out of /proc/<our pid>/environ, which processes of our uid can read.
-    sandbox.scrub_own_environ()
     for warning in config_warnings(config):
         log.warning("%s", warning)
     if settings.token_from_argv:

@@ -39,7 +39,6 @@ Everything that lists directories runs in a worker thread (:func:`prepare`).
 from __future__ import annotations
 
 import atexit
-import ctypes
 import functools
 import json
 import logging
@@ -55,7 +54,6 @@ import trio
 
 from acp import landlock
 from acp.confine import Confinement
-from acp.process import scrub_env
 
 if TYPE_CHECKING:
     from acp.client import AgentConnection
@@ -104,27 +102,6 @@ def resolve(settings: Settings) -> SandboxMode:
     if abi < 1:
         return SandboxMode(mode, False, 0, "the kernel has no Landlock")
     return SandboxMode(mode, True, abi)
-
-
-# ---- the daemon's own environment ---------------------------------------------------------------
-
-
-def scrub_own_environ() -> list[str]:
-    """Overwrite, in this process's C environment, the values of the variables the agents
-    never get (:func:`acp.process.scrub_env`: ``QWEN_SERVER_TOKEN``...). An agent does not
-    inherit them, but ``/proc/<daemon pid>/environ`` (the environment block the process
-    started with) is readable by every process of the daemon's uid, sandboxed or not.
-    ``os.environ`` (read at start-up) keeps them for the daemon. Returns the names."""
-    keep = scrub_env(os.environ)
-    names = [n for n in os.environ if n not in keep]
-    libc = ctypes.CDLL(None)
-    libc.getenv.restype = ctypes.c_void_p
-    for name in names:
-        ptr = libc.getenv(name.encode())
-        if ptr:
-            size = len(ctypes.string_at(ptr))
-            ctypes.memset(ptr, ord("x"), size)
-    return names
 
 
 # ---- the temp directories -------------------------------------------------------------------

@@ -103,9 +103,8 @@ async def test_a_hostile_agent_is_denied_the_daemons_files(
         "touch_workspace": "ok",
         "env_token": "denied",  # grep found no daemon token in the terminal's environment
     }, report["terminal"]
-    # No daemon secret in the agent's environment, nor readable in the daemon's.
+    # No daemon secret in the agent's environment.
     assert report["env_has_token"] is False
-    assert report["daemon_environ_has_token"] is False
     assert sorted(p.name for p in layout.other_ws.iterdir()) == ["secret.py"]
     assert list(layout.outside.iterdir()) == []
     assert not list(layout.state.glob("planted-*"))
