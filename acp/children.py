@@ -68,6 +68,23 @@ def become_subreaper() -> bool:
         return False
 
 
+def become_undumpable() -> bool:
+    """Make this process non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``): its ``/proc/<pid>/``
+    ``environ``, ``mem`` and ``maps`` then need ``CAP_SYS_PTRACE``, which agents do not have
+    (a root agent loses it before its exec), so an agent running as the daemon's uid cannot
+    read the daemon's token from its environment or memory. Children are unaffected: an
+    ``exec`` makes a process dumpable again. Costs the daemon its core dumps. Returns whether
+    it worked."""
+    try:
+        import ctypes  # lazy: only the daemon's start-up needs ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_dumpable = 4
+        return bool(libc.prctl(pr_set_dumpable, 0, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
 async def open_process(command: Any, **options: Any) -> trio.Process:
     """``trio.lowlevel.open_process``, recording the child as ours (see the module doc)."""
     proc = await trio.lowlevel.open_process(command, **options)

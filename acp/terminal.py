@@ -8,7 +8,10 @@ stdout+stderr into a bounded buffer and waits for its exit.
 
 * ``create`` starts ``command`` + ``args`` in its own process group, with stdin from
   ``/dev/null``, ``cwd`` (default: the manager's), and the scrubbed daemon environment plus
-  the request's ``env``. It returns at once with a terminal id.
+  the request's ``env``. It returns at once with a terminal id. A manager given a
+  ``confine`` (the agent's own :class:`~acp.confine.Confinement`: its file sandbox, cgroups,
+  private ``TMPDIR``) starts every command through that wrapper, so a terminal can do no more
+  than the agent that asked for it.
 * **Whole command lines** (:func:`argv_for`): some agents (kimi) send a shell command line in
   ``command`` and no ``args`` (``"ls -la | head"``). The rule: when ``args`` is empty,
   ``command`` is not an executable on the terminal's ``PATH`` nor a path to one (relative
@@ -35,7 +38,6 @@ A terminal belongs to the session that created it: any other session's request f
 
 from __future__ import annotations
 
-import errno
 import functools
 import itertools
 import logging
@@ -201,8 +203,8 @@ class TerminalManager:
         confine: Confinement | None = None,
     ) -> None:
         self._nursery = nursery
-        #: Every terminal command is started through this (the agent's cgroups, ...).
-        self._confine = confine
+        #: Every terminal command is started through this (the agent's cgroups, sandbox, ...).
+        self._confine = confine if confine is not None else Confinement()
         self._cwd = cwd
         self._env = scrub_env(os.environ if env is None else env)
         self._max = max_terminals
@@ -239,6 +241,7 @@ class TerminalManager:
             raise HandlerError(INVALID_PARAMS, "outputByteLimit must not be negative")
         limit = min(limit, MAX_OUTPUT_BYTE_LIMIT)
         env = dict(self._env)
+        env.update(self._confine.env)
         env.update({v.name: v.value for v in params.env})
         cwd = params.cwd or self._cwd
         argv = await trio.to_thread.run_sync(
@@ -246,17 +249,19 @@ class TerminalManager:
                 argv_for, params.command, list(params.args), path=env.get("PATH"), cwd=cwd
             )
         )
-        try:
-            if self._confine is not None and not self._confine.empty:
-                # The wrapper always starts: keep "no such command" an error here.
-                found = await trio.to_thread.run_sync(
-                    functools.partial(_is_executable, argv[0], path=env.get("PATH"), cwd=cwd)
+        if not self._confine.empty:
+            # Through the wrapper a missing command would only show as exit 127: refuse it
+            # here as an unconfined start would.
+            if not await trio.to_thread.run_sync(
+                functools.partial(_is_executable, argv[0], path=env.get("PATH"), cwd=cwd)
+            ):
+                raise HandlerError(
+                    INTERNAL_ERROR,
+                    f"cannot start terminal command {params.command!r}: not found",
+                    {"command": params.command},
                 )
-                if not found:
-                    raise FileNotFoundError(errno.ENOENT, "No such file or directory", argv[0])
-            if self._confine is not None:
-                env.update(self._confine.env)
-                argv = self._confine.wrap(argv)
+            argv = self._confine.wrap(argv)
+        try:
             proc = await open_process(
                 argv,
                 cwd=cwd,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import trio
 
-from acp.children import become_subreaper
+from acp.children import become_subreaper, become_undumpable
 from actors import SupervisorGaveUp
 from serve.config import config_warnings, load_daemon_config
 from serve.logs import setup_logging, stop_logging
@@ -59,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Orphaned descendants of agents are re-parented to us (PID 1 in a container anyway),
     # and the daemon's reaper collects them: no zombies.
     subreaper = become_subreaper()
+    # Agents (same uid) cannot read our token from /proc/<pid>/environ or our memory.
+    if not become_undumpable():
+        log.warning("cannot make the daemon non-dumpable: agents can read its /proc environ")
     if not subreaper and os.getpid() != 1:
         log.warning("cannot become a child subreaper: orphans of agents go to PID 1")
     try:

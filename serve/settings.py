@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgspec
 
+from acp import landlock
 from serve.http.security.bearer import (
     TOKEN_ENV_VAR,
     InvalidBearerToken,
@@ -160,6 +161,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     agent_cpu_weight: int = 100
     #: What the daemon keeps for itself below its own cgroup's memory limit, MiB.
     agent_memory_headroom_mb: int = 256
+    #: The agents' file sandbox: "auto" (Landlock where the kernel has it), "landlock"
+    #: (required), "off" (serve/isolation/sandbox.py).
+    agent_sandbox: str = "auto"
     inert_flags: tuple[str, ...] = ()
 
     @property
@@ -294,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="state directory: event journal, scripted agent sessions, credentials",
     )
     add("--config", default=None, metavar="FILE", help="daemon config file (YAML)")
+    add(
+        "--agent-sandbox",
+        default=None,
+        metavar="MODE",
+        help="agent file sandbox: auto (Landlock where available; default), landlock, off",
+    )
     add("--no-journal", action="store_true", help="do not persist session events")
     add("--max-sessions", default="32", help="live sessions per workspace; 0 = unlimited")
     add("--max-total-sessions", default=None, help="daemon-wide session cap; 0 = unlimited")
@@ -700,6 +710,7 @@ def parse_settings(
 
     state_dir = ns.state_dir or env.get("ACP_SERVE_STATE_DIR") or default_state_dir(env)
     state_dir = str(Path(state_dir).expanduser().absolute())
+    agent_sandbox = _agent_sandbox(ns.agent_sandbox or env.get("ACP_SERVE_AGENT_SANDBOX") or "auto")
     if ns.config is not None and not Path(ns.config).is_file():
         raise SettingsError(f'Invalid --config "{ns.config}": file does not exist')
 
@@ -867,6 +878,7 @@ def parse_settings(
         agent_argv=agent_argv,
         agent_is_default=ns.agent is None,
         state_dir=state_dir,
+        agent_sandbox=agent_sandbox,
         config_file=ns.config,
         journal=not ns.no_journal,
         max_sessions=max_sessions,
@@ -987,6 +999,18 @@ def parse_settings(
         ),
         inert_flags=inert,
     )
+
+
+def _agent_sandbox(mode: str) -> str:
+    if mode not in ("auto", "landlock", "off"):
+        raise SettingsError(f'Invalid --agent-sandbox "{mode}": must be one of auto, landlock, off')
+    if mode == "landlock":
+        if landlock.abi_version() < 1:
+            raise SettingsError(
+                "--agent-sandbox=landlock: this kernel has no Landlock (Linux 5.13+ with "
+                "landlock in CONFIG_LSM / lsm=); use auto or off"
+            )
+    return mode
 
 
 def _device_flow_providers(values: Sequence[str]) -> list[str]:

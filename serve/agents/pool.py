@@ -857,6 +857,7 @@ class AgentPool(Actor[PoolMsg]):
         mux = SessionMux()
         assert self._nursery is not None
         try:
+            # Its file sandbox and its limits (spawn_limited), the tenant's env after a bind.
             conn, limits = await spawn_limited(
                 self._nursery,
                 settings,

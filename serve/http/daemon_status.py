@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from serve.deviceflow.service import SERVICE_NAME as DEVICE_FLOW
 from serve.http import capabilities
+from serve.isolation import sandbox
 from serve.mcp.service import SERVICE_NAME as MCP_POOL
 from serve.status.shared import HUB_SERVICE
 from serve.workspace_state.reload import SERVICE_NAME as WORKSPACE_STATE
@@ -210,6 +211,16 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
                     "agents",
                 )
             )
+    box = sandbox.resolve(settings)
+    if not box.active and box.requested == "auto":
+        issues.append(
+            _issue(
+                "agent_sandbox_unavailable",
+                "warning",
+                f"agents run without a file sandbox: {box.reason}",
+                "isolation",
+            )
+        )
     if daemon.draining:
         issues.append(_issue("daemon_draining", "warning", "the daemon is shutting down", "daemon"))
 
@@ -299,6 +310,8 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
             for rt in runtimes
         ]
     body["isolation"] = isolation_section(daemon)
+    # The agents' file sandbox (serve/isolation/sandbox.py).
+    body.setdefault("isolation", {})["sandbox"] = sandbox.status(settings)
     chaos = daemon.chaos
     if chaos is not None:
         body["runtime"]["chaos"] = chaos.status()

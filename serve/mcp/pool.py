@@ -18,6 +18,17 @@ The pool answers three questions for the rest of the daemon:
   themselves. With the pool off every server is handed out as configured and each agent
   spawns its own; accounting is then per session (``scope: "session"``), as in qwen serve
   v1.
+* **Whose command is it?** The pool runs stdio servers as the daemon, unsandboxed, from a
+  file the agents can write (``.qwen/settings.json`` is in the workspace, inside the agents'
+  file sandbox). So it starts only a server whose config the operator vouched for: the one
+  in the file when the daemon started, or the current one after the operator's explicit
+  ``POST /workspace/mcp/<name>/restart``. A server added or changed since then is not
+  started (nor handed out): the pass says so once per distinct config with an
+  ``mcp_server_untrusted`` event (``reason`` ``new_server`` or ``command_changed``, the
+  command and args) and a log warning. (The effect gate also classifies an agent's
+  ``fs/write_text_file`` to such a file as ``terminal.exec``; this rule covers the writes
+  the gate never sees, by the agent's own ``open()``.) With the pool off the agents spawn
+  the servers themselves, inside their sandbox.
 * **How is it doing?** :meth:`McpPool.snapshot` is ``GET /workspace/mcp``: per-server
   cells and the budget cell, never env values, headers or stderr.
 
@@ -143,6 +154,10 @@ class _Workspace:
         self.restarting: set[str] = set()
         self.session_counts = (0, 0)
         self.serial = 0
+        #: The stdio servers the operator vouched for (module docstring: trust), by name.
+        self.trusted: dict[str, McpServerConfig] = {}
+        #: The untrusted configs already reported (one event per distinct config).
+        self.reported: dict[str, McpServerConfig] = {}
 
 
 def _admission_sets(
@@ -203,6 +218,10 @@ class McpPool(Actor[PoolMsg]):
 
     async def on_start(self) -> None:
         self._ws = {path: _Workspace(path, i) for i, path in enumerate(self.workspaces)}
+        for ws in self._ws.values():
+            # What the settings hold when the daemon starts is the operator's.
+            config = await trio.to_thread.run_sync(load_config, ws.path, self._environ)
+            ws.trusted = {s.name: s for s in config.servers if s.transport == "stdio"}
 
     async def _ensure_socket_dir(self) -> str:
         """The private socket directory, created with the first pooled server."""
@@ -326,6 +345,7 @@ class McpPool(Actor[PoolMsg]):
             usable, admitted, refused = _admission_sets(config, self.policy)
             if self.pooling:
                 pooled = [s for s in usable if s.transport == "stdio" and s.name in admitted]
+                pooled = self._trusted_only(ws, pooled)
                 await self._reconcile(ws, pooled)
             ws.activated = True
             ws.in_progress = False
@@ -355,6 +375,41 @@ class McpPool(Actor[PoolMsg]):
         finally:
             ws.in_progress = False
             ws.joining = []
+
+    def _trusted_only(
+        self, ws: _Workspace, servers: list[McpServerConfig]
+    ) -> list[McpServerConfig]:
+        """The servers whose command the operator vouched for; the others are held, said
+        once per distinct config (``mcp_server_untrusted`` event, a warning in the log)."""
+        out: list[McpServerConfig] = []
+        for server in servers:
+            if ws.trusted.get(server.name) == server:
+                out.append(server)
+                continue
+            if ws.reported.get(server.name) == server:
+                continue
+            ws.reported[server.name] = server
+            reason = "command_changed" if server.name in ws.trusted else "new_server"
+            logger.warning(
+                "MCP pool: not starting %r in %s: its command %s since the daemon started or "
+                "the operator last restarted it (POST /workspace/mcp/%s/restart starts it)",
+                server.name,
+                ws.path,
+                "changed" if reason == "command_changed" else "was added",
+                server.name,
+            )
+            self._publish(
+                self._audience(ws),
+                "mcp_server_untrusted",
+                {
+                    "serverName": server.name,
+                    "reason": reason,
+                    "command": server.command,
+                    "args": list(server.args),
+                    "hint": f"POST /workspace/mcp/{server.name}/restart to run it",
+                },
+            )
+        return out
 
     def _hand_out(
         self, ws: _Workspace, usable: list[McpServerConfig], admitted: set[str]
@@ -437,6 +492,13 @@ class McpPool(Actor[PoolMsg]):
     ) -> dict[str, Any]:
         began = trio.current_time()
         activated_now = False
+        # A restart is the operator's action: the server's current command is trusted.
+        fresh = await trio.to_thread.run_sync(load_config, ws.path, self._environ)
+        current = fresh.get(name)
+        if current is not None and current.transport == "stdio":
+            ws.trusted[name] = current
+            if ws.reported.pop(name, None) is not None:
+                ws.config = None  # it was held: the pass below starts it, now trusted
         config = ws.config
         if config is None or not ws.activated:
             config = await trio.to_thread.run_sync(load_config, ws.path, self._environ)

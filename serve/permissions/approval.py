@@ -65,6 +65,7 @@ __all__ = [
     "classify_read",
     "classify_terminal",
     "classify_write",
+    "command_config_reason",
     "decide",
     "describe_policy",
     "effect_fingerprint",
@@ -230,10 +231,35 @@ def classify_read(path: str, workspace_roots: Sequence[str]) -> Effect:
     return Effect("fs.read", TOOL_READ, _norm(path), True, False, "low")
 
 
+#: Files the daemon itself reads commands from (``serve/mcp/config.py``: the MCP servers the
+#: pool starts), wherever they are (a workspace's or HOME's). Writing one is running a command.
+COMMAND_CONFIG_TAILS: tuple[str, ...] = (".qwen/settings.json",)
+
+
+def command_config_reason(path: str) -> str | None:
+    """``command_config:<tail>`` when ``path`` is a file the daemon runs commands from."""
+    p = _norm(path)
+    for tail in COMMAND_CONFIG_TAILS:
+        if p == tail or p.endswith("/" + tail):
+            return f"command_config:{tail}"
+    return None
+
+
 def classify_write(path: str, workspace_roots: Sequence[str]) -> Effect:
     """``fs/write_text_file`` → ``fs.write``; outside (if granted at all) or sensitive →
-    at least ``prompt``/high. Without an ``any``-scoped grant an outside write is denied."""
+    at least ``prompt``/high. Without an ``any``-scoped grant an outside write is denied.
+
+    A file the daemon reads commands from (:data:`COMMAND_CONFIG_TAILS`) is
+    ``terminal.exec``, high, with a ``prompt`` floor in every approval mode: only a client's
+    explicit answer (once, or always for that path) lets it through."""
     in_ws = path_in_workspace(path, workspace_roots)
+    cmd = command_config_reason(path)
+    if cmd is not None:
+        return Effect(
+            "terminal.exec", TOOL_WRITE, _norm(path), in_ws, True, "high", floor="prompt",
+            floor_rule=cmd, subject=_norm(path),
+            floor_reason=f"writing a file the daemon runs commands from ({cmd})",
+        )  # fmt: skip
     why = sensitive_reason(path)
     if why is not None:
         return Effect(

@@ -49,7 +49,7 @@ from acp.process import ExitInfo, scrub_env
 from acp.schema import SessionSetup
 from actors import RestartWindow
 from serve.events import EventLog
-from serve.isolation import ChildLimits, Isolation, OomReport
+from serve.isolation import ChildLimits, Isolation, OomReport, sandbox
 from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
 from serve.sessions.errors import NotSupportedByAgent
 
@@ -163,25 +163,37 @@ async def spawn_limited(
     request_timeout_s: float,
     env: Mapping[str, str] | None = None,
 ) -> tuple[AgentConnection, ChildLimits | None]:
-    """Spawn ``settings.agent_argv`` inside its own limits (``isolation``; None: none), with
+    """Spawn ``settings.agent_argv`` in its file sandbox and inside its own limits
+    (``isolation``; None: none), with
     ``env`` (default :func:`agent_env`). The caller owns the limits: ``aclose`` them once the
     child is reaped."""
-    limits = await isolation.child() if isolation is not None else None
+    env = agent_env(settings) if env is None else dict(env)
+    # The file sandbox (serve/isolation/sandbox.py): ruleset + private TMPDIR; OSError when
+    # it is in force and cannot be built (never an unsandboxed child then).
+    box = await sandbox.prepare(settings, cwd, env)
+    limits = None
     try:
+        limits = await isolation.child() if isolation is not None else None
+        confine = box.confinement()
+        if limits is not None:
+            confine = limits.confinement(confine)
         conn = await AgentConnection.spawn(
             nursery,
             settings.agent_argv,
             cwd=cwd,
-            env=agent_env(settings) if env is None else env,
+            env=env,
             handler=handler,
             request_timeout_s=request_timeout_s,
             max_line_bytes=settings.max_agent_line_bytes,
-            confine=limits.confinement() if limits is not None else None,
+            confine=confine,
         )
     except BaseException:
-        if limits is not None:
-            await limits.aclose()
+        with trio.CancelScope(shield=True):
+            await box.aclose()
+            if limits is not None:
+                await limits.aclose()
         raise
+    nursery.start_soon(sandbox.remove_when_closed, conn, box)
     if limits is not None:
         limits.attach(conn.process.pid)
     return conn, limits

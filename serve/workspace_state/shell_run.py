@@ -5,7 +5,8 @@ Theory of operation
 :func:`run_shell` starts ``/bin/sh -c COMMAND`` with ``start_new_session=True`` (so the
 shell and everything it starts share a process group whose id is the shell's pid), stdin
 from ``/dev/null``, stdout and stderr merged into one pipe, in ``cwd``, with the given
-environment (the caller passes the daemon's scrubbed environment). One task drains the
+environment (the caller passes the daemon's scrubbed environment), through the exec wrapper of
+``acp/confine.py`` when given a ``confine`` (the session's agent sandbox). One task drains the
 pipe:
 
 * the response keeps the *last* ``output_limit`` bytes (oldest dropped at a UTF-8
@@ -38,6 +39,7 @@ import msgspec
 import trio
 
 from acp.children import open_process
+from acp.confine import Confinement
 from acp.terminal import trim_output
 
 __all__ = [
@@ -101,13 +103,19 @@ async def run_shell(
     output_limit: int = DEFAULT_OUTPUT_LIMIT,
     on_output: Callable[[str], None] | None = None,
     drain_grace_s: float = DRAIN_GRACE_S,
+    confine: Confinement | None = None,
 ) -> ShellOutcome:
     """Run ``command``; see the module docstring."""
     started = time.monotonic()
+    argv = [SHELL, "-c", command]
+    child_env = dict(env)
+    if confine is not None:
+        child_env.update(confine.env)
+        argv = confine.wrap(argv)
     proc = await open_process(
-        [SHELL, "-c", command],
+        argv,
         cwd=cwd,
-        env=dict(env),
+        env=child_env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -391,3 +391,18 @@ async def test_sessions_survive_an_agent_restart(nursery: trio.Nursery, tmp_path
         await conn3.load_session("sess_missing", ws)
     assert exc_info.value.code == -32002
     await conn3.aclose()
+
+
+def test_the_conversation_store_is_private(tmp_path: Path) -> None:
+    from acp.agents.scripted.store import SessionRecord, Store
+
+    old = os.umask(0o022)
+    try:
+        store = Store(str(tmp_path / "scripted"))
+        store.save(SessionRecord(session_id="s1", cwd="/w", created_at="t", updated_at="t"))
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "scripted", tmp_path / "scripted" / "sessions"):
+        assert d.stat().st_mode & 0o777 == 0o700, d
+    [f] = (tmp_path / "scripted" / "sessions").iterdir()
+    assert f.stat().st_mode & 0o777 == 0o600

@@ -237,6 +237,7 @@ async def test_an_agent_that_cannot_load_or_resume_is_never_released(tmp_path: A
     )
     daemon = spawn_daemon(
         ["--agent", agent, "--agent-idle-release-ms", str(RELEASE_MS), "--warm-agents", "0"],
+        workspace=tmp_path,  # the puppet writes its log there: inside its file sandbox
         env={"QWEN_SERVER_TOKEN": TOKEN},
     )
     try:

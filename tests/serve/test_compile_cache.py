@@ -13,6 +13,7 @@ import httpx
 import pytest
 import trio
 
+from acp.landlock import abi_version as landlock_abi
 from serve.agents.compile_cache import STAMP_NAME, is_node_command, prepare, stamp_for
 from tests.support.daemon import spawn_daemon
 from tests.support.sse import collect_until
@@ -53,10 +54,10 @@ def test_prepare_empties_a_cache_over_its_bound_or_for_another_command(tmp_path:
     assert not (cache / "v22").exists()
 
 
-async def _prompt_reply(client: httpx.AsyncClient) -> str:
+async def _prompt_reply(client: httpx.AsyncClient, prompt: str = "x") -> str:
     sid = (await client.post("/session", json={})).json()["sessionId"]
     r = await client.post(
-        f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "x"}]}
+        f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": prompt}]}
     )
     assert r.status_code == 200, r.text
     async with client.stream(
@@ -113,5 +114,26 @@ async def test_off_means_no_variable_and_no_directory(tmp_path: Path) -> None:
         async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as client:
             assert await _prompt_reply(client) == os.environ.get("NODE_COMPILE_CACHE", "unset")
         assert not (state / "node-compile-cache").exists()
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.skipif(not NODE22.exists(), reason="node 22 not installed (scripts/install-agents)")
+@pytest.mark.skipif(landlock_abi() < 1, reason="the kernel has no Landlock")
+async def test_sandboxed_agents_read_the_cache_but_cannot_plant_code_in_it(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    cache = state / "node-compile-cache"
+    daemon = spawn_daemon(
+        ["--agent", f"{NODE22} {NODE_AGENT}", "--agent-sandbox", "landlock"], state_dir=state
+    )
+    try:
+        for _ in range(300):  # the daemon's own probe (unsandboxed) populated it
+            if (cache / STAMP_NAME).exists():
+                break
+            await trio.sleep(0.1)
+        assert (cache / STAMP_NAME).exists(), daemon.stderr()
+        async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as client:
+            assert await _prompt_reply(client, "probe-cache") == "list=ok write=EACCES"
+        assert not (cache / "planted").exists()
     finally:
         daemon.stop()

@@ -26,14 +26,18 @@ STUBBORN = Path(__file__).resolve().parents[1] / "support" / "stubborn_agent.py"
 
 @pytest.fixture
 def markers(tmp_path: Path) -> Path:
-    path = tmp_path / "markers"
-    path.mkdir()
+    # In the workspace of inprocess() (tmp_path/ws): the agent's file sandbox allows it.
+    path = tmp_path / "ws" / "markers"
+    path.mkdir(parents=True)
     return path
 
 
 def stubborn(markers: Path, *args: str) -> Iterator[DaemonProcess]:
     agent = f"{sys.executable} {STUBBORN} {markers}"
-    return running_daemon(["--agent", agent, *args], env={"QWEN_SERVER_TOKEN": TOKEN})
+    # The markers are the workspace: the agent's file sandbox lets it write there.
+    return running_daemon(
+        ["--agent", agent, *args], workspace=markers, env={"QWEN_SERVER_TOKEN": TOKEN}
+    )
 
 
 async def new_session(client: httpx.AsyncClient, scope: str = "thread") -> tuple[str, str]:

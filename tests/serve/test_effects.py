@@ -478,3 +478,40 @@ async def test_agents_read_whole_large_files_and_long_windows(tmp_path: Path) ->
             # The HTTP route keeps its cap.
             r = await client.get("/file", params={"path": "big.txt"})
             assert r.status_code == 413
+
+
+# -- files the daemon runs commands from -----------------------------------------------------
+
+
+async def test_writing_the_mcp_settings_is_a_command_even_in_yolo(
+    client: httpx.AsyncClient, daemon_proc: DaemonProcess
+) -> None:
+    target = daemon_proc.workspace / ".qwen" / "settings.json"
+    for mode in ("auto-edit", "yolo"):
+        sid, cid = await new_session(client)
+        await set_mode(client, sid, mode)
+        events = await turn(
+            client,
+            sid,
+            "[write .qwen/settings.json x]",
+            client_id=cid,
+            on_permission=answer(client, sid, "reject_once", cid),
+        )
+        [request] = of_type(events, "permission_request")
+        assert ".qwen/settings.json" in str(request["toolCall"])
+        [denied] = of_type(events, "effect_denied")
+        assert (denied["capability"], denied["rule"]) == ("terminal.exec", "permission:rejected")
+        assert not target.exists(), mode
+    # An explicit answer lets it through.
+    sid, cid = await new_session(client)
+    await set_mode(client, sid, "yolo")
+    events = await turn(
+        client,
+        sid,
+        "[write .qwen/settings.json x]",
+        client_id=cid,
+        on_permission=answer(client, sid, "allow_once", cid),
+    )
+    assert len(of_type(events, "permission_request")) == 1
+    assert target.read_text() == "x"
+    target.unlink()

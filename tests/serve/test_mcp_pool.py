@@ -514,22 +514,50 @@ async def test_start_failures_are_reported_and_not_handed_out(tmp_path: Path) ->
         assert failed.value.error_kind == "missing_binary"
 
 
-async def test_configuration_changes_are_reconciled_on_the_next_pass(tmp_path: Path) -> None:
+async def test_configuration_changes_are_held_until_the_operator_restarts_them(
+    tmp_path: Path,
+) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     write_settings(ws, {"a": stdio("a"), "b": stdio("b")})
-    async with running_pool(tmp_path) as pool:
+    session = Log()
+    async with running_pool(tmp_path, live=[session]) as pool:
         await pool.acp_servers_for(str(ws))
         snap = await snapshot(pool, tmp_path)
         a_old, b_old = pool_pid(snap, "a"), pool_pid(snap, "b")
+        # Changed and added since the daemon started (an agent may have written the file).
         write_settings(ws, {"a": stdio("a", "--tools", "1"), "c": stdio("c")})
+        assert await pool.acp_servers_for(str(ws)) == []
+        held = {e["serverName"]: e["reason"] for e in session.of("mcp_server_untrusted")}
+        assert held == {"a": "command_changed", "c": "new_server"}
+        assert await pool.acp_servers_for(str(ws)) == []
+        assert len(session.of("mcp_server_untrusted")) == 2  # said once per config
+        assert a_old is not None and not alive(a_old)
+        assert b_old is not None and not alive(b_old)
+        # The operator's restart vouches for the current command.
+        for name in ("a", "c"):
+            assert (await pool.restart(str(ws), name))["restarted"] is True
         servers = await pool.acp_servers_for(str(ws))
         assert [s["name"] for s in servers] == ["a", "c"]
         snap = await snapshot(pool, tmp_path)
         assert pool_pid(snap, "a") not in (None, a_old)
         assert cell(snap, "a")["toolCount"] == 1 + 4
-        assert b_old is not None and not alive(b_old)
         assert [c["name"] for c in snap["servers"]] == ["a", "c"]
+
+
+async def test_a_server_an_agent_wrote_into_the_settings_never_runs(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    marker = tmp_path / "marker"
+    session = Log()
+    async with running_pool(tmp_path, live=[session]) as pool:
+        await pool.acp_servers_for(str(ws))
+        write_settings(ws, {"evil": {"command": "/bin/sh", "args": ["-c", f"id > {marker}"]}})
+        assert await pool.acp_servers_for(str(ws)) == []
+        (event,) = session.of("mcp_server_untrusted")
+        assert event["serverName"] == "evil" and event["command"] == "/bin/sh"
+        assert pool_pid(await snapshot(pool, tmp_path), "evil") is None  # no process
+        assert not marker.exists()
 
 
 async def test_untrusted_or_unknown_workspaces_get_nothing(tmp_path: Path) -> None:

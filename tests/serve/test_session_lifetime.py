@@ -22,7 +22,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @asynccontextmanager
 async def inprocess(tmp_path: Path, *extra: str) -> AsyncIterator[tuple[Daemon, httpx.AsyncClient]]:
     ws = tmp_path / "ws"
-    ws.mkdir()
+    ws.mkdir(exist_ok=True)
     argv = ["--workspace", str(ws), "--port", "0", "--state-dir", str(tmp_path / "state")]
     argv += extra
     daemon = Daemon(parse_settings(argv, {"HOME": str(tmp_path), "QWEN_SERVER_TOKEN": TOKEN}))

@@ -188,3 +188,20 @@ def test_body_limit_and_http_timeouts_are_settings_with_units(tmp_path: Path) ->
     ):
         with pytest.raises(SettingsError, match=f'{flag} "{bad}"'):
             parse(tmp_path, flag, bad)
+
+
+def test_agent_sandbox_modes(tmp_path: Path) -> None:
+    assert parse(tmp_path).agent_sandbox == "auto"
+    assert parse(tmp_path, "--agent-sandbox", "off").agent_sandbox == "off"
+    with pytest.raises(SettingsError, match='--agent-sandbox "bwrap": must be one of'):
+        parse(tmp_path, "--agent-sandbox", "bwrap")
+
+
+def test_agent_sandbox_landlock_needs_the_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from acp import landlock
+
+    monkeypatch.setattr(landlock, "abi_version", lambda: 0)
+    with pytest.raises(SettingsError, match="this kernel has no Landlock"):
+        parse(tmp_path, "--agent-sandbox", "landlock")

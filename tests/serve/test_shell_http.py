@@ -202,7 +202,7 @@ async def test_client_going_away_kills_the_command(
     http: httpx.AsyncClient, shell_daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     sid, cid = await new_session(http)
-    pid_file = tmp_path / "pid"
+    pid_file = shell_daemon.workspace / "pid"  # the shell's sandbox: writes in the workspace
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
 

@@ -92,7 +92,10 @@ def test_orphaned_grandchildren_that_left_the_group_die_and_leave_no_zombie(
     """Three grandchildren setsid() out of the agent's group and are orphaned (re-parented to
     the daemon, a child subreaper). Closing the session kills them; the daemon reaps them."""
     pids_file = tmp_path / "orphans"
-    daemon = spawn_daemon(agent_flag("--orphans", "3", "--pids", str(pids_file)))
+    # In the workspace: the agent's file sandbox lets it write there.
+    daemon = spawn_daemon(
+        agent_flag("--orphans", "3", "--pids", str(pids_file)), workspace=tmp_path
+    )
     try:
         with httpx.Client(base_url=daemon.url, timeout=30) as client:
             created = client.post("/session", json={"sessionScope": "thread"})

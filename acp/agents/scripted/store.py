@@ -154,10 +154,13 @@ class Store:
         return os.path.join(self.dir, session_id + ".json")
 
     def save(self, record: SessionRecord) -> None:
-        os.makedirs(self.dir, exist_ok=True)
+        # Private: a conversation is the user's (0700 folder, 0600 files, whatever the umask).
+        os.makedirs(os.path.dirname(self.dir), mode=0o700, exist_ok=True)
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
         path = self._path(record.session_id)
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with open(fd, "wb") as f:
             f.write(self._encoder.encode(record))
         os.replace(tmp, path)
         with self._lock:

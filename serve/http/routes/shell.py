@@ -60,6 +60,7 @@ from serve.http.routes.sessions import (
     require_registered,
 )
 from serve.http.wire import json_body, json_response
+from serve.isolation import sandbox
 from serve.sessions.messages import AgentCall, PublishEvent
 from serve.workspace_state import agent_ext
 from serve.workspace_state.shell_run import DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT_S, run_shell
@@ -244,15 +245,22 @@ async def _run(session: Any, command: str, client_id: str) -> Response:
     def result(data: dict[str, Any]) -> None:
         emit("user_shell_result", {"sessionId": sid, **data})
 
+    env = scrub_env(os.environ)
     try:
-        outcome = await run_shell(
-            command,
-            cwd=cwd,
-            env=scrub_env(os.environ),
-            timeout_s=DEFAULT_TIMEOUT_S,
-            output_limit=DEFAULT_OUTPUT_LIMIT,
-            on_output=stream,
-        )
+        # The session agent's sandbox, with a private TMPDIR of its own (serve/isolation).
+        box = await sandbox.prepare(d.settings, cwd, env)
+        try:
+            outcome = await run_shell(
+                command,
+                cwd=cwd,
+                env=env,
+                timeout_s=DEFAULT_TIMEOUT_S,
+                output_limit=DEFAULT_OUTPUT_LIMIT,
+                on_output=stream,
+                confine=box.confinement(),
+            )
+        finally:
+            await box.aclose()
     except OSError as err:  # /bin/sh could not be started
         result({"exitCode": None, "signal": None, "aborted": False, "error": str(err)})
         await flush()

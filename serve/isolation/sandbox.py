@@ -1,0 +1,296 @@
+"""The agents' file sandbox policy: which roots an agent child (and its terminals, and the
+session shell) may read and write, and the private temp directory each one gets.
+
+Theory of operation
+-------------------
+``--agent-sandbox auto|landlock|off`` (default ``auto``): :func:`resolve` says whether the
+sandbox is in force (``auto``: where the kernel has Landlock; ``landlock``: required, the daemon
+refuses to start without it; ``off``: never). When it is, every agent child is started through
+the exec wrapper (``acp/confine.py``) with a Landlock ruleset planned by
+:func:`acp.landlock.plan` (the carving rule is documented there) from:
+
+* **write roots**: the child's workspace (read-only for an ``--untrusted-workspace``: it is
+  then a read root), its private temp directory, its ``HOME``, and for the built-in scripted
+  agent its conversation store (``<state>/scripted``: the agent's own session files, which,
+  like an agent's files under HOME, hold all of its sessions); a few device files
+  (``/dev/null``, ``/dev/tty``, ``/dev/pts``, ``/dev/shm`` ...);
+* **read**: everything else;
+* **protected** (carved out of both): the state directory (journals, device-flow
+  credentials, MCP sockets' folders, the scripted store of a non-default agent), the config
+  file, every other workspace of the daemon, and the other children's temp directories.
+
+The private temp directory (``TMPDIR``, ``TMP``, ``TEMP``) is a fresh ``0700`` directory under
+the daemon's own ``0700`` parent (``<state>/agent-tmp/<pid>-…``: inside the protected state
+directory, granted to its one child by the more specific rule; a dead daemon's are removed at
+the next start), created before the spawn and removed once the child has been reaped
+(:meth:`ChildSandbox.aclose`); terminals of the agent share it; the session shell gets one of
+its own for each command.
+
+A warm pool child is spawned before its session exists, for its workspace: its roots are
+fixed at spawn (the workspace, never a session's own directory), so a session that would need
+more roots than its workspace (``additionalDirectories``, which the daemon does not forward to
+agents today) cannot be served by a warm child. Packing (``--sessions-per-agent > 1``) puts the
+sessions of one workspace in one child: they share its sandbox (one workspace, one HOME, one
+temp directory), as ``/daemon/status`` ``isolation.sandbox.shared`` says.
+
+Everything that lists directories runs in a worker thread (:func:`prepare`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from acp import landlock
+from acp.confine import Confinement
+
+if TYPE_CHECKING:
+    from acp.client import AgentConnection
+    from serve.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: A ruleset spec larger than this (JSON bytes) goes to the child in a file, not in its argv.
+INLINE_SPEC_BYTES: Final = 32 * 1024
+
+#: Device files every child may write (missing ones are skipped).
+DEVICE_WRITES: Final = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+    "/dev/shm",
+)
+
+
+@dataclass(frozen=True)
+class SandboxMode:
+    """What is in force: ``requested`` (the flag), ``active``, the kernel's ``abi``, and why
+    it is off when it is (``reason``)."""
+
+    requested: str
+    active: bool
+    abi: int
+    reason: str | None = None
+
+
+@functools.cache
+def _abi() -> int:
+    return landlock.abi_version()
+
+
+def resolve(settings: Settings) -> SandboxMode:
+    mode = settings.agent_sandbox
+    abi = _abi()
+    if mode == "off":
+        return SandboxMode(mode, False, abi, "--agent-sandbox off")
+    if abi < 1:
+        return SandboxMode(mode, False, 0, "the kernel has no Landlock")
+    return SandboxMode(mode, True, abi)
+
+
+# ---- the temp directories -------------------------------------------------------------------
+
+_parent_lock = threading.Lock()
+_parents: dict[str, str] = {}
+
+#: Under the state directory: already carved out of every child's view, so the children's
+#: temp directories add no carved level of their own (``/tmp`` stays one plain rule).
+TMP_SUBDIR: Final = "agent-tmp"
+
+
+def temp_parent(state_dir: str) -> str:
+    """This daemon's ``0700`` parent of the children's temp directories,
+    ``<state>/agent-tmp/<pid>-…`` (made once; removed at exit, and a dead daemon's on the
+    next start)."""
+    with _parent_lock:
+        parent = _parents.get(state_dir)
+        if parent is None or not os.path.isdir(parent):
+            base = os.path.join(state_dir, TMP_SUBDIR)
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+            os.makedirs(base, mode=0o700, exist_ok=True)
+            _remove_dead(base)
+            parent = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=base)
+            atexit.register(shutil.rmtree, parent, True)
+            _parents[state_dir] = parent
+        return parent
+
+
+def _remove_dead(base: str) -> None:
+    """Remove the temp directories a daemon that is gone left behind (a crash)."""
+    for name in os.listdir(base):
+        pid = name.split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+# ---- one child's sandbox ----------------------------------------------------------------------
+
+
+@dataclass
+class ChildSandbox:
+    """One child's sandbox: the :class:`Confinement` part and its temp directory."""
+
+    landlock: dict[str, Any] | None
+    tmpdir: str | None
+    env: dict[str, str] = field(default_factory=dict)
+    roots: dict[str, list[str]] = field(default_factory=dict)
+
+    def confinement(self, base: Confinement | None = None) -> Confinement:
+        """``base`` (the cgroup part, if any) plus this sandbox."""
+        base = base or Confinement()
+        return Confinement(
+            cgroup_procs=base.cgroup_procs,
+            oom_score_adj=base.oom_score_adj,
+            landlock=self.landlock,
+            env={**base.env, **self.env},
+        )
+
+    async def aclose(self) -> None:
+        """Remove the temp directory (after the child was reaped). Idempotent."""
+        tmpdir, self.tmpdir = self.tmpdir, None
+        if tmpdir is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(shutil.rmtree, tmpdir, True)
+
+
+def _roots(
+    settings: Settings, workspace: str, env: Mapping[str, str], tmpdir: str
+) -> dict[str, list[str]]:
+    workspace = os.path.realpath(workspace)
+    untrusted = {os.path.realpath(w) for w in settings.untrusted_workspaces}
+    write = [tmpdir]
+    read: list[str] = ["/"]
+    if workspace in untrusted:
+        read.append(workspace)
+    else:
+        write.append(workspace)
+    home = env.get("HOME")
+    if home and os.path.isabs(home) and os.path.isdir(home):
+        write.append(home)
+    scripted = os.path.join(settings.state_dir, "scripted")
+    if settings.agent_is_default:
+        os.makedirs(scripted, mode=0o700, exist_ok=True)
+        write.append(scripted)
+    protected = [settings.state_dir, temp_parent(settings.state_dir)]
+    if settings.config_file:
+        protected.append(os.path.abspath(settings.config_file))
+    for w in (*settings.workspaces, *settings.untrusted_workspaces):
+        if os.path.realpath(w) != workspace:
+            protected.append(w)
+    return {"read": read, "write": write, "protected": protected}
+
+
+def _prepare_sync(settings: Settings, workspace: str, env: Mapping[str, str]) -> ChildSandbox:
+    tmpdir = tempfile.mkdtemp(prefix="agent-", dir=temp_parent(settings.state_dir))  # 0700
+    try:
+        roots = _roots(settings, workspace, env, tmpdir)
+        spec = landlock.plan(
+            roots["write"], roots["protected"], read=roots["read"], extra_write=DEVICE_WRITES
+        )
+        # The node compile cache (serve/agents/compile_cache.py) lives in the protected state
+        # directory: read-only for agents (code every later child runs; only the daemon's
+        # probe writes it). A specific grant inside the carved location.
+        cache = settings.node_compile_cache_dir
+        if cache is not None and env.get("NODE_COMPILE_CACHE") == cache and os.path.isdir(cache):
+            spec["read"].append(os.path.realpath(cache))
+            roots["readOnly"] = [*roots.get("readOnly", []), cache]
+        if len(json.dumps(spec)) > INLINE_SPEC_BYTES:
+            # Too large for one argv string (128 KiB): the wrapper reads it from a file.
+            path = os.path.join(tmpdir, ".acp-serve-sandbox.json")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with open(fd, "w") as f:
+                json.dump(spec, f)
+            spec = {"rules_file": path}
+    except BaseException:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        raise
+    return ChildSandbox(
+        landlock=spec,
+        tmpdir=tmpdir,
+        env={"TMPDIR": tmpdir, "TMP": tmpdir, "TEMP": tmpdir},
+        roots=roots,
+    )
+
+
+async def prepare(settings: Settings, workspace: str, env: Mapping[str, str]) -> ChildSandbox:
+    """The sandbox of a child working in ``workspace`` with environment ``env`` (its HOME);
+    an empty one (no ruleset, no temp directory) when the sandbox is not in force.
+
+    Raises :class:`acp.landlock.PlanError` (the spawn fails: never an unsandboxed child
+    when the sandbox is in force) or ``OSError``."""
+    if not resolve(settings).active:
+        return ChildSandbox(landlock=None, tmpdir=None)
+    try:
+        return await trio.to_thread.run_sync(_prepare_sync, settings, workspace, dict(env))
+    except landlock.PlanError as exc:
+        raise OSError(f"cannot sandbox the agent: {exc}") from exc
+
+
+async def remove_when_closed(conn: AgentConnection, box: ChildSandbox) -> None:
+    """Remove ``box``'s temp directory once ``conn``'s child has been reaped (or at once when
+    the owning nursery is cancelled)."""
+    try:
+        await conn.wait_closed()
+    finally:
+        await box.aclose()
+
+
+def status(settings: Settings) -> dict[str, Any]:
+    """``/daemon/status`` ``isolation.sandbox``."""
+    mode = resolve(settings)
+    out: dict[str, Any] = {
+        "mode": mode.requested,
+        "active": mode.active,
+        "backend": "landlock" if mode.active else None,
+        "landlockAbi": mode.abi or None,
+        # Packed sessions share their child's sandbox (one workspace per child).
+        "shared": settings.sessions_per_agent > 1,
+    }
+    if mode.reason:
+        out["reason"] = mode.reason
+    if mode.active:
+        home = os.environ.get("HOME")
+        write = [*settings.workspaces]
+        if home:
+            write.append(home)
+        if settings.agent_is_default:
+            write.append(os.path.join(settings.state_dir, "scripted"))
+        protected = [settings.state_dir]
+        if settings.config_file:
+            protected.append(os.path.abspath(settings.config_file))
+        out["roots"] = {
+            "read": ["/"],
+            "readOnly": list(settings.untrusted_workspaces),
+            "write": write,
+            # no I/O here: the parent once made, else where it will be
+            "tmpdirParent": _parents.get(settings.state_dir)
+            or os.path.join(settings.state_dir, TMP_SUBDIR),
+            "protected": protected,
+        }
+        out["rule"] = (
+            "each child writes its own workspace, its own TMPDIR and HOME; the other "
+            "workspaces and TMPDIRs and the protected paths are neither readable nor writable"
+        )
+    return out
