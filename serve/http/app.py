@@ -24,6 +24,7 @@ from serve.http.errors import ApiError, to_api_error
 from serve.http.routes import (
     acp,
     auth,
+    budget,
     docs,
     extensions,
     files,
@@ -60,6 +61,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     shell,
     status,
     workspace,
+    budget,
 )
 #: The order of the tags in ``GET /capabilities`` (as published: session tags first, the
 #: ACP transport tags last, the others in registration order).

@@ -75,6 +75,7 @@ STRICT_ROUTES: tuple[StrictRoute, ...] = (
     StrictRoute("POST", "/workspace/memory", "workspace memory write"),
     StrictRoute("POST", "/workspace/reload", "workspace reload"),
     StrictRoute("POST", "/session/<id>/rewind", "session rewind"),
+    StrictRoute("PATCH", "/session/<id>/budget", "session budget"),
 )
 
 _PARAM = re.compile(r"<[^<>]*>")
