@@ -28,11 +28,12 @@ Fork and usage (not with ``--legacy``, which mimics an older agent that has neit
 ``session/fork`` (advertised as ``sessionCapabilities.fork``) copies the parent's stored
 session (history, mode, model) under a new id, in any agent process sharing the state dir.
 Each turn reports usage as ACP shapes: once a ``[usage]`` ran in the session, a
-``usage_update {used, size, cost?}`` at the end of each turn (``used``: the session's context, counted in words; ``size`` 200000; ``cost`` only
-once a ``[usage N COST]`` added some, in USD) and the prompt response's ``usage
-{totalTokens, inputTokens, outputTokens}`` for the turn (input = the prompt's words plus what
-``[usage]`` added, output = the words the agent said). ``[usage N]`` / ``[usage N COST]``
-adds N tokens (and COST) to the turn at that point and sends a ``usage_update`` at once.
+``usage_update {used, size, cost?}`` at the end of each turn (``used``: the session's
+context, counted in words; ``size`` 200000; ``cost`` only once a ``[usage N COST]`` added
+some, in USD), and always the prompt response's ``usage {totalTokens, inputTokens,
+outputTokens}`` for the turn (input = the prompt's words plus what ``[usage]`` added,
+output = the words the agent said). ``[usage N]`` / ``[usage N COST]`` adds N tokens (and
+COST) to the turn at that point and sends a ``usage_update`` at once.
 
 Sessions live in :class:`.store.Store` (one JSON file each), so ``session/load`` replays the
 history (user / thought / agent chunks) and ``session/resume`` restores without replay, also
