@@ -201,6 +201,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         source: AgentSource | None = None,
         effects: EffectGate | None = None,
         mcp_pool: McpPool | None = None,
+        fork_from: str | None = None,
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
         self._init_agent_side()
@@ -237,6 +238,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             restarts=RestartWindow(restart_intensity, restart_period_s),
             restart_backoff_s=restart_backoff_s,
         )
+        self.link.fork_from = self.fork_from = fork_from
         self.journal_link = JournalLink(journal)
         self.current_model: str | None = None
         self.current_mode: str | None = None
@@ -418,6 +420,10 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             await self._open_journal(fresh=True)
         finally:
             self._journal_pending = False
+        if self.fork_from is not None:  # the fork's stream starts by naming its parent
+            self.log.publish(
+                "session_forked", {"sessionId": session_id, "parentSessionId": self.fork_from}
+            )
         self._flush_early_updates()
 
     async def restore_history(self) -> bool:

@@ -201,6 +201,8 @@ class AgentLink:
         self.restarts = restarts if restarts is not None else RestartWindow(3, 60.0)
         self.restart_backoff_s = restart_backoff_s
         self.restart_count = 0
+        #: ``fork``: the parent's session id (``session/fork`` instead of ``session/new``).
+        self.fork_from: str | None = None
 
     @property
     def connected(self) -> bool:
@@ -248,6 +250,17 @@ class AgentLink:
         conn = lease.conn
         info = conn.info
         mcp_servers = await self.owner.mcp_servers(info)
+        if action == "fork":
+            if info is None or not info.supports_fork or self.fork_from is None:
+                raise NotSupportedByAgent(
+                    "The agent does not support session/fork", "not_supported_by_agent"
+                )
+            setup = await conn.fork_session(
+                self.fork_from, self.workspace, mcp_servers, timeout_s=self.restore_timeout_s
+            )
+            lease.bind(setup.session_id, self.handler)
+            await self.owner.adopt_session_id(setup.session_id)
+            return setup
         if action == "new":
             setup = await conn.new_session(
                 self.workspace, mcp_servers, timeout_s=self.init_timeout_s
