@@ -461,6 +461,23 @@ class AgentConnection:
         self._remember_setup(setup.session_id, setup)
         return setup
 
+    async def fork_session(
+        self,
+        session_id: str,
+        cwd: str,
+        mcp_servers: Sequence[Any] = (),
+        timeout_s: float | None = None,
+    ) -> SessionSetup:
+        """``session/fork`` (unstable ACP, ``sessionCapabilities.fork``): a new agent session
+        from ``session_id``'s context; its setup names the new id."""
+        params = LoadSessionParams(session_id=session_id, cwd=cwd, mcp_servers=list(mcp_servers))
+        raw = await self.request("session/fork", params, timeout_s)
+        setup: SessionSetup = _decode("session/fork", raw, decode_session_setup)
+        if not setup.session_id:
+            raise ProtocolError("agent answered session/fork without a sessionId")
+        self._remember_setup(setup.session_id, setup)
+        return setup
+
     async def load_session(
         self,
         session_id: str,

@@ -439,6 +439,10 @@ class InitializeResult(Wire, frozen=True):
     def supports_close(self) -> bool:
         return self.agent_capabilities.session_capabilities.close is not None
 
+    @property
+    def supports_fork(self) -> bool:
+        return self.agent_capabilities.session_capabilities.fork is not None
+
 
 class AuthenticateParams(Wire, frozen=True):
     method_id: str

@@ -124,6 +124,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     session_prompt_settled_close_grace_ms: int = 0
     #: How long an agent may ignore session/cancel before the turn ends and it restarts (ms).
     cancel_grace_ms: int = 10_000
+    #: Daemon-wide default budgets of every session (0: none; PATCH /session/:id/budget).
+    session_token_budget: int = 0
+    session_cost_budget: float = 0.0
+    session_budget_currency: str = "USD"
     permission_response_timeout_ms: int = 0
     drain_timeout_ms: int = 10_000
     #: Largest request body accepted; beyond it ``413`` (``--max-body-bytes``).
@@ -378,6 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="10000",
         help="after a cancel the agent ignores this long, end the turn and restart it; 0 = never",
     )
+    add("--session-token-budget", default="0", help="tokens a session may use; 0 = no limit")
+    add("--session-cost-budget", default="0", help="cost a session may incur; 0 = no limit")
+    add("--session-budget-currency", default="USD", help="ISO 4217 currency of the cost budget")
     add(
         "--permission-response-timeout-ms",
         default=None,
@@ -585,6 +592,26 @@ def _choice(flag: str, raw: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise SettingsError(f'Invalid {flag} "{raw}": must be one of {"|".join(choices)}')
     return value
+
+
+def _cost_budget(raw: str) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not (0 <= value <= 1e12):  # also rejects nan
+        raise SettingsError(
+            f'Invalid --session-cost-budget "{raw}": must be a number in [0, 1e12] (0 = no limit)'
+        )
+    return value
+
+
+def _currency(raw: str) -> str:
+    if not (isinstance(raw, str) and len(raw) == 3 and raw.isascii() and raw.isalpha()):
+        raise SettingsError(
+            f'Invalid --session-budget-currency "{raw}": must be an ISO 4217 code such as USD'
+        )
+    return raw.upper()
 
 
 def _nonneg(flag: str, raw: str, maximum: int | None = None) -> int:
@@ -920,6 +947,15 @@ def parse_settings(
             positive=False,
         ),
         cancel_grace_ms=_timer("--cancel-grace-ms", ns.cancel_grace_ms, positive=False),
+        session_token_budget=_int(
+            "--session-token-budget",
+            ns.session_token_budget,
+            minimum=0,
+            maximum=2**53,
+            what="an integer in [0, 2**53] (0 = no limit)",
+        ),
+        session_cost_budget=_cost_budget(ns.session_cost_budget),
+        session_budget_currency=_currency(ns.session_budget_currency),
         permission_response_timeout_ms=permission_timeout,
         drain_timeout_ms=_timer("--drain-timeout-ms", ns.drain_timeout_ms, positive=False),
         max_body_bytes=_positive("--max-body-bytes", ns.max_body_bytes, maximum=MAX_BODY_BYTES),

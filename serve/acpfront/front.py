@@ -1185,8 +1185,17 @@ class AcpFront:
             if "branchPoint" in data:
                 out["branchPoint"] = data["branchPoint"]
             return out
-        retryable = ("channel_closed", "daemon_shutdown", "agent_restarted", "cancel_timeout")
-        status = 503 if data.get("code") in retryable else 500
+        retryable = (
+            "channel_closed",
+            "daemon_shutdown",
+            "agent_restarted",
+            "cancel_timeout",
+            "agent_oom",
+            "agent_unavailable",
+            "memory_budget_exceeded",
+        )
+        code = data.get("code")
+        status = 402 if code == "budget_exhausted" else 503 if code in retryable else 500
         detail = {k: data[k] for k in ("code", "data", "errorKind") if k in data}
         raise RpcError(
             INTERNAL_ERROR,

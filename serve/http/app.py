@@ -26,6 +26,7 @@ from serve.http.routes import (
     acp,
     auth,
     bind,
+    budget,
     docs,
     drain,
     extensions,
@@ -65,6 +66,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     shell,
     status,
     workspace,
+    budget,
 )
 #: The order of the tags in ``GET /capabilities`` (as published: session tags first, the
 #: ACP transport tags last, the others in registration order).

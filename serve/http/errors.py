@@ -16,6 +16,7 @@ from typing import Any
 from acp.errors import ChannelClosed, RemoteError, RequestTimeout
 from serve.sessions.errors import (
     AgentRefusedError,
+    BudgetExhausted,
     MemoryBudgetExceeded,
     NotSupportedByAgent,
     SessionBusy,
@@ -35,6 +36,7 @@ DOMAIN_ERRORS: tuple[tuple[type[SessionError], int, dict[str, str]], ...] = (
     (AgentRefusedError, 400, {}),
     (NotSupportedByAgent, 501, {}),
     (SessionBusy, 409, {}),
+    (BudgetExhausted, 402, {}),
     (SessionConflictError, 409, _RETRY),
     (MemoryBudgetExceeded, 503, {"Retry-After": "10"}),
     (SessionLimitError, 503, _RETRY),

@@ -183,6 +183,21 @@ def _state_series(d: Host) -> Iterator[Any]:
     for kind, count in sorted(kinds.items()):
         family.add_metric((kind,), count)
     yield family
+    yield gauge(
+        "acp_serve_session_tokens",
+        "Tokens live sessions used, as their agents reported (serve/sessions/budget.py)",
+        sum(s.budget.tokens for s in live),
+    )
+    yield gauge(
+        "acp_serve_sessions_budget_exhausted",
+        "Live sessions whose token or cost budget is spent (prompts answer 402)",
+        sum(s.budget.exhausted is not None for s in live),
+    )
+    yield gauge(
+        "acp_serve_sessions_unbudgeted",
+        "Live sessions whose agent reported no usage",
+        sum(not s.budget.reported for s in live),
+    )
     yield counter(
         "acp_serve_agent_restarts",
         "Agent children restarted in place by live sessions",

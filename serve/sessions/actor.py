@@ -65,6 +65,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
 import trio
 
 from acp.errors import AcpError, ChannelClosed, RemoteError, RequestTimeout
@@ -82,8 +83,10 @@ from serve.permissions.mediator import (
 from serve.sessions import turns, views
 from serve.sessions.agent_link import AgentLink, AgentSource, JournalLink, SpawnAgentSource
 from serve.sessions.agent_side import AgentSide
+from serve.sessions.budget import BudgetMeter, Limits, Signal
 from serve.sessions.clients import ClientTable
 from serve.sessions.control import AgentCalls
+from serve.sessions.errors import BudgetExhausted
 from serve.sessions.messages import (
     APPROVAL_MODES,
     Admission,
@@ -113,6 +116,7 @@ from serve.sessions.messages import (
     SessionMsg,
     SessionView,
     SetApprovalMode,
+    SetBudget,
     SetModel,
     StreamEnded,
     SubmitPrompt,
@@ -214,6 +218,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         source: AgentSource | None = None,
         effects: EffectGate | None = None,
         mcp_pool: McpPool | None = None,
+        fork_from: str | None = None,
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
         self._init_agent_side()
@@ -250,6 +255,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             restarts=RestartWindow(restart_intensity, restart_period_s),
             restart_backoff_s=restart_backoff_s,
         )
+        self.link.fork_from = self.fork_from = fork_from
         self.journal_link = JournalLink(journal)
         self.current_model: str | None = None
         self.current_mode: str | None = None
@@ -260,6 +266,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self._stopping = False
         self._idle_at_close = False
         self._turn_scope: trio.CancelScope | None = None
+        self._turn_usage: Any = None  # the running turn's prompt response usage, decoded
         self._nursery: trio.Nursery | None = None
         self._work = trio.Event()  # the worker's wake-up: a job was admitted or released
         self.calls = AgentCalls(session_id=lambda: self.session_id, closing=lambda: self.closing)
@@ -284,6 +291,14 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self._rebind_error: Exception | None = None
         #: This session had its agent killed (an ignored cancel): not a bystander of the exit.
         self._killed_agent = False
+        #: Token and cost budget (serve/sessions/budget.py), from the daemon-wide defaults.
+        self.budget = BudgetMeter(
+            Limits(
+                max_tokens=settings.session_token_budget or None,
+                max_cost=settings.session_cost_budget or None,
+                currency=settings.session_budget_currency,
+            )
+        )
 
     # ---- read models (sync, for in-process status pages and metrics) -------------------
 
@@ -426,6 +441,10 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             await self._open_journal(fresh=True)
         finally:
             self._journal_pending = False
+        if self.fork_from is not None:  # the fork's stream starts by naming its parent
+            self.log.publish(
+                "session_forked", {"sessionId": session_id, "parentSessionId": self.fork_from}
+            )
         self._flush_early_updates()
 
     async def restore_history(self) -> bool:
@@ -686,6 +705,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         match msg:
             case SubmitPrompt():
                 return self._admit(msg)
+            case SetBudget():
+                return self._set_budget(msg)
             case CancelTurn(client_id=cid, prompt_id=pid):
                 if pid is not None:
                     return await self._cancel_prompt(pid, cid)
@@ -816,7 +837,52 @@ class SessionActor(Actor[SessionMsg], AgentSide):
 
     # ---- prompts -----------------------------------------------------------------------
 
+    # ---- budget (serve/sessions/budget.py) --------------------------------------------
+
+    def _refuse_if_exhausted(self) -> None:
+        dim = self.budget.exhausted
+        if dim is not None:
+            limits = self.budget.limits
+            spent = self.budget.tokens if dim == "tokens" else self.budget.cost or 0.0
+            limit = limits.max_tokens if dim == "tokens" else limits.max_cost
+            raise BudgetExhausted(self.session_id, dim, spent, float(limit or 0))
+
+    def on_usage(self, update: msgspec.Raw) -> None:
+        try:
+            decoded = msgspec.json.decode(bytes(update))
+        except (msgspec.DecodeError, RecursionError):
+            return
+        self._budget_signals(self.budget.on_usage_update(decoded))
+
+    def _budget_signals(self, signals: list[Signal]) -> None:
+        for signal in signals:
+            data: dict[str, Any] = {
+                "sessionId": self.session_id,
+                "dimension": signal.dimension,
+                "spent": signal.spent,
+                "limit": signal.limit,
+            }
+            if signal.kind == "warn":
+                data["fraction"] = signal.spent / signal.limit if signal.limit else 1.0
+                self.log.publish("budget_warning", data)
+                continue
+            self.log.publish("budget_exhausted", data)
+            job = self.prompts.running
+            if job is not None and not job.done:
+                self._finish(job, "turn_error", turns.budget_exhausted(self.session_id, data))
+                if self._turn_scope is not None:
+                    self._turn_scope.cancel()  # the FIFO moves on; the agent is asked to stop
+                self._spawn(self._after_deadline)
+
+    def _set_budget(self, msg: SetBudget) -> dict[str, Any]:
+        signals = self.budget.set_limits(Limits(msg.max_tokens, msg.max_cost, msg.currency))
+        snapshot = {"sessionId": self.session_id, **self.budget.snapshot()}
+        self.log.publish("budget_updated", snapshot, originator=msg.client_id)
+        self._budget_signals(signals)
+        return snapshot
+
     def _admit(self, msg: SubmitPrompt) -> Admission:
+        self._refuse_if_exhausted()
         if self.agent_released and not self._rebinding:
             refusal = self.link.refusal()  # e.g. 503 memory_budget_exceeded
             if refusal is not None:
@@ -1074,8 +1140,22 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 prompt_id=job.prompt_id,
                 originator=job.client_id,
             )
+        if (dim := self.budget.exhausted) is not None:  # spent while this prompt waited
+            data = {"sessionId": sid, "dimension": dim}
+            self._finish(job, "turn_error", turns.budget_exhausted(sid, data))
+            return
         for block in turns.text_blocks(job.prompt):  # echo the prompt, as the reference does
             self._relay("user_message_chunk", turns.user_chunk(block))
+        self.budget.turn_started()
+        usage: Any = None
+        try:
+            await self._run_prompt(job, conn, sid)
+        finally:
+            usage = self._turn_usage
+            self._turn_usage = None
+            self._budget_signals(self.budget.turn_ended(usage))
+
+    async def _run_prompt(self, job: Job, conn: Any, sid: str) -> None:
         try:
             with trio.CancelScope() as scope:
                 self._turn_scope = scope
@@ -1095,6 +1175,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             self._finish(job, "turn_error", turns.protocol_error(sid, exc))
         else:
             if not scope.cancelled_caught:
+                self._turn_usage = _decoded_usage(result.usage)
                 self._finish(
                     job, "turn_complete", turns.completed(sid, result.stop_reason, result.meta)
                 )
@@ -1199,6 +1280,15 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 return
             await self._dispatch(envelope)
+
+
+def _decoded_usage(raw: Any) -> Any:
+    """The prompt response's ``usage`` (ACP ``Usage``), decoded, or None."""
+    data = bytes(raw) if raw else b""
+    try:
+        return msgspec.json.decode(data) if data else None
+    except (msgspec.DecodeError, RecursionError):
+        return None
 
 
 class _BindingConn:

@@ -300,6 +300,8 @@ class AgentLink:
         #: Set while a connection is attached; ``_let_go`` fires when it is released.
         self._attached = trio.Event()
         self._let_go = trio.Event()
+        #: ``fork``: the parent's session id (``session/fork`` instead of ``session/new``).
+        self.fork_from: str | None = None
 
     @property
     def connected(self) -> bool:
@@ -354,6 +356,17 @@ class AgentLink:
         conn = lease.conn
         info = conn.info
         mcp_servers = await self.owner.mcp_servers(info)
+        if action == "fork":
+            if info is None or not info.supports_fork or self.fork_from is None:
+                raise NotSupportedByAgent(
+                    "The agent does not support session/fork", "not_supported_by_agent"
+                )
+            setup = await conn.fork_session(
+                self.fork_from, self.workspace, mcp_servers, timeout_s=self.restore_timeout_s
+            )
+            lease.bind(setup.session_id, self.handler)
+            await self.owner.adopt_session_id(setup.session_id)
+            return setup
         if action == "new":
             setup = await conn.new_session(
                 self.workspace, mcp_servers, timeout_s=self.init_timeout_s

@@ -146,6 +146,11 @@ class AgentSide(BaseClientHandler):
             prompt_id=active.prompt_id if active else None,
             originator=active.client_id if active else None,
         )
+        if kind == "usage_update":
+            self.on_usage(update)
+
+    def on_usage(self, update: msgspec.Raw) -> None:
+        """A ``usage_update`` was relayed (the session's budget, serve/sessions/budget.py)."""
 
     # Effects the agent asks of the Host go through the daemon's EffectGate (grants,
     # approval policy, the workspace boundary) when one is installed.

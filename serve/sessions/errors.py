@@ -96,6 +96,22 @@ class SessionBusy(SessionConflictError):
         self.what = what
 
 
+class BudgetExhausted(SessionError):
+    """A prompt to a session whose token or cost budget is spent (402 until it is raised
+    with ``PATCH /session/:id/budget``)."""
+
+    def __init__(self, session_id: str, dimension: str, spent: float, limit: float) -> None:
+        super().__init__(
+            f"The session's {dimension} budget is exhausted ({spent:g} of {limit:g}); "
+            "raise it with PATCH /session/:id/budget",
+            "budget_exhausted",
+            sessionId=session_id,
+            dimension=dimension,
+            spent=spent,
+            limit=limit,
+        )
+
+
 class AgentUnavailable(SessionsUnavailable):
     """The session's agent is not connected (restarting, or released and not yet rebound)."""
 

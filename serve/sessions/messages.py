@@ -75,6 +75,16 @@ class UpdateMetadata(msgspec.Struct, frozen=True):
     client_id: str | None
 
 
+class SetBudget(msgspec.Struct, frozen=True):
+    """``PATCH /session/:id/budget``: the new limits (``None``: no limit); answers the
+    budget snapshot (serve/sessions/budget.py)."""
+
+    max_tokens: int | None
+    max_cost: float | None
+    currency: str
+    client_id: str | None
+
+
 class Attach(msgspec.Struct, frozen=True):
     client_id: str | None
     #: The attaching peer's address (bounds the clients one peer holds), None if unknown.
@@ -167,6 +177,7 @@ SessionMsg = (
     | RemovePending
     | PublishEvent
     | ReleaseAgent
+    | SetBudget
 )
 
 # ---- typed replies ------------------------------------------------------------------------

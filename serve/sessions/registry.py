@@ -100,6 +100,13 @@ class RestoreSession(msgspec.Struct, frozen=True):
     action: str  # "load" | "resume"
 
 
+class ForkSession(msgspec.Struct, frozen=True):
+    """A new session forked (ACP ``session/fork``) from ``parent_id``'s context."""
+
+    parent_id: str
+    workspace: str
+
+
 class Ticket(msgspec.Struct, frozen=True):
     """What a creating caller awaits: ``attached`` is decided at admission."""
 
@@ -107,7 +114,7 @@ class Ticket(msgspec.Struct, frozen=True):
     attached: bool
 
 
-RegistryMsg = CreateSession | RestoreSession
+RegistryMsg = CreateSession | RestoreSession | ForkSession
 
 
 class SessionRegistry(Actor[RegistryMsg]):
@@ -246,6 +253,14 @@ class SessionRegistry(Actor[RegistryMsg]):
                 self.inflight[key] = pending
                 self._spawn(pending, ws, "new", None)
                 return Ticket(pending, False)
+            case ForkSession(parent_id=parent, workspace=ws):
+                self._counter += 1
+                key = f"fork:{self._counter}:{ws}"
+                self._check_limits(ws)
+                pending = Pending(key, "fork", ws)
+                self.inflight[key] = pending
+                self._spawn(pending, ws, "fork", None, fork_from=parent)
+                return Ticket(pending, False)
             case RestoreSession(session_id=sid, workspace=ws, action=action):
                 session = self.get(sid)
                 if session is not None:
@@ -287,12 +302,24 @@ class SessionRegistry(Actor[RegistryMsg]):
         if total and self.total_count() >= total:
             raise _limit_error(total, "total")
 
-    def _spawn(self, pending: Pending, workspace: str, action: str, session_id: str | None) -> None:
+    def _spawn(
+        self,
+        pending: Pending,
+        workspace: str,
+        action: str,
+        session_id: str | None,
+        fork_from: str | None = None,
+    ) -> None:
         assert self._nursery is not None
-        self._nursery.start_soon(self._do_spawn, pending, workspace, action, session_id)
+        self._nursery.start_soon(self._do_spawn, pending, workspace, action, session_id, fork_from)
 
     async def _do_spawn(
-        self, pending: Pending, workspace: str, action: str, session_id: str | None
+        self,
+        pending: Pending,
+        workspace: str,
+        action: str,
+        session_id: str | None,
+        fork_from: str | None = None,
     ) -> None:
         self._counter += 1
         spec_name = f"session-{self._counter}"
@@ -312,6 +339,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 else SpawnAgentSource(self.settings, self.isolation),
                 effects=self.effects,
                 mcp_pool=self.mcp_pool,
+                fork_from=fork_from,
                 **self._restart_kwargs(),
             )
             session.supervisor = self.supervisor

@@ -117,6 +117,17 @@ def deadline_exceeded(session_id: str) -> dict[str, Any]:
     }
 
 
+def budget_exhausted(session_id: str, detail: dict[str, Any]) -> dict[str, Any]:
+    """A turn ended (or not started) because the session's budget is spent."""
+    return {
+        **detail,
+        "sessionId": session_id,
+        "message": f"the session's {detail.get('dimension', 'token')} budget is exhausted",
+        "code": "budget_exhausted",
+        "errorKind": "budget_exhausted",
+    }
+
+
 def cancel_timeout(session_id: str, grace_ms: int) -> dict[str, Any]:
     return {
         "sessionId": session_id,

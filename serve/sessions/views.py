@@ -13,6 +13,7 @@ import msgspec
 from acp.schema import SessionSetup
 from serve.permissions.mediator import PermissionMediator
 from serve.sessions.agent_link import AgentLink, JournalLink
+from serve.sessions.budget import BudgetMeter
 from serve.sessions.clients import ClientTable
 from serve.sessions.prompt_queue import PromptQueue
 
@@ -32,6 +33,7 @@ class SessionState(Protocol):
     journal_link: JournalLink
     agent_released: bool
     release_count: int
+    budget: BudgetMeter
 
     @property
     def has_active_prompt(self) -> bool: ...
@@ -88,6 +90,7 @@ def diagnostics(session: SessionState) -> dict[str, Any]:
         "agentChild": session.link.child_id,
         "subscribers": session.subscribers,
         "queuedPrompts": len(session.prompts.queued),
+        "budget": session.budget.snapshot(),
     }
     stats = session.journal_link.statistics()
     if stats is not None:

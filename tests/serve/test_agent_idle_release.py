@@ -276,12 +276,13 @@ def flaky_daemon(tmp_path: Any, *agent_flags: str) -> tuple[DaemonProcess, Any]:
             *agent_flags,
             "--",
             "--state-dir",
-            str(tmp_path / "agent-state"),
+            str(tmp_path / "home" / "agent-state"),  # in its HOME: writable in the sandbox
         ]
     )
+    (tmp_path / "home").mkdir(exist_ok=True)
     daemon = spawn_daemon(
         ["--agent", agent, "--agent-idle-release-ms", str(RELEASE_MS), "--warm-agents", "0"],
-        env={"QWEN_SERVER_TOKEN": TOKEN},
+        env={"QWEN_SERVER_TOKEN": TOKEN, "HOME": str(tmp_path / "home")},
     )
     return daemon, down
 
@@ -336,7 +337,7 @@ async def test_a_released_session_the_agent_no_longer_knows_dies_with_that_reaso
         async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
             sid = await released_session(client)
             # The agent's own record of the session is gone: resume answers "not found".
-            (tmp_path / "agent-state" / "sessions" / f"{sid}.json").unlink()
+            (tmp_path / "home" / "agent-state" / "sessions" / f"{sid}.json").unlink()
             async with client.stream(
                 "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
             ) as stream:
@@ -357,7 +358,7 @@ async def test_a_released_session_the_agent_no_longer_knows_dies_with_that_reaso
 async def test_an_idle_release_does_not_hold_up_the_session_while_the_agent_stops(
     tmp_path: Any,
 ) -> None:
-    marker = tmp_path / "eof.log"
+    marker = tmp_path / "home" / "eof.log"  # the agent writes it: in its HOME
     # An agent that ignores stdin EOF and SIGTERM: stopping it takes the whole escalation.
     daemon, _down = flaky_daemon(tmp_path, "--linger", str(marker))
     try:

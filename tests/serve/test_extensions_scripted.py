@@ -60,13 +60,23 @@ async def call(
     return await client.request(method, f"/session/{sid}/{route}", json=body, headers=headers)
 
 
+#: The scripted agent forks natively (ACP session/fork): session_branch is advertised once a
+#: session of it lives (tests/serve/test_session_fork.py); the vendor-only tags never are.
+VENDOR_ONLY_TAGS = EXTENSION_TAGS - {"session_branch"}
+
+
 async def test_no_tags_without_or_with_live_sessions(client: httpx.AsyncClient) -> None:
     assert not EXTENSION_TAGS & set((await client.get("/capabilities")).json()["features"])
     await new_session(client)
-    assert not EXTENSION_TAGS & set((await client.get("/capabilities")).json()["features"])
+    features = set((await client.get("/capabilities")).json()["features"])
+    assert not VENDOR_ONLY_TAGS & features
+    assert "session_branch" in features
 
 
-@pytest.mark.parametrize(("method", "route", "body"), CALLS)
+@pytest.mark.parametrize(
+    ("method", "route", "body"),
+    [c for c in CALLS if c[1] != "branch"],  # branch: native fork (test_session_fork.py)
+)
 async def test_every_route_is_not_supported(
     client: httpx.AsyncClient, method: str, route: str, body: dict[str, Any] | None
 ) -> None:
@@ -76,7 +86,7 @@ async def test_every_route_is_not_supported(
         assert r.status_code == 501, r.text
         assert r.json()["code"] == "not_supported_by_agent"
         assert r.json()["method"].startswith("qwen/")
-    assert not EXTENSION_TAGS & set((await client.get("/capabilities")).json()["features"])
+    assert not VENDOR_ONLY_TAGS & set((await client.get("/capabilities")).json()["features"])
 
 
 @pytest.mark.parametrize(("method", "route", "body"), CALLS)

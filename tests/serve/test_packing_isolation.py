@@ -11,7 +11,9 @@ children recycled. Real daemon, real agent children (the scripted agent, or it w
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,15 +48,18 @@ def alive(pid: int) -> bool:
 
 def daemon(args: list[str], agent_flags: str | None = None) -> Iterator[DaemonProcess]:
     extra: list[str] = []
+    home = Path(tempfile.mkdtemp(prefix="packing-home-"))
     if agent_flags is not None:
-        state = Path(os.environ.get("TMPDIR", "/tmp")) / f"packing-agent-{os.getpid()}"
+        # The agent's own store in its HOME: writable under the file sandbox.
+        state = home / "packing-agent"
         agent = f"{sys.executable} {PACKING_AGENT} --state-dir {state} {agent_flags}"
         extra = ["--agent", agent]
-    d = spawn_daemon([*args, *extra], env={"QWEN_SERVER_TOKEN": TOKEN})
+    d = spawn_daemon([*args, *extra], env={"QWEN_SERVER_TOKEN": TOKEN, "HOME": str(home)})
     try:
         yield d
     finally:
         d.stop()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 async def open_client(d: DaemonProcess) -> httpx.AsyncClient:

@@ -24,6 +24,17 @@ in the history as the text ``[flood N]``, not N chunks. The extension request
 ``_scripted/ping`` answers ``{}`` at once (for round-trip benchmarks); other unknown requests
 get -32601.
 
+Fork and usage (not with ``--legacy``, which mimics an older agent that has neither):
+``session/fork`` (advertised as ``sessionCapabilities.fork``) copies the parent's stored
+session (history, mode, model) under a new id, in any agent process sharing the state dir.
+Each turn reports usage as ACP shapes: once a ``[usage]`` ran in the session, a
+``usage_update {used, size, cost?}`` at the end of each turn (``used``: the session's
+context, counted in words; ``size`` 200000; ``cost`` only once a ``[usage N COST]`` added
+some, in USD), and always the prompt response's ``usage {totalTokens, inputTokens,
+outputTokens}`` for the turn (input = the prompt's words plus what ``[usage]`` added,
+output = the words the agent said). ``[usage N]`` / ``[usage N COST]`` adds N tokens (and
+COST) to the turn at that point and sends a ``usage_update`` at once.
+
 Sessions live in :class:`.store.Store` (one JSON file each), so ``session/load`` replays the
 history (user / thought / agent chunks) and ``session/resume`` restores without replay, also
 after the agent restarts. ``--legacy`` mimics older agents: no ``configOptions`` (models via
@@ -62,6 +73,7 @@ from acp.schema import (
     ToolCall,
     ToolCallLocation,
     ToolCallUpdate,
+    UsageUpdate,
     UserMessageChunk,
 )
 
@@ -81,6 +93,8 @@ SLOW_DELAY_S: Final = 0.05
 FLOOD_MAX: Final = 10_000_000
 FLOOD_BATCH: Final = 1024
 LIST_PAGE_SIZE: Final = 50
+#: The context window the scripted agent reports in usage_update (tokens).
+CONTEXT_SIZE: Final = 200_000
 
 
 class RpcFailure(Exception):
@@ -109,6 +123,9 @@ class _Session:
         self.lock = threading.Lock()
         self.turn: _Turn | None = None
         self.always_allow_write = False
+        self.context_used = len(" ".join(e.text for e in record.history).split())
+        self.cost = 0.0
+        self.reports_context = False  # usage_update only once a [usage] asked for it
 
 
 class _Pending:
@@ -249,7 +266,8 @@ class ScriptedAgent:
                 "loadSession": True,
                 "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
                 "mcpCapabilities": {"http": False, "sse": False},
-                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
+                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}}
+                | ({} if self.legacy else {"fork": {}}),
             },
             "authMethods": [],
             "agentInfo": {"name": AGENT_NAME, "title": "Scripted agent", "version": AGENT_VERSION},
@@ -366,6 +384,27 @@ class ScriptedAgent:
     def resume_session(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
         return self._setup_result(self._restore(params).record, with_id=False)
 
+    def fork_session(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        cwd = str(params.get("cwd") or "")
+        if not os.path.isabs(cwd):
+            raise RpcFailure(INVALID_PARAMS, f"cwd must be absolute: {cwd!r}")
+        parent = self._restore({"sessionId": params.get("sessionId")}).record
+        now = now_iso()
+        record = SessionRecord(
+            session_id="sess_" + os.urandom(8).hex(),
+            cwd=cwd,
+            title=parent.title,
+            created_at=now,
+            updated_at=now,
+            mode_id=parent.mode_id,
+            model_id=parent.model_id,
+            history=list(parent.history),
+        )
+        with self.sessions_lock:
+            self.sessions[record.session_id] = _Session(record)
+        self.store.save(record)
+        return self._setup_result(record, with_id=True)
+
     def list_sessions(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
         cwd = params.get("cwd")
         records = [r for r in self.store.list() if not cwd or r.cwd == cwd]
@@ -465,13 +504,21 @@ class ScriptedAgent:
             )
             return
         self._finish(session, turn)
-        self.reply(
-            turn.request_id,
-            {
-                "stopReason": stop_reason,
-                "_meta": {"scripted": {"turn": next(self.turns), "updates": run.updates}},
-            },
-        )
+        result: dict[str, Any] = {
+            "stopReason": stop_reason,
+            "_meta": {"scripted": {"turn": next(self.turns), "updates": run.updates}},
+        }
+        if not self.legacy:
+            input_tokens = len(text.split()) + run.extra_tokens
+            session.context_used += len(text.split()) + run.output_words
+            if session.reports_context:
+                self.update(session.record.session_id, run.usage_update())
+            result["usage"] = {
+                "totalTokens": input_tokens + run.output_words,
+                "inputTokens": input_tokens,
+                "outputTokens": run.output_words,
+            }
+        self.reply(turn.request_id, result)
 
     def _finish(self, session: _Session, turn: _Turn) -> None:
         with session.lock:
@@ -487,6 +534,7 @@ class ScriptedAgent:
         "session/resume": resume_session,
         "session/unstable_resumeSession": resume_session,
         "session/list": list_sessions,
+        "session/fork": fork_session,
         "session/close": close_session,
         "session/set_mode": set_mode,
         "session/set_model": set_model,
@@ -519,6 +567,8 @@ class _TurnRunner:
         self.turn = turn
         self.updates = 0
         self.tool_ids = itertools.count(1)
+        self.extra_tokens = 0  # added by [usage N]
+        self.output_words = 0
 
     # helpers
 
@@ -535,6 +585,25 @@ class _TurnRunner:
     def say(self, text: str) -> None:
         self.emit(AgentMessageChunk(content=TextContent(text=text)))
         self.record.add("agent", text)
+        self.output_words += len(text.split())
+
+    def usage_update(self) -> UsageUpdate:
+        cost = {"amount": self.session.cost, "currency": "USD"} if self.session.cost else None
+        return UsageUpdate(used=self.session.context_used, size=CONTEXT_SIZE, cost=cost)
+
+    def do_usage(self, arg: str) -> None:
+        parts = arg.split()
+        try:
+            tokens = max(0, int(parts[0])) if parts else 0
+            cost = max(0.0, float(parts[1])) if len(parts) > 1 else 0.0
+        except ValueError:
+            tokens, cost = 0, 0.0
+        self.extra_tokens += tokens
+        self.session.context_used += tokens
+        self.session.cost += cost
+        self.session.reports_context = True
+        if not self.agent.legacy:
+            self.emit(self.usage_update())
 
     def abs_path(self, path: str) -> str:
         return os.path.normpath(os.path.join(self.record.cwd, path))

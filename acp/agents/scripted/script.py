@@ -29,6 +29,7 @@ DIRECTIVES: Final = (
     "crash",
     "hang",
     "spawn-grandchild",
+    "usage",
 )
 
 _DIRECTIVE_RE: Final = re.compile(

@@ -293,6 +293,27 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         body_required=True,
         params=(CLIENT_ID,),
     ),
+    ("GET", "/session/<session_id>/budget"): Operation(
+        "The session's token and cost usage and budget (tag `session_budget`)",
+        (
+            ok(OPEN_OBJECT, "`{sessionId, unbudgeted, usage, budget, exhausted, warnAt}`."),
+            BAD_REQUEST,
+            NO_SESSION,
+        ),
+        params=(CLIENT_ID,),
+        description="Events: `budget_warning {dimension, spent, limit, fraction}` at 80% of a "
+        "limit, `budget_exhausted {dimension, spent, limit}` at 100% (the running turn ends "
+        'with `turn_error {code: "budget_exhausted"}`, prompts answer 402), '
+        "`budget_updated` (the snapshot) after a PATCH. Agents that report no usage "
+        "(`usage_update`, the prompt response's `usage`) are `unbudgeted: true`.",
+    ),
+    ("PATCH", "/session/<session_id>/budget"): Operation(
+        "Set the session's budget: `maxTokens`, `maxCost` (null = no limit), `currency`",
+        (ok(OPEN_OBJECT, "The budget snapshot."), BAD_REQUEST, NO_SESSION),
+        body=OPEN_OBJECT,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
     ("POST", "/session/<session_id>/heartbeat"): Operation(
         "Mark this client alive (keeps the session from the idle reaper)",
         (ok(t.HeartbeatResponse), BAD_REQUEST, NO_SESSION),

@@ -65,7 +65,7 @@ from serve.http.routes.sessions import (
 )
 from serve.http.wire import JSON_TYPE, json_body, json_response
 from serve.sessions.messages import AgentCall, Attach, Attached
-from serve.sessions.registry import RestoreSession
+from serve.sessions.registry import ForkSession, RestoreSession
 from serve.workspace_state import agent_ext
 
 blueprint = Blueprint("session_extensions", __name__)
@@ -103,6 +103,8 @@ _TAGS: Final = (
 
 
 def _agent_supports(method: str, d: Any) -> bool:
+    if method == agent_ext.BRANCH and any(_native_fork(s, d) for s in agent_ext._live(d)):
+        return True  # native session/fork
     return agent_ext.any_live_supports(d, method)
 
 
@@ -386,6 +388,55 @@ async def _load_branch(session: Any, new_id: str, client_id: str | None) -> dict
     return out
 
 
+def _native_fork(session: Any, d: Any) -> bool:
+    """ACP ``session/fork`` for an agent that advertises ``sessionCapabilities.fork``,
+    unless it is known to answer qwen's vendor branch method (qwen keeps its path)."""
+    conn = session.conn
+    info = conn.info if conn is not None else None
+    if info is None or not info.supports_fork:
+        return False
+    kind = agent_ext.agent_kind(session)
+    return agent_ext.support_for(d).verdict(kind, agent_ext.BRANCH) is not True
+
+
+async def _fork(session: Any, client_id: str | None, name: str | None) -> Response:
+    """A new daemon session from the parent's context (its own journal, agent binding,
+    clients and limits); its stream starts with ``session_forked {parentSessionId}``."""
+    d = daemon()
+    try:
+        ticket = await d.registry.ask(
+            ForkSession(session.session_id, session.workspace), timeout_s=_REGISTRY_TIMEOUT_S
+        )
+        fork = await ticket.pending.wait()
+    except Exception as exc:
+        mapped = to_api_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from None
+    attached: Attached = await ask(fork, Attach(client_id))
+    out = session_response(attached.view, attached=False, client_id=attached.client_id)
+    out["state"] = attached.view.state
+    out.update(
+        branchedFrom=session.session_id,
+        newSessionId=fork.session_id,
+        via="session/fork",
+        restored=True,
+    )
+    if name is not None:
+        out["displayName"] = name
+    await publish(
+        session,
+        "session_branched",
+        {
+            "sourceSessionId": session.session_id,
+            "newSessionId": fork.session_id,
+            "displayName": name,
+        },
+        client_id,
+    )
+    return json_response(out, 201)
+
+
 @blueprint.post(f"{_P}/branch")
 async def branch(session_id: str) -> Response:
     body = await json_body()
@@ -399,6 +450,8 @@ async def branch(session_id: str) -> Response:
     if record is not None and not isinstance(record, str):
         raise bad_request("`atRecordId` must be a string", "branch_point_invalid")
     client_id = await session_client(session)
+    if record is None and _native_fork(session, daemon()):
+        return await _fork(session, client_id, name)
     params: dict[str, Any] = {"cwd": session.workspace}
     if name is not None:
         params["name"] = name

@@ -508,7 +508,15 @@ async def prompt(session_id: str) -> Response:
             error_body[key] = data[key]
     error_body["promptId"] = admission.prompt_id
     code = data.get("code")
-    retryable = ("channel_closed", "daemon_shutdown", "agent_restarted", "cancel_timeout")
+    retryable = (
+        "channel_closed",
+        "daemon_shutdown",
+        "agent_restarted",
+        "cancel_timeout",
+        "agent_oom",  # the agent is restored in place: the next prompt may run
+    )
+    if code == "budget_exhausted":  # spent: 402 until PATCH /session/:id/budget raises it
+        return json_response(error_body, 402)
     if code in _RETRY_AFTER:  # a released session found no agent: it stays, try again
         return json_response(error_body, 503, {"Retry-After": _RETRY_AFTER[code]})
     if code == "agent_session_not_found":  # the agent lost the session: it is gone

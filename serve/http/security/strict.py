@@ -79,6 +79,7 @@ STRICT_ROUTES: tuple[StrictRoute, ...] = (
     StrictRoute("POST", "/session/<id>/rewind", "session rewind"),
     StrictRoute("POST", "/daemon/bind", "late binding"),
     StrictRoute("POST", "/daemon/drain", "drain before suspend"),
+    StrictRoute("PATCH", "/session/<id>/budget", "session budget"),
 )
 
 _PARAM = re.compile(r"<[^<>]*>")
