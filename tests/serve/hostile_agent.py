@@ -7,7 +7,7 @@ It answers ``initialize`` (``loadSession``: a restarted child is restored in pla
 
 * ``alloc N [S]``: allocate N MiB in 1 MiB pieces, touching every page (in this process),
   and hold it S seconds (default 0.2);
-* ``alloc-child N``: the same in a forked grandchild (a tool of the agent), then wait for it;
+* ``alloc-child N [S]``: the same in a forked grandchild (a tool of the agent), then wait for it;
 * ``fork N``: fork up to N sleeping children; the reply says how many forks succeeded
   (``forked K failed F``), then they are killed again;
 * ``spin S``: burn CPU for S seconds, then reply;
@@ -76,9 +76,10 @@ def act(text: str) -> str:
         alloc(int(mib), float(hold or 0.2))
         return f"allocated {mib}"
     if word == "alloc-child":
+        mib, _, hold = arg.partition(" ")
         pid = os.fork()
         if pid == 0:
-            alloc(int(arg))
+            alloc(int(mib), float(hold or 0.2))
             os._exit(0)
         _, status = os.waitpid(pid, 0)
         return f"child status {status}"

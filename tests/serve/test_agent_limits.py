@@ -233,7 +233,8 @@ def test_the_watchdog_backend_kills_a_tree_over_its_cap(cleanup: list[DaemonProc
         assert iso["backend"] == "watchdog" and "--agent-limits watchdog" in iso["reason"]
         assert iso["limits"]["pidsMax"] is None  # (the kernel's only)
         # The memory is a grandchild's (a tool): the whole tree is measured and killed.
-        r = prompt(client, hog, "alloc-child 300")
+        # Held 5 s at its peak: longer than the watchdog's 0.5 s sampling under any load.
+        r = prompt(client, hog, "alloc-child 300 5")
         assert r.json()["code"] == "agent_oom", r.text
         events = stream(client, hog, lambda e: e["type"] == "session_restarted")
         oom = next(e for e in events if e["type"] == "agent_oom")["data"]

@@ -19,6 +19,7 @@ from serve.sessions.errors import (
     AgentRefusedError,
     AgentUnavailable,
     ApprovalModeRefused,
+    BudgetExhausted,
     ControlTimeout,
     MemoryBudgetExceeded,
     ModelSwitchFailed,
@@ -102,6 +103,14 @@ CASES: list[tuple[SessionError, int, dict[str, str], bytes]] = [
         {"Retry-After": "10"},
         b'{"error":"Agent memory budget exceeded (900 of 800 MiB in use) and no idle session '
         b'can be released","code":"memory_budget_exceeded","budgetMb":800,"usedMb":900}',
+    ),
+    (
+        BudgetExhausted("s1", "tokens", 120, 100),
+        402,
+        {},
+        b'{"error":"The session\'s tokens budget is exhausted (120 of 100); raise it with '
+        b'PATCH /session/:id/budget","code":"budget_exhausted","sessionId":"s1",'
+        b'"dimension":"tokens","spent":120,"limit":100}',
     ),
     (
         ApprovalModeRefused("Unknown approval mode: fast", allowed=["default", "plan"]),

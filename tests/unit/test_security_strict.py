@@ -34,6 +34,8 @@ EXPECTED = {
     # acp-serve's own: late binding and the drain before a suspend.
     ("POST", "/daemon/bind"),
     ("POST", "/daemon/drain"),
+    # A session's token and cost budget (it decides what the session may spend).
+    ("PATCH", "/session/<id>/budget"),
 }
 
 
