@@ -105,6 +105,10 @@ def flow(request: pytest.FixtureRequest, install_error: str | None) -> Iterator[
                     # processes (create: exactly one agent; after delete: none left).
                     "--warm-agents",
                     "0",
+                    # Nor the compile-cache probe child a node agent's daemon runs at start
+                    # (tests/serve/test_compile_cache.py covers it).
+                    "--agent-compile-cache-mb",
+                    "0",
                 ],
                 workspace=run.workspace,
                 state_dir=root / "state",
