@@ -21,7 +21,9 @@ async def _gone(path: Path) -> bool:
 
 
 async def test_closed_sessions_leave_no_journal_or_store_file_past_the_retention() -> None:
-    daemon = spawn_daemon(["--journal-retention-ms", "1"], env={"QWEN_SERVER_TOKEN": TOKEN})
+    daemon = spawn_daemon(
+        ["--journal-retention-ms", "1", "--warm-agents", "0"], env={"QWEN_SERVER_TOKEN": TOKEN}
+    )
     try:
         async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
             created = (await client.post("/session", json={"sessionScope": "thread"})).json()
