@@ -454,10 +454,14 @@ class AgentConnection:
             if additional_directories is None
             else list(additional_directories),
         )
-        raw = await self.request("session/new", params, timeout_s)
-        setup: SessionSetup = _decode("session/new", raw, decode_session_setup)
+        return await self._created("session/new", params, timeout_s)
+
+    async def _created(self, method: str, params: Any, timeout_s: float | None) -> SessionSetup:
+        """``session/new`` or ``session/fork``: the setup of the session the agent made."""
+        raw = await self.request(method, params, timeout_s)
+        setup: SessionSetup = _decode(method, raw, decode_session_setup)
         if not setup.session_id:
-            raise ProtocolError("agent answered session/new without a sessionId")
+            raise ProtocolError(f"agent answered {method} without a sessionId")
         self._remember_setup(setup.session_id, setup)
         return setup
 
@@ -471,12 +475,7 @@ class AgentConnection:
         """``session/fork`` (unstable ACP, ``sessionCapabilities.fork``): a new agent session
         from ``session_id``'s context; its setup names the new id."""
         params = LoadSessionParams(session_id=session_id, cwd=cwd, mcp_servers=list(mcp_servers))
-        raw = await self.request("session/fork", params, timeout_s)
-        setup: SessionSetup = _decode("session/fork", raw, decode_session_setup)
-        if not setup.session_id:
-            raise ProtocolError("agent answered session/fork without a sessionId")
-        self._remember_setup(setup.session_id, setup)
-        return setup
+        return await self._created("session/fork", params, timeout_s)
 
     async def load_session(
         self,
