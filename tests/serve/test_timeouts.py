@@ -74,10 +74,12 @@ async def test_idle_sessions_are_reaped_unless_kept_alive() -> None:
 
 
 async def test_settled_grace_delays_reaping_after_a_prompt() -> None:
+    # The idle timeout is long enough that a loaded machine still gets the first prompt in
+    # before the worked session could be reaped; the reap is then waited for, not slept for.
     daemon = spawn_daemon(
         [
             "--session-idle-timeout-ms",
-            "300",
+            "2000",
             "--session-reap-interval-ms",
             "100",
             "--session-prompt-settled-close-grace-ms",
@@ -88,18 +90,20 @@ async def test_settled_grace_delays_reaping_after_a_prompt() -> None:
     try:
         async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
             worked = (await client.post("/session", json={"sessionScope": "thread"})).json()
-            idle = (await client.post("/session", json={"sessionScope": "thread"})).json()
             r = await client.post(
                 f"/session/{worked['sessionId']}/prompt",
                 json={"prompt": [{"type": "text", "text": "hello"}]},
             )
             assert r.status_code == 200
-            await trio.sleep(1.0)  # > idle timeout, < settled grace
-            # The session that never prompted is reaped; the one whose prompt just settled
-            # is kept for the grace period.
-            assert (
-                await client.get(f"/session/{idle['sessionId']}/pending-prompts")
-            ).status_code == 404
+            idle = (await client.post("/session", json={"sessionScope": "thread"})).json()
+            # The session that never prompted is reaped (> idle timeout after its creation)...
+            with trio.fail_after(20):
+                while (  # noqa: ASYNC110
+                    await client.get(f"/session/{idle['sessionId']}/pending-prompts")
+                ).status_code != 404:
+                    await trio.sleep(0.1)
+            # ...while the one whose prompt settled before it was created is kept for the
+            # grace period, although it too has been idle for longer than the idle timeout.
             r = await client.get(f"/session/{worked['sessionId']}/pending-prompts")
             assert r.status_code == 200
     finally:
