@@ -355,7 +355,12 @@ class ScriptedAgent:
         existing = self.sessions.get(session_id)
         if existing is not None:
             return existing
-        record = self.store.load(session_id) if valid_session_id(session_id) else None
+        record = None
+        if valid_session_id(session_id):
+            self.store.hold(session_id)  # before reading: no pruner may take it meanwhile
+            record = self.store.load(session_id)
+            if record is None:
+                self.store.release(session_id)
         if record is None:
             raise RpcFailure(RESOURCE_NOT_FOUND, "Resource not found", {"sessionId": session_id})
         cwd = params.get("cwd")
@@ -431,6 +436,7 @@ class ScriptedAgent:
             session.turn.cancel.set()
         with self.sessions_lock:
             self.sessions.pop(session.record.session_id, None)
+        self.store.release(session.record.session_id)
         return {}
 
     def set_mode(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
