@@ -14,7 +14,8 @@ its own handler under its ACP ``sessionId`` with :meth:`SessionMux.bind`, and
   session), so one session can never act through another's grants or clients;
 * other notifications and vendor requests by their ``params.sessionId`` when they carry one
   (else notifications are dropped and requests answer ``-32601``; the session-less
-  ``elicitation/complete`` goes to every bound handler, which keep only their own ids).
+  ``elicitation/complete`` goes to every bound handler, which keep only their own ids; an
+  ``elicitation/create`` naming no bound session is answered ``{action: "cancel"}``).
 
 Updates for a ``sessionId`` nobody has bound yet are kept, in order, in a bounded buffer
 (:data:`MAX_UNBOUND_UPDATES` messages for the whole connection; older ones are dropped) and
@@ -239,6 +240,8 @@ class SessionMux(BaseClientHandler):
         sid = _session_of(params)
         handler = self._handlers.get(sid) if sid is not None else None
         if handler is None:
+            if method == "elicitation/create":  # request-scoped, or no session: nobody to ask
+                return {"action": "cancel"}
             raise method_not_found(method)
         result: Any = await handler.ext_request(method, params)
         return result

@@ -6,12 +6,17 @@ agent says what it got (real daemon, real scripted-agent child, real sockets).""
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
+import trio
 
+from tests.conftest import AUTH, TOKEN
 from tests.serve.test_mediation import Room, daemon_with, http, of_type
+from tests.support.daemon import ROOT, spawn_daemon
 from tests.support.sse import iter_events
 
 FIRST = "policy:\n  permissionStrategy: first-responder\n"
@@ -290,3 +295,98 @@ async def test_consensus_counts_only_equal_contents_together(tmp_path: Path) -> 
             assert resolved["action"] == "accept"
             assert resolved["content"] == {"strategy": "balanced"}
             assert 'elicitation: accept {"strategy": "balanced"}' in said(events)
+
+
+async def test_agent_requests_are_validated_and_the_capability_is_advertised(
+    tmp_path: Path,
+) -> None:
+    """A puppet agent: the daemon's ``initialize`` offers both modes; malformed requests get
+    ``-32602``; a request-scoped one (no session to ask) is answered ``cancel``."""
+
+    def ask(rid: str, params: dict[str, Any]) -> str:
+        return json.dumps(
+            {"jsonrpc": "2.0", "id": rid, "method": "elicitation/create", "params": params}
+        )
+
+    sid = "puppet-session-1"
+    schema = {"type": "object", "properties": {}}
+    asks = {
+        "mode": ask("e1", {"sessionId": sid, "mode": "_custom", "message": "m"}),
+        "type": ask(
+            "e2",
+            {
+                "sessionId": sid,
+                "mode": "form",
+                "message": "m",
+                "requestedSchema": {"type": "object", "properties": {"a": {"type": "date"}}},
+            },
+        ),
+        "url": ask(
+            "e3",
+            {
+                "sessionId": sid,
+                "mode": "url",
+                "message": "m",
+                "url": "javascript:alert(1)",
+                "elicitationId": "x",
+            },
+        ),
+        "no-message": ask("e4", {"sessionId": sid, "mode": "form", "requestedSchema": schema}),
+        "scoped": ask(
+            "e5", {"requestId": 5, "mode": "form", "message": "m", "requestedSchema": schema}
+        ),
+    }
+    config = tmp_path / "puppet.json"
+    config.write_text(
+        json.dumps(
+            {
+                "respond": {
+                    "initialize": {"protocolVersion": 1, "agentCapabilities": {}},
+                    "session/new": {"sessionId": sid},
+                    "session/prompt": {"stopReason": "end_turn"},
+                },
+                "after": {"session/prompt": list(asks.values())},
+            }
+        )
+    )
+    log_path = tmp_path / "puppet.log"
+    agent = shlex.join(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "acp" / "puppet_agent.py"),
+            str(config),
+            str(log_path),
+        ]
+    )
+    daemon = spawn_daemon(
+        ["--agent", agent, "--warm-agents", "0"],
+        workspace=tmp_path,
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            r = await client.post("/session", json={"sessionScope": "thread"})
+            assert r.status_code == 200, r.text
+            r = await client.post(
+                f"/session/{r.json()['sessionId']}/prompt",
+                json={"prompt": [{"type": "text", "text": "hi"}]},
+            )
+            assert r.status_code == 200, r.text
+            replies: dict[str, Any] = {}
+            with trio.fail_after(30):
+                while len(replies) < len(asks):
+                    await trio.sleep(0.05)
+                    lines = [json.loads(x) for x in log_path.read_text().splitlines() if x]
+                    replies = {m["id"]: m for m in lines if str(m.get("id", "")).startswith("e")}
+                    init = next(m for m in lines if m.get("method") == "initialize")
+        caps = init["params"]["clientCapabilities"]
+        assert caps["elicitation"] == {"form": {}, "url": {}}
+        for rid in ("e1", "e2", "e3", "e4"):
+            assert replies[rid]["error"]["code"] == -32602, replies[rid]
+        assert "mode" in replies["e1"]["error"]["message"]
+        assert "type" in replies["e2"]["error"]["message"]
+        assert "url" in replies["e3"]["error"]["message"]
+        assert "message" in replies["e4"]["error"]["message"]
+        assert replies["e5"]["result"] == {"action": "cancel"}
+    finally:
+        daemon.stop()
