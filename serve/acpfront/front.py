@@ -21,8 +21,8 @@ actor (``SubmitPrompt``, ``CancelTurn``, ...),
 permission answers go to the PermissionMediator as votes (``CastVote``) under the daemon's
 mediation policy, creation and restore go to the SessionRegistry. ``fs/*`` and ``terminal/*``
 requests of the child agent are served by the daemon (the session actor and its effect gate)
-and never reach a remote client: only ``session/request_permission`` is forwarded, as a
-vote.
+and never reach a remote client: only ``session/request_permission`` and ``elicitation/create``
+(to clients that advertised the mode: :mod:`.elicit`) are forwarded, their answers votes.
 
 Routing (the HTTP transport has one connection stream plus one stream per owned session;
 the WebSocket transport has one socket for everything): replies to ``session/prompt``,

@@ -282,6 +282,7 @@ def parse_answer(spec: Spec, body: object) -> Answer | str:
         return Answer("accept", None, meta)
     schema = spec.schema or {}
     props: dict[str, Any] = schema.get("properties") or {}
+    given = content
     content = content or {}
     for name, value in content.items():
         prop = props.get(name)
@@ -293,7 +294,7 @@ def parse_answer(spec: Spec, body: object) -> Answer | str:
     for name in schema.get("required") or ():
         if name not in content:
             return f"`content.{name}` is required"
-    return Answer("accept", content, meta)
+    return Answer("accept", given, meta)  # absent stays absent
 
 
 def digest(content: dict[str, Any] | None) -> str:

@@ -17,7 +17,8 @@ unknown id is dropped, as ACP asks of clients.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import OrderedDict
+from typing import Any, Protocol
 
 import msgspec
 
@@ -26,9 +27,6 @@ from actors import ActorError
 from serve.permissions import elicitation
 from serve.permissions.mediator import OpenElicitation, request_decision
 
-if TYPE_CHECKING:
-    from serve.sessions.agent_side import AgentSide
-
 METHOD = "elicitation/create"
 COMPLETE = "elicitation/complete"
 CANCEL: dict[str, Any] = {"action": "cancel"}
@@ -36,7 +34,19 @@ CANCEL: dict[str, Any] = {"action": "cancel"}
 MAX_URL_IDS = 256
 
 
-async def broker(side: AgentSide, params: msgspec.Raw) -> dict[str, Any]:
+class Side(Protocol):
+    """What of the session's AgentSide this uses (serve/sessions/agent_side.py)."""
+
+    session_id: str
+    closing: bool
+    prompts: Any
+    mediator: Any
+    clients: Any
+    log: Any
+    _elicitation_url_ids: OrderedDict[str, None]
+
+
+async def broker(side: Side, params: msgspec.Raw) -> dict[str, Any]:
     """Answer one ``elicitation/create`` of the agent (see the module docstring)."""
     try:
         decoded = msgspec.json.decode(bytes(params)) if params else None
@@ -70,7 +80,7 @@ async def broker(side: AgentSide, params: msgspec.Raw) -> dict[str, Any]:
         return dict(CANCEL)
 
 
-def on_complete(side: AgentSide, params: msgspec.Raw) -> None:
+def on_complete(side: Side, params: msgspec.Raw) -> None:
     """The agent's ``elicitation/complete``: published when it names one of ours."""
     try:
         decoded = msgspec.json.decode(bytes(params)) if params else None
