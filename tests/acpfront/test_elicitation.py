@@ -12,7 +12,8 @@ import httpx
 import pytest
 import trio
 
-from tests.acpfront.helpers import AcpHttp, Frame
+from tests.acpfront.helpers import AcpHttp, Frame, Ws
+from tests.conftest import AUTH
 from tests.support.daemon import DaemonProcess
 
 FORM_AND_URL = {
@@ -139,3 +140,34 @@ async def test_a_client_without_the_mode_gets_a_notification_and_answers_over_re
             frames = await sess.until(lambda f: f.message.get("id") == rid)
     assert not any(f.method in ("elicitation/create", "elicitation/complete") for f in frames)
     assert "elicitation: decline" in _said(frames)
+
+
+async def test_elicitation_over_one_websocket(daemon_proc: DaemonProcess) -> None:
+    ws = await Ws.connect(daemon_proc.port, headers=AUTH)
+    await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": FORM_AND_URL})
+    assert (await ws.recv())["result"]["protocolVersion"] == 1
+    await ws.send(
+        {"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": _ws(daemon_proc)}}
+    )
+    sid = (await ws.until(lambda m: m.get("id") == 2))[-1]["result"]["sessionId"]
+    await ws.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "session/prompt",
+            "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "[elicit form]"}]},
+        }
+    )
+    ask = (await ws.until(lambda m: m.get("method") == "elicitation/create"))[-1]
+    assert ask["params"]["sessionId"] == sid
+    await ws.send({"jsonrpc": "2.0", "id": ask["id"], "result": {"action": "decline"}})
+    rest = await ws.until(lambda m: m.get("id") == 3)
+    assert rest[-1]["result"]["stopReason"] == "end_turn"
+    texts = [
+        m["params"]["update"]["content"]["text"]
+        for m in rest
+        if m.get("method") == "session/update"
+        and m["params"]["update"].get("sessionUpdate") == "agent_message_chunk"
+    ]
+    assert "elicitation: decline" in texts
+    await ws.abort()
