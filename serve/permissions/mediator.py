@@ -71,6 +71,8 @@ log = logging.getLogger(__name__)
 
 CANCELLED_RESPONSE: dict[str, Any] = {"outcome": {"outcome": "cancelled"}}
 ELICIT_CANCELLED: dict[str, Any] = {"action": "cancel"}
+#: Resolved elicitation ids remembered (as the voting machine remembers resolved requests).
+RESOLVED_MEMORY = 512
 #: Ended prompts remembered per mediator (an OpenPermission racing its turn's end).
 MAX_ENDED_PROMPTS = 4096
 #: Seconds a requester waits for the session to have published the resolution.
@@ -202,8 +204,10 @@ class PermissionMediator(Actor[MediatorMsg]):
         self._waiters: dict[str, Waiter] = {}
         self._sessions: dict[str, Any] = {}  # session id -> its actor (PublishEvent)
         self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
-        #: Open elicitations (a subset of the state's pending requests), by request id.
+        #: Open elicitations (a subset of the state's pending requests), by request id, and
+        #: the last resolved ones (as many as the state remembers resolved requests).
         self._elicitations: dict[str, elicitation.Pending] = {}
+        self._elicited: OrderedDict[str, None] = OrderedDict()
         self.outbox = Outbox("permission-mediator")
         self._rearm = trio.Event()
 
@@ -264,7 +268,8 @@ class PermissionMediator(Actor[MediatorMsg]):
             case CastElicitation():
                 return self._cast_elicitation(msg)
             case CastVote():
-                if msg.request_id in self._elicitations:  # answered by its own route only
+                if msg.request_id in self._elicitations or msg.request_id in self._elicited:
+                    # an elicitation is answered by its own route only
                     return vote_http_response(
                         NotPending(msg.request_id, msg.session_id, "unknown"),
                         legacy=msg.session_id is None,
@@ -389,8 +394,8 @@ class PermissionMediator(Actor[MediatorMsg]):
         pending = self._elicitations.get(msg.request_id)
         owner = self.state.session_of(msg.request_id) if pending is not None else None
         if pending is None or (msg.session_id is not None and owner != msg.session_id):
-            if pending is None and self.state.get(msg.request_id) is None:
-                # resolved already (remembered) or unknown: the voting machine says which
+            if pending is None and msg.request_id in self._elicited:
+                # resolved already: the voting machine says so (elicitation_already_resolved)
                 result = elicitation.vote_events(
                     self.state.vote_body(
                         msg.request_id,
@@ -444,6 +449,9 @@ class PermissionMediator(Actor[MediatorMsg]):
             pending = self._elicitations.pop(result.request.request_id, None)
             if pending is not None:
                 events = elicitation.resolved_events(result, pending)
+                self._elicited[result.request.request_id] = None
+                while len(self._elicited) > RESOLVED_MEMORY:
+                    self._elicited.popitem(last=False)
         elif session_id is None and events:
             session_id = self.state.session_of(getattr(result, "request_id", ""))
         published = None
