@@ -22,7 +22,8 @@ Directives (besides DESIGN.md's table): ``[write PATH TEXT]`` offers ``allow`` (
 Model ``scripted-slow`` pauses 50 ms (cancellably) before each update. ``[flood N]`` is kept
 in the history as the text ``[flood N]``, not N chunks. The extension request
 ``_scripted/ping`` answers ``{}`` at once (for round-trip benchmarks); other unknown requests
-get -32601.
+get -32601. ``[elicit form FIELDS]`` / ``[elicit url URL]`` ask ACP ``elicitation/create``
+(:mod:`.elicit`).
 
 Fork and usage (not with ``--legacy``, which mimics an older agent that has neither):
 ``session/fork`` (advertised as ``sessionCapabilities.fork``) copies the parent's stored
@@ -53,7 +54,7 @@ from typing import IO, Any, Final
 import msgspec
 
 from acp import jsonrpc
-from acp.agents.scripted import script
+from acp.agents.scripted import elicit, script
 from acp.agents.scripted.store import SessionRecord, Store, now_iso, valid_session_id
 from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
 from acp.schema import (
@@ -149,6 +150,7 @@ class ScriptedAgent:
         self.ids = itertools.count(1)
         self.hung = threading.Event()
         self.turns = itertools.count(1)
+        self.client_capabilities: object = None  # from initialize ([elicit] checks it)
 
     # -- output -------------------------------------------------------------------------------
 
@@ -185,7 +187,7 @@ class ScriptedAgent:
                 if (
                     turn is not None
                     and turn.cancel.is_set()
-                    and method != "session/request_permission"
+                    and method not in ("session/request_permission", elicit.METHOD)
                 ):
                     self._write(
                         jsonrpc.encode_notification("$/cancel_request", {"requestId": request_id})
@@ -260,6 +262,7 @@ class ScriptedAgent:
     # -- lifecycle methods --------------------------------------------------------------------
 
     def initialize(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        self.client_capabilities = params.get("clientCapabilities")
         return {
             "protocolVersion": 1,
             "agentCapabilities": {
@@ -774,6 +777,20 @@ class _TurnRunner:
                 content=[ContentToolCallContent(content=TextContent(text=why))],
             )
         )
+
+    def do_elicit(self, arg: str) -> None:
+        """``[elicit form|url ...]``: ask the client (:mod:`.elicit`)."""
+        try:
+            elicit.run(
+                self,
+                arg,
+                self.agent.client_capabilities,
+                lambda method, params: self.agent._write(
+                    jsonrpc.encode_notification(method, params)
+                ),
+            )
+        except RpcFailure as exc:
+            self.say(f"elicitation failed: {exc.message}")
 
     def do_read(self, arg: str) -> None:
         path = arg.strip()
