@@ -39,9 +39,9 @@ import trio
 
 from actors import ChildSpec, Restart
 from serve.config import DaemonConfig, load_daemon_config
-from serve.status.settings_file import SettingsFileError, read_settings
 from serve.status.shared import shared_workspace
 from serve.workspace import WorkspaceFsError
+from serve.workspace_state.settings_file import SettingsFileError, read_settings
 
 if TYPE_CHECKING:
     from serve.config import ConfigCell

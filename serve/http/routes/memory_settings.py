@@ -46,7 +46,6 @@ from serve.http.routes.sessions import header_client_id
 from serve.http.wire import encode, json_body, json_response
 from serve.settings import SettingsError
 from serve.status.init import memory_file_name
-from serve.status.settings_file import SETTINGS_PATH, SettingsFileError, read_settings
 from serve.threads import file_routes_limiter
 from serve.workspace import Workspace, WorkspaceFsError
 from serve.workspace_state import reload as reload_state
@@ -70,6 +69,7 @@ from serve.workspace_state.settings_edit import (
     redact,
     update_setting,
 )
+from serve.workspace_state.settings_file import SETTINGS_PATH, SettingsFileError, read_settings
 
 blueprint = Blueprint("workspace_memory_settings", __name__)
 

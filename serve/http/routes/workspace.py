@@ -57,10 +57,10 @@ from serve.status.env import env_cells
 from serve.status.init import InitConflict, InitError, init_memory_file, memory_file_name
 from serve.status.mcp import mcp_snapshot
 from serve.status.preflight import daemon_cells
-from serve.status.settings_file import SettingsFileError, read_settings, set_tool_enabled
 from serve.status.skills import project_skills
 from serve.threads import file_routes_limiter
 from serve.workspace import Workspace, WorkspaceFsError
+from serve.workspace_state.settings_file import SettingsFileError, read_settings, set_tool_enabled
 
 blueprint = Blueprint("workspace_status", __name__)
 PLURAL_ROUTES = plural.PluralRoutes(blueprint)
