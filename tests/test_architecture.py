@@ -241,7 +241,6 @@ KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {
     ("serve.permissions", "serve.sessions"): "effects.py maps modes (sessions/modes.py)",
     ("serve.mcp", "serve.sessions"): "mcp/service.py types SessionActor",
     ("serve.logs", "serve.http"): "logs.py takes the redacting filter from http/security",
-    ("serve.permissions", "serve.status"): "effects.py takes shared_workspace from status",
 }
 
 

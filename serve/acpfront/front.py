@@ -121,7 +121,6 @@ from serve.sessions.messages import (
 )
 from serve.sessions.registry import CreateSession, RestoreSession
 from serve.status.agent import context_state, supported_commands
-from serve.status.shared import shared_workspace
 from serve.threads import file_routes_limiter
 from serve.workspace import (
     WorkspaceFsError,
@@ -1464,7 +1463,7 @@ class _Files:
     @staticmethod
     def workspace(front: AcpFront, conn: Connection) -> Any:
         untrusted = tuple(getattr(front.host.settings, "untrusted_workspaces", ()))
-        return shared_workspace(conn.workspace, trusted=conn.workspace not in untrusted)
+        return front.host.workspaces.get(conn.workspace, trusted=conn.workspace not in untrusted)
 
     @staticmethod
     def text(params: dict[str, Any], name: str, *, required: bool = True) -> Any:

@@ -11,7 +11,9 @@ workspace-wide events out to sessions) lives beside it and is not imported by th
 * :mod:`.paths`     ``Workspace``: canonical root, ``resolve``, safe opens beneath the root;
 * :mod:`.results`   the wire response Structs, hashes and argument checks;
 * :mod:`.listing`   stat, list_dir, glob;
-* :mod:`.files`     read_text, read_bytes, write_text, overwrite_text, edit_text.
+* :mod:`.files`     read_text, read_bytes, write_text, overwrite_text, edit_text;
+* :mod:`.set`       ``WorkspaceSet``: the Host's one ``Workspace`` per root (imported as
+                    ``serve.workspace.set``).
 """
 
 from serve.workspace.errors import ERROR_STATUS, ErrorKind, WorkspaceFsError

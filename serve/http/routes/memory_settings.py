@@ -346,7 +346,9 @@ async def post_reload() -> Response:
     client_id = check_workspace_client(d, header_client_id())
     root = d.settings.primary_workspace
     try:
-        doc = await threads.run_sync(file_routes_limiter(), reload_state.read_settings_strict, root)
+        doc = await threads.run_sync(
+            file_routes_limiter(), reload_state.read_settings_strict, d.workspaces, root
+        )
     except SettingsFileError as err:
         raise ApiError(err.status, err.to_body()) from None
     except WorkspaceFsError as err:
