@@ -93,3 +93,18 @@ def test_the_host_owns_one_workspace_object_per_root(tmp_path: Path) -> None:
     other, _ = build_host(_settings(tmp_path))
     assert other.workspaces.get(root) is not ws
     assert host.front.shells is not other.front.shells
+
+
+def test_each_workspace_pool_and_registry_are_wired_by_constructor(tmp_path: Path) -> None:
+    """The registry's agent source is its workspace's pool, and the pool's memory-budget
+    release reaches that workspace's sessions, without a setter after construction."""
+    other = tmp_path / "other"
+    other.mkdir()
+    host, _ = build_host(_settings(tmp_path, "--workspace", str(other)))
+    runtimes = list(host.registry)
+    assert len(runtimes) == 2
+    for rt in runtimes:
+        assert rt.registry.agent_source is rt.agents
+        assert rt.registry.isolation is host.isolation and rt.agents.isolation is host.isolation
+        assert rt.agents.releaser == rt.release_lru_idle
+        assert rt.agents.has_releasable is not None and rt.agents.has_releasable() is False
