@@ -238,7 +238,6 @@ KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {
     ("serve.host", "serve.http"): "the Host record types its RateLimiter (http/security)",
     ("serve.acpfront", "serve.http"): "front.py borrows capabilities, daemon status, errors",
     ("serve.sessions", "serve.agents"): "sessions/runtimes.py composes a workspace's pool",
-    ("serve.permissions", "serve.sessions"): "effects.py maps modes (sessions/modes.py)",
     ("serve.mcp", "serve.sessions"): "mcp/service.py types SessionActor",
     ("serve.logs", "serve.http"): "logs.py takes the redacting filter from http/security",
 }

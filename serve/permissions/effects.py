@@ -158,8 +158,8 @@ from serve.permissions.cache import (
 from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
 from serve.permissions.grants import EffectiveGrants, resolve_grants
 from serve.permissions.mediator import OpenPermission, request_decision
+from serve.permissions.modes import qwen_equivalent
 from serve.permissions.voting import PermissionOption
-from serve.sessions.modes import qwen_equivalent
 from serve.threads import agent_fs_limiter
 from serve.workspace import WorkspaceFsError, overwrite_text
 from serve.workspace import read_text as ws_read_text

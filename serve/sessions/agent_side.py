@@ -40,8 +40,8 @@ from serve.permissions.voting import PermissionOption
 if TYPE_CHECKING:
     from serve.events import EventLog
     from serve.permissions.mediator import PermissionMediator
+    from serve.permissions.modes import AgentModes
     from serve.sessions.clients import ClientTable
-    from serve.sessions.modes import AgentModes
     from serve.sessions.prompt_queue import PromptQueue
 
 _encoder = msgspec.json.Encoder()
