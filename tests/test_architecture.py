@@ -239,7 +239,6 @@ KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {
     ("serve.acpfront", "serve.http"): "front.py borrows capabilities, daemon status, errors",
     ("serve.sessions", "serve.agents"): "sessions/runtimes.py composes a workspace's pool",
     ("serve.mcp", "serve.sessions"): "mcp/service.py types SessionActor",
-    ("serve.logs", "serve.http"): "logs.py takes the redacting filter from http/security",
 }
 
 
