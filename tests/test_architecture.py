@@ -133,6 +133,23 @@ def test_domain_packages_know_no_http_and_no_runtime() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_the_error_table_knows_no_transport_and_no_domain_imports_it() -> None:
+    """``serve.errors`` maps domain errors to neutral wire errors: no web framework, no
+    front, no runtime; the domain raises its own errors and never picks a status."""
+    bad = [
+        _where(i)
+        for i in IMPORTS
+        if _within(i.source, ("serve.errors",))
+        and _within(i.target, WEB + UPPER + ("serve.acpfront",))
+    ]
+    bad += [
+        _where(i)
+        for i in IMPORTS
+        if _within(i.source, DOMAIN) and _within(i.target, ("serve.errors",))
+    ]
+    assert not bad, "\n".join(bad)
+
+
 def test_only_the_entry_point_imports_the_runtime() -> None:
     bad = [
         _where(i)

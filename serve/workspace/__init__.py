@@ -4,7 +4,7 @@ Layering (no HTTP, no ACP, no trio here; callers run the file functions in worke
 with ``trio.to_thread.run_sync``). :mod:`.hub` (the WorkspaceHub actor that fans
 workspace-wide events out to sessions) lives beside it and is not imported by the package:
 
-* :mod:`.errors`    ``WorkspaceFsError`` and the errorKind → HTTP status table;
+* :mod:`.errors`    ``WorkspaceFsError`` and its kinds (their wire status: ``serve.errors``);
 * :mod:`.textio`    pure text decoding/encoding (BOM, encoding, line endings, binary);
 * :mod:`.gitignore` the ignore matcher behind ``matchedIgnore`` and glob translation;
 * :mod:`.locks`     per-path ``threading.Lock`` table for writers;
@@ -16,7 +16,7 @@ workspace-wide events out to sessions) lives beside it and is not imported by th
                     ``serve.workspace.set``).
 """
 
-from serve.workspace.errors import ERROR_STATUS, ErrorKind, WorkspaceFsError
+from serve.workspace.errors import ErrorKind, WorkspaceFsError
 from serve.workspace.files import (
     edit_text,
     overwrite_text,
@@ -40,7 +40,6 @@ from serve.workspace.results import (
 )
 
 __all__ = [
-    "ERROR_STATUS",
     "EditResult",
     "ErrorKind",
     "GlobResult",

@@ -63,16 +63,13 @@ def _update_lock(ws: Workspace) -> threading.Lock:
 
 
 class SettingsFileError(Exception):
-    """The settings file cannot be used: ``code`` is the wire code, ``status`` the HTTP one."""
+    """The settings file cannot be used: ``code`` is the wire code (its status and body
+    are :func:`serve.errors.settings_file_error`'s)."""
 
-    def __init__(self, code: str, message: str, status: int = 409) -> None:
+    def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
-        self.status = status
-
-    def to_body(self) -> dict[str, Any]:
-        return {"error": self.message, "code": self.code, "path": SETTINGS_PATH}
 
 
 def read_settings(ws: Workspace) -> tuple[dict[str, Any], str | None]:
@@ -149,7 +146,7 @@ def update_settings(
                 raise
             return True
     raise SettingsFileError(
-        "settings_busy", f"{SETTINGS_PATH} kept changing during the update; retry", 409
+        "settings_busy", f"{SETTINGS_PATH} kept changing during the update; retry"
     )
 
 

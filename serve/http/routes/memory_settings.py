@@ -38,10 +38,11 @@ from typing import Any, Final
 from quart import Blueprint, Response
 
 from serve import threads
+from serve.errors import settings_file_error, workspace_fs_error
 from serve.http.addressing import check_workspace_client, primary_workspace, publish_workspace_event
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
-from serve.http.errors import ApiError, bad_request
+from serve.http.errors import ApiError, bad_request, rest_error
 from serve.http.routes.sessions import header_client_id
 from serve.http.wire import encode, json_body, json_response
 from serve.settings import SettingsError
@@ -85,7 +86,7 @@ FEATURES: tuple[Feature, ...] = (
 
 
 def _fs_failure(err: WorkspaceFsError) -> ApiError:
-    return ApiError(err.status, {"error": err.message, "code": err.kind, "errorKind": err.kind})
+    return rest_error(workspace_fs_error(err))
 
 
 def _workspace() -> Workspace:
@@ -314,7 +315,7 @@ async def post_settings() -> Response:
     except SettingError as err:
         raise ApiError(400, err.to_body()) from None
     except SettingsFileError as err:
-        raise ApiError(err.status, err.to_body()) from None
+        raise rest_error(settings_file_error(err)) from None
     except WorkspaceFsError as err:
         raise _fs_failure(err) from None
     dotted_key = ".".join(path)
@@ -350,7 +351,7 @@ async def post_reload() -> Response:
             file_routes_limiter(), reload_state.read_settings_strict, d.workspaces, root
         )
     except SettingsFileError as err:
-        raise ApiError(err.status, err.to_body()) from None
+        raise rest_error(settings_file_error(err)) from None
     except WorkspaceFsError as err:
         raise _fs_failure(err) from None
     try:
