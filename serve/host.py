@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from serve.permissions.effects import EffectGate
     from serve.permissions.mediator import PermissionMediator
     from serve.sessions.chaos import ChaosMonkey
-    from serve.sessions.runtimes import WorkspaceRuntimes
     from serve.settings import Settings
     from serve.workspace.hub import WorkspaceHub
+    from serve.workspace_runtimes import WorkspaceRuntimes
     from serve.workspace_state.reload import WorkspaceState
 
 

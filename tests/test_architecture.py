@@ -28,6 +28,7 @@ DOMAIN = (
     "serve.status",
     "serve.agents",
     "serve.isolation",
+    "serve.workspace_runtimes",
 )
 WEB = ("quart", "quart_trio", "werkzeug", "hypercorn")
 UPPER = ("serve.http", "serve.runtime", "serve.host")
@@ -254,7 +255,6 @@ KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {
     ("serve.settings", "serve.http"): "the --allow-origin grammar lives in http/security/cors.py",
     ("serve.host", "serve.http"): "the Host record types its RateLimiter (http/security)",
     ("serve.acpfront", "serve.http"): "front.py borrows capabilities, daemon status, errors",
-    ("serve.sessions", "serve.agents"): "sessions/runtimes.py composes a workspace's pool",
     ("serve.mcp", "serve.sessions"): "mcp/service.py types SessionActor",
 }
 

@@ -55,10 +55,10 @@ from serve.permissions.effects import EffectGate
 from serve.permissions.mediator import PermissionMediator
 from serve.sessions.actor import SessionActor
 from serve.sessions.chaos import ChaosMonkey
-from serve.sessions.runtimes import WorkspaceRuntimes
 from serve.settings import Settings, SettingsError
 from serve.workspace.hub import HUB_SERVICE, WorkspaceHub
 from serve.workspace.set import WorkspaceSet
+from serve.workspace_runtimes import WorkspaceRuntimes
 from serve.workspace_state import reload as workspace_state
 
 __all__ = ["SERVICES_INTENSITY", "SERVICES_PERIOD_S", "build_host"]

@@ -1,4 +1,7 @@
-"""Workspace runtimes: one session registry per workspace, behind one facade.
+"""Workspace runtimes: one agent pool and one session registry per workspace, behind one facade.
+
+Above both ``serve.sessions`` and ``serve.agents`` (it composes them; the pool implements
+the sessions' ``AgentSource`` port), below the Host, which builds it.
 
 Every workspace given with ``--workspace`` (the first is the primary) or
 ``--untrusted-workspace`` gets its own :class:`SessionRegistry` actor, with its own session
