@@ -255,7 +255,6 @@ KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {
     ("serve.settings", "serve.http"): "the --allow-origin grammar lives in http/security/cors.py",
     ("serve.host", "serve.http"): "the Host record types its RateLimiter (http/security)",
     ("serve.acpfront", "serve.http"): "front.py borrows capabilities, daemon status, errors",
-    ("serve.mcp", "serve.sessions"): "mcp/service.py types SessionActor",
 }
 
 
