@@ -26,7 +26,7 @@ from pathlib import Path
 import msgspec
 
 from acp import landlock
-from serve.http.security.cors import CorsPolicy, InvalidAllowOriginPattern, parse_allow_origin
+from serve.origins import InvalidAllowOriginPattern, allow_origin_problem, parse_allow_origin
 from serve.tokens import (
     TOKEN_ENV_VAR,
     InvalidBearerToken,
@@ -795,7 +795,7 @@ def parse_settings(
             origins.append(parse_allow_origin(pattern))
         except InvalidAllowOriginPattern as exc:
             raise SettingsError(str(exc)) from None
-    problem = CorsPolicy.from_patterns(origins).startup_problem(has_token=token is not None)
+    problem = allow_origin_problem(origins, has_token=token is not None)
     if problem is not None:
         raise SettingsError(problem)
 

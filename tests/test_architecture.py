@@ -252,7 +252,6 @@ def package_graph() -> dict[str, dict[str, list[str]]]:
 KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {
     ("serve.config", "serve.deviceflow"): "config.py parses providers (deviceflow/providers.py)",
     ("serve.config", "serve.permissions"): "config.py parses policies (permissions/config.py)",
-    ("serve.settings", "serve.http"): "the --allow-origin grammar lives in http/security/cors.py",
     ("serve.host", "serve.http"): "the Host record types its RateLimiter (http/security)",
     ("serve.acpfront", "serve.http"): "front.py borrows capabilities, daemon status, errors",
 }

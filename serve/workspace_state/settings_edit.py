@@ -453,7 +453,7 @@ def update_setting(
     file is unusable or kept changing) or :class:`~serve.workspace.WorkspaceFsError` (the
     boundary refused the write).
     """
-    public: Any = None
+    public: object = None
 
     def change(doc: dict[str, Any]) -> dict[str, Any] | None:
         nonlocal public
