@@ -399,8 +399,8 @@ def report() -> str:
         [
             f"module cycles: {len(strongly_connected(module_graph))}",
             f"package cycles: {len(package_cycles)}"
-            + "".join(f" ({len(c)} packages)" for c in package_cycles)
-            + f", {len(KNOWN_BACK_EDGES)} known back-edges",
+            + (f" ({' + '.join(str(len(c)) for c in package_cycles)} packages)")
+            + f" with every edge, none without the {len(KNOWN_BACK_EDGES)} known back-edges",
             f"Any in annotations: {own} on our own objects, {json} in JSON bodies",
             f"modules over {MAX_MODULE_LINES} lines: {len(big)}: "
             + ", ".join(f"{p} {n}" for n, p in big),
