@@ -216,29 +216,35 @@ def test_initialize_is_rate_limited_by_address_not_client_id() -> None:
 def test_connections_per_address_are_capped_and_unused_ones_expire_soon() -> None:
     from serve.acpfront.front import MAX_CONNECTIONS_PER_CLIENT
 
-    d = spawn_daemon(env={"QWEN_SERVER_TOKEN": TOKEN, "QWEN_SERVE_ACP_UNUSED_TIMEOUT_MS": "500"})
+    # 4 s: long enough that a loaded machine opens all 32 before the bare ones expire.
+    d = spawn_daemon(env={"QWEN_SERVER_TOKEN": TOKEN, "QWEN_SERVE_ACP_UNUSED_TIMEOUT_MS": "4000"})
     try:
 
         async def main() -> None:
+            health = {"jsonrpc": "2.0", "id": 2, "method": "_qwen/health", "params": {}}
             async with _from(d, 3) as here, _from(d, 4) as elsewhere:
                 ids = []
                 for _ in range(MAX_CONNECTIONS_PER_CLIENT):
                     r = await here.post("/acp", json=INIT)
                     assert r.status_code == 200, r.text
                     ids.append(r.headers["acp-connection-id"])
+                    if len(ids) == 2:
+                        second_opened = trio.current_time()
+                    if len(ids) == 1:  # the first one is used at once: it never expires
+                        used = {"Acp-Connection-Id": ids[0]}
+                        r = await here.post("/acp", json=health, headers=used)
+                        assert r.status_code == 202
                 r = await here.post("/acp", json=INIT)
                 assert r.status_code == 503, r.text
                 assert r.json()["error"]["data"]["code"] == "client_connection_limit_exceeded"
                 # Another address is not locked out by this one.
                 assert (await elsewhere.post("/acp", json=INIT)).status_code == 200
-                # One connection is used; the bare initializes expire (0.5 s here), it not.
-                health = {"jsonrpc": "2.0", "id": 2, "method": "_qwen/health", "params": {}}
-                used = {"Acp-Connection-Id": ids[0]}
-                assert (await here.post("/acp", json=health, headers=used)).status_code == 202
-                await trio.sleep(3)
-                assert (await here.post("/acp", json=health, headers=used)).status_code == 202
+                # The bare initializes expire; the used one does not. (Probing a bare one
+                # would use it, so it is looked at once, well after its expiry.)
+                await trio.sleep_until(second_opened + 4 + 3)
                 unused = {"Acp-Connection-Id": ids[1]}
                 assert (await here.post("/acp", json=health, headers=unused)).status_code == 404
+                assert (await here.post("/acp", json=health, headers=used)).status_code == 202
                 assert (await here.post("/acp", json=INIT)).status_code == 200
 
         trio.run(main)

@@ -52,7 +52,7 @@ async def test_prompt_deadline_ends_the_turn_and_unblocks_the_queue() -> None:
 
 async def test_idle_sessions_are_reaped_unless_kept_alive() -> None:
     daemon = spawn_daemon(
-        ["--session-idle-timeout-ms", "600", "--session-reap-interval-ms", "100"],
+        ["--session-idle-timeout-ms", "1500", "--session-reap-interval-ms", "100"],
         env={"QWEN_SERVER_TOKEN": TOKEN},
     )
     try:
@@ -61,14 +61,24 @@ async def test_idle_sessions_are_reaped_unless_kept_alive() -> None:
             kept = (await client.post("/session", json={"sessionScope": "thread"})).json()
             watched = (await client.post("/session", json={"sessionScope": "thread"})).json()
             async with client.stream("GET", f"/session/{watched['sessionId']}/events"):
-                for _ in range(12):  # 1.2 s: two idle timeouts
+                # Heartbeats keep one alive while the untouched one is reaped (a read of its
+                # pending prompts is no activity; the reap is waited for, not slept for).
+                with trio.fail_after(30):
+                    while (
+                        await client.get(f"/session/{idle['sessionId']}/pending-prompts")
+                    ).status_code != 404:
+                        r = await client.post(f"/session/{kept['sessionId']}/heartbeat")
+                        assert r.status_code == 200
+                        await trio.sleep(0.1)
+                reaped_at = trio.current_time()
+                while trio.current_time() < reaped_at + 2.0:  # > one more idle timeout
                     r = await client.post(f"/session/{kept['sessionId']}/heartbeat")
                     assert r.status_code == 200
                     await trio.sleep(0.1)
-                r = await client.post(f"/session/{idle['sessionId']}/heartbeat")
-                assert r.status_code == 404  # reaped
+                # Never touched, idle for longer than the reaped one: its SSE subscriber kept
+                # it alive.
                 r = await client.post(f"/session/{watched['sessionId']}/heartbeat")
-                assert r.status_code == 200  # an SSE subscriber keeps it alive
+                assert r.status_code == 200
     finally:
         daemon.stop()
 
