@@ -34,6 +34,7 @@ from serve.http.routes import (
     health,
     mcp,
     memory_settings,
+    pending,
     permissions,
     sessions,
     shell,
@@ -67,6 +68,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     status,
     workspace,
     budget,
+    pending,
 )
 #: The order of the tags in ``GET /capabilities`` (as published: session tags first, the
 #: ACP transport tags last, the others in registration order).

@@ -53,7 +53,7 @@ from typing import IO, Any, Final
 import msgspec
 
 from acp import jsonrpc
-from acp.agents.scripted import script
+from acp.agents.scripted import script, steering
 from acp.agents.scripted.store import SessionRecord, Store, now_iso, valid_session_id
 from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
 from acp.schema import (
@@ -115,6 +115,7 @@ class _Turn:
     def __init__(self, request_id: jsonrpc.RequestId) -> None:
         self.request_id = request_id
         self.cancel = threading.Event()
+        self.steers = steering.SteerInbox()
 
 
 class _Session:
@@ -271,7 +272,7 @@ class ScriptedAgent:
             },
             "authMethods": [],
             "agentInfo": {"name": AGENT_NAME, "title": "Scripted agent", "version": AGENT_VERSION},
-        }
+        } | ({} if self.legacy else {"_meta": steering.INITIALIZE_META})
 
     def authenticate(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
         return {}
@@ -540,6 +541,7 @@ class ScriptedAgent:
         "session/set_model": set_model,
         "session/set_config_option": set_config_option,
         "session/prompt": prompt,
+        "_session/steering": steering.steer,
         "_scripted/ping": ping,
     }
 
@@ -615,15 +617,37 @@ class _TurnRunner:
 
     def execute(self, steps: list[script.Step]) -> str:
         try:
-            for step in steps:
-                self.check_cancel()
-                if isinstance(step, script.Text):
-                    self.say("echo: " + step.text)
-                else:
-                    getattr(self, "do_" + step.name.replace("-", "_"))(step.arg)
+            self.run_steps(steps)
+            while (steered := self.turn.steers.next()) is not None:  # steering.py
+                self.record.add("user", steered)
+                self.run_steps(script.parse(steered))
             return "end_turn"
         except Cancelled:
             return "cancelled"
+        finally:
+            self.turn.steers.close()
+
+    def run_steps(self, steps: list[script.Step]) -> None:
+        for step in steps:
+            self.check_cancel()
+            if isinstance(step, script.Text):
+                self.say("echo: " + step.text)
+            else:
+                getattr(self, "do_" + step.name.replace("-", "_"))(step.arg)
+
+    def do_steer_late(self, arg: str) -> None:
+        """Steers of this turn run in their own thread (acp/agents/scripted/steering.py)."""
+
+        def late(text: str) -> None:
+            def run() -> None:
+                try:
+                    self.run_steps(script.parse(text))
+                except Cancelled:
+                    pass
+
+            threading.Thread(target=run, name="steer-late", daemon=True).start()
+
+        self.turn.steers.late = late
 
     def do_think(self, arg: str) -> None:
         self.emit(AgentThoughtChunk(content=TextContent(text=arg)))

@@ -30,6 +30,7 @@ DIRECTIVES: Final = (
     "hang",
     "spawn-grandchild",
     "usage",
+    "steer-late",
 )
 
 _DIRECTIVE_RE: Final = re.compile(

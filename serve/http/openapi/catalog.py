@@ -271,6 +271,18 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         ),
         params=(CLIENT_ID,),
     ),
+    ("PUT", "/session/<session_id>/pending-prompts/<prompt_id>"): Operation(
+        "Replace a queued prompt's content (its id and place stay)",
+        (
+            ok(t.PendingPromptUpdated, "Replaced (`pending_prompt_updated` is published)."),
+            err(400, "A bad prompt, or `invalid_pending_prompt` (a field other than those)."),
+            err(404, "`session_not_found` or `prompt_not_found`."),
+            err(409, "`prompt_running`: steer or cancel it instead."),
+        ),
+        body=t.PendingPromptEdit,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
     ("POST", "/session/<session_id>/cancel"): Operation(
         "Cancel the running prompt (queued prompts still run)",
         (Reply(204, "Cancelled (or nothing was running)."), BAD_REQUEST, NO_SESSION),
