@@ -58,6 +58,10 @@ class SteerPrompt(msgspec.Struct, frozen=True):
     :class:`Steered`, maybe deferred (a Reply) while the agent is asked."""
 
     request: PromptRequest
+    #: With no running turn: ``prompt`` (run it as the next prompt) or ``refuse``
+    #: (``steering.NoRunningTurn``: the caller keeps it, ACP's ``idleBehavior:
+    #: "promptRequired"``).
+    when_idle: str = "prompt"
 
 
 class CancelTurn(msgspec.Struct, frozen=True):

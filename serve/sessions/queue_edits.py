@@ -10,15 +10,20 @@ cancel it), and one that already ended is not queued (None).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from serve.events import EventLog
 from serve.sessions.messages import PendingReplaced, ReplacePending
-
-if TYPE_CHECKING:
-    from serve.sessions.actor import SessionActor
+from serve.sessions.prompt_queue import PromptQueue
 
 
-def replace_pending(session: SessionActor, msg: ReplacePending) -> PendingReplaced | None:
+class _Session(Protocol):  # the part of the SessionActor this reads and writes
+    session_id: str
+    prompts: PromptQueue
+    log: EventLog
+
+
+def replace_pending(session: _Session, msg: ReplacePending) -> PendingReplaced | None:
     job = session.prompts.replace(msg.prompt_id, msg.request)  # PromptRunning: refused
     if job is None:
         return None

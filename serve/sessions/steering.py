@@ -38,19 +38,18 @@ queued prompt starts only then. Turns never steered end at their prompt response
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
 
 import msgspec
 import trio
 
 from acp.errors import AcpError
 from actors import Reply
+from serve.events import EventLog
 from serve.sessions import turns
 from serve.sessions.messages import Admission, SessionGone, Steered, SteerPrompt
-
-if TYPE_CHECKING:
-    from serve.sessions.actor import SessionActor
-    from serve.sessions.prompt_queue import Job, PromptRequest
+from serve.sessions.prompt_queue import Job, PromptQueue, PromptRequest
 
 #: ACP's de-facto steering method (codex-acp, claude-agent-acp).
 STEERING_METHOD: Final = "_session/steering"
@@ -90,10 +89,31 @@ def outcome_of(raw: bytes) -> str:
     return outcome if isinstance(outcome, str) and outcome else "startedNewTurn"
 
 
+class _Session(Protocol):  # the part of the SessionActor a steer uses
+    session_id: str
+    prompts: PromptQueue
+    log: EventLog
+    link: Any
+    settings: Any
+    closing: bool
+    agent_updates: int
+
+    def _admit(self, msg: PromptRequest, *, front: bool = False) -> Admission: ...
+    def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None: ...
+    def _relay(self, kind: str, update: msgspec.Raw) -> None: ...
+    async def _cancel_permissions(self, *, forget: bool = False) -> None: ...
+    async def _send_cancel(self) -> None: ...
+    async def _escalate_cancel(self, job: Job) -> None: ...
+
+
+class NoRunningTurn(Exception):
+    """A steer asked not to become a prompt (``when_idle="refuse"``) found no turn to join."""
+
+
 class Steering:
     """One session's steers and the settling of steered turns (see the module docstring)."""
 
-    def __init__(self, session: SessionActor, settle_ms: int) -> None:
+    def __init__(self, session: _Session, settle_ms: int) -> None:
         self.s = session
         self.settle_s = settle_ms / 1000
         self._steered: Job | None = None  # the turn a native steer went into
@@ -105,12 +125,14 @@ class Steering:
     def submit(self, msg: SteerPrompt) -> Steered | Reply[Steered]:
         job = self.s.prompts.running
         if job is None or job.done:
+            if msg.when_idle == "refuse":
+                raise NoRunningTurn()
             return self._as_prompt(msg.request, "no_running_turn")
         if advertises_steering(self.s.link.conn):
             reply: Reply[Steered] = Reply()
             self._in_flight += 1
             self._steered = job
-            self.s._spawn(self._native, reply, job, msg.request)
+            self.s._spawn(self._native, reply, job, msg)
             return reply
         return self._cancel_and_reprompt(job, msg.request, "not_supported_by_agent")
 
@@ -170,8 +192,8 @@ class Steering:
 
     # ---- the agent's part (a task of the session) --------------------------------------
 
-    async def _native(self, reply: Reply[Steered], job: Job, request: PromptRequest) -> None:
-        s = self.s
+    async def _native(self, reply: Reply[Steered], job: Job, msg: SteerPrompt) -> None:
+        s, request = self.s, msg.request
         try:
             outcome = await self._ask_agent(request)
         finally:
@@ -181,13 +203,14 @@ class Steering:
         try:
             if s.closing:
                 raise SessionGone(s.session_id)
-            if outcome == "promptRequired":
-                reply.set(self._as_prompt(request, "prompt_required"))
-            elif outcome == "failed":
-                if s.prompts.running is job and not job.done:
-                    reply.set(self._cancel_and_reprompt(job, request, "steering_failed"))
-                else:
-                    reply.set(self._as_prompt(request, "steering_failed"))
+            running = s.prompts.running is job and not job.done
+            if outcome == "failed" and running:
+                reply.set(self._cancel_and_reprompt(job, request, "steering_failed"))
+            elif outcome in ("promptRequired", "failed"):
+                if msg.when_idle == "refuse":
+                    raise NoRunningTurn()
+                reason = "prompt_required" if outcome == "promptRequired" else "steering_failed"
+                reply.set(self._as_prompt(request, reason))
             else:  # injected, startedNewTurn, or an answer we do not know: the agent has it
                 if s.prompts.running is job:
                     for block in turns.text_blocks(request.prompt):

@@ -18,13 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-from acp.errors import INVALID_PARAMS
-
-if TYPE_CHECKING:
-    from acp import jsonrpc
-    from acp.agents.scripted.agent import ScriptedAgent
+from typing import Any
 
 #: The ``_meta`` of the scripted agent's initialize answer.
 INITIALIZE_META = {"steering": {"supported": True}}
@@ -65,13 +59,13 @@ class SteerInbox:
             self._open = False
 
 
-def steer(agent: ScriptedAgent, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
-    from acp.agents.scripted.agent import RpcFailure  # lazy: agent.py imports this module
-
+def steer(agent: Any, rid: Any, params: dict[str, Any]) -> object:
+    """The ``_session/steering`` method of :class:`~acp.agents.scripted.agent.ScriptedAgent`
+    (a ``ValueError`` is answered -32602 Invalid params)."""
     session = agent._session(params)
     blocks = params.get("prompt")
     if not isinstance(blocks, list) or not blocks:
-        raise RpcFailure(INVALID_PARAMS, "prompt must be a non-empty list of content blocks")
+        raise ValueError("prompt must be a non-empty list of content blocks")
     text = "\n".join(
         str(b.get("text", "")) for b in blocks if isinstance(b, dict) and b.get("type") == "text"
     )
