@@ -35,6 +35,12 @@ outputTokens}`` for the turn (input = the prompt's words plus what ``[usage]`` a
 output = the words the agent said). ``[usage N]`` / ``[usage N COST]`` adds N tokens (and
 COST) to the turn at that point and sends a ``usage_update`` at once.
 
+Steering (not with ``--legacy``): ``_meta.steering.supported`` in the initialize answer and
+``_session/steering`` (:mod:`.steering`): a steer's text runs as more script in the running
+turn, after the turn's own; after ``[steer-late]`` it runs in its own thread, so the prompt
+answers ``end_turn`` while steered work still streams; with no turn running the answer is
+``promptRequired``.
+
 Sessions live in :class:`.store.Store` (one JSON file each), so ``session/load`` replays the
 history (user / thought / agent chunks) and ``session/resume`` restores without replay, also
 after the agent restarts. ``--legacy`` mimics older agents: no ``configOptions`` (models via
