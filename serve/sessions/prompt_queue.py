@@ -172,6 +172,10 @@ class PromptQueue:
     def queued(self) -> tuple[Job, ...]:
         return tuple(self._queue)
 
+    def known(self, prompt_id: str) -> Job | None:
+        """The job admitted with this ``promptId`` (one of the remembered ids), or None."""
+        return self._admitted.get(prompt_id)
+
     def jobs(self) -> list[Job]:
         """The running job first, then the queue in order."""
         return ([self.running] if self.running is not None else []) + list(self._queue)

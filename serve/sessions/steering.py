@@ -38,6 +38,7 @@ queued prompt starts only then. Turns never steered end at their prompt response
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
@@ -49,7 +50,7 @@ from actors import Reply
 from serve.events import EventLog
 from serve.sessions import turns
 from serve.sessions.messages import Admission, SessionGone, Steered, SteerPrompt
-from serve.sessions.prompt_queue import Job, PromptQueue, PromptRequest
+from serve.sessions.prompt_queue import MAX_REMEMBERED_PROMPTS, Job, PromptQueue, PromptRequest
 
 #: ACP's de-facto steering method (codex-acp, claude-agent-acp).
 STEERING_METHOD: Final = "_session/steering"
@@ -119,10 +120,19 @@ class Steering:
         self._steered: Job | None = None  # the turn a native steer went into
         self._in_flight = 0
         self._answered = trio.Event()
+        #: Steers by client ``promptId`` (the last MAX_REMEMBERED_PROMPTS): a re-sent steer
+        #: is the same steer, never a second injection or a second cancel.
+        self._seen: OrderedDict[str, Steered] = OrderedDict()
 
     # ---- the inbox's part --------------------------------------------------------------
 
     def submit(self, msg: SteerPrompt) -> Steered | Reply[Steered]:
+        pid = msg.request.prompt_id
+        if pid is not None:
+            if (seen := self._seen.get(pid)) is not None:
+                return seen
+            if (known := self.s.prompts.known(pid)) is not None:  # sent as a prompt before
+                return Steered("prompt", known.token, reason="known_prompt_id")
         job = self.s.prompts.running
         if job is None or job.done:
             if msg.when_idle == "refuse":
@@ -136,10 +146,17 @@ class Steering:
             return reply
         return self._cancel_and_reprompt(job, msg.request, "not_supported_by_agent")
 
+    def _remember(self, request: PromptRequest, steered: Steered) -> Steered:
+        if request.prompt_id is not None:
+            self._seen[request.prompt_id] = steered
+            while len(self._seen) > MAX_REMEMBERED_PROMPTS:
+                self._seen.popitem(last=False)
+        return steered
+
     def _as_prompt(self, request: PromptRequest, reason: str) -> Steered:
         admission: Admission = self.s._admit(request, front=True)
         self._published(admission.prompt_id, "prompt", request, reason=reason)
-        return Steered("prompt", admission, reason=reason)
+        return self._remember(request, Steered("prompt", admission, reason=reason))
 
     def _cancel_and_reprompt(self, job: Job, request: PromptRequest, reason: str) -> Steered:
         admission: Admission = self.s._admit(request, front=True)  # next, whatever waits
@@ -153,7 +170,8 @@ class Steering:
             originator=request.client_id,
         )
         self.s._spawn(self._cancel, job)
-        return Steered("cancel", admission, reason=reason, cancelled_prompt_id=job.prompt_id)
+        steered = Steered("cancel", admission, reason=reason, cancelled_prompt_id=job.prompt_id)
+        return self._remember(request, steered)
 
     async def _cancel(self, job: Job) -> None:
         s = self.s
@@ -216,7 +234,7 @@ class Steering:
                     for block in turns.text_blocks(request.prompt):
                         s._relay("user_message_chunk", turns.user_chunk(block))
                 self._published(job.prompt_id, "native", request, outcome=outcome)
-                reply.set(Steered("native", job.token, outcome=outcome))
+                reply.set(self._remember(request, Steered("native", job.token, outcome=outcome)))
         except Exception as exc:  # e.g. the queue is full for a steer that became a prompt
             reply.fail(exc)
         finally:

@@ -205,6 +205,24 @@ async def test_without_native_steering_the_turn_is_cancelled_and_the_steer_runs_
         assert not any(said("never")(e) for e in rec.events)
 
 
+async def test_a_resent_steer_is_the_same_steer_not_a_second_cancel(
+    legacy_daemon: DaemonProcess,
+) -> None:
+    async with session(legacy_daemon) as (http, sid, rec):
+        p1 = (await prompt(http, sid, text("first [sleep 20000]")))["promptId"]
+        await rec.wait(said("first", p1))
+        body = text("redirected [sleep 1500] done", steer=True, promptId="steer-1")
+        first = await prompt(http, sid, body)
+        await rec.wait(said("redirected", "steer-1"))  # the steer's own turn runs now
+        again = await prompt(http, sid, body)  # e.g. a client retrying after a timeout
+        assert again["promptId"] == first["promptId"] == "steer-1"
+        assert again["steer"] == first["steer"]
+        await rec.wait(terminal("steer-1"))
+        end = rec.events[rec.index(terminal("steer-1"))]
+        assert end["type"] == "turn_complete" and end["data"]["stopReason"] == "end_turn"
+        assert len([e for e in rec.events if e["type"] == "prompt_steered"]) == 1
+
+
 async def test_a_steer_with_no_running_turn_is_a_prompt(steer_daemon: DaemonProcess) -> None:
     async with session(steer_daemon) as (http, sid, rec):
         r = await http.post(f"/session/{sid}/prompt", json=text("hello", steer=True))

@@ -369,7 +369,10 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         "`agent_oom` (data `AgentOomEvent`): the agent child was killed for memory "
         "(`--agent-memory-max-mb`); the running prompt ends with `turn_error {code: "
         '"agent_oom"}`, then `session_restarted {reason: "agent_oom"}` or, past the restart '
-        'intensity, `session_died {reason: "agent_oom"}`.',
+        'intensity, `session_died {reason: "agent_oom"}`. '
+        "`prompt_steered` (data `PromptSteeredEvent`): where a steer went; "
+        "`pending_prompt_updated` (data `PendingPromptUpdatedEvent`): a queued prompt was "
+        "replaced.",
     ),
     ("GET", "/session/<session_id>/context"): Operation(
         "The session's models, modes and config options",
@@ -549,6 +552,8 @@ EXTRA_SCHEMAS: Final = (
     t.AgentReleasedEvent,
     t.AgentReboundEvent,
     t.AgentOomEvent,
+    t.PromptSteeredEvent,
+    t.PendingPromptUpdatedEvent,
 )
 
 

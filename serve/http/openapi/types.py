@@ -413,6 +413,28 @@ class AgentOomEvent(_Wire, frozen=True):
     peak_bytes: int | None
 
 
+class PromptSteeredEvent(_Wire, frozen=True):
+    """``prompt_steered`` data: where a steer (``POST /session/{id}/prompt {steer: true}``,
+    ``_session/steering`` at ``/acp``) went; ``promptId`` is the turn it went into."""
+
+    session_id: str
+    prompt_id: str
+    via: Literal["native", "cancel", "prompt"]
+    text: str
+    outcome: str | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+    cancelled_prompt_id: str | UnsetType = UNSET
+
+
+class PendingPromptUpdatedEvent(_Wire, frozen=True):
+    """``pending_prompt_updated`` data: a queued prompt got new content (``PUT``)."""
+
+    session_id: str
+    prompt_id: str
+    text: str
+    queued_at: str
+
+
 # ---- workspace -------------------------------------------------------------------------------
 
 
