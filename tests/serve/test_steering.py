@@ -205,6 +205,25 @@ async def test_without_native_steering_the_turn_is_cancelled_and_the_steer_runs_
         assert not any(said("never")(e) for e in rec.events)
 
 
+async def test_a_failed_native_steer_falls_back_to_cancel_and_reprompt(
+    steer_daemon: DaemonProcess,
+) -> None:
+    async with session(steer_daemon) as (http, sid, rec):
+        # [steer-fail]: the agent advertises steering but answers this turn's steers "failed".
+        p1 = (await prompt(http, sid, text("[steer-fail] first [sleep 20000] never")))["promptId"]
+        await rec.wait(said("first", p1))
+        steer = await prompt(http, sid, text("instead", steer=True))
+        assert steer["steer"] == {
+            "via": "cancel",
+            "reason": "steering_failed",
+            "cancelledPromptId": p1,
+        }
+        await rec.wait(terminal(steer["promptId"]))
+        assert rec.events[rec.index(terminal(p1))]["data"]["stopReason"] == "cancelled"
+        assert rec.index(terminal(p1)) < rec.index(said("instead", steer["promptId"]))
+        assert not any(said("never")(e) for e in rec.events)
+
+
 async def test_a_resent_steer_is_the_same_steer_not_a_second_cancel(
     legacy_daemon: DaemonProcess,
 ) -> None:

@@ -38,8 +38,8 @@ COST) to the turn at that point and sends a ``usage_update`` at once.
 Steering (not with ``--legacy``): ``_meta.steering.supported`` in the initialize answer and
 ``_session/steering`` (:mod:`.steering`): a steer's text runs as more script in the running
 turn, after the turn's own; after ``[steer-late]`` it runs in its own thread, so the prompt
-answers ``end_turn`` while steered work still streams; with no turn running the answer is
-``promptRequired``.
+answers ``end_turn`` while steered work still streams; after ``[steer-fail]`` the answer is
+``failed``; with no turn running it is ``promptRequired``.
 
 Sessions live in :class:`.store.Store` (one JSON file each), so ``session/load`` replays the
 history (user / thought / agent chunks) and ``session/resume`` restores without replay, also
@@ -654,6 +654,10 @@ class _TurnRunner:
             threading.Thread(target=run, name="steer-late", daemon=True).start()
 
         self.turn.steers.late = late
+
+    def do_steer_fail(self, arg: str) -> None:
+        """Steers of this turn are answered ``failed`` (acp/agents/scripted/steering.py)."""
+        self.turn.steers.fail = True
 
     def do_think(self, arg: str) -> None:
         self.emit(AgentThoughtChunk(content=TextContent(text=arg)))

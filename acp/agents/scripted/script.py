@@ -31,6 +31,7 @@ DIRECTIVES: Final = (
     "spawn-grandchild",
     "usage",
     "steer-late",
+    "steer-fail",
 )
 
 _DIRECTIVE_RE: Final = re.compile(

@@ -9,6 +9,8 @@ answer it (advertised as ``InitializeResponse._meta.steering.supported``; not ``
 * ``[steer-late]`` ran in the turn: steers run in a thread of their own instead, so the turn's
   prompt response (``end_turn``) can come while steered work still streams (the case a
   client must not take for the end of the turn);
+* ``[steer-fail]`` ran in the turn: ``{"outcome": "failed"}`` (codex-acp's answer when it
+  cannot take the input);
 * no turn is running (or it is being cancelled): ``{"outcome": "promptRequired", "reason":
   "noRunningTurn"}`` (what claude-agent-acp answers to ``idleBehavior: "promptRequired"``;
   the scripted agent never starts a turn on its own).
@@ -33,6 +35,8 @@ class SteerInbox:
         self._open = True
         #: Set by ``[steer-late]``: runs a steer's text in a thread of its own.
         self.late: Callable[[str], None] | None = None
+        #: Set by ``[steer-fail]``: steers of this turn are answered ``failed``.
+        self.fail = False
 
     def offer(self, text: str) -> bool:
         """Into the running turn (False: the turn is over, it cannot take it)."""
@@ -70,6 +74,8 @@ def steer(agent: Any, rid: Any, params: dict[str, Any]) -> object:
         str(b.get("text", "")) for b in blocks if isinstance(b, dict) and b.get("type") == "text"
     )
     turn = session.turn
+    if turn is not None and turn.steers.fail:
+        return {"outcome": "failed"}
     if turn is not None and not turn.cancel.is_set() and turn.steers.offer(text):
         return {"outcome": "injected"}
     return {"outcome": "promptRequired", "reason": "noRunningTurn"}
