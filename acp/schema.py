@@ -360,6 +360,8 @@ class FileSystemCapability(Wire, frozen=True):
 class ClientCapabilities(Wire, frozen=True):
     fs: FileSystemCapability = FileSystemCapability()
     terminal: bool = False
+    #: ``{"form": {}, "url": {}}``: the elicitation modes offered (ACP 1.21; None: none).
+    elicitation: dict[str, Any] | None = None
     meta: dict[str, Any] | None = field(default=None, name="_meta")
 
 

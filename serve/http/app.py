@@ -29,6 +29,7 @@ from serve.http.routes import (
     budget,
     docs,
     drain,
+    elicitation,
     extensions,
     files,
     health,
@@ -68,6 +69,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     status,
     workspace,
     budget,
+    elicitation,
     pending,
 )
 #: The order of the tags in ``GET /capabilities`` (as published: session tags first, the

@@ -30,6 +30,7 @@ DIRECTIVES: Final = (
     "hang",
     "spawn-grandchild",
     "usage",
+    "elicit",
     "steer-late",
     "steer-fail",
 )
