@@ -117,7 +117,8 @@ class Steering:
     def __init__(self, session: _Session, settle_ms: int) -> None:
         self.s = session
         self.settle_s = settle_ms / 1000
-        self._steered: Job | None = None  # the turn a native steer went into
+        self._steered: Job | None = None  # the turn a native steer was sent for
+        self._joined: Job | None = None  # the turn a native steer went into
         self._in_flight = 0
         self._answered = trio.Event()
         #: Steers by client ``promptId`` (the last MAX_REMEMBERED_PROMPTS): a re-sent steer
@@ -233,6 +234,7 @@ class Steering:
                 if s.prompts.running is job:
                     for block in turns.text_blocks(request.prompt):
                         s._relay("user_message_chunk", turns.user_chunk(block))
+                self._joined = job
                 self._published(job.prompt_id, "native", request, outcome=outcome)
                 reply.set(self._remember(request, Steered("native", job.token, outcome=outcome)))
         except Exception as exc:  # e.g. the queue is full for a steer that became a prompt
@@ -255,7 +257,9 @@ class Steering:
 
     async def settle(self, job: Job) -> None:
         """``job``'s prompt response arrived: return once the turn is over (see above)."""
-        if self._steered is not job:
+        while self._in_flight and self._steered is job:  # the agent's answers decide
+            await self._answered.wait()
+        if self._joined is not job:  # no steer went into it (or it answered promptRequired)
             return
         try:
             while True:
@@ -268,3 +272,5 @@ class Steering:
         finally:
             if self._steered is job:
                 self._steered = None
+            if self._joined is job:
+                self._joined = None
