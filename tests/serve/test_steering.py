@@ -224,6 +224,24 @@ async def test_a_failed_native_steer_falls_back_to_cancel_and_reprompt(
         assert not any(said("never")(e) for e in rec.events)
 
 
+async def test_a_turn_that_settled_under_the_steer_makes_it_the_next_prompt(
+    steer_daemon: DaemonProcess,
+) -> None:
+    async with session(steer_daemon) as (http, sid, rec):
+        # [steer-closed]: the agent answers promptRequired, as for a turn that is ending.
+        p1 = (await prompt(http, sid, text("[steer-closed] first [sleep 800] done")))["promptId"]
+        p2 = (await prompt(http, sid, text("queued")))["promptId"]
+        await rec.wait(said("first", p1))
+        steer = await prompt(http, sid, text("next", steer=True))
+        assert steer["steer"] == {"via": "prompt", "reason": "prompt_required"}
+        s = steer["promptId"]
+        await rec.wait(terminal(p2))
+        # Not cancelled: the turn ran to its end; the steer runs next, ahead of the queue.
+        assert rec.events[rec.index(terminal(p1))]["data"]["stopReason"] == "end_turn"
+        assert rec.index(said("done", p1)) < rec.index(said("next", s))
+        assert rec.index(terminal(s)) < rec.index(said("queued", p2))
+
+
 async def test_a_resent_steer_is_the_same_steer_not_a_second_cancel(
     legacy_daemon: DaemonProcess,
 ) -> None:

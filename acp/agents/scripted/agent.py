@@ -40,7 +40,7 @@ Steering (not with ``--legacy``): ``_meta.steering.supported`` in the initialize
 ``_session/steering`` (:mod:`.steering`): a steer's text runs as more script in the running
 turn, after the turn's own; after ``[steer-late]`` it runs in its own thread, so the prompt
 answers ``end_turn`` while steered work still streams; after ``[steer-fail]`` the answer is
-``failed``; with no turn running it is ``promptRequired``.
+``failed``; with no turn running (or after ``[steer-closed]``) it is ``promptRequired``.
 
 Sessions live in :class:`.store.Store` (one JSON file each), so ``session/load`` replays the
 history (user / thought / agent chunks) and ``session/resume`` restores without replay, also
@@ -663,6 +663,10 @@ class _TurnRunner:
             threading.Thread(target=run, name="steer-late", daemon=True).start()
 
         self.turn.steers.late = late
+
+    def do_steer_closed(self, arg: str) -> None:
+        """This turn takes no more steers, as one that is ending (``promptRequired``)."""
+        self.turn.steers.close()
 
     def do_steer_fail(self, arg: str) -> None:
         """Steers of this turn are answered ``failed`` (acp/agents/scripted/steering.py)."""

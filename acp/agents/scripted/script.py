@@ -33,6 +33,7 @@ DIRECTIVES: Final = (
     "elicit",
     "steer-late",
     "steer-fail",
+    "steer-closed",
 )
 
 _DIRECTIVE_RE: Final = re.compile(

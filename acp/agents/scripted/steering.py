@@ -9,6 +9,8 @@ answer it (advertised as ``InitializeResponse._meta.steering.supported``; not ``
 * ``[steer-late]`` ran in the turn: steers run in a thread of their own instead, so the turn's
   prompt response (``end_turn``) can come while steered work still streams (the case a
   client must not take for the end of the turn);
+* ``[steer-closed]`` ran in the turn: the turn takes no more steers, as one that is ending
+  (``promptRequired``, below);
 * ``[steer-fail]`` ran in the turn: ``{"outcome": "failed"}`` (codex-acp's answer when it
   cannot take the input);
 * no turn is running (or it is being cancelled): ``{"outcome": "promptRequired", "reason":
