@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from actors import Supervisor, SupervisorEvent
+from serve.workspace.set import WorkspaceSet
 
 if TYPE_CHECKING:
     from serve.binding import Binding
@@ -31,9 +32,9 @@ if TYPE_CHECKING:
     from serve.permissions.effects import EffectGate
     from serve.permissions.mediator import PermissionMediator
     from serve.sessions.chaos import ChaosMonkey
-    from serve.sessions.runtimes import WorkspaceRuntimes
     from serve.settings import Settings
     from serve.workspace.hub import WorkspaceHub
+    from serve.workspace_runtimes import WorkspaceRuntimes
     from serve.workspace_state.reload import WorkspaceState
 
 
@@ -64,6 +65,9 @@ class FrontStats:
     #: ASGI calls of the app in flight (HTTP requests until their last body message,
     #: WebSockets until their handler returns; serve/http/keepalive.py counts them).
     open_requests: int = 0
+    #: Shell commands running per session id (``POST /session/:id/shell``): at most
+    #: ``MAX_SHELLS_PER_SESSION`` each, an entry only while one runs.
+    shells: dict[str, int] = field(default_factory=dict)
     #: Event-log totals of sessions that are gone, so counters never go backwards.
     retired: dict[str, int] = field(
         default_factory=lambda: {"published": 0, "evictions": 0, "warnings": 0}
@@ -102,6 +106,9 @@ class Host:
     binding: Binding | None = None
     #: Per-agent-child limits and the agents' ceiling (serve/isolation).
     isolation: Isolation | None = None
+    #: One ``Workspace`` per root for the file routes, ``/acp`` ``_qwen/file/*``, the
+    #: effect gate and the workspace-state service (their per-path writer locks).
+    workspaces: WorkspaceSet = field(default_factory=WorkspaceSet)
 
     # ---- views -------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ queue fills, further records are dropped and counted, and once there is room aga
 ``atexit``) writes what is queued, waiting :data:`STOP_WAIT_S` at most (the writer is a
 daemon thread: a stderr that never drains cannot hold the exit).
 
-:func:`install_redaction` attaches a :class:`serve.http.security.bearer.RedactingFilter` to every
+:func:`install_redaction` attaches a :class:`serve.tokens.RedactingFilter` to every
 root handler so a bearer token that reaches a log call (as text, an argument or in a
 traceback) is written as ``[redacted]``; the security front calls it with the configured
 token at start-up. Filters sit on handlers, not loggers, so records propagated from child
@@ -33,7 +33,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from serve.http.security.bearer import RedactingFilter
+from serve.tokens import RedactingFilter
 
 #: Records waiting for the writer thread at most; past it records are dropped and counted.
 LOG_QUEUE_RECORDS = 10_000

@@ -26,14 +26,14 @@ from pathlib import Path
 import msgspec
 
 from acp import landlock
-from serve.http.security.bearer import (
+from serve.origins import InvalidAllowOriginPattern, allow_origin_problem, parse_allow_origin
+from serve.tokens import (
     TOKEN_ENV_VAR,
     InvalidBearerToken,
     TokenResolution,
     resolve_startup_token,
     resolve_token,
 )
-from serve.http.security.cors import CorsPolicy, InvalidAllowOriginPattern, parse_allow_origin
 
 MAX_TIMER_MS = 2_147_483_647
 #: Upper bound of ``--max-body-bytes`` (1 GiB): a body is buffered in memory whole.
@@ -803,7 +803,7 @@ def parse_settings(
             origins.append(parse_allow_origin(pattern))
         except InvalidAllowOriginPattern as exc:
             raise SettingsError(str(exc)) from None
-    problem = CorsPolicy.from_patterns(origins).startup_problem(has_token=token is not None)
+    problem = allow_origin_problem(origins, has_token=token is not None)
     if problem is not None:
         raise SettingsError(problem)
 

@@ -87,6 +87,7 @@ from serve.acpfront.translate import (
     notify,
     translate_frame,
 )
+from serve.errors import RETRYABLE_TURN_CODES, fs_error
 from serve.events import SubscriberLimitExceeded
 from serve.events.messages import PublishEvent
 from serve.host import Host
@@ -121,7 +122,6 @@ from serve.sessions.messages import (
 )
 from serve.sessions.registry import CreateSession, RestoreSession
 from serve.status.agent import context_state, supported_commands
-from serve.status.shared import shared_workspace
 from serve.threads import file_routes_limiter
 from serve.workspace import (
     WorkspaceFsError,
@@ -1203,17 +1203,8 @@ class AcpFront:
             if "branchPoint" in data:
                 out["branchPoint"] = data["branchPoint"]
             return out
-        retryable = (
-            "channel_closed",
-            "daemon_shutdown",
-            "agent_restarted",
-            "cancel_timeout",
-            "agent_oom",
-            "agent_unavailable",
-            "memory_budget_exceeded",
-        )
         code = data.get("code")
-        status = 402 if code == "budget_exhausted" else 503 if code in retryable else 500
+        status = 402 if code == "budget_exhausted" else 503 if code in RETRYABLE_TURN_CODES else 500
         detail = {k: data[k] for k in ("code", "data", "errorKind") if k in data}
         raise RpcError(
             INTERNAL_ERROR,
@@ -1489,7 +1480,7 @@ class _Files:
     @staticmethod
     def workspace(front: AcpFront, conn: Connection) -> Any:
         untrusted = tuple(getattr(front.host.settings, "untrusted_workspaces", ()))
-        return shared_workspace(conn.workspace, trusted=conn.workspace not in untrusted)
+        return front.host.workspaces.get(conn.workspace, trusted=conn.workspace not in untrusted)
 
     @staticmethod
     def text(params: dict[str, Any], name: str, *, required: bool = True) -> Any:
@@ -1522,13 +1513,14 @@ class _Files:
             # The file routes' thread budget, not trio's shared default of 40.
             return await trio.to_thread.run_sync(fn, limiter=file_routes_limiter())
         except WorkspaceFsError as exc:
-            body = exc.to_body()
+            wire = fs_error(exc)  # the one table (serve/errors)
+            status = wire.status
             code = (
                 INVALID_PARAMS
-                if exc.status == 400
-                else (RESOURCE_NOT_FOUND if exc.status == 404 else SERVER_ERROR)
+                if status == 400
+                else (RESOURCE_NOT_FOUND if status == 404 else SERVER_ERROR)
             )
-            raise RpcError(code, exc.message, {"httpStatus": exc.status, **body}) from None
+            raise RpcError(code, exc.message, {"httpStatus": status, **wire.body}) from None
 
 
 class _Replied:

@@ -348,6 +348,8 @@ class AgentPool(Actor[PoolMsg]):
         *,
         name: str = "agents",
         isolation: Isolation | None = None,
+        releaser: Callable[[], Awaitable[bool]] | None = None,
+        has_releasable: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__(name, inbox_size=1024)
         self.settings = settings
@@ -379,10 +381,10 @@ class AgentPool(Actor[PoolMsg]):
         self._making_room = False
         self.budget_refusals = 0
         self.budget_releases = 0
-        #: Installed by the workspace runtime: release the least recently used idle session
-        #: (True when one let its agent go), and whether any session could be released.
-        self.releaser: Callable[[], Awaitable[bool]] | None = None
-        self.has_releasable: Callable[[], bool] | None = None
+        #: From the workspace runtime: release the least recently used idle session (True
+        #: when one let its agent go), and whether any session could be released.
+        self.releaser = releaser
+        self.has_releasable = has_releasable
         #: Restarts of shared children, each exit counted once (``ChargeExit``), and the
         #: answers given per exited child (the last :data:`MAX_CHARGED` children).
         self.child_restarts: RestartWindow | None = None

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from quart import has_request_context, request
 
 from serve.http.errors import ApiError
-from serve.status.shared import shared_workspace
 from serve.workspace import Workspace
 
 if TYPE_CHECKING:
@@ -68,7 +67,7 @@ def primary_workspace(daemon: Host) -> Workspace:
     the primary for singular routes."""
     path = addressed_path(daemon)
     trusted = path not in tuple(getattr(daemon.settings, "untrusted_workspaces", ()))
-    return shared_workspace(path, trusted=trusted)
+    return daemon.workspaces.get(path, trusted=trusted)
 
 
 def agent_session(daemon: Host) -> SessionActor | None:

@@ -34,7 +34,7 @@ from serve.deviceflow.service import SERVICE_NAME as DEVICE_FLOW
 from serve.http import capabilities
 from serve.isolation import sandbox
 from serve.mcp.service import SERVICE_NAME as MCP_POOL
-from serve.status.shared import HUB_SERVICE
+from serve.workspace.hub import HUB_SERVICE
 from serve.workspace_state.reload import SERVICE_NAME as WORKSPACE_STATE
 
 if TYPE_CHECKING:

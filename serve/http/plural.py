@@ -4,7 +4,7 @@ The singular routes (``/file``, ``/workspace/env``, ...) address the primary wor
 plural forms address any served workspace by id or by URL-encoded absolute path. Hypercorn
 decodes ``%2F``, so a path reference arrives as several segments (and starts with a slash),
 hence two rules per plural form. Handlers find the addressed workspace with
-:func:`serve.status.shared.addressed_path`. Every plural rule is announced by the
+:func:`serve.http.addressing.addressed_path`. Every plural rule is announced by the
 ``workspace_qualified_rest_core`` capability tag: a route module that serves plural rules
 exports them as ``PLURAL_ROUTES`` (a :class:`PluralRoutes`), and the app collects them.
 """

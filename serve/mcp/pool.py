@@ -178,7 +178,7 @@ class McpPool(Actor[PoolMsg]):
         policy: BudgetPolicy,
         pooling: bool,
         socket_dir: str,
-        sessions_for: Callable[[str], list[Any]],
+        sessions_for: Callable[[str], Sequence[Actor[Any]]],
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         environ: Mapping[str, str] | None = None,
     ) -> None:

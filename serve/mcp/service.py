@@ -9,15 +9,14 @@ reach the running pool as ``host.mcp_pool``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from actors import ChildSpec, Restart
+from actors import Actor, ChildSpec, Restart
 from serve.mcp.budget import BudgetMode, BudgetPolicy
 from serve.mcp.pool import McpPool
 
 if TYPE_CHECKING:
-    from serve.sessions.actor import SessionActor
     from serve.settings import Settings
 
 SERVICE_NAME = "mcp-pool"
@@ -31,9 +30,10 @@ def pooling_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def build(
-    settings: Settings, sessions_for: Callable[[str], list[SessionActor]]
+    settings: Settings, sessions_for: Callable[[str], Sequence[Actor[Any]]]
 ) -> tuple[McpPool, ChildSpec]:
-    """The pool and its ChildSpec; ``sessions_for(workspace)`` lists its live sessions."""
+    """The pool and its ChildSpec; ``sessions_for(workspace)`` lists its live sessions (the
+    actors it publishes events to: it needs no more of a session)."""
     mode: BudgetMode = settings.mcp_budget_mode  # type: ignore[assignment]
     pool = McpPool(
         workspaces=settings.workspaces,

@@ -158,12 +158,12 @@ from serve.permissions.cache import (
 from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
 from serve.permissions.grants import EffectiveGrants, resolve_grants
 from serve.permissions.mediator import OpenPermission, request_decision
+from serve.permissions.modes import qwen_equivalent
 from serve.permissions.voting import PermissionOption
-from serve.sessions.modes import qwen_equivalent
-from serve.status.shared import shared_workspace
 from serve.threads import agent_fs_limiter
 from serve.workspace import WorkspaceFsError, overwrite_text
 from serve.workspace import read_text as ws_read_text
+from serve.workspace.set import WorkspaceSet
 
 if TYPE_CHECKING:
     from serve.config import ConfigCell, DaemonConfig
@@ -599,8 +599,11 @@ class EffectGate:
         clock_ms: Callable[[], int] = _wall_ms,
         agent_approvals: AgentApprovals | None = None,
         cache: ApprovalCache | None = None,
+        workspaces: WorkspaceSet | None = None,
     ) -> None:
         self._config = config
+        #: The Host's workspace objects (their per-path writer locks are the file routes').
+        self._workspaces = workspaces or WorkspaceSet()
         self._settings = settings
         self._mediator = mediator
         self._live = live_sessions
@@ -656,7 +659,7 @@ class EffectGate:
 
     def _workspace(self, session: Any) -> Any:
         try:
-            return shared_workspace(
+            return self._workspaces.get(
                 session.workspace, trusted=self._workspace_trusted(session.workspace)
             )
         except WorkspaceFsError as err:

@@ -48,8 +48,8 @@ from serve.config import DaemonConfig
 from serve.host import Host
 from serve.http.app import create_app
 from serve.runtime.host import build_host
-from serve.sessions.runtimes import workspace_id
 from serve.settings import Settings
+from serve.workspace_runtimes import workspace_id
 
 log = logging.getLogger(__name__)
 

@@ -55,10 +55,10 @@ from serve.permissions.effects import EffectGate
 from serve.permissions.mediator import PermissionMediator
 from serve.sessions.actor import SessionActor
 from serve.sessions.chaos import ChaosMonkey
-from serve.sessions.runtimes import WorkspaceRuntimes
 from serve.settings import Settings, SettingsError
-from serve.status.shared import HUB_SERVICE
-from serve.workspace.hub import WorkspaceHub
+from serve.workspace.hub import HUB_SERVICE, WorkspaceHub
+from serve.workspace.set import WorkspaceSet
+from serve.workspace_runtimes import WorkspaceRuntimes
 from serve.workspace_state import reload as workspace_state
 
 __all__ = ["SERVICES_INTENSITY", "SERVICES_PERIOD_S", "build_host"]
@@ -143,7 +143,15 @@ def build_host(
     def retire(session: SessionActor) -> None:
         front.retire(session.log.statistics())
 
-    effects = EffectGate(cell, settings=settings, mediator=mediator, live_sessions=live_sessions)
+    #: One Workspace per root for every part (one per-path writer lock table).
+    workspaces = WorkspaceSet()
+    effects = EffectGate(
+        cell,
+        settings=settings,
+        mediator=mediator,
+        live_sessions=live_sessions,
+        workspaces=workspaces,
+    )
     hub = WorkspaceHub(sessions_for)
     hub_spec = ChildSpec(
         HUB_SERVICE, hub.run, Restart.PERMANENT, shutdown_grace_s=2.0, stop=hub.close
@@ -164,7 +172,7 @@ def build_host(
         isolation=isolation,
     )
     device_flow, device_flow_spec = device_flow_service.build(settings, config, hub)
-    state, state_spec = workspace_state.build(settings.workspaces)
+    state, state_spec = workspace_state.build(settings.workspaces, workspaces)
     chaos = (
         ChaosMonkey(live_sessions, settings.chaos_kill_rate)
         if settings.chaos_kill_rate > 0
@@ -243,6 +251,7 @@ def build_host(
         front=front,
         binding=Binding(settings.token, bootstrap=settings.bootstrap),
         isolation=isolation,
+        workspaces=workspaces,
     )
     return host, children
 

@@ -44,8 +44,8 @@ from serve.sessions import elicitation_side
 if TYPE_CHECKING:
     from serve.events import EventLog
     from serve.permissions.mediator import PermissionMediator
+    from serve.permissions.modes import AgentModes
     from serve.sessions.clients import ClientTable
-    from serve.sessions.modes import AgentModes
     from serve.sessions.prompt_queue import PromptQueue
 
 _encoder = msgspec.json.Encoder()

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from serve.events.messages import PublishEvent
+from serve.permissions.modes import APPROVAL_MODES  # qwen serve's five names
 from serve.sessions.errors import (  # re-exported: the errors a session call raises
     AgentUnavailable,
     ApprovalModeRefused,
@@ -21,7 +22,6 @@ from serve.sessions.errors import (  # re-exported: the errors a session call ra
     ModelSwitchFailed,
     SessionBusy,
 )
-from serve.sessions.modes import APPROVAL_MODES  # qwen serve's five names
 from serve.sessions.prompt_queue import PromptQueueFull, PromptRequest, PromptRunning
 
 # ---- errors -------------------------------------------------------------------------------

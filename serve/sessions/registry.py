@@ -130,6 +130,8 @@ class SessionRegistry(Actor[RegistryMsg]):
         mcp_pool: McpPool | None = None,
         retire_hook: Callable[[SessionActor], None] | None = None,
         total_count: Callable[[], int] | None = None,
+        agent_source: AgentSource | None = None,
+        isolation: Isolation | None = None,
     ) -> None:
         super().__init__(name, inbox_size=1024)
         #: serve.config.RestartIntensity for the sessions' agent restarts (None: defaults).
@@ -154,11 +156,11 @@ class SessionRegistry(Actor[RegistryMsg]):
         self.mcp_pool = mcp_pool
         #: Called with each session that is gone (metrics keep its totals).
         self.retire_hook = retire_hook
-        #: Where sessions get their agents (None: each spawns its own; see agent_link). The
-        #: workspace runtime installs its agent pool (serve/agents/pool.py) here.
-        self.agent_source: AgentSource | None = None
+        #: Where sessions get their agents (None: each spawns its own; see agent_link): the
+        #: workspace runtime passes its agent pool (serve/agents/pool.py).
+        self.agent_source = agent_source
         #: Per-child limits for sessions that spawn their own agent (no pool).
-        self.isolation: Isolation | None = None
+        self.isolation = isolation
 
     # ---- lifecycle ---------------------------------------------------------------------
 

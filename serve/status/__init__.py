@@ -11,12 +11,11 @@ Sans-HTTP where it can be (the routes in :mod:`serve.http.routes.files`,
 * :mod:`.preflight`     ``GET /workspace/preflight`` cells (daemon-local probes, cached);
 * :mod:`.agent`         snapshots of what a live agent advertised (providers, context,
                         supported commands, agent-local preflight cells);
-* :mod:`.settings_file` ``<workspace>/.qwen/settings.json`` read and ``tools.disabled``
-                        update, through the workspace boundary;
 * :mod:`.mcp`           ``GET /workspace/mcp`` from the configured ``mcpServers`` (pure);
 * :mod:`.skills`        project skills under ``.qwen/skills`` (names and descriptions);
 * :mod:`.init`          ``POST /workspace/init`` (the memory file);
 
-Nothing here spawns an agent: with no live session the agent-derived parts say
+Nothing here writes the settings file (that is :mod:`serve.workspace_state.settings_file`),
+and nothing here spawns an agent: with no live session the agent-derived parts say
 ``initialized: false`` / ``not_started``.
 """

@@ -4,17 +4,19 @@ Layering (no HTTP, no ACP, no trio here; callers run the file functions in worke
 with ``trio.to_thread.run_sync``). :mod:`.hub` (the WorkspaceHub actor that fans
 workspace-wide events out to sessions) lives beside it and is not imported by the package:
 
-* :mod:`.errors`    ``WorkspaceFsError`` and the errorKind → HTTP status table;
+* :mod:`.errors`    ``WorkspaceFsError`` and its kinds (their wire status: ``serve.errors``);
 * :mod:`.textio`    pure text decoding/encoding (BOM, encoding, line endings, binary);
 * :mod:`.gitignore` the ignore matcher behind ``matchedIgnore`` and glob translation;
 * :mod:`.locks`     per-path ``threading.Lock`` table for writers;
 * :mod:`.paths`     ``Workspace``: canonical root, ``resolve``, safe opens beneath the root;
 * :mod:`.results`   the wire response Structs, hashes and argument checks;
 * :mod:`.listing`   stat, list_dir, glob;
-* :mod:`.files`     read_text, read_bytes, write_text, overwrite_text, edit_text.
+* :mod:`.files`     read_text, read_bytes, write_text, overwrite_text, edit_text;
+* :mod:`.set`       ``WorkspaceSet``: the Host's one ``Workspace`` per root (imported as
+                    ``serve.workspace.set``).
 """
 
-from serve.workspace.errors import ERROR_STATUS, ErrorKind, WorkspaceFsError
+from serve.workspace.errors import ErrorKind, WorkspaceFsError
 from serve.workspace.files import (
     edit_text,
     overwrite_text,
@@ -38,7 +40,6 @@ from serve.workspace.results import (
 )
 
 __all__ = [
-    "ERROR_STATUS",
     "EditResult",
     "ErrorKind",
     "GlobResult",

@@ -1,13 +1,13 @@
-"""Errors raised by the workspace file system boundary, and their wire mapping.
+"""Errors raised by the workspace file system boundary.
 
 Theory of operation
 -------------------
 Every failure the workspace module reports is a :class:`WorkspaceFsError` carrying an
 ``errorKind`` from the closed set of the ``qwen serve`` file routes (spec §4.5, seed
-"工作区文件路由"), a human message, and an optional hint. The HTTP status of a kind lives in
-exactly one table, :data:`ERROR_STATUS`, so the routes serialise an error with one call to
-:meth:`WorkspaceFsError.to_body` and the ACP ``fs/*`` handlers map the same exception to a
-JSON-RPC error without a second table.
+"工作区文件路由"), a human message, and an optional hint; nothing here knows HTTP. The wire
+status and body of a kind live in the one error table, :mod:`serve.errors`
+(``FS_STATUS``, ``fs_error``), which the REST file routes and the ``/acp``
+``_qwen/file/*`` handlers both use.
 
 Who failed is encoded in the subclass, so callers can catch by cause:
 
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Final, Literal, get_args
 
 __all__ = [
-    "ERROR_STATUS",
+    "ERROR_KINDS",
     "ErrorKind",
     "FsConflictError",
     "FsDeniedError",
@@ -65,51 +65,24 @@ ErrorKind = Literal[
     "internal_error",
 ]
 
-#: errorKind → HTTP status, verbatim from spec §4.5.
-ERROR_STATUS: Final[Mapping[ErrorKind, int]] = {
-    "path_outside_workspace": 400,
-    "symlink_escape": 400,
-    "parse_error": 400,
-    "path_not_found": 404,
-    "hash_mismatch": 409,
-    "file_already_exists": 409,
-    "file_too_large": 413,
-    "binary_file": 422,
-    "text_not_found": 422,
-    "ambiguous_text_match": 422,
-    "untrusted_workspace": 403,
-    "permission_denied": 403,
-    "io_error": 503,
-    "internal_error": 500,
-}
-
-assert set(ERROR_STATUS) == set(get_args(ErrorKind))
+#: The closed set of kinds (their wire status is :data:`serve.errors.FS_STATUS`).
+ERROR_KINDS: Final[frozenset[ErrorKind]] = frozenset(get_args(ErrorKind))
 
 
 class WorkspaceFsError(Exception):
     """A workspace file operation failed; ``kind`` is the wire ``errorKind``."""
 
     kind: ErrorKind
-    status: int
     message: str
     hint: str | None
 
     def __init__(self, kind: ErrorKind, message: str, hint: str | None = None) -> None:
-        if kind not in ERROR_STATUS:
+        if kind not in ERROR_KINDS:
             raise ValueError(f"unknown workspace errorKind {kind!r}")
         super().__init__(message)
         self.kind = kind
-        self.status = ERROR_STATUS[kind]
         self.message = message
         self.hint = hint
-
-    def to_body(self) -> dict[str, object]:
-        """The file routes' error body: ``{"errorKind","error","hint"?,"status"}``."""
-        body: dict[str, object] = {"errorKind": self.kind, "error": self.message}
-        if self.hint is not None:
-            body["hint"] = self.hint
-        body["status"] = self.status
-        return body
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.kind!r}, {self.message!r}, hint={self.hint!r})"

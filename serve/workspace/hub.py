@@ -42,7 +42,17 @@ from serve.events.messages import PublishEvent
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DELIVERY_WAIT_S", "INBOX_SIZE", "Broadcast", "Fanout", "WorkspaceHub"]
+__all__ = [
+    "DELIVERY_WAIT_S",
+    "HUB_SERVICE",
+    "INBOX_SIZE",
+    "Broadcast",
+    "Fanout",
+    "WorkspaceHub",
+]
+
+#: The root supervisor's name for the hub.
+HUB_SERVICE: Final = "workspace-hub"
 
 #: Broadcasts queued in the hub's inbox.
 INBOX_SIZE: Final = 1024

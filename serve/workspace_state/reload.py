@@ -39,9 +39,9 @@ import trio
 
 from actors import ChildSpec, Restart
 from serve.config import DaemonConfig, load_daemon_config
-from serve.status.settings_file import SettingsFileError, read_settings
-from serve.status.shared import shared_workspace
 from serve.workspace import WorkspaceFsError
+from serve.workspace.set import WorkspaceSet
+from serve.workspace_state.settings_file import SettingsFileError, read_settings
 
 if TYPE_CHECKING:
     from serve.config import ConfigCell
@@ -64,26 +64,27 @@ __all__ = [
 SERVICE_NAME: Final = "workspace-state"
 
 
-def load_settings_doc(root: str) -> dict[str, Any]:
+def load_settings_doc(workspaces: WorkspaceSet, root: str) -> dict[str, Any]:
     """The settings document of workspace ``root`` (blocking); ``{}`` when unusable."""
     try:
-        return read_settings_strict(root)
+        return read_settings_strict(workspaces, root)
     except (SettingsFileError, WorkspaceFsError) as err:
         log.warning("workspace settings of %s not loaded: %s", root, err)
         return {}
 
 
-def read_settings_strict(root: str) -> dict[str, Any]:
+def read_settings_strict(workspaces: WorkspaceSet, root: str) -> dict[str, Any]:
     """The settings document (blocking); raises when the file is unusable."""
-    doc, _ = read_settings(shared_workspace(root, trusted=True))
+    doc, _ = read_settings(workspaces.get(root, trusted=True))
     return doc
 
 
 class WorkspaceState:
     """The settings each workspace had when last loaded; see the module docstring."""
 
-    def __init__(self, workspaces: Sequence[str]) -> None:
+    def __init__(self, workspaces: Sequence[str], objects: WorkspaceSet) -> None:
         self.workspaces = tuple(workspaces)
+        self.objects = objects
         self._loaded: dict[str, dict[str, Any]] = {}
         self.reloads = 0
         self.last_reload_ms: int | None = None
@@ -92,7 +93,9 @@ class WorkspaceState:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._stop = trio.Event()
         for root in self.workspaces:
-            self._loaded[root] = await trio.to_thread.run_sync(load_settings_doc, root)
+            self._loaded[root] = await trio.to_thread.run_sync(
+                load_settings_doc, self.objects, root
+            )
         task_status.started()
         await self._stop.wait()
 
@@ -110,9 +113,9 @@ class WorkspaceState:
         self.last_reload_ms = int(time.time() * 1000)
 
 
-def build(workspaces: Sequence[str]) -> tuple[WorkspaceState, ChildSpec]:
+def build(workspaces: Sequence[str], objects: WorkspaceSet) -> tuple[WorkspaceState, ChildSpec]:
     """The service and the ChildSpec that runs it (the Host builder calls this)."""
-    state = WorkspaceState(workspaces)
+    state = WorkspaceState(workspaces, objects)
     spec = ChildSpec(
         SERVICE_NAME, state.run, Restart.PERMANENT, shutdown_grace_s=1.0, stop=state.close
     )

@@ -29,12 +29,10 @@ can read, edit and write back an object without learning or losing its secrets.
 :func:`changed_keys` lists the dotted keys (to depth 2) whose values differ between two
 documents, for ``settings_reloaded``.
 
-I/O: :func:`update_setting` is the read-modify-write (blocking; run it in a worker
-thread) through :func:`serve.status.settings_file.read_settings` and the workspace
-boundary: per-workspace ``threading.Lock`` inside the process, and against other writers
-a write checked against the hash it read (``create`` when the file is absent), redone from
-a fresh read on a conflict at most :data:`MAX_UPDATE_ATTEMPTS` times. A file that is not
-strict JSON is never rewritten (:class:`~serve.status.settings_file.SettingsFileError`).
+I/O: :func:`update_setting` is blocking (run it in a worker thread): the change above
+applied through :func:`serve.workspace_state.settings_file.update_settings`, the file's one
+read-modify-write (its lock, its conflict retries). A file that is not strict JSON is never
+rewritten (:class:`~serve.workspace_state.settings_file.SettingsFileError`).
 """
 
 from __future__ import annotations
@@ -42,14 +40,13 @@ from __future__ import annotations
 import copy
 import math
 import re
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal
 
 import msgspec
 
-from serve.status.settings_file import SETTINGS_PATH, SettingsFileError, read_settings
-from serve.workspace import Workspace, WorkspaceFsError, write_text
+from serve.workspace import Workspace
+from serve.workspace_state.settings_file import update_settings
 
 __all__ = [
     "APPROVAL_MODES",
@@ -79,8 +76,6 @@ MAX_KEY_CHARS: Final = 256
 MAX_KEY_DEPTH: Final = 8
 #: Largest encoded value one update may write (bytes of JSON).
 MAX_VALUE_BYTES: Final = 256 * 1024
-#: Read-modify-write rounds before giving up on a settings file that keeps changing.
-MAX_UPDATE_ATTEMPTS: Final = 5
 MAX_MCP_SERVERS: Final = 256
 MAX_LIST_ITEMS: Final = 4096
 MAX_NAME_CHARS: Final = 256
@@ -449,19 +444,6 @@ class SettingUpdate(msgspec.Struct, frozen=True):
     value: Any = None
 
 
-_locks: dict[str, threading.Lock] = {}
-_locks_guard = threading.Lock()
-
-
-def _lock(ws: Workspace) -> threading.Lock:
-    with _locks_guard:
-        return _locks.setdefault(ws.root, threading.Lock())
-
-
-def _encode(doc: Mapping[str, Any]) -> str:
-    return msgspec.json.format(msgspec.json.encode(doc), indent=2).decode() + "\n"
-
-
 def update_setting(
     ws: Workspace, path: tuple[str, ...], value: Any, *, remove: bool = False
 ) -> SettingUpdate:
@@ -471,31 +453,18 @@ def update_setting(
     file is unusable or kept changing) or :class:`~serve.workspace.WorkspaceFsError` (the
     boundary refused the write).
     """
-    with _lock(ws):
-        for _ in range(MAX_UPDATE_ATTEMPTS):
-            doc, current_hash = read_settings(ws)
-            new_value = None
-            if not remove:
-                new_value = restore_redacted(value, get_path(doc, path), path)
-            updated = apply_update(doc, path, new_value, remove=remove)
-            validate_known(updated, path)
-            stored = None if remove else get_path(updated, path)
-            public = None if remove else redact(stored, path)
-            if updated == doc:
-                return SettingUpdate(changed=False, value=public)
-            content = _encode(updated)
-            try:
-                if current_hash is None:
-                    write_text(ws, SETTINGS_PATH, content, mode="create", create_parents=True)
-                else:
-                    write_text(
-                        ws, SETTINGS_PATH, content, mode="replace", expected_hash=current_hash
-                    )
-            except WorkspaceFsError as err:
-                if err.kind in ("hash_mismatch", "file_already_exists", "path_not_found"):
-                    continue
-                raise
-            return SettingUpdate(changed=True, value=public)
-    raise SettingsFileError(
-        "settings_busy", f"{SETTINGS_PATH} kept changing during the update; retry", 409
-    )
+    public: object = None
+
+    def change(doc: dict[str, Any]) -> dict[str, Any] | None:
+        nonlocal public
+        new_value = None
+        if not remove:
+            new_value = restore_redacted(value, get_path(doc, path), path)
+        updated = apply_update(doc, path, new_value, remove=remove)
+        validate_known(updated, path)
+        stored = None if remove else get_path(updated, path)
+        public = None if remove else redact(stored, path)
+        return None if updated == doc else updated
+
+    changed = update_settings(ws, change)
+    return SettingUpdate(changed=changed, value=public)

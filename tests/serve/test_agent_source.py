@@ -31,7 +31,7 @@ class CountingSource:
 async def test_sessions_take_their_agents_from_the_registry_source(tmp_path: Path) -> None:
     async with inprocess(tmp_path) as (d, client):
         source = CountingSource(SpawnAgentSource(d.settings))
-        d.host.registry.agent_source = source
+        d.host.registry.primary.registry.agent_source = source  # the test's own source
         sid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
         r = await client.post(
             f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hello"}]}

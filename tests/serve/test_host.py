@@ -77,3 +77,34 @@ def test_a_reload_swaps_the_one_config_cell_the_effect_gate_reads(tmp_path: Path
     host.config_cell.swap(new)
     assert host.config is new and host.effects.config is new
     assert msgspec.to_builtins(host.effects.describe()["approval"])["default"] == "deny"
+
+
+def test_the_host_owns_one_workspace_object_per_root(tmp_path: Path) -> None:
+    """The effect gate, the workspace-state service and the fronts share the Host's
+    WorkspaceSet (one per-path writer lock table per workspace), and two Hosts in one
+    process share nothing (it was a module global of serve/status/shared.py)."""
+    host, _ = build_host(_settings(tmp_path))
+    root = host.settings.primary_workspace
+    ws = host.workspaces.get(root)
+    session = type("S", (), {"workspace": root})()
+    assert host.effects._workspace(session) is ws
+    assert host.workspace_state.objects is host.workspaces
+    assert host.workspaces.get(str(tmp_path) + "/.") is ws  # any spelling, one object
+    other, _ = build_host(_settings(tmp_path))
+    assert other.workspaces.get(root) is not ws
+    assert host.front.shells is not other.front.shells
+
+
+def test_each_workspace_pool_and_registry_are_wired_by_constructor(tmp_path: Path) -> None:
+    """The registry's agent source is its workspace's pool, and the pool's memory-budget
+    release reaches that workspace's sessions, without a setter after construction."""
+    other = tmp_path / "other"
+    other.mkdir()
+    host, _ = build_host(_settings(tmp_path, "--workspace", str(other)))
+    runtimes = list(host.registry)
+    assert len(runtimes) == 2
+    for rt in runtimes:
+        assert rt.registry.agent_source is rt.agents
+        assert rt.registry.isolation is host.isolation and rt.agents.isolation is host.isolation
+        assert rt.agents.releaser == rt.release_lru_idle
+        assert rt.agents.has_releasable is not None and rt.agents.has_releasable() is False

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from serve.http.security.cors import CorsPolicy
 from serve.settings import Settings, SettingsError, parse_settings
 from tests.support.daemon import ROOT
 
@@ -208,3 +209,19 @@ def test_agent_sandbox_landlock_needs_the_kernel(
     monkeypatch.setattr(landlock, "abi_version", lambda: 0)
     with pytest.raises(SettingsError, match="this kernel has no Landlock"):
         parse(tmp_path, "--agent-sandbox", "landlock")
+
+
+@pytest.mark.parametrize(
+    "patterns",
+    [["*"], ["https://app.example.com"], ["http://localhost:5173", "http://10.0.0.2:3000"]],
+)
+def test_allow_origin_without_a_token_is_refused_with_the_policy_s_message(
+    tmp_path: Path, patterns: list[str]
+) -> None:
+    """The flag parser checks the patterns with serve/origins.py (no HTTP import); its
+    refusal is the one the CORS policy states."""
+    args = [a for p in patterns for a in ("--allow-origin", p)]
+    with pytest.raises(SettingsError) as info:
+        parse(tmp_path, *args, env={})
+    assert str(info.value) == CorsPolicy.from_patterns(patterns).startup_problem(has_token=False)
+    assert parse(tmp_path, *args, "--token", "t0123456").token == "t0123456"

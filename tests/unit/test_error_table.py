@@ -1,4 +1,5 @@
-"""The one table from domain exceptions to the wire (serve/http/errors.py), walked.
+"""The one table from domain exceptions to the wire (serve/errors, rendered for REST by
+serve/http/errors.py), walked.
 
 Each session-domain exception, as the session actor and registry raise it, must reach the
 client with the status, headers and body bytes the daemon always sent (the bodies used to
@@ -13,6 +14,15 @@ import msgspec
 import pytest
 
 from acp.errors import ChannelClosed, RemoteError, RequestTimeout
+from serve.errors import (
+    FS_STATUS,
+    RETRYABLE_TURN_CODES,
+    TURN_RETRY_AFTER,
+    WireError,
+    fs_error,
+    rest,
+    workspace_fs_error,
+)
 from serve.http.errors import DOMAIN_ERRORS, ApiError, to_api_error
 from serve.sessions import errors as session_errors
 from serve.sessions.errors import (
@@ -31,6 +41,8 @@ from serve.sessions.errors import (
     SessionRequestError,
     SessionsUnavailable,
 )
+from serve.workspace.errors import ERROR_KINDS, make_error
+from serve.workspace_state.settings_file import SettingsFileError
 
 RETRY = {"Retry-After": "5"}
 
@@ -210,3 +222,55 @@ def test_acp_errors_and_the_unexpected() -> None:
     assert to_api_error(ValueError("a bug")) is None
     api = ApiError(418, {"error": "teapot"})
     assert to_api_error(api) is api
+
+
+# ---- the neutral table (serve/errors): the families beyond sessions -----------------------
+
+
+def test_workspace_fs_errors_in_both_envelopes_byte_for_byte() -> None:
+    """The file routes' (spec §4.5) and the workspace routes' bodies of one error, as the
+    routes answered them when the status lived on the exception."""
+    err = make_error("hash_mismatch", "expected a, found b", "re-read the file")
+    file_route = to_api_error(err)
+    assert file_route is not None and file_route.status == 409 and file_route.headers == {}
+    assert msgspec.json.encode(file_route.body) == (
+        b'{"errorKind":"hash_mismatch","error":"expected a, found b",'
+        b'"hint":"re-read the file","status":409}'
+    )
+    workspace_route = workspace_fs_error(make_error("untrusted_workspace", "not trusted"))
+    assert workspace_route.status == 403
+    assert msgspec.json.encode(workspace_route.body) == (
+        b'{"error":"not trusted","code":"untrusted_workspace","errorKind":"untrusted_workspace"}'
+    )
+
+
+def test_settings_file_errors_are_409_with_the_path() -> None:
+    mapped = to_api_error(SettingsFileError("settings_busy", "it kept changing"))
+    assert mapped is not None and (mapped.status, mapped.headers) == (409, {})
+    assert msgspec.json.encode(mapped.body) == (
+        b'{"error":"it kept changing","code":"settings_busy","path":".qwen/settings.json"}'
+    )
+    assert not hasattr(SettingsFileError("x", "y"), "status")
+
+
+def test_every_fs_kind_has_a_status() -> None:
+    for kind in ERROR_KINDS:
+        assert fs_error(make_error(kind, "m")).status == FS_STATUS[kind]
+
+
+def test_the_retryable_turn_codes_are_one_list_for_both_fronts() -> None:
+    """REST answers a retryable turn 503 (the released-session codes with Retry-After),
+    /acp its httpStatus 503: both read this one set."""
+    assert set(TURN_RETRY_AFTER) <= RETRYABLE_TURN_CODES
+    assert {"channel_closed", "agent_oom", "agent_unavailable"} <= RETRYABLE_TURN_CODES
+    assert "agent_session_not_found" not in RETRYABLE_TURN_CODES
+    assert "budget_exhausted" not in RETRYABLE_TURN_CODES
+    assert dict(TURN_RETRY_AFTER) == {"agent_unavailable": "1", "memory_budget_exceeded": "10"}
+
+
+def test_the_rest_renderer_hands_out_fresh_containers() -> None:
+    wire = WireError(503, "x", {"error": "e"}, {"Retry-After": "5"})
+    status, body, headers = rest(wire)
+    body["more"] = 1
+    headers["X"] = "1"
+    assert (status, wire.body, dict(wire.headers)) == (503, {"error": "e"}, {"Retry-After": "5"})

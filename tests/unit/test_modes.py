@@ -1,11 +1,11 @@
-"""The approval-mode table (serve/sessions/modes.py): agent ids, qwen names, refusals."""
+"""The approval-mode table (serve/permissions/modes.py): agent ids, qwen names, refusals."""
 
 from __future__ import annotations
 
 import pytest
 
 from acp.schema import SessionConfigOption, SessionMode, SessionModeState, SessionSetup
-from serve.sessions.modes import (
+from serve.permissions.modes import (
     APPROVAL_MODES,
     AgentModes,
     UnknownApprovalMode,

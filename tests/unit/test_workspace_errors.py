@@ -1,4 +1,4 @@
-"""The errorKind → status table, the error body, and the errno mapping."""
+"""The errorKind → status table (serve/errors), the error body, and the errno mapping."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import errno
 
 import pytest
 
+from serve.errors import FS_STATUS, fs_error
 from serve.workspace.errors import (
-    ERROR_STATUS,
+    ERROR_KINDS,
     FsConflictError,
     FsDeniedError,
     FsIoError,
@@ -39,18 +40,24 @@ SPEC_TABLE = {
 
 
 def test_status_table_is_the_spec_table() -> None:
-    assert dict(ERROR_STATUS) == SPEC_TABLE
+    assert dict(FS_STATUS) == SPEC_TABLE
+    assert set(FS_STATUS) == ERROR_KINDS
+
+
+def test_the_domain_error_carries_no_http_status() -> None:
+    err = make_error("hash_mismatch", "expected a, found b")
+    assert not hasattr(err, "status") and not hasattr(err, "to_body")
 
 
 def test_body_shape() -> None:
     err = make_error("hash_mismatch", "expected a, found b", "re-read the file")
-    assert err.to_body() == {
+    assert fs_error(err).body == {
         "errorKind": "hash_mismatch",
         "error": "expected a, found b",
         "hint": "re-read the file",
         "status": 409,
     }
-    assert make_error("path_not_found", "gone").to_body() == {
+    assert fs_error(make_error("path_not_found", "gone")).body == {
         "errorKind": "path_not_found",
         "error": "gone",
         "status": 404,

@@ -15,6 +15,7 @@ from urllib.parse import unquote
 import msgspec
 import pytest
 
+from serve.errors import fs_error
 from serve.workspace import (
     StatResult,
     Workspace,
@@ -166,7 +167,7 @@ def test_attack_never_escapes(
             continue
         assert isinstance(outcome, WorkspaceFsError), (name, outcome)
         assert outcome.kind in kinds, (name, outcome)
-        body = outcome.to_body()
+        body = fs_error(outcome).body
         assert SECRET not in repr(body)
         assert str(outside) not in str(body["error"]), body
     assert _snapshot(outside) == before

@@ -6,6 +6,7 @@ import codecs
 
 import pytest
 
+from serve.errors import FS_STATUS
 from serve.workspace import WorkspaceFsError
 from serve.workspace.textio import (
     BINARY_PROBE_BYTES,
@@ -104,4 +105,4 @@ def test_unencodable_is_parse_error(text: str, encoding: str, bom: bool) -> None
     with pytest.raises(WorkspaceFsError) as info:
         encode_text(text, encoding, bom)
     assert info.value.kind == "parse_error"
-    assert info.value.status == 400
+    assert FS_STATUS[info.value.kind] == 400

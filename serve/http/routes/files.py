@@ -29,6 +29,7 @@ from typing import Any, Final
 import trio
 from quart import Blueprint, Response, request
 
+from serve.errors import fs_error, rest
 from serve.http import plural
 from serve.http.addressing import check_workspace_client, primary_workspace, publish_workspace_event
 from serve.http.capabilities import Feature
@@ -95,13 +96,15 @@ def file_route[**P](
         try:
             return await handler(*args, **kwargs)
         except WorkspaceFsError as err:
-            return json_response(err.to_body(), err.status)
+            status, body, _ = rest(fs_error(err))
+            return json_response(body, status)
         except ApiError:
             raise
         except Exception:
             log.exception("file route %s failed", request.path)
             internal = make_error("internal_error", "Internal server error")
-            return json_response(internal.to_body(), internal.status)
+            status, body, _ = rest(fs_error(internal))
+            return json_response(body, status)
 
     return wrapper
 

@@ -38,15 +38,15 @@ from typing import Any, Final
 from quart import Blueprint, Response
 
 from serve import threads
+from serve.errors import settings_file_error, workspace_fs_error
 from serve.http.addressing import check_workspace_client, primary_workspace, publish_workspace_event
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
-from serve.http.errors import ApiError, bad_request
+from serve.http.errors import ApiError, bad_request, rest_error
 from serve.http.routes.sessions import header_client_id
 from serve.http.wire import encode, json_body, json_response
 from serve.settings import SettingsError
 from serve.status.init import memory_file_name
-from serve.status.settings_file import SETTINGS_PATH, SettingsFileError, read_settings
 from serve.threads import file_routes_limiter
 from serve.workspace import Workspace, WorkspaceFsError
 from serve.workspace_state import reload as reload_state
@@ -70,6 +70,7 @@ from serve.workspace_state.settings_edit import (
     redact,
     update_setting,
 )
+from serve.workspace_state.settings_file import SETTINGS_PATH, SettingsFileError, read_settings
 
 blueprint = Blueprint("workspace_memory_settings", __name__)
 
@@ -85,7 +86,7 @@ FEATURES: tuple[Feature, ...] = (
 
 
 def _fs_failure(err: WorkspaceFsError) -> ApiError:
-    return ApiError(err.status, {"error": err.message, "code": err.kind, "errorKind": err.kind})
+    return rest_error(workspace_fs_error(err))
 
 
 def _workspace() -> Workspace:
@@ -314,7 +315,7 @@ async def post_settings() -> Response:
     except SettingError as err:
         raise ApiError(400, err.to_body()) from None
     except SettingsFileError as err:
-        raise ApiError(err.status, err.to_body()) from None
+        raise rest_error(settings_file_error(err)) from None
     except WorkspaceFsError as err:
         raise _fs_failure(err) from None
     dotted_key = ".".join(path)
@@ -346,9 +347,11 @@ async def post_reload() -> Response:
     client_id = check_workspace_client(d, header_client_id())
     root = d.settings.primary_workspace
     try:
-        doc = await threads.run_sync(file_routes_limiter(), reload_state.read_settings_strict, root)
+        doc = await threads.run_sync(
+            file_routes_limiter(), reload_state.read_settings_strict, d.workspaces, root
+        )
     except SettingsFileError as err:
-        raise ApiError(err.status, err.to_body()) from None
+        raise rest_error(settings_file_error(err)) from None
     except WorkspaceFsError as err:
         raise _fs_failure(err) from None
     try:

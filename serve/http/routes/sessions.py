@@ -17,6 +17,7 @@ import trio
 from quart import Blueprint, Response, make_response, request
 
 from actors import ActorError, ActorStopped, InboxFull
+from serve.errors import RETRYABLE_TURN_CODES, TURN_RETRY_AFTER
 from serve.events import (
     DEFAULT_MAX_QUEUED,
     HEARTBEAT_FRAME,
@@ -513,25 +514,14 @@ async def prompt(session_id: str) -> Response:
     error_body["promptId"] = admission.prompt_id
     error_body.update(steered)
     code = data.get("code")
-    retryable = (
-        "channel_closed",
-        "daemon_shutdown",
-        "agent_restarted",
-        "cancel_timeout",
-        "agent_oom",  # the agent is restored in place: the next prompt may run
-    )
     if code == "budget_exhausted":  # spent: 402 until PATCH /session/:id/budget raises it
         return json_response(error_body, 402)
-    if code in _RETRY_AFTER:  # a released session found no agent: it stays, try again
-        return json_response(error_body, 503, {"Retry-After": _RETRY_AFTER[code]})
+    if code in TURN_RETRY_AFTER:  # a released session found no agent: it stays, try again
+        return json_response(error_body, 503, {"Retry-After": TURN_RETRY_AFTER[code]})
     if code == "agent_session_not_found":  # the agent lost the session: it is gone
         return json_response(error_body, 404)
-    status = 503 if code in retryable else 500
+    status = 503 if code in RETRYABLE_TURN_CODES else 500
     return json_response(error_body, status)
-
-
-#: Retry-After (seconds) of a released session's prompt that could not bind an agent.
-_RETRY_AFTER = {"agent_unavailable": "1", "memory_budget_exceeded": "10"}
 
 
 @blueprint.get("/session/<session_id>/pending-prompts")

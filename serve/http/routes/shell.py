@@ -84,8 +84,6 @@ HISTORY_TIMEOUT_S: Final = 10.0
 #: JSON-RPC code of a Host refusal (serve.permissions.effects.EFFECT_DENIED).
 _EFFECT_DENIED: Final = -32003
 
-_running: dict[str, int] = {}
-
 
 def shell_enabled(d: Any) -> bool:
     """The flag is on and a bearer token is configured (see the module docstring)."""
@@ -181,7 +179,8 @@ async def session_shell(session_id: str) -> Response:
             f"`command` must be at most {MAX_COMMAND_CHARS} characters without NUL",
             "invalid_command",
         )
-    if _running.get(session_id, 0) >= MAX_SHELLS_PER_SESSION:
+    running = d.front.shells  # the Host's table, not a module global
+    if running.get(session_id, 0) >= MAX_SHELLS_PER_SESSION:
         raise ApiError(
             429,
             {
@@ -191,15 +190,15 @@ async def session_shell(session_id: str) -> Response:
             },
             {"Retry-After": "1"},
         )
-    _running[session_id] = _running.get(session_id, 0) + 1
+    running[session_id] = running.get(session_id, 0) + 1
     try:
         return await _run(session, command, client_id)
     finally:
-        left = _running.get(session_id, 1) - 1
+        left = running.get(session_id, 1) - 1
         if left <= 0:
-            _running.pop(session_id, None)
+            running.pop(session_id, None)
         else:
-            _running[session_id] = left
+            running[session_id] = left
 
 
 async def _run(session: Any, command: str, client_id: str) -> Response:

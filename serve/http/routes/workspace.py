@@ -39,6 +39,7 @@ import msgspec
 from quart import Blueprint, Response
 
 from serve import threads
+from serve.errors import settings_file_error, workspace_fs_error
 from serve.http import plural
 from serve.http.addressing import (
     addressed_path,
@@ -49,7 +50,7 @@ from serve.http.addressing import (
 )
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
-from serve.http.errors import ApiError, bad_request
+from serve.http.errors import ApiError, bad_request, rest_error
 from serve.http.routes.sessions import header_client_id
 from serve.http.wire import json_body, json_response
 from serve.status.agent import acp_cells, providers_snapshot
@@ -57,10 +58,10 @@ from serve.status.env import env_cells
 from serve.status.init import InitConflict, InitError, init_memory_file, memory_file_name
 from serve.status.mcp import mcp_snapshot
 from serve.status.preflight import daemon_cells
-from serve.status.settings_file import SettingsFileError, read_settings, set_tool_enabled
 from serve.status.skills import project_skills
 from serve.threads import file_routes_limiter
 from serve.workspace import Workspace, WorkspaceFsError
+from serve.workspace_state.settings_file import SettingsFileError, read_settings, set_tool_enabled
 
 blueprint = Blueprint("workspace_status", __name__)
 PLURAL_ROUTES = plural.PluralRoutes(blueprint)
@@ -94,7 +95,7 @@ def _status_error(kind: str, err: WorkspaceFsError) -> dict[str, Any]:
 
 
 def _fs_failure(err: WorkspaceFsError) -> ApiError:
-    return ApiError(err.status, {"error": err.message, "code": err.kind, "errorKind": err.kind})
+    return rest_error(workspace_fs_error(err))
 
 
 # ---- read-only snapshots ------------------------------------------------------------------
@@ -263,7 +264,7 @@ async def workspace_tool_enable(name: str, workspace: str | None = None) -> Resp
             file_routes_limiter(), functools.partial(set_tool_enabled, ws, name, enabled)
         )
     except SettingsFileError as err:
-        raise ApiError(err.status, err.to_body()) from None
+        raise rest_error(settings_file_error(err)) from None
     except WorkspaceFsError as err:
         raise _fs_failure(err) from None
     out = {"toolName": name, "enabled": enabled}

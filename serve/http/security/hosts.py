@@ -27,11 +27,11 @@ Pure functions and an immutable value object; no I/O.
 from __future__ import annotations
 
 import ipaddress
-import re
 
 import msgspec
 
 from serve.http.security._wire import ErrorBody
+from serve.origins import ascii_lower, is_loopback_host
 
 __all__ = [
     "INVALID_HOST_BODY",
@@ -46,27 +46,6 @@ INVALID_HOST_BODY = ErrorBody(error="Invalid Host header")
 
 LOOPBACK_ALIASES: tuple[str, ...] = ("localhost", "127.0.0.1", "[::1]", "host.docker.internal")
 """Host names (without port) that always designate this daemon on a loopback bind."""
-
-_DOTTED_127 = re.compile(r"127\.([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})", re.ASCII)
-_ASCII_UPPER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
-def ascii_lower(value: str) -> str:
-    """Lower-case ASCII letters only (``str.lower`` folds e.g. U+212A KELVIN SIGN to ``k``)."""
-    return value.translate(_ASCII_UPPER)
-
-
-def is_loopback_host(host: str) -> bool:
-    """True iff the bind hostname ``host`` is in the loopback set.
-
-    ``localhost`` (any ASCII case), ``::1``, ``[::1]``, or ``127.a.b.c`` with decimal octets
-    in 0–255. No surrounding whitespace is tolerated.
-    """
-    lowered = ascii_lower(host)
-    if lowered in ("localhost", "::1", "[::1]"):
-        return True
-    match = _DOTTED_127.fullmatch(host)
-    return match is not None and all(int(octet) <= 255 for octet in match.groups())
 
 
 def is_loopback_address(address: str) -> bool:

@@ -1,4 +1,4 @@
-"""The workspace settings file, ``<workspace>/.qwen/settings.json``: read, toggle a tool.
+"""The workspace settings file, ``<workspace>/.qwen/settings.json``: read, update, toggle a tool.
 
 Theory of operation
 -------------------
@@ -10,14 +10,17 @@ workspace module's atomic temp-file + rename with a hash check.
 :func:`read_settings` returns the decoded object and the file's hash (``None`` when the
 file does not exist, which reads as ``{}``). The file is strict JSON; anything else is a
 :class:`SettingsFileError` (the file is never rewritten then, so a hand-edited file with
-comments is not destroyed by a tool toggle).
+comments is not destroyed by an update).
 
-:func:`set_tool_enabled` is a read-modify-write of ``tools.disabled``. Updates from this
-process are serialised by a per-workspace ``threading.Lock`` (one thread waits while
-another updates; bounded by the number of concurrent requests). Against writers outside
-the daemon (an editor) it is optimistic: read with hash, change the list, write with
-``expectedHash`` (or ``create`` when absent); a concurrent change makes the write fail
-with ``hash_mismatch``/``file_already_exists`` and the update is redone from a fresh
+:func:`update_settings` is the one read-modify-write of the file, used by the tool toggle
+(:func:`set_tool_enabled`, ``tools.disabled``) and the dotted-key edits
+(:func:`serve.workspace_state.settings_edit.update_setting`). Updates from this process
+are serialised by one per-workspace ``threading.Lock`` (one table, keyed by the workspace
+root, so at most one entry per configured workspace; one thread waits while another
+updates). Against writers outside the daemon (an editor) it is optimistic: read with hash,
+change the document, write with ``expectedHash`` (or ``create`` when absent); a concurrent
+change makes the write fail with ``hash_mismatch``/``file_already_exists`` (or
+``path_not_found``: the file was removed meanwhile) and the update is redone from a fresh
 read, at most :data:`MAX_UPDATE_ATTEMPTS` times. Other keys, their order, and the file's
 encoding/BOM/line endings are preserved; the JSON is re-indented with two spaces.
 """
@@ -25,6 +28,7 @@ encoding/BOM/line endings are preserved; the JSON is re-indented with two spaces
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -35,14 +39,20 @@ __all__ = [
     "MAX_UPDATE_ATTEMPTS",
     "SETTINGS_PATH",
     "SettingsFileError",
+    "disabled_tools",
     "read_settings",
     "set_tool_enabled",
+    "update_settings",
 ]
 
 SETTINGS_PATH: Final = ".qwen/settings.json"
 #: Read-modify-write rounds before giving up on a settings file that keeps changing.
 MAX_UPDATE_ATTEMPTS: Final = 5
 
+#: Write conflicts that redo the update from a fresh read (another writer got there first).
+_RACES: Final = ("hash_mismatch", "file_already_exists", "path_not_found")
+
+#: The one lock table of the settings file: one entry per workspace root.
 _update_locks: dict[str, threading.Lock] = {}
 _update_locks_guard = threading.Lock()
 
@@ -53,16 +63,13 @@ def _update_lock(ws: Workspace) -> threading.Lock:
 
 
 class SettingsFileError(Exception):
-    """The settings file cannot be used: ``code`` is the wire code, ``status`` the HTTP one."""
+    """The settings file cannot be used: ``code`` is the wire code (its status and body
+    are :func:`serve.errors.settings_file_error`'s)."""
 
-    def __init__(self, code: str, message: str, status: int = 409) -> None:
+    def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
-        self.status = status
-
-    def to_body(self) -> dict[str, Any]:
-        return {"error": self.message, "code": self.code, "path": SETTINGS_PATH}
 
 
 def read_settings(ws: Workspace) -> tuple[dict[str, Any], str | None]:
@@ -103,40 +110,62 @@ def disabled_tools(data: dict[str, Any]) -> list[str]:
     return _disabled_list(data)
 
 
+def encode_settings(doc: Mapping[str, Any]) -> str:
+    """The file's text for ``doc``: two-space indented JSON and a final newline."""
+    return msgspec.json.format(msgspec.json.encode(doc), indent=2).decode() + "\n"
+
+
+def update_settings(
+    ws: Workspace, change: Callable[[dict[str, Any]], dict[str, Any] | None]
+) -> bool:
+    """Read-modify-write the settings file; returns whether it was written.
+
+    ``change`` gets the current document (``{}`` when absent) and returns the new one, or
+    ``None`` to leave the file alone; it may raise to abort, and is called again on a
+    conflict. Raises :class:`SettingsFileError` for an unusable file or one that kept
+    changing, and :class:`~serve.workspace.WorkspaceFsError` for a write refused by the
+    workspace boundary.
+    """
+    with _update_lock(ws):
+        for _ in range(MAX_UPDATE_ATTEMPTS):
+            doc, current_hash = read_settings(ws)
+            updated = change(doc)
+            if updated is None:
+                return False
+            content = encode_settings(updated)
+            try:
+                if current_hash is None:
+                    write_text(ws, SETTINGS_PATH, content, mode="create", create_parents=True)
+                else:
+                    write_text(
+                        ws, SETTINGS_PATH, content, mode="replace", expected_hash=current_hash
+                    )
+            except WorkspaceFsError as err:
+                if err.kind in _RACES:
+                    continue
+                raise
+            return True
+    raise SettingsFileError(
+        "settings_busy", f"{SETTINGS_PATH} kept changing during the update; retry"
+    )
+
+
 def set_tool_enabled(ws: Workspace, name: str, enabled: bool) -> bool:
     """Add ``name`` to (``enabled=False``) or remove it from ``tools.disabled``.
 
-    Returns whether the file changed. Raises :class:`SettingsFileError` for an unusable
-    file or a file that kept changing, and :class:`WorkspaceFsError` for a write refused
-    by the workspace boundary.
+    Returns whether the file changed (errors as :func:`update_settings`).
     """
-    with _update_lock(ws):
-        return _set_tool_enabled(ws, name, enabled)
 
-
-def _set_tool_enabled(ws: Workspace, name: str, enabled: bool) -> bool:
-    for _ in range(MAX_UPDATE_ATTEMPTS):
-        data, current_hash = read_settings(ws)
+    def change(data: dict[str, Any]) -> dict[str, Any] | None:
         disabled = _disabled_list(data)
         if enabled:
             updated = [tool for tool in disabled if tool != name]
         else:
             updated = disabled if name in disabled else [*disabled, name]
         if updated == disabled:
-            return False
+            return None
         tools = data.get("tools")
         data["tools"] = {**(tools if isinstance(tools, dict) else {}), "disabled": updated}
-        content = msgspec.json.format(msgspec.json.encode(data), indent=2).decode() + "\n"
-        try:
-            if current_hash is None:
-                write_text(ws, SETTINGS_PATH, content, mode="create", create_parents=True)
-            else:
-                write_text(ws, SETTINGS_PATH, content, mode="replace", expected_hash=current_hash)
-        except WorkspaceFsError as err:
-            if err.kind in ("hash_mismatch", "file_already_exists"):
-                continue
-            raise
-        return True
-    raise SettingsFileError(
-        "settings_busy", f"{SETTINGS_PATH} kept changing during the update; retry", 409
-    )
+        return data
+
+    return update_settings(ws, change)

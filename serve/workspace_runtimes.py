@@ -1,4 +1,7 @@
-"""Workspace runtimes: one session registry per workspace, behind one facade.
+"""Workspace runtimes: one agent pool and one session registry per workspace, behind one facade.
+
+Above both ``serve.sessions`` and ``serve.agents`` (it composes them; the pool implements
+the sessions' ``AgentSource`` port), below the Host, which builds it.
 
 Every workspace given with ``--workspace`` (the first is the primary) or
 ``--untrusted-workspace`` gets its own :class:`SessionRegistry` actor, with its own session
@@ -16,8 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
@@ -43,6 +46,15 @@ def workspace_id(path: str) -> str:
     return "ws_" + hashlib.sha256(os.fsencode(path)).hexdigest()[:16]
 
 
+class IdleRelease(NamedTuple):
+    """What a pool may ask of its workspace's sessions for the memory budget."""
+
+    #: Release the least recently used idle session; True when one let its agent go.
+    release: Callable[[], Awaitable[bool]]
+    #: Whether any session could let its agent go now.
+    available: Callable[[], bool]
+
+
 class WorkspaceRuntime:
     """One workspace: its canonical path, id, trust, agent pool and session registry."""
 
@@ -52,18 +64,22 @@ class WorkspaceRuntime:
         *,
         primary: bool,
         trusted: bool,
-        registry: SessionRegistry,
-        agents: AgentPool,
+        agents: Callable[[IdleRelease], AgentPool],
+        registry: Callable[[AgentSource], SessionRegistry],
     ) -> None:
+        """``agents`` builds the pool given how it may release idle sessions, ``registry``
+        the session registry given where its sessions get their agents (that pool): every
+        part gets its collaborators as constructor arguments; the pool reaches the
+        registry's sessions through this runtime's methods."""
         self.path = path
         self.id = workspace_id(path)
         self.primary = primary
         self.trusted = trusted
-        self.registry = registry
-        self.agents = agents
-        registry.agent_source = agents
-        agents.releaser = self.release_lru_idle
-        agents.has_releasable = lambda: bool(self._releasable())
+        self.agents = agents(IdleRelease(self.release_lru_idle, self.has_releasable))
+        self.registry = registry(self.agents)
+
+    def has_releasable(self) -> bool:
+        return bool(self._releasable())
 
     def _releasable(self) -> list[SessionActor]:
         """Live sessions that could let their agent go now, least recently used first."""
@@ -114,24 +130,47 @@ class WorkspaceRuntimes:
             (p, False) for p in settings.untrusted_workspaces
         ]
         for index, (path, trusted) in enumerate(paths):
-            registry = SessionRegistry(
-                settings,
+            self.runtimes[path] = self._runtime(
+                path, index == 0, trusted, mediator, restart, retire_hook
+            )
+
+    def _runtime(
+        self,
+        path: str,
+        primary: bool,
+        trusted: bool,
+        mediator: PermissionMediator,
+        restart: RestartIntensity | None,
+        retire_hook: Callable[[SessionActor], None] | None,
+    ) -> WorkspaceRuntime:
+        def agents(idle: IdleRelease) -> AgentPool:
+            return AgentPool(
+                self.settings,
+                path,
+                name=f"agents:{workspace_id(path)}",
+                isolation=self.isolation,
+                releaser=idle.release,
+                has_releasable=idle.available,
+            )
+
+        def registry(source: AgentSource) -> SessionRegistry:
+            return SessionRegistry(
+                self.settings,
                 mediator,
                 name=f"sessions:{workspace_id(path)}",
                 restart=restart,
-                effects=effects,
-                journal=journal,
-                mcp_pool=mcp_pool,
+                effects=self.effects,
+                journal=self.journal,
+                mcp_pool=self.mcp_pool,
                 retire_hook=retire_hook,
                 total_count=self.total_count,
+                agent_source=source,
+                isolation=self.isolation,
             )
-            registry.isolation = isolation
-            agents = AgentPool(
-                settings, path, name=f"agents:{workspace_id(path)}", isolation=isolation
-            )
-            self.runtimes[path] = WorkspaceRuntime(
-                path, primary=index == 0, trusted=trusted, registry=registry, agents=agents
-            )
+
+        return WorkspaceRuntime(
+            path, primary=primary, trusted=trusted, agents=agents, registry=registry
+        )
 
     # ---- structure ---------------------------------------------------------------------
 
@@ -194,11 +233,6 @@ class WorkspaceRuntimes:
     def agent_source(self) -> AgentSource | None:
         """Where sessions get their agents (each workspace's pool; None: each spawns its own)."""
         return self.primary.registry.agent_source
-
-    @agent_source.setter
-    def agent_source(self, value: AgentSource | None) -> None:
-        for rt in self:
-            rt.registry.agent_source = value
 
     # ---- the registry facade -----------------------------------------------------------
 

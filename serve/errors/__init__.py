@@ -1,0 +1,46 @@
+"""The one table from domain errors to a neutral wire error, and its REST rendering.
+
+Theory of operation
+-------------------
+Domain packages raise their own exceptions and know no transport: who failed is the
+exception's class, what the client reads is its ``message``/``code``/fields. This package
+is the only place that decides the wire *status*, *body* and *headers* of each family
+(:mod:`.table`): session errors (``serve.sessions.errors``), workspace file-system errors
+(``serve.workspace.errors``, the spec §4.5 errorKind table), settings-file errors
+(``serve.workspace_state.settings_file``) and the ACP client's errors (``acp.errors``),
+and which codes of a failed turn are retryable. A :class:`WireError` is neutral (no HTTP
+framework, no JSON-RPC); :func:`rest` renders it for the REST front (``serve.http.errors``
+turns it into its ``ApiError``); the ``/acp`` front maps the same status into a JSON-RPC
+error (``data.httpStatus``).
+
+Dependency position: it imports the domain's exception modules and ``acp.errors``; the
+fronts import it; no domain package does (``tests/test_architecture.py``).
+"""
+
+from serve.errors.table import (
+    FS_STATUS,
+    RETRYABLE_TURN_CODES,
+    SESSION_ERRORS,
+    SETTINGS_FILE_STATUS,
+    TURN_RETRY_AFTER,
+    WireError,
+    fs_error,
+    rest,
+    settings_file_error,
+    wire_error,
+    workspace_fs_error,
+)
+
+__all__ = [
+    "FS_STATUS",
+    "RETRYABLE_TURN_CODES",
+    "SESSION_ERRORS",
+    "SETTINGS_FILE_STATUS",
+    "TURN_RETRY_AFTER",
+    "WireError",
+    "fs_error",
+    "rest",
+    "settings_file_error",
+    "wire_error",
+    "workspace_fs_error",
+]
