@@ -124,6 +124,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     session_prompt_settled_close_grace_ms: int = 0
     #: How long an agent may ignore session/cancel before the turn ends and it restarts (ms).
     cancel_grace_ms: int = 10_000
+    #: A steered turn is over once the agent sent no update for it this long after its
+    #: prompt response (ms; serve/sessions/steering.py).
+    turn_settle_ms: int = 500
     #: Daemon-wide default budgets of every session (0: none; PATCH /session/:id/budget).
     session_token_budget: int = 0
     session_cost_budget: float = 0.0
@@ -377,6 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--session-idle-timeout-ms", default="1800000", help="idle time before reaping")
     add("--client-idle-timeout-ms", default="300000", help="drop clients idle this long; 0 = off")
     add("--session-prompt-settled-close-grace-ms", default="0", help="grace after a prompt")
+    add(
+        "--turn-settle-ms",
+        default="500",
+        help="a steered turn ends once its agent was quiet this long after answering (ms)",
+    )
     add(
         "--cancel-grace-ms",
         default="10000",
@@ -947,6 +955,9 @@ def parse_settings(
             positive=False,
         ),
         cancel_grace_ms=_timer("--cancel-grace-ms", ns.cancel_grace_ms, positive=False),
+        turn_settle_ms=_int(
+            "--turn-settle-ms", ns.turn_settle_ms, minimum=10, maximum=60_000, what="an integer"
+        ),
         session_token_budget=_int(
             "--session-token-budget",
             ns.session_token_budget,

@@ -68,7 +68,7 @@ import msgspec
 import trio
 
 from actors import ActorError, ActorStopped, InboxFull
-from serve.acpfront import elicit, jsonrpc
+from serve.acpfront import elicit, jsonrpc, steering
 from serve.acpfront.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -376,6 +376,7 @@ class AcpFront:
             "session/close": self._session_close,
             "session/prompt": self._session_prompt,
             "session/cancel": self._session_cancel,
+            "_session/steering": self._session_steering,
             "session/set_mode": self._session_set_mode,
             "session/set_model": self._session_set_model,
             "session/set_config_option": self._session_set_config_option,
@@ -514,6 +515,7 @@ class AcpFront:
             },
             "agentInfo": {"name": "acp-serve", "title": "acp-serve", "version": self.version},
             "authMethods": [],
+            "_meta": steering.INITIALIZE_META,
         }
         return conn, jsonrpc.result_bytes(request.id, result)
 
@@ -1208,6 +1210,13 @@ class AcpFront:
             INTERNAL_ERROR,
             str(data.get("message", "prompt failed")),
             {"httpStatus": status, "promptId": admission.prompt_id, **detail},
+        )
+
+    async def _session_steering(self, conn: Connection, params: dict[str, Any]) -> Any:
+        link = self._owned(conn, params)  # serve/acpfront/steering.py
+        blocks, text = _validate_prompt(params.get("prompt"))
+        return await steering.steer(
+            link.session, link.client_id, blocks, text, params, ASK_TIMEOUT_S
         )
 
     async def _session_cancel(self, conn: Connection, params: dict[str, Any]) -> Any:

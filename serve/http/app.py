@@ -35,6 +35,7 @@ from serve.http.routes import (
     health,
     mcp,
     memory_settings,
+    pending,
     permissions,
     sessions,
     shell,
@@ -69,6 +70,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     workspace,
     budget,
     elicitation,
+    pending,
 )
 #: The order of the tags in ``GET /capabilities`` (as published: session tags first, the
 #: ACP transport tags last, the others in registration order).

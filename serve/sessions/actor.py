@@ -111,6 +111,7 @@ from serve.sessions.messages import (
     ReapIfIdle,
     ReleaseAgent,
     RemovePending,
+    ReplacePending,
     SessionBusy,
     SessionGone,
     SessionMsg,
@@ -118,6 +119,7 @@ from serve.sessions.messages import (
     SetApprovalMode,
     SetBudget,
     SetModel,
+    SteerPrompt,
     StreamEnded,
     SubmitPrompt,
     Subscribe,
@@ -139,6 +141,8 @@ from serve.sessions.prompt_queue import (
     PromptRunning,
     Terminal,
 )
+from serve.sessions.queue_edits import replace_pending
+from serve.sessions.steering import Steering
 
 if TYPE_CHECKING:
     from serve.journal import Journal
@@ -291,6 +295,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self._rebind_error: Exception | None = None
         #: This session had its agent killed (an ignored cancel): not a bystander of the exit.
         self._killed_agent = False
+        #: Steers of the running turn and when a steered turn is over (steering.py).
+        self.steering = Steering(self, settings.turn_settle_ms)
         #: Token and cost budget (serve/sessions/budget.py), from the daemon-wide defaults.
         self.budget = BudgetMeter(
             Limits(
@@ -705,6 +711,10 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         match msg:
             case SubmitPrompt():
                 return self._admit(msg)
+            case SteerPrompt():
+                return self.steering.submit(msg)
+            case ReplacePending():
+                return replace_pending(self, msg)
             case SetBudget():
                 return self._set_budget(msg)
             case CancelTurn(client_id=cid, prompt_id=pid):
@@ -881,13 +891,15 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self._budget_signals(signals)
         return snapshot
 
-    def _admit(self, msg: SubmitPrompt) -> Admission:
+    def _admit(self, msg: SubmitPrompt, *, front: bool = False) -> Admission:
         self._refuse_if_exhausted()
         if self.agent_released and not self._rebinding:
             refusal = self.link.refusal()  # e.g. 503 memory_budget_exceeded
             if refusal is not None:
                 raise refusal
-        admitted = self.prompts.admit(msg, now=trio.current_time(), queued_at=iso_now())
+        admitted = self.prompts.admit(
+            msg, now=trio.current_time(), queued_at=iso_now(), front=front
+        )
         job: Job = admitted.job
         if not admitted.fresh:
             return job.token  # type: ignore[no-any-return]  # the same turn, not a second one
@@ -1162,6 +1174,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 if job.deadline is not None:
                     scope.deadline = job.deadline
                 result = await conn.prompt(sid, job.prompt, extra=turns.prompt_extra(job, sid))
+                await self.steering.settle(job)  # a steered turn: until the agent is quiet
             self._turn_scope = None
         except RemoteError as exc:
             self._finish(job, "turn_error", turns.remote_error(sid, exc))

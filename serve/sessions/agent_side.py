@@ -86,6 +86,8 @@ class AgentSide(BaseClientHandler):
         self.drop_updates = False
         self.available_commands = None
         self._elicitation_url_ids: OrderedDict[str, None] = OrderedDict()
+        #: ``session/update``s the agent sent for this session (serve/sessions/steering.py).
+        self.agent_updates = 0
 
     def _flush_early_updates(self) -> None:
         """The session id is known: relay what the agent sent before it."""
@@ -121,6 +123,7 @@ class AgentSide(BaseClientHandler):
             return
         if session_id != self.session_id:
             return
+        self.agent_updates += 1  # a steered turn is over once this stops growing
         if self._journal_pending:  # a new session's journal is opening: keep them for it
             self._early.append((kind, update))
             return

@@ -46,6 +46,24 @@ class RemovePending(msgspec.Struct, frozen=True):
     client_id: str | None
 
 
+class ReplacePending(msgspec.Struct, frozen=True):
+    """Give a queued prompt new content before it starts (the editable queue)."""
+
+    prompt_id: str
+    request: PromptRequest
+
+
+class SteerPrompt(msgspec.Struct, frozen=True):
+    """Steer the running turn with ``request`` (serve/sessions/steering.py); answered with a
+    :class:`Steered`, maybe deferred (a Reply) while the agent is asked."""
+
+    request: PromptRequest
+    #: With no running turn: ``prompt`` (run it as the next prompt) or ``refuse``
+    #: (``steering.NoRunningTurn``: the caller keeps it, ACP's ``idleBehavior:
+    #: "promptRequired"``).
+    when_idle: str = "prompt"
+
+
 class CancelTurn(msgspec.Struct, frozen=True):
     client_id: str | None
     prompt_id: str | None = None  # only this prompt (its blocking caller went away)
@@ -175,6 +193,8 @@ SessionMsg = (
     | ReapIfIdle
     | ListPending
     | RemovePending
+    | ReplacePending
+    | SteerPrompt
     | PublishEvent
     | ReleaseAgent
     | SetBudget
@@ -189,6 +209,25 @@ class Admission(msgspec.Struct, frozen=True):
     epoch: str
     job: Any  # serve.sessions.prompt_queue.Job
     done: Any  # trio.Event, set once the job's terminal is published
+
+
+class Steered(msgspec.Struct, frozen=True):
+    """Where a steer went. ``via``: ``native`` (the agent's ``_session/steering`` took it
+    into the running turn: ``admission`` is that turn's), ``cancel`` (the running turn was
+    cancelled and the steer is the next prompt) or ``prompt`` (no turn took it: it is the
+    next prompt, ``reason`` says why); ``admission`` is then its own."""
+
+    via: str
+    admission: Admission
+    outcome: str | None = None  # the agent's answer to _session/steering
+    reason: str | None = None
+    cancelled_prompt_id: str | None = None
+
+
+class PendingReplaced(msgspec.Struct, frozen=True):
+    prompt_id: str
+    text: str
+    queued_at: str
 
 
 class SessionView(msgspec.Struct, frozen=True):

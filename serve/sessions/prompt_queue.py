@@ -13,6 +13,8 @@ agent, no event log. The session actor drives it and publishes what it returns.
 * :meth:`~PromptQueue.take` hands the worker the next job in FIFO order; jobs whose deadline
   passed while they waited end instead (their terminals are returned). At most one job runs;
   :meth:`~PromptQueue.release` marks the end of its turn.
+* :meth:`~PromptQueue.replace` gives a queued prompt new content before it starts (the
+  editable queue); ``admit(front=True)`` puts a steer that became a prompt ahead of the queue.
 * :meth:`~PromptQueue.finish`, :meth:`~PromptQueue.remove`, :meth:`~PromptQueue.cancel_queued`
   and :meth:`~PromptQueue.abort_all` end jobs. Every operation that ends a job returns its
   :class:`Terminal`, and a job ends once: **every admitted prompt gets exactly one terminal**
@@ -170,13 +172,20 @@ class PromptQueue:
     def queued(self) -> tuple[Job, ...]:
         return tuple(self._queue)
 
+    def known(self, prompt_id: str) -> Job | None:
+        """The job admitted with this ``promptId`` (one of the remembered ids), or None."""
+        return self._admitted.get(prompt_id)
+
     def jobs(self) -> list[Job]:
         """The running job first, then the queue in order."""
         return ([self.running] if self.running is not None else []) + list(self._queue)
 
     # ---- operations --------------------------------------------------------------------
 
-    def admit(self, request: PromptRequest, *, now: float, queued_at: str = "") -> Admitted:
+    def admit(
+        self, request: PromptRequest, *, now: float, queued_at: str = "", front: bool = False
+    ) -> Admitted:
+        """``front``: ahead of the other queued prompts (a steer that becomes a prompt)."""
         if request.prompt_id is not None:
             earlier = self._admitted.get(request.prompt_id)
             if earlier is not None:
@@ -194,7 +203,10 @@ class PromptQueue:
             queued_at=queued_at,
             deadline=None if deadline_ms is None else now + deadline_ms / 1000,
         )
-        self._queue.append(job)
+        if front:
+            self._queue.appendleft(job)
+        else:
+            self._queue.append(job)
         self._admitted[prompt_id] = job
         while len(self._admitted) > self.remember:
             self._admitted.popitem(last=False)
@@ -243,6 +255,19 @@ class PromptQueue:
         if self.running is not None and self.running.prompt_id == prompt_id:
             raise PromptRunning(prompt_id)
         return self.cancel_queued(prompt_id, data)
+
+    def replace(self, prompt_id: str, request: PromptRequest) -> Job | None:
+        """Give a queued prompt new content (its id, place, deadline and client stay);
+        None when it is not queued; running: refused (:class:`PromptRunning`)."""
+        if self.running is not None and self.running.prompt_id == prompt_id:
+            raise PromptRunning(prompt_id)
+        for job in self._queue:
+            if job.prompt_id == prompt_id:
+                job.prompt = request.prompt
+                job.text = request.text
+                job.extra = request.extra
+                return job
+        return None
 
     def cancel_queued(self, prompt_id: str, data: dict[str, Any]) -> Terminal | None:
         for job in self._queue:

@@ -104,6 +104,9 @@ def test_budget_mode_defaults_to_warn_with_a_budget(tmp_path: Path) -> None:
         (["--journal-retention-ms", "-5"], {}, '--journal-retention-ms "-5"'),
         (["--journal-max-total-bytes", "1000"], {}, "at least 16777216"),
         (["--journal-max-total-bytes", "lots"], {}, '"lots"'),
+        (["--turn-settle-ms", "5"], {}, '--turn-settle-ms "5"'),
+        (["--turn-settle-ms", "60001"], {}, '--turn-settle-ms "60001"'),
+        (["--turn-settle-ms", "soon"], {}, '--turn-settle-ms "soon"'),
     ],
 )
 def test_refusals_name_the_bad_value(

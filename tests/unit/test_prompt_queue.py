@@ -33,6 +33,8 @@ OPS: list[tuple[str, Any]] = [
     ("admit", "a"),
     ("admit", "b"),
     ("admit_short", None),  # a 1 s deadline
+    ("admit_front", "a"),  # ahead of the queue (a steer that became a prompt)
+    ("replace", "b"),  # new content, same id and place
     ("take", None),
     ("finish", None),  # the running job completes
     ("release", None),
@@ -53,6 +55,7 @@ class Model:
         self.terminals: dict[int, list[Terminal]] = {}
         self.taken: list[Job] = []
         self.notified: dict[int, int] = {}
+        self.expected: list[Job] = []  # the queue's order: FIFO, front admissions first
 
     def record(self, terminals: list[Terminal | None]) -> None:
         for t in terminals:
@@ -64,15 +67,15 @@ class Model:
 
     def apply(self, op: str, arg: Any) -> None:
         q = self.q
-        if op in ("admit", "admit_short"):
+        if op in ("admit", "admit_short", "admit_front"):
             before = q.pending_count
             req = PromptRequest(RAW, "x", None, prompt_id=arg, deadline_ms=1000)
-            if op == "admit":
+            if op != "admit_short":
                 req = PromptRequest(RAW, "x", None, prompt_id=arg)
             else:
                 q.deadline_ms = 60_000  # the request's 1 s shortens it
             try:
-                admitted = q.admit(req, now=self.now)
+                admitted = q.admit(req, now=self.now, front=op == "admit_front")
             except PromptQueueFull:
                 assert self.limit and before >= self.limit
                 assert arg is None or all(j.prompt_id != arg for j in self.admitted)
@@ -84,6 +87,10 @@ class Model:
                 assert job not in self.admitted
                 assert job.queued == (before > 0)
                 self.admitted.append(job)
+                if op == "admit_front":
+                    self.expected.insert(0, job)
+                else:
+                    self.expected.append(job)
                 key = id(job)
                 self.notified[key] = 0
 
@@ -106,10 +113,21 @@ class Model:
             if job is not None:
                 assert job.terminal is None and job.state == "running" and job.started
                 assert job.deadline is None or self.now < job.deadline
-                # FIFO: every earlier admitted job has started or ended
-                earlier = self.admitted[: self.admitted.index(job)]
-                assert all(j.started or j.done for j in earlier)
+                # the queue's order: every job ahead of it in the queue has ended
+                ahead = self.expected[: self.expected.index(job)]
+                assert all(j.done for j in ahead)
                 self.taken.append(job)
+        elif op == "replace":
+            running = q.running
+            try:
+                job = q.replace(arg, PromptRequest(RAW, "y", None))
+            except PromptRunning:
+                assert running is not None and running.prompt_id == arg
+                return
+            if job is None:
+                assert all(j.prompt_id != arg for j in q.queued)
+            else:
+                assert job.prompt_id == arg and job.text == "y" and job in q.queued
         elif op == "finish":
             if q.running is not None:
                 self.record([q.finish(q.running, "turn_complete", {"stopReason": "end_turn"})])
@@ -144,6 +162,8 @@ class Model:
             assert self.notified[id(job)] == len(got)
         assert q.pending_count == len(q.jobs())
         assert all(j.state == "queued" and not j.done for j in q.queued)
+        self.expected = [j for j in self.expected if j.state == "queued"]
+        assert list(q.queued) == self.expected
         if self.limit:
             assert len(q.queued) + (1 if q.running is not None else 0) <= self.limit + 1
         assert len({id(j) for j in self.taken}) == len(self.taken)
@@ -160,7 +180,7 @@ class Model:
 
 @pytest.mark.parametrize("limit", [0, 2])
 def test_every_sequence_of_operations_keeps_the_invariants(limit: int) -> None:
-    """Exhaustive up to four operations (11**4 sequences per limit)."""
+    """Exhaustive up to four operations (13**4 sequences per limit)."""
     length = 4
     count = 0
     for seq in itertools.product(OPS, repeat=length):

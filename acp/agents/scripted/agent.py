@@ -36,6 +36,12 @@ outputTokens}`` for the turn (input = the prompt's words plus what ``[usage]`` a
 output = the words the agent said). ``[usage N]`` / ``[usage N COST]`` adds N tokens (and
 COST) to the turn at that point and sends a ``usage_update`` at once.
 
+Steering (not with ``--legacy``): ``_meta.steering.supported`` in the initialize answer and
+``_session/steering`` (:mod:`.steering`): a steer's text runs as more script in the running
+turn, after the turn's own; after ``[steer-late]`` it runs in its own thread, so the prompt
+answers ``end_turn`` while steered work still streams; after ``[steer-fail]`` the answer is
+``failed``; with no turn running (or after ``[steer-closed]``) it is ``promptRequired``.
+
 Sessions live in :class:`.store.Store` (one JSON file each), so ``session/load`` replays the
 history (user / thought / agent chunks) and ``session/resume`` restores without replay, also
 after the agent restarts. ``--legacy`` mimics older agents: no ``configOptions`` (models via
@@ -54,7 +60,7 @@ from typing import IO, Any, Final
 import msgspec
 
 from acp import jsonrpc
-from acp.agents.scripted import elicit, script
+from acp.agents.scripted import elicit, script, steering
 from acp.agents.scripted.store import SessionRecord, Store, now_iso, valid_session_id
 from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
 from acp.schema import (
@@ -116,6 +122,7 @@ class _Turn:
     def __init__(self, request_id: jsonrpc.RequestId) -> None:
         self.request_id = request_id
         self.cancel = threading.Event()
+        self.steers = steering.SteerInbox()
 
 
 class _Session:
@@ -274,7 +281,7 @@ class ScriptedAgent:
             },
             "authMethods": [],
             "agentInfo": {"name": AGENT_NAME, "title": "Scripted agent", "version": AGENT_VERSION},
-        }
+        } | ({} if self.legacy else {"_meta": steering.INITIALIZE_META})
 
     def authenticate(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
         return {}
@@ -549,6 +556,7 @@ class ScriptedAgent:
         "session/set_model": set_model,
         "session/set_config_option": set_config_option,
         "session/prompt": prompt,
+        "_session/steering": steering.steer,
         "_scripted/ping": ping,
     }
 
@@ -624,15 +632,45 @@ class _TurnRunner:
 
     def execute(self, steps: list[script.Step]) -> str:
         try:
-            for step in steps:
-                self.check_cancel()
-                if isinstance(step, script.Text):
-                    self.say("echo: " + step.text)
-                else:
-                    getattr(self, "do_" + step.name.replace("-", "_"))(step.arg)
+            self.run_steps(steps)
+            while (steered := self.turn.steers.next()) is not None:  # steering.py
+                self.record.add("user", steered)
+                self.run_steps(script.parse(steered))
             return "end_turn"
         except Cancelled:
             return "cancelled"
+        finally:
+            self.turn.steers.close()
+
+    def run_steps(self, steps: list[script.Step]) -> None:
+        for step in steps:
+            self.check_cancel()
+            if isinstance(step, script.Text):
+                self.say("echo: " + step.text)
+            else:
+                getattr(self, "do_" + step.name.replace("-", "_"))(step.arg)
+
+    def do_steer_late(self, arg: str) -> None:
+        """Steers of this turn run in their own thread (acp/agents/scripted/steering.py)."""
+
+        def late(text: str) -> None:
+            def run() -> None:
+                try:
+                    self.run_steps(script.parse(text))
+                except Cancelled:
+                    pass
+
+            threading.Thread(target=run, name="steer-late", daemon=True).start()
+
+        self.turn.steers.late = late
+
+    def do_steer_closed(self, arg: str) -> None:
+        """This turn takes no more steers, as one that is ending (``promptRequired``)."""
+        self.turn.steers.close()
+
+    def do_steer_fail(self, arg: str) -> None:
+        """Steers of this turn are answered ``failed`` (acp/agents/scripted/steering.py)."""
+        self.turn.steers.fail = True
 
     def do_think(self, arg: str) -> None:
         self.emit(AgentThoughtChunk(content=TextContent(text=arg)))

@@ -31,6 +31,9 @@ DIRECTIVES: Final = (
     "spawn-grandchild",
     "usage",
     "elicit",
+    "steer-late",
+    "steer-fail",
+    "steer-closed",
 )
 
 _DIRECTIVE_RE: Final = re.compile(

@@ -272,6 +272,18 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         ),
         params=(CLIENT_ID,),
     ),
+    ("PUT", "/session/<session_id>/pending-prompts/<prompt_id>"): Operation(
+        "Replace a queued prompt's content (its id and place stay)",
+        (
+            ok(t.PendingPromptUpdated, "Replaced (`pending_prompt_updated` is published)."),
+            err(400, "A bad prompt, or `invalid_pending_prompt` (a field other than those)."),
+            err(404, "`session_not_found` or `prompt_not_found`."),
+            err(409, "`prompt_running`: steer or cancel it instead."),
+        ),
+        body=t.PendingPromptEdit,
+        body_required=True,
+        params=(CLIENT_ID,),
+    ),
     ("POST", "/session/<session_id>/cancel"): Operation(
         "Cancel the running prompt (queued prompts still run)",
         (Reply(204, "Cancelled (or nothing was running)."), BAD_REQUEST, NO_SESSION),
@@ -358,7 +370,10 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         "`agent_oom` (data `AgentOomEvent`): the agent child was killed for memory "
         "(`--agent-memory-max-mb`); the running prompt ends with `turn_error {code: "
         '"agent_oom"}`, then `session_restarted {reason: "agent_oom"}` or, past the restart '
-        'intensity, `session_died {reason: "agent_oom"}`.',
+        'intensity, `session_died {reason: "agent_oom"}`. '
+        "`prompt_steered` (data `PromptSteeredEvent`): where a steer went; "
+        "`pending_prompt_updated` (data `PendingPromptUpdatedEvent`): a queued prompt was "
+        "replaced.",
     ),
     ("GET", "/session/<session_id>/context"): Operation(
         "The session's models, modes and config options",
@@ -557,6 +572,8 @@ EXTRA_SCHEMAS: Final = (
     t.AgentReleasedEvent,
     t.AgentReboundEvent,
     t.AgentOomEvent,
+    t.PromptSteeredEvent,
+    t.PendingPromptUpdatedEvent,
 )
 
 

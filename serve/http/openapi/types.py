@@ -214,6 +214,19 @@ class PromptRequest(_Wire, frozen=True):
     prompt: Annotated[list[ContentBlock], Meta(min_length=1)]
     prompt_id: NonEmpty | UnsetType = UNSET
     meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+    #: Steer the running turn instead of queueing (README "Steering and the editable queue").
+    steer: bool | UnsetType = UNSET
+
+
+class SteerInfo(_Wire, frozen=True):
+    """Where a steer went: ``native`` (the agent's ``_session/steering`` took it into the
+    running turn, whose ``promptId`` this is), ``cancel`` (the running turn, ``cancelledPromptId``,
+    was cancelled and the steer runs next), ``prompt`` (no turn took it; it runs next)."""
+
+    via: Literal["native", "cancel", "prompt"]
+    outcome: str | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+    cancelled_prompt_id: str | UnsetType = UNSET
 
 
 class PromptAccepted(_Wire, frozen=True):
@@ -222,6 +235,7 @@ class PromptAccepted(_Wire, frozen=True):
     prompt_id: str
     last_event_id: int
     event_epoch: str
+    steer: SteerInfo | UnsetType = UNSET
 
 
 class PromptResult(_Wire, frozen=True):
@@ -230,6 +244,7 @@ class PromptResult(_Wire, frozen=True):
     stop_reason: str
     prompt_id: str
     branch_point: dict[str, Any] | UnsetType = UNSET
+    steer: SteerInfo | UnsetType = UNSET
 
 
 class PendingPrompt(_Wire, frozen=True):
@@ -238,6 +253,21 @@ class PendingPrompt(_Wire, frozen=True):
     queued_at: str
     state: Literal["running", "queued"]
     originator_client_id: str | UnsetType = UNSET
+
+
+class PendingPromptEdit(_Wire, frozen=True, forbid_unknown_fields=True):
+    """``PUT /session/{id}/pending-prompts/{promptId}``: the queued prompt's new content."""
+
+    prompt: Annotated[list[ContentBlock], Meta(min_length=1)]
+    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+
+
+class PendingPromptUpdated(_Wire, frozen=True):
+    session_id: str
+    prompt_id: str
+    text: str
+    queued_at: str
+    state: Literal["queued"]
 
 
 class PendingPrompts(_Wire, frozen=True):
@@ -391,6 +421,28 @@ class AgentOomEvent(_Wire, frozen=True):
     limit_bytes: int | None
     limit_mb: int | None
     peak_bytes: int | None
+
+
+class PromptSteeredEvent(_Wire, frozen=True):
+    """``prompt_steered`` data: where a steer (``POST /session/{id}/prompt {steer: true}``,
+    ``_session/steering`` at ``/acp``) went; ``promptId`` is the turn it went into."""
+
+    session_id: str
+    prompt_id: str
+    via: Literal["native", "cancel", "prompt"]
+    text: str
+    outcome: str | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+    cancelled_prompt_id: str | UnsetType = UNSET
+
+
+class PendingPromptUpdatedEvent(_Wire, frozen=True):
+    """``pending_prompt_updated`` data: a queued prompt got new content (``PUT``)."""
+
+    session_id: str
+    prompt_id: str
+    text: str
+    queued_at: str
 
 
 # ---- workspace -------------------------------------------------------------------------------

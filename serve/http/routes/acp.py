@@ -112,6 +112,7 @@ _STRICT_TWINS = {
 #: Rate-limit tiers per method; methods absent are exempt (as heartbeats and SSE are).
 _TIERS = {
     "session/prompt": Tier.PROMPT,
+    "_session/steering": Tier.PROMPT,  # a steer can become a prompt
     "session/list": Tier.READ,
     "_qwen/status": Tier.READ,
     "_qwen/session/context": Tier.READ,

@@ -26,7 +26,7 @@ from serve.events import (
     RETRY_FRAME,
     SubscriberLimitExceeded,
 )
-from serve.http import plural
+from serve.http import plural, prompt_steer
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import (
@@ -70,6 +70,7 @@ from serve.sessions.messages import (
     SessionView,
     SetApprovalMode,
     SetModel,
+    SteerPrompt,
     StreamEnded,
     SubmitPrompt,
     Subscribe,
@@ -103,6 +104,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("session_list", (("GET", "/workspace/<path:workspace>/sessions"),)),
     Feature("session_prompt", (("POST", "/session/<session_id>/prompt"),)),
     Feature("non_blocking_prompt", (("POST", "/session/<session_id>/prompt"),)),
+    Feature("session_prompt_steer", (("POST", "/session/<session_id>/prompt"),)),
     Feature("session_cancel", (("POST", "/session/<session_id>/cancel"),)),
     Feature(
         "session_pending_prompts",
@@ -447,6 +449,7 @@ async def prompt(session_id: str) -> Response:
     body = await json_body(allow_empty=False)
     client_id = header_client_id()
     blocks, text, extra = _validate_prompt(body)
+    steer = prompt_steer.steer_flag(body)
     prompt_id = body.get("promptId")
     if prompt_id is not None and (not isinstance(prompt_id, str) or not 0 < len(prompt_id) <= 128):
         raise bad_request(
@@ -462,9 +465,9 @@ async def prompt(session_id: str) -> Response:
     session = find_session(session_id)
     client_id = await session_client(session)
     try:
-        admission = await ask(
-            session,
-            SubmitPrompt(blocks, text, client_id, extra or None, prompt_id, deadline_ms),
+        submit = SubmitPrompt(blocks, text, client_id, extra or None, prompt_id, deadline_ms)
+        admission, steered = prompt_steer.unpack(
+            await ask(session, SteerPrompt(submit) if steer else submit)
         )
     except PromptQueueFull as exc:
         raise service_unavailable(
@@ -483,6 +486,7 @@ async def prompt(session_id: str) -> Response:
                 "promptId": admission.prompt_id,
                 "lastEventId": admission.last_event_id,
                 "eventEpoch": admission.epoch,
+                **steered,
             },
             202,
         )
@@ -490,7 +494,7 @@ async def prompt(session_id: str) -> Response:
         await admission.done.wait()
     except trio.Cancelled:
         # The blocking caller went away: cancel its prompt, as the seed says.
-        if not admission.done.is_set():
+        if not admission.done.is_set() and prompt_steer.owns_turn(steered):
             try:
                 session.tell_nowait(CancelTurn(client_id, admission.prompt_id))
             except Exception:
@@ -499,7 +503,7 @@ async def prompt(session_id: str) -> Response:
     terminal = admission.job.terminal
     event_type, data = terminal.kind, terminal.data
     if event_type == "turn_complete":
-        out = {"stopReason": data["stopReason"], "promptId": admission.prompt_id}
+        out = {"stopReason": data["stopReason"], "promptId": admission.prompt_id, **steered}
         if "branchPoint" in data:
             out["branchPoint"] = data["branchPoint"]
         return json_response(out)
@@ -508,6 +512,7 @@ async def prompt(session_id: str) -> Response:
         if key in data:
             error_body[key] = data[key]
     error_body["promptId"] = admission.prompt_id
+    error_body.update(steered)
     code = data.get("code")
     if code == "budget_exhausted":  # spent: 402 until PATCH /session/:id/budget raises it
         return json_response(error_body, 402)
