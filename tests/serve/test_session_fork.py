@@ -6,12 +6,15 @@ the ``--legacy`` one does not (501 ``not_supported_by_agent``).
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import spawn_daemon
@@ -85,3 +88,124 @@ async def test_an_agent_that_cannot_fork_answers_501(legacy_url: str) -> None:
         refused = await client.post(f"/session/{sid}/branch", json={})
         assert refused.status_code == 501
         assert refused.json()["code"] == "not_supported_by_agent"
+
+
+# -- inheritance: an agent whose fork starts in its default mode and model -----------------
+
+ROOT = Path(__file__).resolve().parents[2]
+MCP_SERVER = str(ROOT / "tests" / "support" / "mcp_server.py")
+
+
+@pytest.fixture
+def flavor_daemon(tmp_path: Path) -> Any:
+    """The claude flavor with ``--fork`` (claude-agent-acp's fork: default mode and model,
+    its sessions in files, so a fork on another process finds its parent), and two stdio MCP
+    servers configured for the workspace."""
+    ws = tmp_path / "ws"
+    (ws / ".qwen").mkdir(parents=True)
+    servers = {
+        name: {"command": sys.executable, "args": [MCP_SERVER, "--name", name]}
+        for name in ("alpha", "beta")
+    }
+    (ws / ".qwen" / "settings.json").write_text(json.dumps({"mcpServers": servers}))
+    store = ws / ".agent-sessions"  # under the file sandbox an agent writes its workspace
+    store.mkdir()
+    agent = shlex.join(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "support" / "flavor_agent.py"),
+            "claude",
+            f"--fork={store}",
+        ]
+    )
+    d = spawn_daemon(["--agent", agent], workspace=ws, env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+async def said(client: httpx.AsyncClient, sid: str, words: str) -> str:
+    """The agent's reply text to one prompt (read from the session's stream)."""
+    r = await client.post(
+        f"/session/{sid}/prompt", json=text(words), headers={"Prefer": "respond-async"}
+    )
+    assert r.status_code == 202, r.text
+    prompt_id = r.json()["promptId"]
+    with trio.fail_after(30):
+        async with client.stream(
+            "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+        ) as stream:
+            events = await collect_until(
+                stream,
+                lambda e: (
+                    e["type"] in ("turn_complete", "turn_error") and e.get("promptId") == prompt_id
+                ),
+            )
+    assert events[-1]["type"] == "turn_complete", events[-1]
+    return "".join(
+        (e["data"]["update"].get("content") or {}).get("text", "")
+        for e in events
+        if e["type"] == "session_update"
+        and e.get("promptId") == prompt_id
+        and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
+    )
+
+
+async def test_a_fork_inherits_model_mode_and_mcp_servers_the_agent_does_not_carry_over(
+    flavor_daemon: Any,
+) -> None:
+    async with httpx.AsyncClient(base_url=flavor_daemon.url, headers=AUTH, timeout=30) as client:
+        pid = (await client.post("/session", json={"sessionScope": "thread"})).json()["sessionId"]
+        r = await client.post(f"/session/{pid}/approval-mode", json={"mode": "plan"})
+        assert r.status_code == 200, r.text
+        r = await client.post(f"/session/{pid}/model", json={"modelId": "claude-haiku"})
+        assert r.status_code == 200, r.text
+        parent = json.loads(await said(client, pid, "setup"))
+        assert parent["via"] == "session/new"
+        assert sorted(parent["mcpServers"]) == ["alpha", "beta"]
+
+        forked = await client.post(f"/session/{pid}/branch", json={})
+        assert forked.status_code == 201, forked.text
+        body = forked.json()
+        fid = body["sessionId"]
+        assert body["inherited"] == {"model": "claude-haiku", "mode": "plan"}
+
+        # The daemon's view of the fork ...
+        context = (await client.get(f"/session/{fid}/context")).json()
+        assert context["state"]["modes"]["currentModeId"] == "plan"
+        assert context["state"]["models"]["currentModelId"] == "claude-haiku"
+        # ... and the agent's own: it was forked from the parent, started in its default mode
+        # and model, and was switched to the parent's; the same MCP servers reached it.
+        child = json.loads(await said(client, fid, "setup"))
+        assert child == {
+            "via": "session/fork",
+            "parent": pid,
+            "mcpServers": parent["mcpServers"],
+            "mode": "plan",
+            "model": "claude-haiku",
+        }
+        # The parent kept its own settings.
+        assert json.loads(await said(client, pid, "setup"))["mode"] == "plan"
+
+
+async def test_capabilities_and_context_say_which_agent_can_fork(
+    daemon_url: str, legacy_url: str
+) -> None:
+    """Known from the pool's warm child before any session exists; per session in /context."""
+    for url, can in ((daemon_url, True), (legacy_url, False)):
+        async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=30) as client:
+            with trio.fail_after(30):  # the warm spare's initialize (a guard, not a timing)
+                while True:
+                    agents = (await client.get("/capabilities")).json()["agents"]
+                    if agents[0]["agentInfo"] is not None:
+                        break
+                    await trio.sleep(0.05)
+            assert agents[0]["agentInfo"]["name"] == "acp-scripted"
+            via = "session/fork" if can else None
+            assert agents[0]["fork"] == {"supported": can, "via": via}
+            sid = (await client.post("/session", json={"sessionScope": "thread"})).json()[
+                "sessionId"
+            ]
+            context = (await client.get(f"/session/{sid}/context")).json()
+            assert context["agent"]["fork"] == {"supported": can, "via": via}
