@@ -209,3 +209,39 @@ async def test_capabilities_and_context_say_which_agent_can_fork(
             ]
             context = (await client.get(f"/session/{sid}/context")).json()
             assert context["agent"]["fork"] == {"supported": can, "via": via}
+
+
+def test_an_agent_without_agent_info_that_cannot_fork_answers_501(tmp_path: Path) -> None:
+    """An agent that names itself nowhere (no ``agentInfo``, as the ACP SDK's echo example)
+    and has no fork: the branch is tried on it and refused with 501, not 503."""
+    no_method = {"code": -32601, "message": "Method not found"}
+    config = {
+        "respond": {
+            "initialize": {"protocolVersion": 1, "agentCapabilities": {"loadSession": False}},
+            "session/new": {"sessionId": "puppet-1"},
+        },
+        "errors": {"qwen/control/session/branch": no_method},
+    }
+    (tmp_path / "puppet.json").write_text(json.dumps(config))
+    puppet = ROOT / "tests" / "acp" / "puppet_agent.py"
+    ws = tmp_path / "ws"  # the agent writes its log where the file sandbox lets it
+    ws.mkdir()
+    agent = shlex.join(
+        [sys.executable, str(puppet), str(tmp_path / "puppet.json"), str(ws / "log.jsonl")]
+    )
+    d = spawn_daemon(["--agent", agent], workspace=ws, env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        with httpx.Client(base_url=d.url, headers=AUTH, timeout=30) as client:
+            made = client.post("/session", json={"sessionScope": "thread"})
+            assert made.status_code == 200, made.text
+            sid = made.json()["sessionId"]
+            context = client.get(f"/session/{sid}/context").json()
+            assert context["agent"] == {
+                "agentInfo": None,
+                "fork": {"supported": False, "via": None},
+            }
+            refused = client.post(f"/session/{sid}/branch", json={})
+            assert refused.status_code == 501, refused.text
+            assert refused.json()["code"] == "not_supported_by_agent"
+    finally:
+        d.stop()

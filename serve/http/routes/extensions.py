@@ -167,8 +167,8 @@ async def forward(
     kind = agent_ext.agent_kind(session)
     if support.verdict(kind, method) is False:
         raise _not_supported(method, agent_ext.agent_name(session))
-    if kind is None:
-        raise agent_unavailable()
+    if kind is None and getattr(getattr(session, "conn", None), "info", None) is None:
+        raise agent_unavailable()  # no agent yet (an agent without agentInfo is asked)
     try:
         raw: bytes = await ask(
             session,
