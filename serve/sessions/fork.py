@@ -34,6 +34,7 @@ session of a given agent (``session/fork``, the qwen vendor method, or none).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -59,6 +60,8 @@ __all__ = [
     "fork_path",
     "fork_session",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The ACP method of a native fork.
 NATIVE: Final = "session/fork"
@@ -115,6 +118,13 @@ async def fork_session(runtimes: Any, parent: SessionActor) -> Forked:
     except BaseException:
         await _close_quietly(fork)
         raise
+    log.info(
+        "session %s forked from %s: %s%s",
+        fork.session_id,
+        view.session_id,
+        ", ".join(f"{k} {v}" for k, v in inherited.items()) or "no model or mode",
+        f" (set by the daemon: {', '.join(applied)})" if applied else "",
+    )
     return Forked(fork, view.session_id, inherited, applied)
 
 
