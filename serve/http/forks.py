@@ -59,14 +59,17 @@ def capabilities_agents(daemon: Any) -> list[dict[str, Any]]:
     return out
 
 
-def session_agent(daemon: Any, session: Any) -> dict[str, Any]:
-    """``/session/:id/context`` ``agent``: the session's own agent (while it has none bound,
-    its workspace pool's last known one)."""
-    conn = getattr(session, "conn", None)
-    info = getattr(conn, "info", None)
+def known_info(daemon: Any, session: Any) -> Any:
+    """The ``initialize`` answer of the session's agent; while it has none bound (released
+    while idle), its workspace pool's last known one; None before any agent came up."""
+    info = getattr(getattr(session, "conn", None), "info", None)
     if info is None:
-        runtime = getattr(daemon, "registry", None)
-        runtimes = getattr(runtime, "runtimes", {})
+        runtimes = getattr(getattr(daemon, "registry", None), "runtimes", {})
         pool = getattr(runtimes.get(session.workspace), "agents", None)
         info = getattr(pool, "agent_info", None)
-    return agent_entry(daemon, info)
+    return info
+
+
+def session_agent(daemon: Any, session: Any) -> dict[str, Any]:
+    """``/session/:id/context`` ``agent``: the session's agent (:func:`known_info`)."""
+    return agent_entry(daemon, known_info(daemon, session))

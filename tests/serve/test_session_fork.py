@@ -245,3 +245,30 @@ def test_an_agent_without_agent_info_that_cannot_fork_answers_501(tmp_path: Path
             assert refused.json()["code"] == "not_supported_by_agent"
     finally:
         d.stop()
+
+
+async def test_a_parent_that_let_its_agent_go_still_forks(tmp_path: Path) -> None:
+    """A parent released while idle (``--agent-idle-release-ms``) has no agent bound: the
+    fork is still native (the daemon knows the workspace's agent from its pool) and opens on
+    an agent of its own."""
+    d = spawn_daemon(
+        ["--agent-idle-release-ms", "300", "--warm-agents", "0"],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=d.url, headers=AUTH, timeout=30) as client:
+            made = await client.post("/session", json={"sessionScope": "thread"})
+            pid = made.json()["sessionId"]
+            assert (await client.post(f"/session/{pid}/prompt", json=text("hi"))).status_code == 200
+            with trio.fail_after(30):
+                async with client.stream(
+                    "GET", f"/session/{pid}/events", headers={"Last-Event-ID": "0"}
+                ) as stream:
+                    await collect_until(stream, lambda e: e["type"] == "agent_released")
+            forked = await client.post(f"/session/{pid}/branch", json={})
+            assert forked.status_code == 201, forked.text
+            assert forked.json()["via"] == "session/fork"
+            fid = forked.json()["sessionId"]
+            assert (await client.post(f"/session/{fid}/prompt", json=text("go"))).status_code == 200
+    finally:
+        d.stop()

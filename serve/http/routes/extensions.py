@@ -56,6 +56,7 @@ from actors import ActorStopped
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request, session_not_found, to_api_error
+from serve.http.forks import known_info
 from serve.http.routes.sessions import (
     agent_unavailable,
     ask,
@@ -393,9 +394,9 @@ async def _load_branch(session: Any, new_id: str, client_id: str | None) -> dict
 
 def _native_fork(session: Any, d: Any) -> bool:
     """ACP ``session/fork`` for an agent that advertises ``sessionCapabilities.fork``,
-    unless it is known to answer qwen's vendor branch method (qwen keeps its path)."""
-    conn = session.conn
-    info = conn.info if conn is not None else None
+    unless it is known to answer qwen's vendor branch method (qwen keeps its path); a
+    session released while idle is judged by its workspace's agent (``known_info``)."""
+    info = known_info(d, session)
     if info is None:
         return False
     vendor = agent_ext.support_for(d).verdict(agent_ext.agent_kind(session), agent_ext.BRANCH)
