@@ -22,7 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from serve.acpfront.jsonrpc import INVALID_PARAMS, RESOURCE_NOT_FOUND, SERVER_ERROR, RpcError
-from serve.sessions.fork import fork_session
+from serve.sessions.fork import current_state, fork_session
+
+_SETUP_KEYS = ("modes", "models", "configOptions")
 
 
 def _params_error(message: str, **data: Any) -> RpcError:
@@ -66,6 +68,7 @@ async def session_fork(front: Any, conn: Any, params: dict[str, Any]) -> Any:
     finally:
         conn.reserved_sessions -= reserved
     out: dict[str, Any] = front._session_result(view, link, False)
+    out.update(current_state({k: out[k] for k in _SETUP_KEYS if k in out}, view))
     out["parentSessionId"] = forked.parent_id
     out["inherited"] = forked.inherited
     return out

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NATIVE",
     "Forked",
+    "current_state",
     "fork_path",
     "fork_session",
 ]
@@ -94,6 +95,30 @@ def fork_path(supports_fork: bool | None, vendor_branch: bool | None) -> str | N
     if supports_fork:
         return NATIVE
     return None
+
+
+def current_state(state: dict[str, Any], view: SessionView) -> dict[str, Any]:
+    """The agent's set-up ``state`` (``modes``, ``models``, ``configOptions``) with the
+    session's current model and mode in it: a fork's set-up result names the agent's
+    defaults, which :func:`fork_session` may have switched since."""
+    out = dict(state)
+    current = {"model": view.current_model, "mode": view.current_mode}
+    for key, field, value in (
+        ("models", "currentModelId", view.current_model),
+        ("modes", "currentModeId", view.current_mode),
+    ):
+        if isinstance(out.get(key), dict) and value is not None:
+            out[key] = {**out[key], field: value}
+    options = out.get("configOptions")
+    if isinstance(options, list):
+        out["configOptions"] = [_with_current(o, current) for o in options]
+    return out
+
+
+def _with_current(option: Any, current: dict[str, str | None]) -> Any:
+    category = option.get("category") if isinstance(option, dict) else None
+    value = current.get(category) if isinstance(category, str) else None
+    return option if value is None else {**option, "currentValue": value}
 
 
 async def fork_session(runtimes: Any, parent: SessionActor) -> Forked:

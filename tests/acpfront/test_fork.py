@@ -196,6 +196,10 @@ async def test_session_fork_inherits_model_and_mode_at_acp(flavor: DaemonProcess
             result = (await conn.reply(rid)).message["result"]
             fid = result["sessionId"]
             assert result["inherited"] == {"model": "claude-haiku", "mode": "plan"}
+            # The reply shows the fork as it now is, not as the agent made it.
+            assert result["modes"]["currentModeId"] == "plan"
+            model = next(o for o in result["configOptions"] if o["id"] == "model")
+            assert model["currentValue"] == "claude-haiku"
             async with acp.stream(fid) as sess:
                 agent = json.loads(_text(await _prompt(acp, sess, fid, "setup")))
             assert agent["via"] == "session/fork" and agent["parent"] == pid

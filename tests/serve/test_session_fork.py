@@ -170,6 +170,9 @@ async def test_a_fork_inherits_model_mode_and_mcp_servers_the_agent_does_not_car
         body = forked.json()
         fid = body["sessionId"]
         assert body["inherited"] == {"model": "claude-haiku", "mode": "plan"}
+        assert body["state"]["modes"]["currentModeId"] == "plan"
+        model = next(o for o in body["state"]["configOptions"] if o["id"] == "model")
+        assert model["currentValue"] == "claude-haiku"
 
         # The daemon's view of the fork ...
         context = (await client.get(f"/session/{fid}/context")).json()

@@ -67,7 +67,7 @@ from serve.http.routes.sessions import (
 )
 from serve.http.wire import JSON_TYPE, json_body, json_response
 from serve.sessions.fork import NATIVE as NATIVE_FORK
-from serve.sessions.fork import fork_path, fork_session
+from serve.sessions.fork import current_state, fork_path, fork_session
 from serve.sessions.messages import AgentCall, Attach, Attached, SessionGone
 from serve.sessions.registry import RestoreSession
 from serve.workspace_state import agent_ext
@@ -418,7 +418,7 @@ async def _fork(session: Any, client_id: str | None, name: str | None) -> Respon
     fork = forked.session
     attached: Attached = await ask(fork, Attach(client_id))
     out = session_response(attached.view, attached=False, client_id=attached.client_id)
-    out["state"] = attached.view.state
+    out["state"] = current_state(attached.view.state, attached.view)
     out.update(
         branchedFrom=session.session_id,
         newSessionId=fork.session_id,
