@@ -96,11 +96,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MCP_SERVER = str(ROOT / "tests" / "support" / "mcp_server.py")
 
 
-@pytest.fixture
-def flavor_daemon(tmp_path: Path) -> Any:
-    """The claude flavor with ``--fork`` (claude-agent-acp's fork: default mode and model,
-    its sessions in files, so a fork on another process finds its parent), and two stdio MCP
-    servers configured for the workspace."""
+def _flavor(tmp_path: Path, *extra: str) -> Any:
     ws = tmp_path / "ws"
     (ws / ".qwen").mkdir(parents=True)
     servers = {
@@ -116,9 +112,18 @@ def flavor_daemon(tmp_path: Path) -> Any:
             str(ROOT / "tests" / "support" / "flavor_agent.py"),
             "claude",
             f"--fork={store}",
+            *extra,
         ]
     )
-    d = spawn_daemon(["--agent", agent], workspace=ws, env={"QWEN_SERVER_TOKEN": TOKEN})
+    return spawn_daemon(["--agent", agent], workspace=ws, env={"QWEN_SERVER_TOKEN": TOKEN})
+
+
+@pytest.fixture
+def flavor_daemon(tmp_path: Path) -> Any:
+    """The claude flavor with ``--fork`` (claude-agent-acp's fork: default mode and model,
+    its sessions in files, so a fork on another process finds its parent), and two stdio MCP
+    servers configured for the workspace."""
+    d = _flavor(tmp_path)
     try:
         yield d
     finally:
@@ -273,5 +278,30 @@ async def test_a_parent_that_let_its_agent_go_still_forks(tmp_path: Path) -> Non
             assert forked.json()["via"] == "session/fork"
             fid = forked.json()["sessionId"]
             assert (await client.post(f"/session/{fid}/prompt", json=text("go"))).status_code == 200
+    finally:
+        d.stop()
+
+
+async def test_a_fork_that_cannot_take_its_parents_mode_is_closed_and_the_call_fails(
+    tmp_path: Path,
+) -> None:
+    d = _flavor(tmp_path, "--fork-frozen")
+    try:
+        async with httpx.AsyncClient(base_url=d.url, headers=AUTH, timeout=30) as client:
+            made = await client.post("/session", json={"sessionScope": "thread"})
+            pid = made.json()["sessionId"]
+            r = await client.post(f"/session/{pid}/approval-mode", json={"mode": "plan"})
+            assert r.status_code == 200, r.text
+            refused = await client.post(f"/session/{pid}/branch", json={})
+            assert refused.status_code == 400, refused.text
+            body = refused.json()
+            assert body["code"] == "fork_inheritance_failed"
+            assert (body["setting"], body["value"]) == ("mode", "plan")
+            assert "this fork keeps its mode" in body["error"]
+            # No fork is left behind; the parent is untouched.
+            deep = (await client.get("/health", params={"deep": "1"})).json()
+            assert deep["sessions"] == 1
+            context = (await client.get(f"/session/{pid}/context")).json()
+            assert context["state"]["modes"]["currentModeId"] == "plan"
     finally:
         d.stop()

@@ -36,6 +36,8 @@ claude-agent-acp 0.23.1 does it: the fork is a new session in the agent's *defau
 model (only the conversation is carried over), made in any agent process, since each
 session's state is a JSON file in DIR. The prompt ``setup`` then replies with how the session
 was made and what the agent holds: ``{via, parent, mcpServers (names), mode, model}``.
+``--fork-frozen`` (with ``--fork``): a fork refuses every mode change (``-32602``), so it
+cannot take its parent's mode.
 
 Stdlib only; one thread: while waiting for an answer from the client it reads (and drops)
 whatever else arrives. Exits on stdin EOF.
@@ -71,6 +73,7 @@ class Agent:
     def __init__(self, flavor: str, fork_dir: str | None = None) -> None:
         self.flavor = flavor
         self.fork_dir = fork_dir
+        self.fork_frozen = False
         self.ids = itertools.count(1)
         self.sessions: dict[str, dict[str, Any]] = {}
         self.mode_ids = ACP_MODES.get(flavor) or OPTION_MODES.get(flavor, [])
@@ -180,6 +183,7 @@ class Agent:
             "via": method,
             "parent": parent,
             "mcpServers": [s.get("name") for s in params.get("mcpServers") or []],
+            "frozen": parent is not None and self.fork_frozen,
         }
         self.save(sid)
         return self.setup(sid)
@@ -198,6 +202,8 @@ class Agent:
     def set_mode(self, sid: str, mode: str) -> dict[str, Any]:
         if mode not in self.mode_ids:
             raise ValueError(f"mode not found: {mode}")
+        if self.sessions[sid].get("frozen"):
+            raise ValueError("this fork keeps its mode")
         state = self.sessions[sid]
         state["mode"] = mode
         self.save(sid)
@@ -329,6 +335,7 @@ def main() -> None:
         raise SystemExit(f"flavor must be one of {FLAVORS}")
     fork_dir = next((a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--fork=")), None)
     agent = Agent(flavor, fork_dir)
+    agent.fork_frozen = "--fork-frozen" in sys.argv[2:]
     for line in sys.stdin:
         try:
             msg = json.loads(line)
