@@ -69,6 +69,7 @@ import trio
 
 from actors import ActorError, ActorStopped, InboxFull
 from serve.acpfront import elicit, jsonrpc, steering
+from serve.acpfront.fork import fork_capability, session_fork
 from serve.acpfront.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -372,6 +373,7 @@ class AcpFront:
             "session/new": self._session_new,
             "session/load": self._session_load,
             "session/resume": self._session_resume,
+            "session/fork": self._session_fork,
             "session/list": self._session_list,
             "session/close": self._session_close,
             "session/prompt": self._session_prompt,
@@ -504,7 +506,8 @@ class AcpFront:
                 "loadSession": True,
                 "promptCapabilities": {"image": True, "audio": True, "embeddedContext": True},
                 "mcpCapabilities": {"http": False, "sse": False},
-                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
+                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}}
+                | fork_capability(self.host, workspace),
                 "_meta": {
                     "qwen": {
                         "connectionId": conn.id,
@@ -1121,6 +1124,9 @@ class AcpFront:
 
     async def _session_resume(self, conn: Connection, params: dict[str, Any]) -> Any:
         return await self._restore(conn, params, "resume")
+
+    async def _session_fork(self, conn: Connection, params: dict[str, Any]) -> Any:
+        return await session_fork(self, conn, params)  # serve/acpfront/fork.py
 
     async def _session_list(self, conn: Connection, params: dict[str, Any]) -> Any:
         workspace = (

@@ -110,6 +110,7 @@ from serve.sessions.agent_link import agent_env, spawn_limited
 from serve.sessions.errors import MemoryBudgetExceeded, SessionsUnavailable
 
 if TYPE_CHECKING:
+    from acp.schema import InitializeResult
     from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -389,6 +390,10 @@ class AgentPool(Actor[PoolMsg]):
         #: answers given per exited child (the last :data:`MAX_CHARGED` children).
         self.child_restarts: RestartWindow | None = None
         self._charged: dict[str, bool] = {}
+        #: The ``initialize`` result of the last child that came up (a warm spare's too):
+        #: what the workspace's agent is and can do before any session exists (None: no
+        #: child initialized yet). Read by ``/capabilities`` (which agents can fork).
+        self.agent_info: InitializeResult | None = None
 
     # ---- read models -------------------------------------------------------------------
 
@@ -621,6 +626,7 @@ class AgentPool(Actor[PoolMsg]):
                     self._stop_child(child)
                     return None
                 self.children[child.id] = child
+                self.agent_info = child.conn.info or self.agent_info
                 assert self._nursery is not None
                 self._nursery.start_soon(self._watch, child)
                 self._nursery.start_soon(self._stable_later, child.id)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from serve.http.forks import capabilities_agents
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
@@ -84,4 +86,6 @@ def envelope(host: Host, features: Sequence[Feature]) -> dict[str, Any]:
             "maxTotalSessions": settings.max_total_sessions or None,
         },
         "workspaces": host.workspace_descriptors(),
+        # per workspace: its agent and whether it can fork (serve/http/forks.py)
+        "agents": capabilities_agents(host),
     }

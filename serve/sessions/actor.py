@@ -369,6 +369,9 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             state=self.state_snapshot(),
             last_event_id=self.log.last_id,
             epoch=self.log.epoch,
+            current_model=self.current_model,
+            current_mode=self.current_mode,
+            forks=self.link.forks,
         )
 
     def knows_client(self, client_id: str) -> bool:

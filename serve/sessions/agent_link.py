@@ -318,6 +318,12 @@ class AgentLink:
         return self.conn is not None and not self.conn.closed
 
     @property
+    def forks(self) -> bool | None:
+        """Whether the bound agent advertises ``sessionCapabilities.fork`` (None: none bound)."""
+        info = self.conn.info if self.connected and self.conn is not None else None
+        return None if info is None else info.supports_fork
+
+    @property
     def child_id(self) -> str | None:
         """The pool's id of the child the session is on (None: its own, or none)."""
         return self.lease.child_id if self.lease is not None else None
@@ -369,7 +375,10 @@ class AgentLink:
         if action == "fork":
             if info is None or not info.supports_fork or self.fork_from is None:
                 raise NotSupportedByAgent(
-                    "The agent does not support session/fork", "not_supported_by_agent"
+                    "The agent does not support session/fork (it does not advertise "
+                    "sessionCapabilities.fork)",
+                    "not_supported_by_agent",
+                    method="session/fork",
                 )
             setup = await conn.fork_session(
                 self.fork_from, self.workspace, mcp_servers, timeout_s=self.restore_timeout_s

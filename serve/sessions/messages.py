@@ -240,6 +240,10 @@ class SessionView(msgspec.Struct, frozen=True):
     state: dict[str, Any]
     last_event_id: int
     epoch: str
+    current_model: str | None = None
+    current_mode: str | None = None
+    #: Whether the bound agent advertises ``sessionCapabilities.fork`` (None: none bound).
+    forks: bool | None = None
 
 
 class Attached(msgspec.Struct, frozen=True):

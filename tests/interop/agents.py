@@ -73,6 +73,7 @@ STEPS: Final = (
     "file_on_disk",
     "cancel",
     "own_mode",
+    "fork",
     "sigkill_restart",
     "delete",
     "no_process_left",
@@ -112,6 +113,10 @@ class AgentSpec:
     asks_permission: bool = True
     #: Why the permission step writes over an existing file rather than a new one ("" = new).
     overwrite_reason: str = ""
+    #: How the agent forks a session behind the daemon (the fork step): ``"session/fork"``
+    #: (it advertises ``sessionCapabilities.fork``), the qwen vendor method, or None (the
+    #: branch route answers 501).
+    fork_via: str | None = None
     needs: tuple[str, ...] = ()
 
     def missing(self) -> str | None:
@@ -189,6 +194,11 @@ QWEN: Final = AgentSpec(
     setup=_qwen_setup,
     needs=("node",),
     own_mode="auto-edit",
+    skips={
+        "fork": "qwen-code 0.24.4 advertises no sessionCapabilities.fork (only list and "
+        "resume): it branches through its vendor method qwen/control/session/branch, which "
+        "tests/serve/test_extensions_qwen.py covers",
+    },
 )
 
 
@@ -228,6 +238,7 @@ CLAUDE: Final = AgentSpec(
     setup=_claude_setup,
     needs=("node",),
     own_mode="acceptEdits",
+    fork_via="session/fork",
 )
 
 
@@ -269,6 +280,10 @@ CODEX: Final = AgentSpec(
     argv=lambda: [str(CODEX_BIN)],
     setup=_codex_setup,
     needs=("bwrap",),
+    # codex-acp 0.16.0 neither advertises sessionCapabilities.fork (list, resume, close) nor
+    # answers session/fork (-32601 "Method not found", tried directly over ACP): the fork
+    # step checks the daemon's report and its 501.
+    fork_via=None,
     completion_note="codex-acp 0.16.0 sometimes sends no tool_call_update with status "
     '"completed" for an approved command that ran (seen directly over ACP too, about one run '
     "in three)",
@@ -320,6 +335,7 @@ OPENCODE: Final = AgentSpec(
     argv=lambda: [str(OPENCODE_BIN), "acp"],
     setup=_opencode_setup,
     own_mode="plan",
+    fork_via="session/fork",
 )
 
 

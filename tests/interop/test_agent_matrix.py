@@ -3,11 +3,12 @@
 Each agent of :data:`tests.interop.agents.MATRIX` (qwen-code, claude-agent-acp, codex-acp,
 opencode, gemini-cli, kimi-cli, pi-acp, the Python SDK's echo agent) runs behind its own
 ``acp-serve`` process, against its own :class:`~tests.support.fake_models.FakeModels` server on
-127.0.0.1, with a private HOME. The flow is one session taken through nine steps, one test
+127.0.0.1, with a private HOME. The flow is one session taken through ten steps, one test
 each, in order:
 
 create → streamed reply → permission request answered → file on disk → cancel → the agent's own
-mode → SIGKILL of the agent and restart in place → delete → no process left.
+mode → fork (or the agent's 501) → SIGKILL of the agent and restart in place → delete → no
+process left.
 
 A class-scoped fixture parametrized by agent holds the daemon and the session, so pytest runs
 each agent's steps together and starts each agent once. A step whose predecessor failed skips
@@ -23,6 +24,7 @@ Only the HTTP API and the daemon's process tree (``/proc``) are used.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -412,6 +414,73 @@ class TestAgentFlow:
             events = await read_events(client, flow, lambda e: e["type"] == "approval_mode_changed")
         assert events[-1]["data"]["next"] == mode, events[-1]
         flow.passed.add("own_mode")
+
+    @pytest.mark.step("fork", needs=("streamed_reply",))
+    async def test_6b_fork(self, flow: Flow) -> None:
+        """A fork of the session (issue 27 item 1): the daemon reports whether the agent can
+        fork; one that advertises ``sessionCapabilities.fork`` gets a new daemon session whose
+        stream starts with ``session_forked``, with the parent's model and mode (and, in the
+        agent, its conversation: the fork's model request carries the parent's words) and its
+        own turn; deleting it leaves the parent and no process of it. Others answer 501."""
+        parent_words = f"matrix hello from {flow.spec.name}"
+        async with http(flow) as client:
+            r = await client.get(f"/session/{flow.session_id}/context", headers=flow.headers)
+            assert r.status_code == 200, r.text
+            parent = r.json()
+            via = flow.spec.fork_via
+            assert parent["agent"]["fork"] == {"supported": via is not None, "via": via}
+            if via is None:
+                r = await client.post(
+                    f"/session/{flow.session_id}/branch", json={}, headers=flow.headers
+                )
+                assert r.status_code == 501, r.text
+                assert r.json()["code"] == "not_supported_by_agent"
+                flow.passed.add("fork")
+                return
+            before = session_processes(flow)
+            r = await client.post(
+                f"/session/{flow.session_id}/branch", json={}, headers=flow.headers
+            )
+            assert r.status_code == 201, f"{r.text}\n{diagnostics(flow)}"
+            body = r.json()
+            fork_id = body["sessionId"]
+            assert fork_id != flow.session_id and body["via"] == "session/fork"
+            fork = Flow(
+                spec=flow.spec,
+                daemon=flow.daemon,
+                model=flow.model,
+                workspace=flow.workspace,
+                session_id=fork_id,
+                client_id=body["clientId"],
+            )
+            fork_processes = session_processes(flow) - before
+            flow.processes |= fork_processes
+            first = await read_events(client, fork, lambda e: True)
+            assert first[-1]["type"] == "session_forked", first
+            assert first[-1]["data"]["parentSessionId"] == flow.session_id
+            # The parent's model and mode, as the daemon sees them.
+            r = await client.get(f"/session/{fork_id}/context", headers=fork.headers)
+            state, was = r.json()["state"], parent["state"]
+            for key, current in (("models", "currentModelId"), ("modes", "currentModeId")):
+                if (was.get(key) or {}).get(current) is not None:
+                    assert state[key][current] == was[key][current], (key, state[key])
+            # Its own turn, with the parent's conversation in the agent's context.
+            words = f"matrix fork {flow.spec.name}"
+            prompt_id = await submit(client, fork, words)
+            events = await read_events(client, fork, terminal_of(prompt_id))
+            assert events[-1]["type"] == "turn_complete", f"{events[-1]}\n{diagnostics(flow)}"
+            assert words in message_text(events, prompt_id)[0]
+            asked = [json.dumps(b) for _, _, b in flow.model.requests if words in json.dumps(b)]
+            assert asked and parent_words in asked[-1], f"{asked[-1:]}"[:2000]
+            r = await client.delete(f"/session/{fork_id}", headers=fork.headers)
+            assert r.status_code == 204, r.text
+        deadline = time.monotonic() + EXIT_GUARD_S
+        while left := [p for p in fork_processes if alive(p)]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"processes of the deleted fork left: {left}")
+            await trio.sleep(0.1)
+        agent_pid(flow)  # the parent's agent alone again
+        flow.passed.add("fork")
 
     @pytest.mark.step("sigkill_restart", needs=("streamed_reply",))
     async def test_7_sigkill_restart(self, flow: Flow) -> None:

@@ -1,6 +1,6 @@
 """A small ACP agent that advertises modes and models the way third-party agents do.
 
-    python -m tests.support.flavor_agent FLAVOR
+    python -m tests.support.flavor_agent FLAVOR [--fork=DIR]
 
 FLAVOR picks how modes and models are offered (issue 18; the ids are the real agents'):
 
@@ -30,6 +30,14 @@ these prompts (the first word picks the behaviour, the rest are arguments):
 * ``shell CMDLINE``: ``terminal/create`` with the whole command line in ``command`` and no
   ``args`` (kimi), then ``wait_for_exit``/``output``/``release``; replies with the output;
 * anything else: echoed back.
+
+``--fork=DIR`` adds ACP ``session/fork`` (``sessionCapabilities.fork``) the way
+claude-agent-acp 0.23.1 does it: the fork is a new session in the agent's *default* mode and
+model (only the conversation is carried over), made in any agent process, since each
+session's state is a JSON file in DIR. The prompt ``setup`` then replies with how the session
+was made and what the agent holds: ``{via, parent, mcpServers (names), mode, model}``.
+``--fork-frozen`` (with ``--fork``): a fork refuses every mode change (``-32602``), so it
+cannot take its parent's mode.
 
 Stdlib only; one thread: while waiting for an answer from the client it reads (and drops)
 whatever else arrives. Exits on stdin EOF.
@@ -62,8 +70,10 @@ INVALID_PARAMS = -32602
 
 
 class Agent:
-    def __init__(self, flavor: str) -> None:
+    def __init__(self, flavor: str, fork_dir: str | None = None) -> None:
         self.flavor = flavor
+        self.fork_dir = fork_dir
+        self.fork_frozen = False
         self.ids = itertools.count(1)
         self.sessions: dict[str, dict[str, Any]] = {}
         self.mode_ids = ACP_MODES.get(flavor) or OPTION_MODES.get(flavor, [])
@@ -135,21 +145,22 @@ class Agent:
     def handle(self, msg: dict[str, Any]) -> Any:
         method, params = msg["method"], msg.get("params") or {}
         if method == "initialize":
+            caps: dict[str, Any] = {"loadSession": False}
+            if self.fork_dir is not None:
+                caps["sessionCapabilities"] = {"fork": {}}
             return {
                 "protocolVersion": 1,
-                "agentCapabilities": {"loadSession": False},
+                "agentCapabilities": caps,
                 "authMethods": [],
                 "agentInfo": {"name": f"flavor-{self.flavor}", "version": "0.0.1"},
             }
         if method == "session/new":
-            sid = f"{self.flavor}-{len(self.sessions) + 1}"
-            models = OPTION_MODELS.get(self.flavor, [""])
-            self.sessions[sid] = {
-                "mode": self.mode_ids[0],
-                "model": models[0],
-                "cwd": params["cwd"],
-            }
-            return self.setup(sid)
+            return self.made(method, params, None)
+        if method == "session/fork" and self.fork_dir is not None:
+            parent = str(params["sessionId"])
+            if parent not in self.sessions and not self.stored(parent):
+                raise ValueError(f"unknown session {parent}")
+            return self.made(method, params, parent)
         if method == "session/set_mode":
             return self.set_mode(params["sessionId"], params["modeId"])
         if method == "session/set_config_option":
@@ -158,11 +169,44 @@ class Agent:
             return self.prompt(params)
         raise LookupError(method)
 
+    def made(self, method: str, params: dict[str, Any], parent: str | None) -> dict[str, Any]:
+        """A new session (``session/new``, or a fork of ``parent``) in the default mode."""
+        if self.fork_dir is not None:
+            sid = f"{self.flavor}-{os.urandom(6).hex()}"  # unique across processes
+        else:
+            sid = f"{self.flavor}-{len(self.sessions) + 1}"
+        models = OPTION_MODELS.get(self.flavor, [""])
+        self.sessions[sid] = {
+            "mode": self.mode_ids[0],
+            "model": models[0],
+            "cwd": params["cwd"],
+            "via": method,
+            "parent": parent,
+            "mcpServers": [s.get("name") for s in params.get("mcpServers") or []],
+            "frozen": parent is not None and self.fork_frozen,
+        }
+        self.save(sid)
+        return self.setup(sid)
+
+    def stored(self, sid: str) -> bool:
+        assert self.fork_dir is not None
+        path = os.path.join(self.fork_dir, f"{os.path.basename(sid)}.json")
+        return os.path.isfile(path)
+
+    def save(self, sid: str) -> None:
+        if self.fork_dir is not None:
+            path = os.path.join(self.fork_dir, f"{sid}.json")
+            with open(path, "w") as f:
+                json.dump(self.sessions[sid], f)
+
     def set_mode(self, sid: str, mode: str) -> dict[str, Any]:
         if mode not in self.mode_ids:
             raise ValueError(f"mode not found: {mode}")
+        if self.sessions[sid].get("frozen"):
+            raise ValueError("this fork keeps its mode")
         state = self.sessions[sid]
         state["mode"] = mode
+        self.save(sid)
         self.update(sid, {"sessionUpdate": "current_mode_update", "currentModeId": mode})
         if self.flavor in OPTION_MODES:
             self.update(
@@ -181,6 +225,7 @@ class Agent:
         if value not in choices.get(self.flavor, []):
             raise ValueError(f"invalid value for {config}: {value}")
         state[config] = value
+        self.save(sid)
         if config == "mode" and self.flavor in ACP_MODES:
             self.update(sid, {"sessionUpdate": "current_mode_update", "currentModeId": value})
         options = self.config_options(state)
@@ -209,6 +254,10 @@ class Agent:
                 reply = self.switch_mode(sid, rest)
             elif word == "shell":
                 reply = self.shell(sid, rest)
+            elif word == "setup":
+                state = self.sessions[sid]
+                keys = ("via", "parent", "mcpServers", "mode", "model")
+                reply = json.dumps({k: state.get(k) for k in keys})
             elif word == "params":
                 reply = json.dumps({k: v for k, v in params.items() if k != "prompt"})
             else:
@@ -284,7 +333,9 @@ def main() -> None:
     flavor = sys.argv[1] if len(sys.argv) > 1 else "claude"
     if flavor not in FLAVORS:
         raise SystemExit(f"flavor must be one of {FLAVORS}")
-    agent = Agent(flavor)
+    fork_dir = next((a.split("=", 1)[1] for a in sys.argv[2:] if a.startswith("--fork=")), None)
+    agent = Agent(flavor, fork_dir)
+    agent.fork_frozen = "--fork-frozen" in sys.argv[2:]
     for line in sys.stdin:
         try:
             msg = json.loads(line)

@@ -118,6 +118,27 @@ class FeatureDetail(_Wire, frozen=True):
     modes: list[str] | UnsetType = UNSET
 
 
+class AgentFork(_Wire, frozen=True):
+    """Whether an agent can fork: ``via`` ``session/fork`` (ACP, native), qwen's vendor
+    ``qwen/control/session/branch`` (REST only), or null; ``supported`` null: not known yet."""
+
+    supported: bool | None
+    via: str | None
+
+
+class AgentReport(_Wire, frozen=True):
+    """An agent as its ``initialize`` answer described it (null before one came up)."""
+
+    agent_info: dict[str, Any] | None
+    fork: AgentFork
+
+
+class WorkspaceAgent(AgentReport, frozen=True):
+    """``/capabilities`` ``agents[]``: a workspace's agent (its pool's last started child)."""
+
+    workspace_cwd: str
+
+
 class CapabilitiesEnvelope(_Wire, frozen=True):
     """``GET /capabilities`` (spec §8.2): the advertised feature tags and limits."""
 
@@ -133,6 +154,7 @@ class CapabilitiesEnvelope(_Wire, frozen=True):
     policy: dict[str, Any]
     limits: dict[str, int | None]
     workspaces: list[dict[str, Any]]
+    agents: list[WorkspaceAgent]
 
 
 class ReadyResponse(_Wire, frozen=True):
@@ -329,6 +351,7 @@ class SessionContext(_Wire, frozen=True):
     session_id: str
     workspace_cwd: str
     state: dict[str, Any]
+    agent: AgentReport
 
 
 class SupportedCommands(_Wire, frozen=True):

@@ -52,9 +52,11 @@ import msgspec
 from quart import Blueprint, Response, request
 
 from acp.errors import METHOD_NOT_FOUND, AcpError, RemoteError
+from actors import ActorStopped
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request, session_not_found, to_api_error
+from serve.http.forks import known_info
 from serve.http.routes.sessions import (
     agent_unavailable,
     ask,
@@ -64,8 +66,10 @@ from serve.http.routes.sessions import (
     session_response,
 )
 from serve.http.wire import JSON_TYPE, json_body, json_response
-from serve.sessions.messages import AgentCall, Attach, Attached
-from serve.sessions.registry import ForkSession, RestoreSession
+from serve.sessions.fork import NATIVE as NATIVE_FORK
+from serve.sessions.fork import current_state, fork_path, fork_session
+from serve.sessions.messages import AgentCall, Attach, Attached, SessionGone
+from serve.sessions.registry import RestoreSession
 from serve.workspace_state import agent_ext
 
 blueprint = Blueprint("session_extensions", __name__)
@@ -164,8 +168,8 @@ async def forward(
     kind = agent_ext.agent_kind(session)
     if support.verdict(kind, method) is False:
         raise _not_supported(method, agent_ext.agent_name(session))
-    if kind is None:
-        raise agent_unavailable()
+    if kind is None and getattr(getattr(session, "conn", None), "info", None) is None:
+        raise agent_unavailable()  # no agent yet (an agent without agentInfo is asked)
     try:
         raw: bytes = await ask(
             session,
@@ -390,37 +394,37 @@ async def _load_branch(session: Any, new_id: str, client_id: str | None) -> dict
 
 def _native_fork(session: Any, d: Any) -> bool:
     """ACP ``session/fork`` for an agent that advertises ``sessionCapabilities.fork``,
-    unless it is known to answer qwen's vendor branch method (qwen keeps its path)."""
-    conn = session.conn
-    info = conn.info if conn is not None else None
-    if info is None or not info.supports_fork:
+    unless it is known to answer qwen's vendor branch method (qwen keeps its path); a
+    session released while idle is judged by its workspace's agent (``known_info``)."""
+    info = known_info(d, session)
+    if info is None:
         return False
-    kind = agent_ext.agent_kind(session)
-    return agent_ext.support_for(d).verdict(kind, agent_ext.BRANCH) is not True
+    vendor = agent_ext.support_for(d).verdict(agent_ext.agent_kind(session), agent_ext.BRANCH)
+    return fork_path(info.supports_fork, vendor) == NATIVE_FORK
 
 
 async def _fork(session: Any, client_id: str | None, name: str | None) -> Response:
-    """A new daemon session from the parent's context (its own journal, agent binding,
-    clients and limits); its stream starts with ``session_forked {parentSessionId}``."""
-    d = daemon()
+    """A new daemon session from the parent's context, with its model, mode and MCP servers
+    (the use case :func:`serve.sessions.fork.fork_session`, shared with ``/acp``)."""
     try:
-        ticket = await d.registry.ask(
-            ForkSession(session.session_id, session.workspace), timeout_s=_REGISTRY_TIMEOUT_S
-        )
-        fork = await ticket.pending.wait()
+        forked = await fork_session(daemon().registry, session)
+    except (SessionGone, ActorStopped):
+        raise session_not_found(session.session_id) from None
     except Exception as exc:
         mapped = to_api_error(exc)
         if mapped is None:
             raise
         raise mapped from None
+    fork = forked.session
     attached: Attached = await ask(fork, Attach(client_id))
     out = session_response(attached.view, attached=False, client_id=attached.client_id)
-    out["state"] = attached.view.state
+    out["state"] = current_state(attached.view.state, attached.view)
     out.update(
         branchedFrom=session.session_id,
         newSessionId=fork.session_id,
         via="session/fork",
         restored=True,
+        inherited=forked.inherited,
     )
     if name is not None:
         out["displayName"] = name

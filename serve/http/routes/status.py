@@ -4,7 +4,8 @@
   ``400 invalid_detail``): :func:`serve.http.daemon_status.daemon_status`, in-memory
   only; a failure while building it is ``500 daemon_status_failed`` (logged).
 * ``GET /session/<id>/context``: ``{v, sessionId, workspaceCwd, state: {models, modes,
-  configOptions}}`` from the agent's set-up result, with the current model/mode.
+  configOptions}, agent: {agentInfo, fork: {supported, via}}}`` from the agent's set-up
+  result, with the current model/mode, and what the agent is and whether it can fork.
 * ``GET /session/<id>/supported-commands``: ``{v, sessionId, availableCommands,
   availableSkills}``: the agent's last ``available_commands_update`` and the names of the
   project skills.
@@ -25,6 +26,7 @@ from serve.http.capabilities import Feature
 from serve.http.context import daemon, features
 from serve.http.daemon_status import DETAILS, daemon_status
 from serve.http.errors import ApiError, bad_request
+from serve.http.forks import session_agent
 from serve.http.routes.sessions import find_session, session_client
 from serve.http.wire import json_response
 from serve.status.agent import context_state, supported_commands
@@ -68,6 +70,7 @@ async def get_session_context(session_id: str) -> Response:
         "sessionId": session.session_id,
         "workspaceCwd": session.workspace,
         "state": context_state(session),
+        "agent": session_agent(daemon(), session),  # its agentInfo and fork {supported, via}
     }
     return json_response(body, headers=NO_STORE)
 
