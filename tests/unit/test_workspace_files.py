@@ -17,6 +17,7 @@ import msgspec
 import pytest
 import trio
 
+from serve.errors import FS_STATUS
 from serve.workspace import (
     Workspace,
     WorkspaceFsError,
@@ -135,7 +136,7 @@ def test_binary_and_oversized_files(ws: Workspace, tmp_path: Path) -> None:
     big = (b"0123456789abcde\n" * (MAX_TEXT_READ_BYTES // 16)) + b"tail\n"
     (tmp_path / "big.txt").write_bytes(big)
     err = error_of(lambda: read_text(ws, "big.txt"))
-    assert (err.kind, err.status) == ("file_too_large", 413)
+    assert (err.kind, FS_STATUS[err.kind]) == ("file_too_large", 413)
     window = read_text(ws, "big.txt", line=2, limit=3)
     assert window.content == "0123456789abcde\n" * 3
     assert window.hash == sha(big)
@@ -242,7 +243,7 @@ def test_create_never_overwrites(ws: Workspace, tmp_path: Path) -> None:
     assert (result.created, result.mode, result.size_bytes) == (True, "create", 6)
     assert result.hash == sha(b"hello\n") == read_text(ws, "new.txt").hash
     err = error_of(lambda: write_text(ws, "new.txt", "x", mode="create"))
-    assert (err.kind, err.status) == ("file_already_exists", 409)
+    assert (err.kind, FS_STATUS[err.kind]) == ("file_already_exists", 409)
     assert (tmp_path / "new.txt").read_text() == "hello\n"
     assert kind_of(lambda: write_text(ws, "a/b/c.txt", "x", mode="create")) == "path_not_found"
     made = write_text(ws, "a/b/c.txt", "x", mode="create", create_parents=True)
@@ -261,7 +262,7 @@ def test_replace_hash_rules(ws: Workspace, tmp_path: Path) -> None:
         )
     stale = "sha256:" + "0" * 64
     err = error_of(lambda: write_text(ws, "f.txt", "v2\n", mode="replace", expected_hash=stale))
-    assert (err.kind, err.status) == ("hash_mismatch", 409)
+    assert (err.kind, FS_STATUS[err.kind]) == ("hash_mismatch", 409)
     assert h1 in err.message
     assert (tmp_path / "f.txt").read_text() == "v1\n"
     done = write_text(ws, "f.txt", "v2\n", mode="replace", expected_hash=h1)
@@ -297,7 +298,7 @@ def test_write_size_cap(ws: Workspace, tmp_path: Path) -> None:
     h = read_text(ws, "f.txt").hash
     too_big = "x" * (MAX_WRITE_BYTES + 1)
     err = error_of(lambda: write_text(ws, "f.txt", too_big, mode="replace", expected_hash=h))
-    assert (err.kind, err.status) == ("file_too_large", 413)
+    assert (err.kind, FS_STATUS[err.kind]) == ("file_too_large", 413)
     # fits as characters, not once encoded as UTF-16
     half = "y" * (MAX_WRITE_BYTES // 2 + 1)
     assert (
@@ -334,7 +335,7 @@ def test_untrusted_workspace_reads_but_never_writes(tmp_path: Path) -> None:
         lambda: edit_text(ws, "f.txt", "v1", "v2", expected_hash=h),
     ):
         err = error_of(op)
-        assert (err.kind, err.status) == ("untrusted_workspace", 403)
+        assert (err.kind, FS_STATUS[err.kind]) == ("untrusted_workspace", 403)
     assert (tmp_path / "f.txt").read_text() == "v1\n"
     assert not (tmp_path / "n.txt").exists()
 
@@ -439,7 +440,7 @@ def test_edit_semantics(ws: Workspace, tmp_path: Path) -> None:
     for (old, new), kind, status in cases:
         with pytest.raises(WorkspaceFsError) as info:
             edit_text(ws, "c.ts", old, new, expected_hash=h)
-        assert (info.value.kind, info.value.status) == (kind, status)
+        assert (info.value.kind, FS_STATUS[info.value.kind]) == (kind, status)
     stale = "sha256:" + "f" * 64
     assert (
         kind_of(lambda: edit_text(ws, "c.ts", "aaa", "b", expected_hash=stale)) == "hash_mismatch"
