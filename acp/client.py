@@ -89,7 +89,9 @@ from acp.terminal import TerminalManager
 log = logging.getLogger(__name__)
 
 DEFAULT_CLIENT_CAPABILITIES: Final = ClientCapabilities(
-    fs=FileSystemCapability(read_text_file=True, write_text_file=True), terminal=True
+    fs=FileSystemCapability(read_text_file=True, write_text_file=True),
+    terminal=True,
+    session={"configOptions": {"boolean": {}}},
 )
 DEFAULT_CLIENT_INFO: Final = Implementation(name="acp-serve", title="acp-serve", version="0.1.0")
 EOF_EXIT_WAIT_S: Final = 1.0

@@ -360,6 +360,8 @@ class FileSystemCapability(Wire, frozen=True):
 class ClientCapabilities(Wire, frozen=True):
     fs: FileSystemCapability = FileSystemCapability()
     terminal: bool = False
+    #: ``{configOptions: {boolean: {}}}``: boolean config options are understood (1.21).
+    session: dict[str, Any] | None = None
     meta: dict[str, Any] | None = field(default=None, name="_meta")
 
 

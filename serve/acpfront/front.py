@@ -68,7 +68,8 @@ import msgspec
 import trio
 
 from actors import ActorError, ActorStopped, InboxFull
-from serve.acpfront import jsonrpc
+from serve import tracecontext
+from serve.acpfront import jsonrpc, v121
 from serve.acpfront.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -318,6 +319,10 @@ class Connection:
         self.last_activity = time.monotonic()
         #: Cancel scopes of this connection's running requests (cancelled on close).
         self.tasks: set[trio.CancelScope] = set()
+        #: The running requests by JSON-RPC id, for ``$/cancel_request`` (at most
+        #: MAX_INFLIGHT), and the ids it cancelled (answered -32800).
+        self.running: dict[jsonrpc.Id, trio.CancelScope] = {}
+        self.cancelled: set[jsonrpc.Id] = set()
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -377,6 +382,9 @@ class AcpFront:
             "session/set_mode": self._session_set_mode,
             "session/set_model": self._session_set_model,
             "session/set_config_option": self._session_set_config_option,
+            "session/delete": lambda c, p: v121.session_delete(self, c, p),
+            "authenticate": lambda c, p: v121.authenticate(self, c, p),
+            "logout": lambda c, p: v121.logout(self, c, p),
             "session/permission": self._session_permission,
             "_qwen/health": self._health,
             "_qwen/session/heartbeat": self._heartbeat,
@@ -500,7 +508,13 @@ class AcpFront:
                 "loadSession": True,
                 "promptCapabilities": {"image": True, "audio": True, "embeddedContext": True},
                 "mcpCapabilities": {"http": False, "sse": False},
-                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
+                "sessionCapabilities": {
+                    "list": {},
+                    "resume": {},
+                    "close": {},
+                    "delete": {},
+                },
+                "auth": {"logout": {}},
                 "_meta": {
                     "qwen": {
                         "connectionId": conn.id,
@@ -510,7 +524,7 @@ class AcpFront:
                 },
             },
             "agentInfo": {"name": "acp-serve", "title": "acp-serve", "version": self.version},
-            "authMethods": [],
+            "authMethods": v121.auth_methods(self, workspace),
         }
         return conn, jsonrpc.result_bytes(request.id, result)
 
@@ -590,6 +604,8 @@ class AcpFront:
         """Handle one message in the background; its reply lands in an outbox."""
         conn.touch()
         match message:
+            case Notification(method=v121.CANCEL_REQUEST):
+                v121.cancel_request(conn, message.params)
             case Request() | Notification():
                 if conn.inflight >= MAX_INFLIGHT:
                     if isinstance(message, Request):
@@ -628,8 +644,13 @@ class AcpFront:
         sid = params.get("sessionId")
         scope = trio.CancelScope()
         conn.tasks.add(scope)
+        if rid is not None and rid not in conn.running:
+            conn.running[rid] = scope
+        trace = tracecontext.from_meta(params)
         try:
-            with scope:
+            with tracecontext.traced(trace), scope:
+                if trace is not None:
+                    log.info("ACP %s %s (traced)", conn.id, method)
                 try:
                     if method == "initialize":
                         raise _ConnectionLevel(
@@ -676,6 +697,14 @@ class AcpFront:
                     await result.deliver(rid)
         finally:
             conn.tasks.discard(scope)
+            if rid is not None and conn.running.get(rid) is scope:
+                del conn.running[rid]
+                if rid in conn.cancelled and scope.cancelled_caught and not conn.closed:
+                    self._reply(
+                        conn, method, sid, jsonrpc.error_bytes(rid, v121.cancelled_error(method))
+                    )
+            if rid is not None:
+                conn.cancelled.discard(rid)
             conn.inflight -= 1
             conn.touch()
 
@@ -1041,6 +1070,7 @@ class AcpFront:
     # ---- session methods ---------------------------------------------------------------
 
     async def _session_new(self, conn: Connection, params: dict[str, Any]) -> Any:
+        await v121.refuse_additional_directories(params)
         workspace = self._workspace(conn, params)
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         scope = meta.get("qwen-code/sessionScope", "thread") if meta else "thread"
@@ -1074,6 +1104,7 @@ class AcpFront:
         return out
 
     async def _restore(self, conn: Connection, params: dict[str, Any], action: str) -> Any:
+        await v121.refuse_additional_directories(params)
         sid = params.get("sessionId")
         if not isinstance(sid, str) or not sid:
             raise _params_error("`sessionId` must be a non-empty string")
@@ -1237,23 +1268,7 @@ class AcpFront:
         return {"modelId": switched.model_id}
 
     async def _session_set_config_option(self, conn: Connection, params: dict[str, Any]) -> Any:
-        link = self._owned(conn, params)
-        config_id = params.get("configId")
-        value = params.get("value")
-        if not isinstance(value, str) or not value:
-            raise _params_error("`value` must be a non-empty string")
-        if config_id == "model":
-            await link.session.call(SetModel(value, link.client_id, timeout_s=60.0), timeout_s=60)
-        elif config_id == "mode":
-            await link.session.call(
-                SetApprovalMode(value, False, link.client_id), timeout_s=ASK_TIMEOUT_S
-            )
-        else:
-            raise _params_error(
-                "`configId` must be one of: model, mode", code="unsupported_config_option"
-            )
-        view: SessionView = await link.session.call(Describe(), timeout_s=ASK_TIMEOUT_S)
-        return {"configOptions": view.state.get("configOptions") or []}
+        return await v121.set_config_option(self, conn, params)  # every option (ACP 1.21)
 
     async def _session_permission(self, conn: Connection, params: dict[str, Any]) -> Any:
         request_id = params.get("requestId")

@@ -80,7 +80,7 @@ from serve.permissions.mediator import (
     CancelSessionPermissions,
     PermissionMediator,
 )
-from serve.sessions import turns, views
+from serve.sessions import config_options, turns, views
 from serve.sessions.agent_link import AgentLink, AgentSource, JournalLink, SpawnAgentSource
 from serve.sessions.agent_side import AgentSide
 from serve.sessions.budget import BudgetMeter, Limits, Signal
@@ -117,6 +117,7 @@ from serve.sessions.messages import (
     SessionView,
     SetApprovalMode,
     SetBudget,
+    SetConfigOption,
     SetModel,
     StreamEnded,
     SubmitPrompt,
@@ -728,6 +729,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                     functools.partial(self._bound_then, "mode", self._set_approval_mode, msg),
                     connected=lambda: self.link.connected or self.agent_released,
                 )
+            case SetConfigOption():
+                return config_options.start(self, msg)
             case UpdateMetadata(display_name=name, client_id=cid):
                 self.display_name = name
                 self.log.publish(
