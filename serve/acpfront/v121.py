@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import msgspec
 import trio
@@ -50,8 +50,10 @@ from serve.sessions.messages import (
 )
 from serve.status.agent import context_state
 
-if TYPE_CHECKING:
-    from serve.acpfront.front import AcpFront, Connection
+#: The AcpFront (typed loosely: it imports this module).
+AcpFront = Any
+#: The Connection (typed loosely: it imports this module).
+Connection = Any
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +159,11 @@ async def set_config_option(front: AcpFront, conn: Connection, params: dict[str,
     elif not isinstance(value, str) or not value:
         raise _params_error("`value` must be a non-empty string (or boolean with type boolean)")
     category = _category(link.session, config_id)
+    if category == "mode" and config_id != "mode" and front.policy is not None:
+        # A mode option under another id changes the approval mode too: the same gate.
+        refusal = front.policy(conn, "session/set_mode", params)
+        if refusal is not None:
+            raise refusal
     if isinstance(value, str) and (config_id == "model" or category == "model"):
         await link.session.call(SetModel(value, link.client_id, timeout_s=60.0), timeout_s=60)
     elif isinstance(value, str) and (config_id == "mode" or category == "mode"):

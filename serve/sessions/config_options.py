@@ -26,7 +26,7 @@ callers route them there.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -35,8 +35,8 @@ from actors import Reply
 from serve.sessions.errors import AgentRefusedError, SessionRequestError
 from serve.sessions.messages import SetConfigOption
 
-if TYPE_CHECKING:
-    from serve.sessions.actor import SessionActor
+#: The SessionActor (typed loosely: it imports this module).
+SessionActor = Any
 
 
 def _options(session: SessionActor) -> list[Any]:
@@ -87,12 +87,13 @@ def check(session: SessionActor, msg: SetConfigOption) -> None:
 def start(session: SessionActor, msg: SetConfigOption) -> Reply[Any]:
     """The inbox's part: check, then run the switch (see the module docstring)."""
     check(session, msg)
-    return session.calls.start_switch(
+    reply: Reply[Any] = session.calls.start_switch(
         "config option change",
         msg.timeout_s,
         functools.partial(session._bound_then, "config", functools.partial(_apply, session), msg),
         connected=lambda: session.link.connected or session.agent_released,
     )
+    return reply
 
 
 async def _apply(session: SessionActor, msg: SetConfigOption, timeout_s: float) -> list[Any]:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from acp.agents.scripted.store import valid_session_id
 from acp.errors import INVALID_PARAMS
 
-if TYPE_CHECKING:
-    from acp.agents.scripted.agent import ScriptedAgent
+#: The ScriptedAgent (typed loosely: it imports this module).
+ScriptedAgent = Any
 
 EFFORTS: Final = ("low", "medium", "high")
 #: Methods a ``--legacy`` agent does not know.
