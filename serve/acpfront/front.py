@@ -69,7 +69,7 @@ import trio
 
 from actors import ActorError, ActorStopped, InboxFull
 from serve import tracecontext
-from serve.acpfront import jsonrpc, v121
+from serve.acpfront import jsonrpc, v121, workspace_methods
 from serve.acpfront.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -401,6 +401,7 @@ class AcpFront:
             "_qwen/file/write": self._file_write,
             "_qwen/file/edit": self._file_edit,
         }
+        self._methods.update(workspace_methods.handlers(self))  # the _qwen/workspace/* reads
 
     @property
     def methods(self) -> list[str]:

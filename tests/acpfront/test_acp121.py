@@ -284,3 +284,38 @@ async def test_additional_directories_are_validated_then_refused(
             assert after["active"] <= before["active"]
         await client.delete("/acp", headers=acp.headers())
         nursery.cancel_scope.cancel()
+
+
+async def test_workspace_reads_answer_their_rest_twins_bodies(
+    daemon: DaemonProcess, client: httpx.AsyncClient
+) -> None:
+    cwd = str(daemon.workspace.resolve())
+    async with trio.open_nursery() as nursery:
+        acp = AcpHttp(client, nursery)
+        await acp.initialize({"protocolVersion": 1})
+        async with acp.stream() as conn:
+            await acp.new_session(cwd, conn)  # the workspace's agent
+            for name in ("env", "skills", "mcp", "providers", "preflight"):
+                reply = await _call(acp, conn, f"_qwen/workspace/{name}", {})
+                assert "result" in reply.message, (name, reply)
+                got = reply.message["result"]
+                r = await client.get(f"/workspace/{name}")
+                assert r.status_code == 200, r.text
+                want = r.json()
+                assert got["initialized"] is True
+                if name == "providers":
+                    # REST lists the agent's terminal method too; /acp never does.
+                    assert [m["id"] for m in want.pop("authMethods")] == [
+                        "scripted-key",
+                        "scripted-login",
+                    ]
+                    assert [m["id"] for m in got.pop("authMethods")] == ["scripted-key"]
+                if name == "preflight":
+                    assert [c["kind"] for c in got["cells"]] == [c["kind"] for c in want["cells"]]
+                else:
+                    assert got == want, name
+            # The mutations stay out of scope (README): method not found.
+            reply = await _call(acp, conn, "_qwen/workspace/init", {})
+            assert reply.message["error"]["code"] == -32601
+        await client.delete("/acp", headers=acp.headers())
+        nursery.cancel_scope.cancel()
