@@ -397,6 +397,7 @@ class SessionCapabilities(Wire, frozen=True):
     close: dict[str, Any] | None = None
     delete: dict[str, Any] | None = None
     fork: dict[str, Any] | None = None
+    additional_directories: dict[str, Any] | None = None
 
 
 class AgentCapabilities(Wire, frozen=True):

@@ -514,6 +514,7 @@ class AcpFront:
                     "resume": {},
                     "close": {},
                     "delete": {},
+                    "additionalDirectories": {},
                 },
                 "auth": {"logout": {}},
                 "_meta": {
@@ -1071,8 +1072,8 @@ class AcpFront:
     # ---- session methods ---------------------------------------------------------------
 
     async def _session_new(self, conn: Connection, params: dict[str, Any]) -> Any:
-        await v121.refuse_additional_directories(params)
         workspace = self._workspace(conn, params)
+        dirs = await v121.additional_directories(self, params, workspace)
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         scope = meta.get("qwen-code/sessionScope", "thread") if meta else "thread"
         if scope not in ("single", "thread"):
@@ -1083,7 +1084,7 @@ class AcpFront:
             )
         reserved = self._reserve(conn)
         try:
-            session, attached = await self._ticket_session(CreateSession(workspace, scope))
+            session, attached = await self._ticket_session(CreateSession(workspace, scope, dirs))
             # A session made for this call: its set-up events (available commands, ...) too.
             link, view = await self._own_made(conn, session, attached, replay=not attached)
         finally:
@@ -1105,16 +1106,16 @@ class AcpFront:
         return out
 
     async def _restore(self, conn: Connection, params: dict[str, Any], action: str) -> Any:
-        await v121.refuse_additional_directories(params)
         sid = params.get("sessionId")
         if not isinstance(sid, str) or not sid:
             raise _params_error("`sessionId` must be a non-empty string")
         workspace = self._workspace(conn, params)
+        dirs = await v121.additional_directories(self, params, workspace)
         reserved = self._reserve(conn, sid)
         try:
             try:
                 session, attached = await self._ticket_session(
-                    RestoreSession(sid, workspace, action)
+                    RestoreSession(sid, workspace, action, dirs)
                 )
             except RpcError as exc:
                 data = exc.data if isinstance(exc.data, dict) else {}

@@ -20,11 +20,12 @@
 * ``$/cancel_request {requestId}``: cancels the connection's running request with that id,
   which is answered ``-32800`` (a prompt's turn is cancelled, as when its request goes away).
 * ``additionalDirectories`` on ``session/new|load|resume``: an entry that is not an absolute
-  path of an existing directory, or more than :data:`MAX_ADDITIONAL_DIRECTORIES`, is
-  ``invalid_additional_directories`` (-32602); valid ones are refused ``not_supported``
-  (-32601, 501): the capability is not advertised, as the daemon does not yet forward them
-  to its agents nor widen their Landlock sandbox (a warm or packed child's roots are fixed
-  at spawn, so such a session needs a child of its own).
+  path of an existing directory, lies in the daemon's state directory or a served workspace,
+  or more than :data:`MAX_ADDITIONAL_DIRECTORIES`, is ``invalid_additional_directories``
+  (-32602). Valid ones go with the registry's message: the session gets an agent child of its
+  own (a warm or packed child's sandbox roots are fixed at spawn) whose Landlock write roots
+  include them, and they are sent with its ``session/new|load|resume`` (an agent that does
+  not advertise ``sessionCapabilities.additionalDirectories``: ``not_supported_by_agent``).
 * ``_meta.traceparent`` of any request: the request runs in that W3C trace context
   (serve/tracecontext.py), and one log line names the method.
 """
@@ -225,26 +226,29 @@ def cancelled_error(method: str) -> RpcError:
 # ---- additionalDirectories ------------------------------------------------------------------
 
 
-async def refuse_additional_directories(params: dict[str, Any]) -> None:
-    """``additionalDirectories`` are validated (absolute existing directories, at most
-    :data:`MAX_ADDITIONAL_DIRECTORIES`), then refused when non-empty: the daemon does not
-    advertise ``sessionCapabilities.additionalDirectories`` (it does not forward them to its
-    agents, nor widen their file sandbox, yet)."""
-    dirs = await trio.to_thread.run_sync(_additional_directories, params)
-    if dirs:
-        raise RpcError(
-            -32601,
-            "additionalDirectories are not supported by this daemon "
-            "(sessionCapabilities.additionalDirectories is not advertised)",
-            {"httpStatus": 501, "code": "not_supported", "additionalDirectories": dirs},
-        )
+async def additional_directories(
+    front: AcpFront, params: dict[str, Any], workspace: str
+) -> tuple[str, ...]:
+    """The validated, resolved ``additionalDirectories`` (empty when absent): absolute paths
+    of existing directories, at most :data:`MAX_ADDITIONAL_DIRECTORIES`, none inside the
+    daemon's state directory or another served workspace than the session's ``workspace``
+    (checked in a worker thread)."""
+    settings = front.host.settings
+    served = [*settings.workspaces, *settings.untrusted_workspaces]
+    return await trio.to_thread.run_sync(
+        _additional_directories, params, settings.state_dir, served, workspace
+    )
 
 
-def _additional_directories(params: dict[str, Any]) -> list[str] | None:
-    """The validated, resolved ``additionalDirectories`` (None when absent or empty)."""
+def _additional_directories(
+    params: dict[str, Any], state_dir: str, served: list[str], workspace: str
+) -> tuple[str, ...]:
+    own = os.path.realpath(workspace)
+    others = {os.path.realpath(w) for w in served} - {own}
+    protected = [os.path.realpath(state_dir), *sorted(others)]
     raw = params.get("additionalDirectories")
     if raw is None or raw == []:
-        return None
+        return ()
     if not isinstance(raw, list) or len(raw) > MAX_ADDITIONAL_DIRECTORIES:
         raise _params_error(
             "`additionalDirectories` must be an array of at most "
@@ -264,6 +268,17 @@ def _additional_directories(params: dict[str, Any]) -> list[str] | None:
                 f"additional directory {entry!r} is not an existing directory",
                 code="invalid_additional_directories",
             )
+        state = protected[0]
+        if (
+            real == state
+            or real.startswith(state.rstrip("/") + "/")
+            or any(real == w or real.startswith(w.rstrip("/") + "/") for w in protected[1:])
+        ):
+            raise _params_error(
+                f"additional directory {entry!r} is the daemon's state directory or "
+                "another served workspace (or inside one)",
+                code="invalid_additional_directories",
+            )
         if real not in out:
             out.append(real)
-    return out
+    return tuple(out)

@@ -220,6 +220,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         effects: EffectGate | None = None,
         mcp_pool: McpPool | None = None,
         fork_from: str | None = None,
+        additional_directories: tuple[str, ...] = (),
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
         self._init_agent_side()
@@ -257,6 +258,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             restart_backoff_s=restart_backoff_s,
         )
         self.link.fork_from = self.fork_from = fork_from
+        self.link.additional_directories = additional_directories
         self.journal_link = JournalLink(journal)
         self.current_model: str | None = None
         self.current_mode: str | None = None

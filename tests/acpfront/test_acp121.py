@@ -256,20 +256,40 @@ async def test_usage_update_and_message_ids_reach_rest_and_acp_clients(
             await trio.sleep(0.05)
 
 
-async def test_additional_directories_are_validated_then_refused(
+async def _say(acp: AcpHttp, sid: str, text: str) -> str:
+    async with acp.stream(sid) as events:
+        rid = await acp.request(
+            "session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": text}]}
+        )
+        frames = await events.until(lambda f: f.message.get("id") == rid)
+    assert "result" in frames[-1].message, frames[-1]
+    return "".join(
+        f.message["params"]["update"]["content"]["text"]
+        for f in frames
+        if f.method == "session/update"
+        and f.message["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+    )
+
+
+async def test_additional_directories_are_validated_and_widen_the_file_sandbox(
     daemon: DaemonProcess, client: httpx.AsyncClient, tmp_path: Any
 ) -> None:
+    status = (await client.get("/daemon/status")).json()
+    if not status["isolation"]["sandbox"]["active"]:
+        pytest.skip("no Landlock file sandbox on this kernel")
     cwd = str(daemon.workspace.resolve())
+    extra = tmp_path / "extra"
+    extra.mkdir()
     async with trio.open_nursery() as nursery:
         acp = AcpHttp(client, nursery)
         await acp.initialize({"protocolVersion": 1})
         async with acp.stream() as conn:
             before = (await client.get("/daemon/status")).json()["runtime"]["sessions"]
-            for dirs, code, rpc in (
-                (["relative/dir"], "invalid_additional_directories", -32602),
-                ([str(tmp_path / "missing")], "invalid_additional_directories", -32602),
-                ([str(tmp_path)] * 40, "invalid_additional_directories", -32602),
-                ([str(tmp_path)], "not_supported", -32601),
+            for dirs in (
+                ["relative/dir"],
+                [str(tmp_path / "missing")],
+                [str(extra)] * 40,
+                [str(daemon.state_dir)],
             ):
                 reply = await _call(
                     acp,
@@ -278,10 +298,25 @@ async def test_additional_directories_are_validated_then_refused(
                     {"cwd": cwd, "mcpServers": [], "additionalDirectories": dirs},
                 )
                 error = reply.message["error"]
-                assert (error["code"], error["data"]["code"]) == (rpc, code), error
+                assert error["code"] == -32602, error
+                assert error["data"]["code"] == "invalid_additional_directories"
             # Nothing was made for the refused calls.
             after = (await client.get("/daemon/status")).json()["runtime"]["sessions"]
             assert after["active"] <= before["active"]
+
+            plain = (await acp.new_session(cwd, conn))["sessionId"]
+            said = await _say(acp, plain, f"[touch {extra / 'plain.txt'}]")
+            assert said == "touch failed: EACCES"
+            assert not (extra / "plain.txt").exists()
+
+            rid = await acp.request(
+                "session/new", {"cwd": cwd, "mcpServers": [], "additionalDirectories": [str(extra)]}
+            )
+            reply = await conn.reply(rid)
+            widened = reply.message["result"]["sessionId"]
+            said = await _say(acp, widened, f"[touch {extra / 'widened.txt'}]")
+            assert said == f"touched {extra / 'widened.txt'}"
+            assert (extra / "widened.txt").exists()
         await client.delete("/acp", headers=acp.headers())
         nursery.cancel_scope.cancel()
 

@@ -12,12 +12,14 @@
   (``scripted-key``, through ``authenticate``) and a terminal one (``scripted-login``,
   ``type: "terminal"``, which a client would run as ``<agent> --login``).
 * ``additionalDirectories`` of ``session/new|load|resume`` are remembered per session and
-  reported by ``session/list`` (the SessionInfo field) and by the ``[dirs]`` directive.
+  reported by ``session/list`` (the SessionInfo field); ``[touch PATH]`` creates a file from
+  the agent process itself (what its file sandbox allows).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from typing import Any, Final
 
@@ -139,6 +141,18 @@ def delete_session(agent: ScriptedAgent, rid: Any, params: dict[str, Any]) -> ob
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(agent.store.dir, session_id + ".json"))
     return {}
+
+
+def touch(path: str) -> str:
+    """``[touch PATH]``: the agent itself (not through ``fs/*``) creates ``PATH``; the text
+    it then says (``touched PATH`` or ``touch failed: <errno name>``) shows what its file
+    sandbox allows."""
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        return f"touch failed: {errno.errorcode.get(exc.errno or 0, str(exc))}"
+    return f"touched {path}"
 
 
 def logout(agent: ScriptedAgent, rid: Any, params: dict[str, Any]) -> object:

@@ -650,6 +650,9 @@ class _TurnRunner:
         except Cancelled:
             return "cancelled"
 
+    def do_touch(self, arg: str) -> None:
+        self.say(acp121.touch(arg))
+
     def do_think(self, arg: str) -> None:
         self.emit(AgentThoughtChunk(content=TextContent(text=arg)))
         self.record.add("thought", arg)

@@ -30,6 +30,7 @@ DIRECTIVES: Final = (
     "hang",
     "spawn-grandchild",
     "usage",
+    "touch",
 )
 
 _DIRECTIVE_RE: Final = re.compile(
