@@ -354,3 +354,38 @@ async def test_workspace_reads_answer_their_rest_twins_bodies(
             assert reply.message["error"]["code"] == -32601
         await client.delete("/acp", headers=acp.headers())
         nursery.cancel_scope.cancel()
+
+
+def test_additional_directories_need_the_agents_capability(tmp_path: Any) -> None:
+    """An agent that does not advertise sessionCapabilities.additionalDirectories (the
+    scripted agent's --legacy mode, like older agents) is never sent them: 501."""
+    agent = shlex.join([sys.executable, "-m", "acp.agents.scripted", "--legacy"])
+    d = spawn_daemon(["--agent", agent, "--warm-agents", "0"], env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+
+        async def main() -> None:
+            cwd = str(d.workspace.resolve())
+            async with (
+                httpx.AsyncClient(base_url=d.url, headers=AUTH, timeout=30) as client,
+                trio.open_nursery() as nursery,
+            ):
+                acp = AcpHttp(client, nursery)
+                await acp.initialize({"protocolVersion": 1})
+                async with acp.stream() as conn:
+                    reply = await _call(
+                        acp,
+                        conn,
+                        "session/new",
+                        {"cwd": cwd, "mcpServers": [], "additionalDirectories": [str(tmp_path)]},
+                    )
+                    error = reply.message["error"]
+                    assert error["data"]["httpStatus"] == 501, error
+                    assert error["data"]["code"] == "not_supported_by_agent"
+                    # Without them the same agent makes sessions.
+                    await acp.new_session(cwd, conn)
+                await client.delete("/acp", headers=acp.headers())
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)
+    finally:
+        d.stop()
