@@ -24,7 +24,7 @@ TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
     agent = shlex.join([sys.executable, "-m", "acp.agents.scripted", "--auth-methods"])
-    d = spawn_daemon(["--agent", agent], env={"QWEN_SERVER_TOKEN": TOKEN})
+    d = spawn_daemon(["--agent", agent, "--access-log"], env={"QWEN_SERVER_TOKEN": TOKEN})
     try:
         yield d
     finally:
@@ -389,3 +389,24 @@ def test_additional_directories_need_the_agents_capability(tmp_path: Any) -> Non
         trio.run(main)
     finally:
         d.stop()
+
+
+async def test_a_rest_requests_traceparent_header_reaches_its_log_lines(
+    daemon: DaemonProcess, client: httpx.AsyncClient
+) -> None:
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    r = await client.get(
+        "/daemon/status", headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"}
+    )
+    assert r.status_code == 200
+    # The access-log line of that request carries its trace id; an invalid header is ignored.
+    r = await client.get(
+        "/health", headers={"traceparent": "00-" + "0" * 32 + "-" + "1" * 16 + "-01"}
+    )
+    assert r.status_code == 200
+    with trio.fail_after(10):
+        while f"[trace {trace_id}]" not in daemon.stderr():
+            await trio.sleep(0.05)
+    lines = [line for line in daemon.stderr().splitlines() if f"[trace {trace_id}]" in line]
+    assert any("/daemon/status" in line for line in lines), lines
+    assert "[trace 00000000" not in daemon.stderr()
