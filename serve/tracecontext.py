@@ -31,7 +31,7 @@ def parse(value: Any) -> tuple[str, str] | None:
     """``(trace_id, span_id)`` of a valid ``traceparent``, else None."""
     if not isinstance(value, str) or len(value) > 128:
         return None
-    match = _TRACEPARENT.match(value.strip().lower())
+    match = _TRACEPARENT.match(value.strip())  # lowercase hex only, as W3C requires
     if match is None or match.group(1) == "ff":
         return None
     trace_id, span_id = match.group(2), match.group(3)

@@ -252,7 +252,7 @@ async def test_usage_update_and_message_ids_reach_rest_and_acp_clients(
         nursery.cancel_scope.cancel()
     # The traced request's log lines carry its trace id.
     with trio.fail_after(10):
-        while f"[trace {TRACE_ID}]" not in daemon.stderr():
+        while f"[trace {TRACE_ID}]" not in daemon.stderr():  # noqa: ASYNC110 (a file)
             await trio.sleep(0.05)
 
 
@@ -405,7 +405,7 @@ async def test_a_rest_requests_traceparent_header_reaches_its_log_lines(
     )
     assert r.status_code == 200
     with trio.fail_after(10):
-        while f"[trace {trace_id}]" not in daemon.stderr():
+        while f"[trace {trace_id}]" not in daemon.stderr():  # noqa: ASYNC110 (a file)
             await trio.sleep(0.05)
     lines = [line for line in daemon.stderr().splitlines() if f"[trace {trace_id}]" in line]
     assert any("/daemon/status" in line for line in lines), lines
