@@ -13,7 +13,9 @@ its own handler under its ACP ``sessionId`` with :meth:`SessionMux.bind`, and
   is answered the safe way (permission: ``cancelled``; fs/terminal: ``-32602`` naming the
   session), so one session can never act through another's grants or clients;
 * other notifications and vendor requests by their ``params.sessionId`` when they carry one
-  (else notifications are dropped and requests answer ``-32601``).
+  (else notifications are dropped and requests answer ``-32601``; the session-less
+  ``elicitation/complete`` goes to every bound handler, which keep only their own ids; an
+  ``elicitation/create`` naming no bound session is answered ``{action: "cancel"}``).
 
 Updates for a ``sessionId`` nobody has bound yet are kept, in order, in a bounded buffer
 (:data:`MAX_UNBOUND_UPDATES` messages for the whole connection; older ones are dropped) and
@@ -70,6 +72,10 @@ log = logging.getLogger(__name__)
 
 #: Updates kept for sessions not bound yet, per connection (messages).
 MAX_UNBOUND_UPDATES: Final = 1024
+#: Notifications that name no session but belong to one: every bound handler hears them and
+#: keeps only what it knows (``elicitation/complete`` names an ``elicitationId``, which only
+#: the session that brokered that url elicitation has seen).
+UNSCOPED_NOTIFICATIONS: Final = frozenset({"elicitation/complete"})
 
 
 class _SessionRef(msgspec.Struct, frozen=True, rename="camel"):
@@ -169,6 +175,9 @@ class SessionMux(BaseClientHandler):
         handler = self._handlers.get(sid) if sid is not None else None
         if handler is not None:
             handler.on_notification(method, params)
+        elif sid is None and method in UNSCOPED_NOTIFICATIONS:
+            for each in list(self._handlers.values()):  # each keeps only what it knows
+                each.on_notification(method, params)
         else:
             log.debug("dropping agent notification %s (no bound session)", method)
 
@@ -231,6 +240,8 @@ class SessionMux(BaseClientHandler):
         sid = _session_of(params)
         handler = self._handlers.get(sid) if sid is not None else None
         if handler is None:
+            if method == "elicitation/create":  # request-scoped, or no session: nobody to ask
+                return {"action": "cancel"}
             raise method_not_found(method)
         result: Any = await handler.ext_request(method, params)
         return result

@@ -362,6 +362,8 @@ class ClientCapabilities(Wire, frozen=True):
     terminal: bool = False
     #: ``{configOptions: {boolean: {}}}``: boolean config options are understood (1.21).
     session: dict[str, Any] | None = None
+    #: ``{"form": {}, "url": {}}``: the elicitation modes offered (ACP 1.21; None: none).
+    elicitation: dict[str, Any] | None = None
     meta: dict[str, Any] | None = field(default=None, name="_meta")
 
 

@@ -21,8 +21,8 @@ actor (``SubmitPrompt``, ``CancelTurn``, ...),
 permission answers go to the PermissionMediator as votes (``CastVote``) under the daemon's
 mediation policy, creation and restore go to the SessionRegistry. ``fs/*`` and ``terminal/*``
 requests of the child agent are served by the daemon (the session actor and its effect gate)
-and never reach a remote client: only ``session/request_permission`` is forwarded, as a
-vote.
+and never reach a remote client: only ``session/request_permission`` and ``elicitation/create``
+(to clients that advertised the mode: :mod:`.elicit`) are forwarded, their answers votes.
 
 Routing (the HTTP transport has one connection stream plus one stream per owned session;
 the WebSocket transport has one socket for everything): replies to ``session/prompt``,
@@ -69,7 +69,7 @@ import trio
 
 from actors import ActorError, ActorStopped, InboxFull
 from serve import tracecontext
-from serve.acpfront import jsonrpc, v121, workspace_methods
+from serve.acpfront import elicit, jsonrpc, v121, workspace_methods
 from serve.acpfront.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -311,6 +311,8 @@ class Connection:
         self.outbox = Outbox(max_messages=max_messages, max_bytes=max_bytes)
         self.sessions: dict[str, SessionLink] = {}
         self.server_requests: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        #: The elicitation modes its client advertised (serve/acpfront/elicit.py).
+        self.elicitation_modes: frozenset[str] = frozenset()
         self.inflight = 0
         #: session/new, load and resume calls admitted under MAX_SESSIONS, not yet owned.
         self.reserved_sessions = 0
@@ -503,6 +505,7 @@ class AcpFront:
             owner=owner,
         )
         self.connections[conn.id] = conn
+        conn.elicitation_modes = elicit.client_modes(params.get("clientCapabilities"))
         result = {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -889,7 +892,9 @@ class AcpFront:
                     for frame in frames:
                         # An event stays the log's frame until a writer takes it (shared
                         # by every connection, not copied into each outbox).
-                        msg = translate_frame(frame, requests=requests)
+                        msg = translate_frame(
+                            frame, requests=requests, elicitation=conn.elicitation_modes
+                        )
                         if msg is None:
                             continue
                         if msg.permission is not None:
@@ -977,6 +982,17 @@ class AcpFront:
             return
         sid, request_id = target
         link = conn.sessions.get(sid)
+        if rid.startswith(elicit.ID_PREFIX):  # type: ignore[union-attr]
+            await elicit.answer(
+                self.host.mediator,
+                sid,
+                request_id,
+                message.result if message.error is None else None,
+                link.client_id if link is not None else None,
+                conn.loopback,
+                timeout_s=ASK_TIMEOUT_S,
+            )
+            return
         body: Any = message.result if message.error is None else None
         if not isinstance(body, dict) or "outcome" not in body:
             body = {"outcome": {"outcome": "cancelled"}}

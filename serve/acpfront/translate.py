@@ -9,6 +9,8 @@ A session's :class:`~serve.events.EventLog` stores complete SSE frames (``id: N`
 * ``permission_request`` → a ``session/request_permission`` request with a string id
   (``perm_<requestId>``) and ``_meta.qwen.requestId`` (or, for the daemon-dialect client
   over WebSocket, which cannot see requests, the ``_qwen/notify permission_request`` event);
+* ``elicitation_request`` / ``elicitation_complete`` → ``elicitation/create`` /
+  ``elicitation/complete`` for a connection that advertised the mode (:mod:`.elicit`);
 * everything else → ``_qwen/notify {kind, data, promptId?, originatorClientId?, _meta}``.
 
 Frames without an id (``replay_complete``, ``state_resync_required``, ``client_evicted``,
@@ -27,6 +29,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
+from serve.acpfront import elicit
 
 _encoder = msgspec.json.Encoder()
 
@@ -105,26 +109,41 @@ def frame_parts(frame: bytes) -> tuple[int | None, str, memoryview | None]:
         pos = end + 1
 
 
-def translate_frame(frame: bytes, *, requests: bool = True) -> Translated | None:
+def translate_frame(
+    frame: bytes, *, requests: bool = True, elicitation: frozenset[str] = frozenset()
+) -> Translated | None:
     """One log frame (as a subscriber hands it out) as a JSON-RPC message: deferred (see
     the module docstring) when it has an id and its type is known from its ``event:`` line,
-    else translated now."""
+    else translated now. ``elicitation``: the modes the connection's client advertised."""
     event_id, event_type, envelope = frame_parts(frame)
     if envelope is None:
         return None
-    if event_id is not None and event_type and event_type != "permission_request":
+    if (
+        event_id is not None
+        and event_type
+        and event_type != "permission_request"
+        and event_type not in elicit.EVENTS
+    ):
         return Translated(event_id, event_type, Deferred(frame, requests))
-    return translate(event_id, envelope, requests=requests)
+    return translate(event_id, envelope, requests=requests, elicitation=elicitation)
 
 
 def translate(
-    event_id: int | None, envelope: bytes | memoryview, *, requests: bool = True
+    event_id: int | None,
+    envelope: bytes | memoryview,
+    *,
+    requests: bool = True,
+    elicitation: frozenset[str] = frozenset(),
 ) -> Translated | None:
     """One frame's envelope as a JSON-RPC message (None when it cannot be read)."""
     try:
         env = _envelope.decode(envelope)
     except msgspec.DecodeError:
         return None
+    if env.type in elicit.EVENTS and requests and elicitation:
+        built = elicit.message(env.type, bytes(env.data), elicitation)
+        if built is not None:
+            return Translated(event_id, env.type, built[0], built[1])
     if env.type == "session_update":
         payload = b'{"jsonrpc":"2.0","method":"session/update","params":' + bytes(env.data) + b"}"
         return Translated(event_id, env.type, payload)

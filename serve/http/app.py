@@ -29,6 +29,7 @@ from serve.http.routes import (
     budget,
     docs,
     drain,
+    elicitation,
     extensions,
     files,
     health,
@@ -67,6 +68,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     status,
     workspace,
     budget,
+    elicitation,
 )
 #: The order of the tags in ``GET /capabilities`` (as published: session tags first, the
 #: ACP transport tags last, the others in registration order).

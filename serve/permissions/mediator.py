@@ -26,6 +26,12 @@ precedes its ``permission_resolved``; and a :class:`Waiter` completes with the a
 answer only once the session has *handled* the ``permission_resolved`` event
 (``Waiter.published``), so the agent's updates after the answer come after it in the log.
 
+Elicitations (an agent's ``elicitation/create``, :mod:`serve.permissions.elicitation`) are
+requests of the same table: :class:`OpenElicitation` opens one (``elicitation_request``),
+:class:`CastElicitation` answers it after a strict check against the request, and every end
+above resolves it too (``elicitation_resolved``; the agent gets ``{action: "cancel"}``).
+A permission vote never resolves an elicitation, nor the reverse.
+
 A timer task sleeps until the earliest deadline (``--permission-response-timeout-ms``) and
 asks the actor to expire what is due. If the actor stops or crashes, ``on_stop`` answers
 every outstanding waiter ``cancelled``: an agent is never left hanging. The supervisor
@@ -46,12 +52,17 @@ import trio
 from actors import Actor, ActorError, Reply
 from actors.outbox import Outbox
 from serve.events.messages import PublishEvent
+from serve.permissions import elicitation
 from serve.permissions.voting import (
     Mediator,
+    NotPending,
     OpenRejected,
+    PartialVote,
     PermissionEvent,
     PermissionOption,
     Resolved,
+    Selected,
+    Vote,
     VoteResult,
     vote_http_response,
 )
@@ -59,6 +70,9 @@ from serve.permissions.voting import (
 log = logging.getLogger(__name__)
 
 CANCELLED_RESPONSE: dict[str, Any] = {"outcome": {"outcome": "cancelled"}}
+ELICIT_CANCELLED: dict[str, Any] = {"action": "cancel"}
+#: Resolved elicitation ids remembered (as the voting machine remembers resolved requests).
+RESOLVED_MEMORY = 512
 #: Ended prompts remembered per mediator (an OpenPermission racing its turn's end).
 MAX_ENDED_PROMPTS = 4096
 #: Seconds a requester waits for the session to have published the resolution.
@@ -114,6 +128,28 @@ class CastVote(msgspec.Struct, frozen=True):
     from_loopback: bool
 
 
+class OpenElicitation(msgspec.Struct, frozen=True):
+    """An agent's ``elicitation/create`` (validated): held and voted like a permission."""
+
+    session_id: str
+    session: Any
+    spec: elicitation.Spec
+    prompt_id: str | None
+    originator: str | None
+    session_clients: frozenset[str]
+    request_id: str | None = None
+
+
+class CastElicitation(msgspec.Struct, frozen=True):
+    """A client's answer ``{action, content?, _meta?}`` to an elicitation (a vote)."""
+
+    request_id: str
+    session_id: str | None
+    body: Any
+    client_id: str | None
+    from_loopback: bool
+
+
 class CancelSessionPermissions(msgspec.Struct, frozen=True):
     session_id: str
     reason: str = "session_closed"
@@ -141,6 +177,8 @@ class SessionOf(msgspec.Struct, frozen=True):
 
 MediatorMsg = (
     OpenPermission
+    | OpenElicitation
+    | CastElicitation
     | CastVote
     | CancelSessionPermissions
     | CancelRequest
@@ -166,6 +204,10 @@ class PermissionMediator(Actor[MediatorMsg]):
         self._waiters: dict[str, Waiter] = {}
         self._sessions: dict[str, Any] = {}  # session id -> its actor (PublishEvent)
         self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
+        #: Open elicitations (a subset of the state's pending requests), by request id, and
+        #: the last resolved ones (as many as the state remembers resolved requests).
+        self._elicitations: dict[str, elicitation.Pending] = {}
+        self._elicited: OrderedDict[str, None] = OrderedDict()
         self.outbox = Outbox("permission-mediator")
         self._rearm = trio.Event()
 
@@ -196,9 +238,10 @@ class PermissionMediator(Actor[MediatorMsg]):
     async def on_stop(self) -> None:
         for resolved in self.state.cancel_all("daemon_shutdown"):
             self._apply(resolved)
-        for waiter in self._waiters.values():
-            waiter.set(CANCELLED_RESPONSE)
+        for rid, waiter in self._waiters.items():
+            waiter.set(ELICIT_CANCELLED if rid in self._elicitations else CANCELLED_RESPONSE)
         self._waiters.clear()
+        self._elicitations.clear()
 
     async def _timer(self) -> None:
         while True:
@@ -220,7 +263,17 @@ class PermissionMediator(Actor[MediatorMsg]):
         match msg:
             case OpenPermission():
                 return self._open(msg)
+            case OpenElicitation():
+                return self._open_elicitation(msg)
+            case CastElicitation():
+                return self._cast_elicitation(msg)
             case CastVote():
+                if msg.request_id in self._elicitations or msg.request_id in self._elicited:
+                    # an elicitation is answered by its own route only
+                    return vote_http_response(
+                        NotPending(msg.request_id, msg.session_id, "unknown"),
+                        legacy=msg.session_id is None,
+                    )
                 result = self.state.vote_body(
                     msg.request_id,
                     msg.body,
@@ -298,6 +351,82 @@ class PermissionMediator(Actor[MediatorMsg]):
         self._rearm.set()
         return waiter
 
+    def _open_elicitation(self, msg: OpenElicitation) -> Waiter:
+        request_id = msg.request_id or str(uuid.uuid4())
+        waiter = Waiter(request_id)
+        if msg.prompt_id is not None and (msg.session_id, msg.prompt_id) in self._ended:
+            waiter.set(ELICIT_CANCELLED)  # the turn ended while this was on its way
+            return waiter
+        if self.state.get(request_id) is not None or self.state.session_of(request_id):
+            log.warning("elicitation request id %s reused; refused", request_id)
+            waiter.set(ELICIT_CANCELLED)
+            return waiter
+        opened = self.state.open(
+            request_id=request_id,
+            session_id=msg.session_id,
+            options=elicitation.OPTIONS,
+            now_ms=_now_ms(),
+            originator_client_id=msg.originator,
+            session_clients=msg.session_clients,
+            prompt_id=msg.prompt_id,
+            option_prefixes=(elicitation.ACCEPT_PREFIX,),
+        )
+        if isinstance(opened, OpenRejected):
+            log.warning("elicitation request refused: %s", opened.reason)
+            waiter.set(ELICIT_CANCELLED)
+            return waiter
+        self._sessions[msg.session_id] = msg.session
+        self._waiters[request_id] = waiter
+        self._elicitations[request_id] = elicitation.Pending(msg.spec)
+        self.outbox.post(
+            msg.session,
+            PublishEvent(
+                "elicitation_request",
+                msg.spec.event_data(request_id),
+                prompt_id=msg.prompt_id,
+                originator=msg.originator,
+            ),
+        )
+        self._rearm.set()
+        return waiter
+
+    def _cast_elicitation(self, msg: CastElicitation) -> tuple[int, dict[str, Any]]:
+        pending = self._elicitations.get(msg.request_id)
+        owner = self.state.session_of(msg.request_id) if pending is not None else None
+        if pending is None or (msg.session_id is not None and owner != msg.session_id):
+            if pending is None and msg.request_id in self._elicited:
+                # resolved already: the voting machine says so (elicitation_already_resolved)
+                result = elicitation.vote_events(
+                    self.state.vote_body(
+                        msg.request_id,
+                        {"outcome": {"outcome": "cancelled"}},
+                        client_id=msg.client_id,
+                        from_loopback=msg.from_loopback,
+                        session_id=msg.session_id,
+                    )
+                )
+                self._apply(result)
+                return elicitation.http_response(result)
+            return elicitation.http_response(NotPending(msg.request_id, msg.session_id, "unknown"))
+        answer = elicitation.parse_answer(pending.spec, msg.body)
+        if isinstance(answer, str):
+            return elicitation.http_response(answer)
+        outcome = elicitation.outcome_of(answer)
+        result = elicitation.vote_events(
+            self.state.vote(
+                msg.request_id,
+                Vote(msg.client_id, msg.from_loopback, outcome, answer.meta),
+                session_id=msg.session_id,
+            )
+        )
+        counted = isinstance(result, Resolved) or (
+            isinstance(result, PartialVote) and not result.duplicate
+        )
+        if counted and isinstance(outcome, Selected):  # one per voter: bounded
+            pending.contents.setdefault(outcome.option_id, answer.content)
+        self._apply(result)
+        return elicitation.http_response(result)
+
     def _publish(self, session_id: str, events: tuple[PermissionEvent, ...]) -> Reply[Any] | None:
         """Post ``events`` to the session in order; the last one's delivery Reply."""
         session = self._sessions.get(session_id)
@@ -314,8 +443,15 @@ class PermissionMediator(Actor[MediatorMsg]):
     def _apply(self, result: VoteResult | Resolved) -> None:
         events = getattr(result, "events", ())
         session_id = getattr(result, "session_id", None)
+        pending = None
         if isinstance(result, Resolved):
             session_id = result.request.session_id
+            pending = self._elicitations.pop(result.request.request_id, None)
+            if pending is not None:
+                events = elicitation.resolved_events(result, pending)
+                self._elicited[result.request.request_id] = None
+                while len(self._elicited) > RESOLVED_MEMORY:
+                    self._elicited.popitem(last=False)
         elif session_id is None and events:
             session_id = self.state.session_of(getattr(result, "request_id", ""))
         published = None
@@ -325,7 +461,11 @@ class PermissionMediator(Actor[MediatorMsg]):
             waiter = self._waiters.pop(result.request.request_id, None)
             if waiter is not None:
                 waiter.published = published
-                waiter.set(result.agent_response())
+                waiter.set(
+                    result.agent_response()
+                    if pending is None
+                    else elicitation.agent_response(result, pending)
+                )
 
     # ---- read models -------------------------------------------------------------------
 
@@ -339,7 +479,10 @@ class PermissionMediator(Actor[MediatorMsg]):
 
 
 async def request_decision(
-    mediator: PermissionMediator, msg: OpenPermission, *, timeout_s: float = 10.0
+    mediator: PermissionMediator,
+    msg: OpenPermission | OpenElicitation,
+    *,
+    timeout_s: float = 10.0,
 ) -> dict[str, Any]:
     """Open ``msg`` and wait for the ACP answer; withdraw the request if we are cancelled.
 

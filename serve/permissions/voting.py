@@ -141,9 +141,15 @@ class PendingRequest(msgspec.Struct, frozen=True):
     quorum: int = 1
     deadline_ms: int | None = None  # None = waits forever
     prompt_id: str | None = None
+    #: Option ids starting with one of these are valid too (an elicitation's
+    #: ``accept:<content digest>``, serve/permissions/elicitation.py).
+    option_prefixes: tuple[str, ...] = ()
 
     def option_ids(self) -> tuple[str, ...]:
         return tuple(o.option_id for o in self.options)
+
+    def offers(self, option_id: str) -> bool:
+        return option_id in self.option_ids() or option_id.startswith(self.option_prefixes)
 
 
 class PermissionEvent(msgspec.Struct, frozen=True):
@@ -381,6 +387,7 @@ class Mediator:
         session_clients: Iterable[str] = (),
         prompt_id: str | None = None,
         timeout_ms: int | None = None,
+        option_prefixes: tuple[str, ...] = (),
     ) -> PendingRequest | OpenRejected:
         """Register a request. ``session_clients``: client ids registered on the session
         now (the consensus electorate); ``timeout_ms`` overrides the mediator's default."""
@@ -408,6 +415,7 @@ class Mediator:
             quorum=quorum if self._policy == "consensus" else 1,
             deadline_ms=now_ms + timeout if timeout > 0 else None,
             prompt_id=prompt_id,
+            option_prefixes=option_prefixes,
         )
         self._pending[request_id] = _Entry(req)
         self._by_session.setdefault(session_id, {})[request_id] = None
@@ -442,7 +450,7 @@ class Mediator:
         if isinstance(vote.outcome, Cancelled):
             return self._resolve(entry, vote.outcome, vote.client_id, "voter", vote.meta)
         option = vote.outcome.option_id
-        if option == CANCEL_SENTINEL or option not in req.option_ids():
+        if option == CANCEL_SENTINEL or not req.offers(option):
             return InvalidOption(request_id, req.session_id, option)
 
         match req.policy:

@@ -46,11 +46,12 @@ from acp.client import AgentConnection
 from acp.errors import AcpError, RemoteError
 from acp.handler import ClientHandler
 from acp.process import ExitInfo, scrub_env
-from acp.schema import SessionSetup
+from acp.schema import ClientCapabilities, FileSystemCapability, SessionSetup
 from actors import RestartWindow
 from serve.events import EventLog
 from serve.isolation import ChildLimits, Isolation, OomReport, sandbox
 from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
+from serve.permissions.elicitation import CLIENT_CAPABILITY as ELICITATION_CAPABILITY
 from serve.sessions.errors import NotSupportedByAgent
 
 if TYPE_CHECKING:
@@ -61,6 +62,16 @@ log = logging.getLogger(__name__)
 #: The request :meth:`AgentLink.responsive` sends: an extension method no agent offers, so
 #: a live agent answers ``-32601`` at once.
 PROBE_METHOD = "_acp_serve/probe"
+#: What the daemon offers its agent children in ``initialize``: files and terminals (served
+#: through the effect gate) and elicitation in both modes (brokered to the session's clients
+#: like a permission: serve/sessions/elicitation_side.py), and boolean config options (ACP
+#: 1.21: serve/sessions/config_options.py).
+CHILD_CAPABILITIES = ClientCapabilities(
+    fs=FileSystemCapability(read_text_file=True, write_text_file=True),
+    terminal=True,
+    elicitation=ELICITATION_CAPABILITY,
+    session={"configOptions": {"boolean": {}}},
+)
 
 
 # ---- acquiring an agent -------------------------------------------------------------------
@@ -187,6 +198,7 @@ async def spawn_limited(
             request_timeout_s=request_timeout_s,
             max_line_bytes=settings.max_agent_line_bytes,
             confine=confine,
+            client_capabilities=CHILD_CAPABILITIES,
         )
     except BaseException:
         with trio.CancelScope(shield=True):

@@ -10,7 +10,9 @@ connection's :class:`acp.handler.ClientHandler`):
 * ``fs/*`` and ``terminal/create`` go through the Host's effect gate when one is installed;
 * ``session/request_permission``: the approval policy answers first
   (``screen_agent_permission``); otherwise :meth:`AgentSide._mediate_permission` asks the
-  session's clients through the PermissionMediator.
+  session's clients through the PermissionMediator;
+* ``elicitation/create`` (and ``elicitation/complete``): :mod:`.elicitation_side`, brokered
+  through the same mediator.
 
 These run in the connection's tasks, not in the actor's inbox, and only read the session's
 state or append to its log (the actor's own log: the connection is the actor's).
@@ -18,6 +20,7 @@ state or append to its log (the actor's own log: the connection is the actor's).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -36,6 +39,7 @@ from actors import ActorError
 from serve.events import RawParts
 from serve.permissions.mediator import OpenPermission, request_decision
 from serve.permissions.voting import PermissionOption
+from serve.sessions import elicitation_side
 
 if TYPE_CHECKING:
     from serve.events import EventLog
@@ -81,6 +85,7 @@ class AgentSide(BaseClientHandler):
         self._update_head: bytes | None = None
         self.drop_updates = False
         self.available_commands = None
+        self._elicitation_url_ids: OrderedDict[str, None] = OrderedDict()
 
     def _flush_early_updates(self) -> None:
         """The session id is known: relay what the agent sent before it."""
@@ -172,6 +177,17 @@ class AgentSide(BaseClientHandler):
         if gate is not None:
             await gate.check_terminal(self, params)
         return await BaseClientHandler.terminal_create(self, params)
+
+    async def ext_request(self, method: str, params: msgspec.Raw) -> object:
+        if method == elicitation_side.METHOD:
+            return await elicitation_side.broker(self, params)
+        return await BaseClientHandler.ext_request(self, method, params)
+
+    def on_notification(self, method: str, params: msgspec.Raw) -> None:
+        if method == elicitation_side.COMPLETE:
+            elicitation_side.on_complete(self, params)
+            return
+        BaseClientHandler.on_notification(self, method, params)
 
     async def request_permission(
         self, params: RequestPermissionParams, raw: msgspec.Raw

@@ -404,5 +404,7 @@ def test_the_conversation_store_is_private(tmp_path: Path) -> None:
         os.umask(old)
     for d in (tmp_path / "scripted", tmp_path / "scripted" / "sessions"):
         assert d.stat().st_mode & 0o777 == 0o700, d
-    [f] = (tmp_path / "scripted" / "sessions").iterdir()
-    assert f.stat().st_mode & 0o777 == 0o600
+    files = sorted((tmp_path / "scripted" / "sessions").iterdir())
+    assert [f.name for f in files] == ["s1.json", "s1.lease"]
+    for f in files:
+        assert f.stat().st_mode & 0o777 == 0o600, f

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +27,7 @@ def test_old_sessions_are_pruned_but_not_the_ones_this_process_writes(tmp_path: 
     writer = Store(str(tmp_path), retention_ms=3_600_000, max_bytes=0)
     for sid in ("old", "fresh"):
         writer.save(_record(sid))
+    writer.release("old")  # closed: only a held session is kept past the retention
     _age(writer, "old", 7200)
     _age(writer, "fresh", 60)
     other = Store(str(tmp_path), retention_ms=3_600_000, max_bytes=0)  # a new agent process
@@ -39,6 +42,7 @@ def test_the_byte_bound_removes_the_least_recently_written(tmp_path: Path) -> No
     first = Store(str(tmp_path), retention_ms=0, max_bytes=0)
     for age, sid in enumerate(("c", "b", "a")):
         first.save(_record(sid, "x" * 10_000))
+        first.release(sid)
         _age(first, sid, 100 * (age + 1))
     other = Store(str(tmp_path), retention_ms=0, max_bytes=25_000)
     assert other.pruned == 1  # "a", the oldest
@@ -54,3 +58,50 @@ def test_stale_temporary_files_are_removed(tmp_path: Path) -> None:
     os.utime(tmp, (t, t))
     Store(str(tmp_path))
     assert not tmp.exists() and (Path(store.dir) / "s.json").exists()
+
+
+def test_a_session_another_live_process_holds_is_never_pruned(tmp_path: Path) -> None:
+    # A live session in one agent process (here a real child holding its store) survives the
+    # start of another agent process sharing the directory at a 1 ms retention: the defect
+    # was a warm refill's start deleting a live session's file.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys,time;from acp.agents.scripted.store import *;"
+            "s=Store(sys.argv[1],retention_ms=0,max_bytes=0);"
+            "s.save(SessionRecord(session_id='live',cwd='/w',created_at=now_iso(),"
+            "updated_at=now_iso()));print('held',flush=True);time.sleep(60)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        path = Path(tmp_path) / "sessions" / "live.json"
+        t = time.time() - 7200
+        os.utime(path, (t, t))
+        refill = Store(str(tmp_path), retention_ms=1, max_bytes=1)
+        assert refill.pruned == 0 and path.exists()
+        # The holder dies (a crash or a kill): the kernel drops its lease, the file may go.
+        holder.kill()
+        holder.wait()
+        assert refill.prune() == 1 and not path.exists()
+        assert not (Path(tmp_path) / "sessions" / "live.lease").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_closed_session_is_released_and_a_restored_one_held(tmp_path: Path) -> None:
+    owner = Store(str(tmp_path), retention_ms=1, max_bytes=0)
+    owner.save(_record("s"))
+    _age(owner, "s", 10)
+    assert Store(str(tmp_path), retention_ms=1, max_bytes=0).pruned == 0  # held by its writer
+    owner.release("s")  # session/close
+    other = Store(str(tmp_path), retention_ms=0, max_bytes=0)
+    other.hold("s")  # session/load in another process: held before it is read
+    assert Store(str(tmp_path), retention_ms=1, max_bytes=0).pruned == 0
+    other.release("s")
+    assert Store(str(tmp_path), retention_ms=1, max_bytes=0).pruned == 1

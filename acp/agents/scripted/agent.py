@@ -22,7 +22,8 @@ Directives (besides DESIGN.md's table): ``[write PATH TEXT]`` offers ``allow`` (
 Model ``scripted-slow`` pauses 50 ms (cancellably) before each update. ``[flood N]`` is kept
 in the history as the text ``[flood N]``, not N chunks. The extension request
 ``_scripted/ping`` answers ``{}`` at once (for round-trip benchmarks); other unknown requests
-get -32601.
+get -32601. ``[elicit form FIELDS]`` / ``[elicit url URL]`` ask ACP ``elicitation/create``
+(:mod:`.elicit`).
 
 Fork and usage (not with ``--legacy``, which mimics an older agent that has neither):
 ``session/fork`` (advertised as ``sessionCapabilities.fork``) copies the parent's stored
@@ -53,7 +54,7 @@ from typing import IO, Any, Final
 import msgspec
 
 from acp import jsonrpc
-from acp.agents.scripted import acp121, script
+from acp.agents.scripted import acp121, elicit, script
 from acp.agents.scripted.store import SessionRecord, Store, now_iso, valid_session_id
 from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
 from acp.schema import (
@@ -157,6 +158,7 @@ class ScriptedAgent:
         self.ids = itertools.count(1)
         self.hung = threading.Event()
         self.turns = itertools.count(1)
+        self.client_capabilities: object = None  # from initialize ([elicit] checks it)
 
     # -- output -------------------------------------------------------------------------------
 
@@ -193,7 +195,7 @@ class ScriptedAgent:
                 if (
                     turn is not None
                     and turn.cancel.is_set()
-                    and method != "session/request_permission"
+                    and method not in ("session/request_permission", elicit.METHOD)
                 ):
                     self._write(
                         jsonrpc.encode_notification("$/cancel_request", {"requestId": request_id})
@@ -268,6 +270,7 @@ class ScriptedAgent:
     # -- lifecycle methods --------------------------------------------------------------------
 
     def initialize(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
+        self.client_capabilities = params.get("clientCapabilities")
         result = {
             "protocolVersion": 1,
             "agentCapabilities": {
@@ -368,7 +371,12 @@ class ScriptedAgent:
         existing = self.sessions.get(session_id)
         if existing is not None:
             return existing
-        record = self.store.load(session_id) if valid_session_id(session_id) else None
+        record = None
+        if valid_session_id(session_id):
+            self.store.hold(session_id)  # before reading: no pruner may take it meanwhile
+            record = self.store.load(session_id)
+            if record is None:
+                self.store.release(session_id)
         if record is None:
             raise RpcFailure(RESOURCE_NOT_FOUND, "Resource not found", {"sessionId": session_id})
         cwd = params.get("cwd")
@@ -449,6 +457,7 @@ class ScriptedAgent:
             session.turn.cancel.set()
         with self.sessions_lock:
             self.sessions.pop(session.record.session_id, None)
+        self.store.release(session.record.session_id)
         return {}
 
     def set_mode(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
@@ -796,6 +805,20 @@ class _TurnRunner:
                 content=[ContentToolCallContent(content=TextContent(text=why))],
             )
         )
+
+    def do_elicit(self, arg: str) -> None:
+        """``[elicit form|url ...]``: ask the client (:mod:`.elicit`)."""
+        try:
+            elicit.run(
+                self,
+                arg,
+                self.agent.client_capabilities,
+                lambda method, params: self.agent._write(
+                    jsonrpc.encode_notification(method, params)
+                ),
+            )
+        except RpcFailure as exc:
+            self.say(f"elicitation failed: {exc.message}")
 
     def do_read(self, arg: str) -> None:
         path = arg.strip()

@@ -31,6 +31,7 @@ DIRECTIVES: Final = (
     "spawn-grandchild",
     "usage",
     "touch",
+    "elicit",
 )
 
 _DIRECTIVE_RE: Final = re.compile(

@@ -10,13 +10,20 @@ The store is bounded on disk: :meth:`Store.prune` (at start and at most once a m
 save) deletes session files not written for ``retention_ms`` (``ACP_SCRIPTED_RETENTION_MS``,
 default 7 days, ``0`` = keep; acp-serve passes its ``--journal-retention-ms``), then, while
 the files together exceed ``max_bytes`` (``ACP_SCRIPTED_MAX_STORE_BYTES``, default 256 MiB),
-the least recently written ones. Sessions this process wrote are never pruned by it, and
-leftover temporary files older than an hour go too.
+the least recently written ones. Leftover temporary files older than an hour go too.
+
+A session that any live process holds is never pruned, by that process or by another one
+sharing the directory (a warm spare, a refill, a packed sibling started after it): the holder
+keeps a shared ``flock`` on ``<sessionId>.lease`` from its first save or restore until it
+closes the session or exits (the kernel drops the lock with the process, so a crashed holder
+leaves nothing held). The pruner deletes a file only while it holds that lease exclusively. At
+most one lease file per session file exists; orphaned, unheld leases are pruned too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import threading
@@ -107,7 +114,7 @@ class Store:
             if max_bytes is None
             else max_bytes
         )
-        self._mine: set[str] = set()
+        self._mine: dict[str, int] = {}  # session id -> fd of its held lease (one per session)
         self._lock = threading.Lock()
         self._next_prune = 0.0
         self.pruned = 0
@@ -134,6 +141,11 @@ class Store:
                 if now - st.st_mtime > STALE_TMP_S:
                     _unlink(entry.path)
                 continue
+            if entry.name.endswith(".lease"):
+                stem = entry.name[: -len(".lease")]
+                if stem not in mine and not os.path.exists(self._path(stem)):
+                    _remove_unheld(entry.path, ())
+                continue
             if not entry.name.endswith(".json"):
                 continue
             total += st.st_size
@@ -144,7 +156,7 @@ class Store:
         for mtime, size, path in files:
             expired = bool(self.retention_ms) and (now - mtime) * 1000 > self.retention_ms
             over = bool(self.max_bytes) and total > self.max_bytes
-            if (expired or over) and _unlink(path):
+            if (expired or over) and _remove_unheld(path[: -len(".json")] + ".lease", (path,)):
                 total -= size
                 removed += 1
         self.pruned += removed
@@ -152,6 +164,37 @@ class Store:
 
     def _path(self, session_id: str) -> str:
         return os.path.join(self.dir, session_id + ".json")
+
+    def hold(self, session_id: str) -> None:
+        """Keep ``session_id`` from every pruner sharing the directory until :meth:`release`."""
+        with self._lock:
+            if session_id in self._mine:
+                return
+        os.makedirs(os.path.dirname(self.dir), mode=0o700, exist_ok=True)
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        lease = os.path.join(self.dir, session_id + ".lease")
+        while True:
+            fd = os.open(lease, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_SH)  # shared: packed siblings may hold one session
+            try:
+                current = os.stat(lease)
+            except FileNotFoundError:
+                current = None
+            if current is not None and current.st_ino == os.fstat(fd).st_ino:
+                break
+            os.close(fd)  # a pruner unlinked this lease while we waited: take a fresh one
+        with self._lock:
+            if session_id in self._mine:
+                os.close(fd)
+            else:
+                self._mine[session_id] = fd
+
+    def release(self, session_id: str) -> None:
+        """This process no longer serves ``session_id``: its file may be pruned again."""
+        with self._lock:
+            fd = self._mine.pop(session_id, None)
+        if fd is not None:
+            os.close(fd)
 
     def save(self, record: SessionRecord) -> None:
         # Private: a conversation is the user's (0700 folder, 0600 files, whatever the umask).
@@ -163,8 +206,8 @@ class Store:
         with open(fd, "wb") as f:
             f.write(self._encoder.encode(record))
         os.replace(tmp, path)
+        self.hold(record.session_id)
         with self._lock:
-            self._mine.add(record.session_id)
             due = time.monotonic() >= self._next_prune
         if due:
             self.prune()
@@ -191,6 +234,30 @@ class Store:
                     records.append(record)
         records.sort(key=lambda r: (r.updated_at, r.session_id), reverse=True)
         return records
+
+
+def _remove_unheld(lease: str, paths: tuple[str, ...]) -> bool:
+    """Delete ``paths`` and then ``lease``, unless a live process holds the lease.
+
+    True when something was deleted: every one of ``paths``, or with no ``paths`` (an orphaned
+    lease) the lease itself. A session file without a lease (never held) is not protected.
+    """
+    try:
+        fd: int | None = os.open(lease, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a live process serves this session
+        gone = all([_unlink(p) for p in paths])
+        lease_gone = fd is not None and _unlink(lease)
+        return gone if paths else lease_gone
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _unlink(path: str) -> bool:

@@ -136,7 +136,8 @@ FILE_ERRORS = (
 #: Descriptions of the path parameters the rules use, by name.
 PATH_PARAMS: Final[dict[str, str]] = {
     "session_id": "The session id (from POST /session).",
-    "request_id": "The permission request id (`requestId` of the `permission_request` event).",
+    "request_id": "The request id (`requestId` of the `permission_request` or "
+    "`elicitation_request` event).",
     "workspace": "A workspace id or the URL-encoded absolute workspace path.",
     "name": "The tool name.",
     "server": "The MCP server name (a key of `mcpServers`).",
@@ -383,6 +384,25 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         body=t.PermissionVoteRequest,
         body_required=True,
         params=(CLIENT_ID,),
+    ),
+    ("POST", "/session/<session_id>/elicitation/<request_id>"): Operation(
+        "Answer an agent's elicitation (ACP `elicitation/create`) of this session",
+        (
+            ok(t.VoteAccepted, "The answer resolved the request or was recorded (consensus)."),
+            err(400, "`invalid_elicitation_response`: the answer does not fit the request."),
+            err(403, "`elicitation_forbidden` (designated voter or loopback-only policy)."),
+            err(404, "No pending elicitation with that id (already resolved, or unknown)."),
+            NO_SESSION,
+        ),
+        body=t.ElicitationAnswer,
+        body_required=True,
+        params=(CLIENT_ID,),
+        description="The request came as `elicitation_request {requestId, sessionId, mode, "
+        "message, requestedSchema | url + elicitationId, toolCallId?}`; the mediation policy "
+        "decides as for permissions (consensus counts equal contents together); the outcome "
+        "is `elicitation_resolved {requestId, sessionId, action, content?, voterClientId?, "
+        "reason?}`. Unanswered (timeout, cancelled or ended turn, closed session) the agent "
+        'gets `{action: "cancel"}`. Tag `session_elicitation`.',
     ),
     # -- workspace files ----------------------------------------------------------------------
     ("GET", "/file"): Operation(

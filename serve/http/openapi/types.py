@@ -324,6 +324,16 @@ class VoteAccepted(_Wire, frozen=True):
     """``200 {}``: the vote resolved the request or was recorded."""
 
 
+class ElicitationAnswer(_Wire, frozen=True):
+    """ACP's ``CreateElicitationResponse``: ``{"action": "accept", "content"?: {...}}``,
+    ``{"action": "decline"}`` or ``{"action": "cancel"}`` (``content`` only for a form's
+    accept, checked against its ``requestedSchema``)."""
+
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, Any] | UnsetType | None = UNSET
+    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+
+
 # ---- events ----------------------------------------------------------------------------------
 
 
