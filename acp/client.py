@@ -89,7 +89,9 @@ from acp.terminal import TerminalManager
 log = logging.getLogger(__name__)
 
 DEFAULT_CLIENT_CAPABILITIES: Final = ClientCapabilities(
-    fs=FileSystemCapability(read_text_file=True, write_text_file=True), terminal=True
+    fs=FileSystemCapability(read_text_file=True, write_text_file=True),
+    terminal=True,
+    session={"configOptions": {"boolean": {}}},
 )
 DEFAULT_CLIENT_INFO: Final = Implementation(name="acp-serve", title="acp-serve", version="0.1.0")
 EOF_EXIT_WAIT_S: Final = 1.0
@@ -483,10 +485,17 @@ class AgentConnection:
         cwd: str,
         mcp_servers: Sequence[Any] = (),
         timeout_s: float | None = None,
+        *,
+        additional_directories: Sequence[str] | None = None,
     ) -> SessionSetup:
         """``session/load``: the replayed history reaches ``on_session_update`` before this
         returns."""
-        params = LoadSessionParams(session_id=session_id, cwd=cwd, mcp_servers=list(mcp_servers))
+        params = LoadSessionParams(
+            session_id=session_id,
+            cwd=cwd,
+            mcp_servers=list(mcp_servers),
+            additional_directories=list(additional_directories) if additional_directories else None,
+        )
         raw = await self.request("session/load", params, timeout_s)
         setup: SessionSetup = _decode("session/load", raw, decode_session_setup)
         setup = msgspec.structs.replace(setup, session_id=session_id)
@@ -499,10 +508,17 @@ class AgentConnection:
         cwd: str,
         mcp_servers: Sequence[Any] = (),
         timeout_s: float | None = None,
+        *,
+        additional_directories: Sequence[str] | None = None,
     ) -> SessionSetup:
         """``session/resume`` (no replay); falls back to the older
         ``session/unstable_resumeSession`` when the agent answers -32601 (remembered)."""
-        params = LoadSessionParams(session_id=session_id, cwd=cwd, mcp_servers=list(mcp_servers))
+        params = LoadSessionParams(
+            session_id=session_id,
+            cwd=cwd,
+            mcp_servers=list(mcp_servers),
+            additional_directories=list(additional_directories) if additional_directories else None,
+        )
         methods = (self._resume_method,) if self._resume_method else RESUME_METHODS
         for i, method in enumerate(methods):
             try:

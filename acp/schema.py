@@ -360,6 +360,8 @@ class FileSystemCapability(Wire, frozen=True):
 class ClientCapabilities(Wire, frozen=True):
     fs: FileSystemCapability = FileSystemCapability()
     terminal: bool = False
+    #: ``{configOptions: {boolean: {}}}``: boolean config options are understood (1.21).
+    session: dict[str, Any] | None = None
     #: ``{"form": {}, "url": {}}``: the elicitation modes offered (ACP 1.21; None: none).
     elicitation: dict[str, Any] | None = None
     meta: dict[str, Any] | None = field(default=None, name="_meta")
@@ -397,6 +399,7 @@ class SessionCapabilities(Wire, frozen=True):
     close: dict[str, Any] | None = None
     delete: dict[str, Any] | None = None
     fork: dict[str, Any] | None = None
+    additional_directories: dict[str, Any] | None = None
 
 
 class AgentCapabilities(Wire, frozen=True):

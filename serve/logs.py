@@ -34,6 +34,7 @@ from collections.abc import Iterable
 import msgspec
 
 from serve.tokens import RedactingFilter
+from serve.tracecontext import TraceFilter
 
 #: Records waiting for the writer thread at most; past it records are dropped and counted.
 LOG_QUEUE_RECORDS = 10_000
@@ -54,7 +55,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key in ("request_id", "session_id", "client_id"):
+        for key in ("request_id", "session_id", "client_id", "trace_id", "span_id"):
             value = getattr(record, key, None)
             if value is not None:
                 entry[key] = value
@@ -63,6 +64,18 @@ class JsonFormatter(logging.Formatter):
         elif record.exc_text:  # formatted before the record was queued
             entry["exc"] = record.exc_text
         return _encoder.encode(entry).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """The text format, with a ``[trace <id>]`` suffix on records of a traced request."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        trace_id = getattr(record, "trace_id", None)
+        return f"{text} [trace {trace_id}]" if trace_id else text
 
 
 class BoundedQueueHandler(logging.handlers.QueueHandler):
@@ -155,8 +168,9 @@ def setup_logging(
     if fmt == "json":
         target.setFormatter(JsonFormatter())
     else:
-        target.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        target.setFormatter(TextFormatter())
     handler = BoundedQueueHandler(queue_records)
+    handler.addFilter(TraceFilter())  # W3C trace context of the request (serve/tracecontext)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -68,7 +68,8 @@ import msgspec
 import trio
 
 from actors import ActorError, ActorStopped, InboxFull
-from serve.acpfront import elicit, jsonrpc, steering
+from serve import tracecontext
+from serve.acpfront import elicit, jsonrpc, steering, v121, workspace_methods
 from serve.acpfront.fork import fork_capability, session_fork
 from serve.acpfront.jsonrpc import (
     INTERNAL_ERROR,
@@ -321,6 +322,10 @@ class Connection:
         self.last_activity = time.monotonic()
         #: Cancel scopes of this connection's running requests (cancelled on close).
         self.tasks: set[trio.CancelScope] = set()
+        #: The running requests by JSON-RPC id, for ``$/cancel_request`` (at most
+        #: MAX_INFLIGHT), and the ids it cancelled (answered -32800).
+        self.running: dict[jsonrpc.Id, trio.CancelScope] = {}
+        self.cancelled: set[jsonrpc.Id] = set()
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -382,6 +387,9 @@ class AcpFront:
             "session/set_mode": self._session_set_mode,
             "session/set_model": self._session_set_model,
             "session/set_config_option": self._session_set_config_option,
+            "session/delete": lambda c, p: v121.session_delete(self, c, p),
+            "authenticate": lambda c, p: v121.authenticate(self, c, p),
+            "logout": lambda c, p: v121.logout(self, c, p),
             "session/permission": self._session_permission,
             "_qwen/health": self._health,
             "_qwen/session/heartbeat": self._heartbeat,
@@ -398,6 +406,7 @@ class AcpFront:
             "_qwen/file/write": self._file_write,
             "_qwen/file/edit": self._file_edit,
         }
+        self._methods.update(workspace_methods.handlers(self))  # the _qwen/workspace/* reads
 
     @property
     def methods(self) -> list[str]:
@@ -506,8 +515,15 @@ class AcpFront:
                 "loadSession": True,
                 "promptCapabilities": {"image": True, "audio": True, "embeddedContext": True},
                 "mcpCapabilities": {"http": False, "sse": False},
-                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}}
+                "sessionCapabilities": {
+                    "list": {},
+                    "resume": {},
+                    "close": {},
+                    "delete": {},
+                    "additionalDirectories": {},
+                }
                 | fork_capability(self.host, workspace),
+                "auth": {"logout": {}},
                 "_meta": {
                     "qwen": {
                         "connectionId": conn.id,
@@ -517,7 +533,7 @@ class AcpFront:
                 },
             },
             "agentInfo": {"name": "acp-serve", "title": "acp-serve", "version": self.version},
-            "authMethods": [],
+            "authMethods": v121.auth_methods(self, workspace),
             "_meta": steering.INITIALIZE_META,
         }
         return conn, jsonrpc.result_bytes(request.id, result)
@@ -598,6 +614,8 @@ class AcpFront:
         """Handle one message in the background; its reply lands in an outbox."""
         conn.touch()
         match message:
+            case Notification(method=v121.CANCEL_REQUEST):
+                v121.cancel_request(conn, message.params)
             case Request() | Notification():
                 if conn.inflight >= MAX_INFLIGHT:
                     if isinstance(message, Request):
@@ -636,8 +654,13 @@ class AcpFront:
         sid = params.get("sessionId")
         scope = trio.CancelScope()
         conn.tasks.add(scope)
+        if rid is not None and rid not in conn.running:
+            conn.running[rid] = scope
+        trace = tracecontext.from_meta(params)
         try:
-            with scope:
+            with tracecontext.traced(trace), scope:
+                if trace is not None:
+                    log.info("ACP %s %s (traced)", conn.id, method)
                 try:
                     if method == "initialize":
                         raise _ConnectionLevel(
@@ -684,6 +707,14 @@ class AcpFront:
                     await result.deliver(rid)
         finally:
             conn.tasks.discard(scope)
+            if rid is not None and conn.running.get(rid) is scope:
+                del conn.running[rid]
+                if rid in conn.cancelled and scope.cancelled_caught and not conn.closed:
+                    self._reply(
+                        conn, method, sid, jsonrpc.error_bytes(rid, v121.cancelled_error(method))
+                    )
+            if rid is not None:
+                conn.cancelled.discard(rid)
             conn.inflight -= 1
             conn.touch()
 
@@ -1063,6 +1094,7 @@ class AcpFront:
 
     async def _session_new(self, conn: Connection, params: dict[str, Any]) -> Any:
         workspace = self._workspace(conn, params)
+        dirs = await v121.additional_directories(self, params, workspace)
         meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
         scope = meta.get("qwen-code/sessionScope", "thread") if meta else "thread"
         if scope not in ("single", "thread"):
@@ -1073,7 +1105,7 @@ class AcpFront:
             )
         reserved = self._reserve(conn)
         try:
-            session, attached = await self._ticket_session(CreateSession(workspace, scope))
+            session, attached = await self._ticket_session(CreateSession(workspace, scope, dirs))
             # A session made for this call: its set-up events (available commands, ...) too.
             link, view = await self._own_made(conn, session, attached, replay=not attached)
         finally:
@@ -1099,11 +1131,12 @@ class AcpFront:
         if not isinstance(sid, str) or not sid:
             raise _params_error("`sessionId` must be a non-empty string")
         workspace = self._workspace(conn, params)
+        dirs = await v121.additional_directories(self, params, workspace)
         reserved = self._reserve(conn, sid)
         try:
             try:
                 session, attached = await self._ticket_session(
-                    RestoreSession(sid, workspace, action)
+                    RestoreSession(sid, workspace, action, dirs)
                 )
             except RpcError as exc:
                 data = exc.data if isinstance(exc.data, dict) else {}
@@ -1259,23 +1292,7 @@ class AcpFront:
         return {"modelId": switched.model_id}
 
     async def _session_set_config_option(self, conn: Connection, params: dict[str, Any]) -> Any:
-        link = self._owned(conn, params)
-        config_id = params.get("configId")
-        value = params.get("value")
-        if not isinstance(value, str) or not value:
-            raise _params_error("`value` must be a non-empty string")
-        if config_id == "model":
-            await link.session.call(SetModel(value, link.client_id, timeout_s=60.0), timeout_s=60)
-        elif config_id == "mode":
-            await link.session.call(
-                SetApprovalMode(value, False, link.client_id), timeout_s=ASK_TIMEOUT_S
-            )
-        else:
-            raise _params_error(
-                "`configId` must be one of: model, mode", code="unsupported_config_option"
-            )
-        view: SessionView = await link.session.call(Describe(), timeout_s=ASK_TIMEOUT_S)
-        return {"configOptions": view.state.get("configOptions") or []}
+        return await v121.set_config_option(self, conn, params)  # every option (ACP 1.21)
 
     async def _session_permission(self, conn: Connection, params: dict[str, Any]) -> Any:
         request_id = params.get("requestId")

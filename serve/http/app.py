@@ -17,7 +17,7 @@ from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from serve.http import capabilities, metrics, middleware
+from serve.http import capabilities, metrics, middleware, tracing
 from serve.http.capabilities import Feature
 from serve.http.context import FEATURES_KEY, HOST_KEY
 from serve.http.errors import ApiError, to_api_error
@@ -140,6 +140,7 @@ def create_app(host: Host) -> QuartTrio:
 
     for module in ROUTE_MODULES:
         app.register_blueprint(module.blueprint)
+    tracing.install(app)  # a request's W3C traceparent header, into its log records
     instruments = metrics.install_metrics(app, host)
     middleware.install_middleware(app, host, features, instruments)
     # Outermost: a keep-alive connection becomes idle again after any response, and the

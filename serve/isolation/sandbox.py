@@ -28,10 +28,11 @@ its own for each command.
 
 A warm pool child is spawned before its session exists, for its workspace: its roots are
 fixed at spawn (the workspace, never a session's own directory), so a session that would need
-more roots than its workspace (``additionalDirectories``, which the daemon does not forward to
-agents today) cannot be served by a warm child. Packing (``--sessions-per-agent > 1``) puts the
-sessions of one workspace in one child: they share its sandbox (one workspace, one HOME, one
-temp directory), as ``/daemon/status`` ``isolation.sandbox.shared`` says.
+more roots than its workspace (``additionalDirectories``) cannot be served by a warm child:
+such a session gets a child of its own (the registry's ``SpawnAgentSource(extra_write=...)``),
+whose write roots include its additional directories. Packing (``--sessions-per-agent > 1``)
+puts the other sessions of one workspace in one child: they share its sandbox (one
+workspace, one HOME, one temp directory), as ``/daemon/status`` ``isolation.sandbox.shared`` says.
 
 Everything that lists directories runs in a worker thread (:func:`prepare`).
 """
@@ -46,7 +47,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -176,7 +177,11 @@ class ChildSandbox:
 
 
 def _roots(
-    settings: Settings, workspace: str, env: Mapping[str, str], tmpdir: str
+    settings: Settings,
+    workspace: str,
+    env: Mapping[str, str],
+    tmpdir: str,
+    extra_write: Sequence[str] = (),
 ) -> dict[str, list[str]]:
     workspace = os.path.realpath(workspace)
     untrusted = {os.path.realpath(w) for w in settings.untrusted_workspaces}
@@ -199,13 +204,22 @@ def _roots(
     for w in (*settings.workspaces, *settings.untrusted_workspaces):
         if os.path.realpath(w) != workspace:
             protected.append(w)
+    for extra in extra_write:  # a session's additionalDirectories: write roots of its own
+        real = os.path.realpath(extra)
+        for p in protected:
+            guarded = os.path.realpath(p)
+            if real == guarded or real.startswith(guarded.rstrip("/") + "/"):
+                raise landlock.PlanError(f"additional directory {extra} is a protected location")
+        write.append(real)
     return {"read": read, "write": write, "protected": protected}
 
 
-def _prepare_sync(settings: Settings, workspace: str, env: Mapping[str, str]) -> ChildSandbox:
+def _prepare_sync(
+    settings: Settings, workspace: str, env: Mapping[str, str], extra_write: Sequence[str] = ()
+) -> ChildSandbox:
     tmpdir = tempfile.mkdtemp(prefix="agent-", dir=temp_parent(settings.state_dir))  # 0700
     try:
-        roots = _roots(settings, workspace, env, tmpdir)
+        roots = _roots(settings, workspace, env, tmpdir, extra_write)
         spec = landlock.plan(
             roots["write"], roots["protected"], read=roots["read"], extra_write=DEVICE_WRITES
         )
@@ -234,16 +248,22 @@ def _prepare_sync(settings: Settings, workspace: str, env: Mapping[str, str]) ->
     )
 
 
-async def prepare(settings: Settings, workspace: str, env: Mapping[str, str]) -> ChildSandbox:
-    """The sandbox of a child working in ``workspace`` with environment ``env`` (its HOME);
-    an empty one (no ruleset, no temp directory) when the sandbox is not in force.
+async def prepare(
+    settings: Settings, workspace: str, env: Mapping[str, str], extra_write: Sequence[str] = ()
+) -> ChildSandbox:
+    """The sandbox of a child working in ``workspace`` with environment ``env`` (its HOME),
+    plus ``extra_write`` roots (a session's ``additionalDirectories``; refused when one is
+    a protected location); an empty one (no ruleset, no temp directory) when the sandbox is
+    not in force.
 
     Raises :class:`acp.landlock.PlanError` (the spawn fails: never an unsandboxed child
     when the sandbox is in force) or ``OSError``."""
     if not resolve(settings).active:
         return ChildSandbox(landlock=None, tmpdir=None)
     try:
-        return await trio.to_thread.run_sync(_prepare_sync, settings, workspace, dict(env))
+        return await trio.to_thread.run_sync(
+            _prepare_sync, settings, workspace, dict(env), tuple(extra_write)
+        )
     except landlock.PlanError as exc:
         raise OSError(f"cannot sandbox the agent: {exc}") from exc
 

@@ -80,7 +80,7 @@ from serve.permissions.mediator import (
     CancelSessionPermissions,
     PermissionMediator,
 )
-from serve.sessions import turns, views
+from serve.sessions import config_options, turns, views
 from serve.sessions.agent_link import AgentLink, AgentSource, JournalLink, SpawnAgentSource
 from serve.sessions.agent_side import AgentSide
 from serve.sessions.budget import BudgetMeter, Limits, Signal
@@ -118,6 +118,7 @@ from serve.sessions.messages import (
     SessionView,
     SetApprovalMode,
     SetBudget,
+    SetConfigOption,
     SetModel,
     SteerPrompt,
     StreamEnded,
@@ -223,6 +224,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         effects: EffectGate | None = None,
         mcp_pool: McpPool | None = None,
         fork_from: str | None = None,
+        additional_directories: tuple[str, ...] = (),
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
         self._init_agent_side()
@@ -260,6 +262,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             restart_backoff_s=restart_backoff_s,
         )
         self.link.fork_from = self.fork_from = fork_from
+        self.link.additional_directories = additional_directories
         self.journal_link = JournalLink(journal)
         self.current_model: str | None = None
         self.current_mode: str | None = None
@@ -741,6 +744,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                     functools.partial(self._bound_then, "mode", self._set_approval_mode, msg),
                     connected=lambda: self.link.connected or self.agent_released,
                 )
+            case SetConfigOption():
+                return config_options.start(self, msg)
             case UpdateMetadata(display_name=name, client_id=cid):
                 self.display_name = name
                 self.log.publish(

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import trio
@@ -64,11 +64,13 @@ log = logging.getLogger(__name__)
 PROBE_METHOD = "_acp_serve/probe"
 #: What the daemon offers its agent children in ``initialize``: files and terminals (served
 #: through the effect gate) and elicitation in both modes (brokered to the session's clients
-#: like a permission: serve/sessions/elicitation_side.py).
+#: like a permission: serve/sessions/elicitation_side.py), and boolean config options (ACP
+#: 1.21: serve/sessions/config_options.py).
 CHILD_CAPABILITIES = ClientCapabilities(
     fs=FileSystemCapability(read_text_file=True, write_text_file=True),
     terminal=True,
     elicitation=ELICITATION_CAPABILITY,
+    session={"configOptions": {"boolean": {}}},
 )
 
 
@@ -171,6 +173,7 @@ async def spawn_limited(
     handler: ClientHandler,
     request_timeout_s: float,
     env: Mapping[str, str] | None = None,
+    extra_write: Sequence[str] = (),
 ) -> tuple[AgentConnection, ChildLimits | None]:
     """Spawn ``settings.agent_argv`` in its file sandbox and inside its own limits
     (``isolation``; None: none), with
@@ -179,7 +182,7 @@ async def spawn_limited(
     env = agent_env(settings) if env is None else dict(env)
     # The file sandbox (serve/isolation/sandbox.py): ruleset + private TMPDIR; OSError when
     # it is in force and cannot be built (never an unsandboxed child then).
-    box = await sandbox.prepare(settings, cwd, env)
+    box = await sandbox.prepare(settings, cwd, env, extra_write)
     limits = None
     try:
         limits = await isolation.child() if isolation is not None else None
@@ -228,9 +231,16 @@ def agent_env(settings: Settings) -> dict[str, str]:
 class SpawnAgentSource:
     """The default source: spawn ``settings.agent_argv`` per session and initialize it."""
 
-    def __init__(self, settings: Settings, isolation: Isolation | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        isolation: Isolation | None = None,
+        extra_write: Sequence[str] = (),
+    ) -> None:
         self.settings = settings
         self.isolation = isolation
+        #: Write roots beyond the workspace (a session's additionalDirectories).
+        self.extra_write = tuple(extra_write)
 
     async def acquire(
         self,
@@ -248,6 +258,7 @@ class SpawnAgentSource:
             cwd=cwd,
             handler=handler,
             request_timeout_s=timeout_s,
+            extra_write=self.extra_write,
         )
         try:
             await conn.initialize(timeout_s=timeout_s)
@@ -312,6 +323,8 @@ class AgentLink:
         self._let_go = trio.Event()
         #: ``fork``: the parent's session id (``session/fork`` instead of ``session/new``).
         self.fork_from: str | None = None
+        #: ACP ``additionalDirectories`` sent with every session/new, load and resume.
+        self.additional_directories: tuple[str, ...] = ()
 
     @property
     def connected(self) -> bool:
@@ -386,9 +399,20 @@ class AgentLink:
             lease.bind(setup.session_id, self.handler)
             await self.owner.adopt_session_id(setup.session_id)
             return setup
+        dirs = list(self.additional_directories) or None
+        if dirs and not (
+            info is not None
+            and info.agent_capabilities.session_capabilities.additional_directories is not None
+        ):
+            raise NotSupportedByAgent(
+                "The agent does not support additionalDirectories", "not_supported_by_agent"
+            )
         if action == "new":
             setup = await conn.new_session(
-                self.workspace, mcp_servers, timeout_s=self.init_timeout_s
+                self.workspace,
+                mcp_servers,
+                timeout_s=self.init_timeout_s,
+                additional_directories=dirs,
             )
             lease.bind(setup.session_id, self.handler)
             await self.owner.adopt_session_id(setup.session_id)
@@ -405,14 +429,22 @@ class AgentLink:
             self.owner.drop_updates = action == "restart" or restored
             try:
                 return await conn.load_session(
-                    session_id, self.workspace, mcp_servers, timeout_s=self.restore_timeout_s
+                    session_id,
+                    self.workspace,
+                    mcp_servers,
+                    timeout_s=self.restore_timeout_s,
+                    additional_directories=dirs,
                 )
             finally:
                 self.owner.drop_updates = False
         if action == "resume":
             await self.owner.restore_history()
         return await conn.resume_session(
-            session_id, self.workspace, mcp_servers, timeout_s=self.restore_timeout_s
+            session_id,
+            self.workspace,
+            mcp_servers,
+            timeout_s=self.restore_timeout_s,
+            additional_directories=dirs,
         )
 
     async def next_restart(self, *, bystander: bool = False) -> int | None:

@@ -88,6 +88,15 @@ class SetApprovalMode(msgspec.Struct, frozen=True):
     timeout_s: float = 30.0
 
 
+class SetConfigOption(msgspec.Struct, frozen=True):
+    """Any of the agent's config options (serve/sessions/config_options.py)."""
+
+    config_id: str
+    value: str | bool
+    client_id: str | None
+    timeout_s: float = 30.0
+
+
 class UpdateMetadata(msgspec.Struct, frozen=True):
     display_name: str
     client_id: str | None
@@ -198,6 +207,7 @@ SessionMsg = (
     | PublishEvent
     | ReleaseAgent
     | SetBudget
+    | SetConfigOption
 )
 
 # ---- typed replies ------------------------------------------------------------------------

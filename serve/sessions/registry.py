@@ -92,12 +92,15 @@ class Pending:
 class CreateSession(msgspec.Struct, frozen=True):
     workspace: str
     scope: str = "single"
+    #: ACP additionalDirectories (validated by the caller): a child of its own, see _source.
+    additional_directories: tuple[str, ...] = ()
 
 
 class RestoreSession(msgspec.Struct, frozen=True):
     session_id: str
     workspace: str
     action: str  # "load" | "resume"
+    additional_directories: tuple[str, ...] = ()
 
 
 class ForkSession(msgspec.Struct, frozen=True):
@@ -234,7 +237,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         if not self.accepting:
             raise SessionsUnavailable("Daemon is draining", "daemon_draining")
         match msg:
-            case CreateSession(workspace=ws, scope=scope):
+            case CreateSession(workspace=ws, scope=scope, additional_directories=dirs):
                 if scope == "single":
                     existing = self.single.get(ws)
                     session = self.get(existing) if existing else None
@@ -253,7 +256,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 self._check_limits(ws)
                 pending = Pending(key, "new", ws)
                 self.inflight[key] = pending
-                self._spawn(pending, ws, "new", None)
+                self._spawn(pending, ws, "new", None, dirs=dirs)
                 return Ticket(pending, False)
             case ForkSession(parent_id=parent, workspace=ws):
                 self._counter += 1
@@ -263,7 +266,9 @@ class SessionRegistry(Actor[RegistryMsg]):
                 self.inflight[key] = pending
                 self._spawn(pending, ws, "fork", None, fork_from=parent)
                 return Ticket(pending, False)
-            case RestoreSession(session_id=sid, workspace=ws, action=action):
+            case RestoreSession(
+                session_id=sid, workspace=ws, action=action, additional_directories=dirs
+            ):
                 session = self.get(sid)
                 if session is not None:
                     done = Pending(f"restore:{sid}", "attach")
@@ -288,7 +293,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 self._check_limits(ws)
                 pending = Pending(key, action, ws)
                 self.inflight[key] = pending
-                self._spawn(pending, ws, action, sid)
+                self._spawn(pending, ws, action, sid, dirs=dirs)
                 return Ticket(pending, False)
         raise TypeError(msg)
 
@@ -311,9 +316,12 @@ class SessionRegistry(Actor[RegistryMsg]):
         action: str,
         session_id: str | None,
         fork_from: str | None = None,
+        dirs: tuple[str, ...] = (),
     ) -> None:
         assert self._nursery is not None
-        self._nursery.start_soon(self._do_spawn, pending, workspace, action, session_id, fork_from)
+        self._nursery.start_soon(
+            self._do_spawn, pending, workspace, action, session_id, fork_from, dirs
+        )
 
     async def _do_spawn(
         self,
@@ -322,6 +330,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         action: str,
         session_id: str | None,
         fork_from: str | None = None,
+        dirs: tuple[str, ...] = (),
     ) -> None:
         self._counter += 1
         spec_name = f"session-{self._counter}"
@@ -336,12 +345,15 @@ class SessionRegistry(Actor[RegistryMsg]):
                 session_id=session_id,
                 on_gone=self._forget,
                 journal=self.journal,
-                source=self.agent_source
-                if self.agent_source is not None
-                else SpawnAgentSource(self.settings, self.isolation),
+                # A session with additionalDirectories needs write roots no warm or packed
+                # child has (fixed at spawn): a child of its own.
+                source=SpawnAgentSource(self.settings, self.isolation, extra_write=dirs)
+                if dirs or self.agent_source is None
+                else self.agent_source,
                 effects=self.effects,
                 mcp_pool=self.mcp_pool,
                 fork_from=fork_from,
+                additional_directories=dirs,
                 **self._restart_kwargs(),
             )
             session.supervisor = self.supervisor

@@ -60,7 +60,7 @@ from typing import IO, Any, Final
 import msgspec
 
 from acp import jsonrpc
-from acp.agents.scripted import elicit, script, steering
+from acp.agents.scripted import acp121, elicit, script, steering
 from acp.agents.scripted.store import SessionRecord, Store, now_iso, valid_session_id
 from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
 from acp.schema import (
@@ -146,9 +146,17 @@ class _Pending:
 
 
 class ScriptedAgent:
-    def __init__(self, state_dir: str, *, legacy: bool = False, out: IO[bytes] | None = None):
+    def __init__(
+        self,
+        state_dir: str,
+        *,
+        legacy: bool = False,
+        out: IO[bytes] | None = None,
+        auth_methods: bool = False,
+    ):
         self.store = Store(state_dir)
         self.legacy = legacy
+        self.extras = acp121.Extras(auth_methods=auth_methods)
         self.out = out if out is not None else sys.stdout.buffer
         self.write_lock = threading.Lock()
         self.sessions: dict[str, _Session] = {}
@@ -251,13 +259,13 @@ class ScriptedAgent:
 
     def _on_request(self, msg: jsonrpc.Request) -> None:
         handler = self.METHODS.get(msg.method)
-        if handler is None or (self.legacy and msg.method == "session/resume"):
+        if handler is None or (self.legacy and msg.method in acp121.NOT_LEGACY):
             self.reply_error(msg.id, METHOD_NOT_FOUND, "Method not found", {"method": msg.method})
             return
         try:
             params = _decode_params(msg.params)
             result = handler(self, msg.id, params)
-        except RpcFailure as exc:
+        except (RpcFailure, acp121.Refused) as exc:
             self.reply_error(msg.id, exc.code, exc.message, exc.data)
             return
         except (KeyError, TypeError, ValueError) as exc:
@@ -270,7 +278,7 @@ class ScriptedAgent:
 
     def initialize(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
         self.client_capabilities = params.get("clientCapabilities")
-        return {
+        result = {
             "protocolVersion": 1,
             "agentCapabilities": {
                 "loadSession": True,
@@ -282,6 +290,8 @@ class ScriptedAgent:
             "authMethods": [],
             "agentInfo": {"name": AGENT_NAME, "title": "Scripted agent", "version": AGENT_VERSION},
         } | ({} if self.legacy else {"_meta": steering.INITIALIZE_META})
+        acp121.on_initialize(self, params, result)
+        return result
 
     def authenticate(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
         return {}
@@ -314,7 +324,8 @@ class ScriptedAgent:
                 "type": "select",
                 "currentValue": record.model_id,
                 "options": [{"value": i, "name": n, "description": d} for i, n, d in MODELS],
-            }
+            },
+            *acp121.extra_options(self, record.session_id),
         ]
 
     def _session(self, params: dict[str, Any]) -> _Session:
@@ -340,6 +351,7 @@ class ScriptedAgent:
         with self.sessions_lock:
             self.sessions[record.session_id] = session
         self.store.save(record)
+        acp121.remember_directories(self, record.session_id, params)
         self.reply(rid, self._setup_result(record, with_id=True))
         self.update(
             record.session_id,
@@ -362,6 +374,7 @@ class ScriptedAgent:
 
     def _restore(self, params: dict[str, Any]) -> _Session:
         session_id = str(params["sessionId"])
+        acp121.remember_directories(self, session_id, params)
         existing = self.sessions.get(session_id)
         if existing is not None:
             return existing
@@ -433,6 +446,11 @@ class ScriptedAgent:
                     "title": r.title,
                     "updatedAt": r.updated_at,
                 }
+                | (
+                    {"additionalDirectories": self.extras.directories[r.session_id]}
+                    if self.extras.directories.get(r.session_id)
+                    else {}
+                )
                 for r in page
             ]
         }
@@ -472,9 +490,12 @@ class ScriptedAgent:
 
     def set_config_option(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
         session = self._session(params)
-        if self.legacy or params.get("configId") != "model":
+        if self.legacy:
             raise RpcFailure(INVALID_PARAMS, f"unknown config option {params.get('configId')!r}")
-        self._set_model(session, str(params["value"]))
+        if params.get("configId") == "model":
+            self._set_model(session, str(params["value"]))
+        else:
+            acp121.set_option(self, session.record.session_id, params)
         return {"configOptions": self._config_options(session.record)}
 
     def ping(self, rid: jsonrpc.RequestId, params: dict[str, Any]) -> object:
@@ -557,6 +578,8 @@ class ScriptedAgent:
         "session/set_config_option": set_config_option,
         "session/prompt": prompt,
         "_session/steering": steering.steer,
+        "session/delete": acp121.delete_session,
+        "logout": acp121.logout,
         "_scripted/ping": ping,
     }
 
@@ -586,6 +609,8 @@ class _TurnRunner:
         self.tool_ids = itertools.count(1)
         self.extra_tokens = 0  # added by [usage N]
         self.output_words = 0
+        #: ACP 1.21 message id of the turn's agent message (its chunks share it).
+        self.message_id = None if agent.legacy else "msg_" + os.urandom(6).hex()
 
     # helpers
 
@@ -600,7 +625,7 @@ class _TurnRunner:
         self.updates += 1
 
     def say(self, text: str) -> None:
-        self.emit(AgentMessageChunk(content=TextContent(text=text)))
+        self.emit(AgentMessageChunk(content=TextContent(text=text), message_id=self.message_id))
         self.record.add("agent", text)
         self.output_words += len(text.split())
 
@@ -671,6 +696,9 @@ class _TurnRunner:
     def do_steer_fail(self, arg: str) -> None:
         """Steers of this turn are answered ``failed`` (acp/agents/scripted/steering.py)."""
         self.turn.steers.fail = True
+
+    def do_touch(self, arg: str) -> None:
+        self.say(acp121.touch(arg))
 
     def do_think(self, arg: str) -> None:
         self.emit(AgentThoughtChunk(content=TextContent(text=arg)))
@@ -897,6 +925,7 @@ def main(argv: list[str] | None = None) -> int:
 
     state_dir = default_state_dir()
     legacy = False
+    auth_methods = False
     while args:
         arg = args.pop(0)
         if arg == "--state-dir" and args:
@@ -905,12 +934,16 @@ def main(argv: list[str] | None = None) -> int:
             state_dir = arg.split("=", 1)[1]
         elif arg == "--legacy":
             legacy = True
+        elif arg == "--auth-methods":
+            auth_methods = True
         elif arg in ("-h", "--help"):
-            print("usage: python -m acp.agents.scripted [--state-dir DIR] [--legacy]")
+            print(
+                "usage: python -m acp.agents.scripted [--state-dir DIR] [--legacy] [--auth-methods]"
+            )
             return 0
         else:
             print(f"scripted agent: unknown argument {arg!r}", file=sys.stderr)
             return 2
-    agent = ScriptedAgent(os.path.abspath(state_dir), legacy=legacy)
+    agent = ScriptedAgent(os.path.abspath(state_dir), legacy=legacy, auth_methods=auth_methods)
     agent.serve(sys.stdin.buffer)
     return 0

@@ -30,6 +30,7 @@ DIRECTIVES: Final = (
     "hang",
     "spawn-grandchild",
     "usage",
+    "touch",
     "elicit",
     "steer-late",
     "steer-fail",

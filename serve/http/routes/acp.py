@@ -122,6 +122,11 @@ _TIERS = {
     "_qwen/file/stat": Tier.READ,
     "_qwen/file/list": Tier.READ,
     "_qwen/file/glob": Tier.READ,
+    "_qwen/workspace/env": Tier.READ,
+    "_qwen/workspace/preflight": Tier.READ,
+    "_qwen/workspace/mcp": Tier.READ,
+    "_qwen/workspace/skills": Tier.READ,
+    "_qwen/workspace/providers": Tier.READ,
     "_qwen/session/heartbeat": None,
     "_qwen/health": None,
     "session/cancel": None,
@@ -172,9 +177,14 @@ def _policy_for(d: Host) -> Policy:
         """The strict gate (and, for WebSocket connections, the rate limit) per method."""
         token = d.settings.token is not None
         twin = _STRICT_TWINS.get(method)
-        if (twin is not None and not token and is_strict(*twin)) or (
-            _changes_approval_mode(method, params)
-            and not approval_mode_change_allowed(token_configured=token)
+        # authenticate/logout act on the agent's credentials, shared by every session.
+        if (
+            (twin is not None and not token and is_strict(*twin))
+            or (method in ("authenticate", "logout") and not token)
+            or (
+                _changes_approval_mode(method, params)
+                and not approval_mode_change_allowed(token_configured=token)
+            )
         ):
             return RpcError(
                 SERVER_ERROR,
