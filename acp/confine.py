@@ -104,7 +104,7 @@ def _apply(spec: Mapping[str, Any]) -> None:
     if ruleset is not None:
         sys.path.insert(0, os.path.dirname(CONFINE_PY))
         try:
-            import landlock  # beside this file (run as a script): acp/landlock.py
+            import landlock  # type: ignore[import-not-found]  # beside this file: acp/landlock.py
         except ImportError as exc:
             _fail(f"cannot load the sandbox: {exc}")
         try:

@@ -32,11 +32,10 @@ from serve.status.agent import acp_cells, providers_snapshot
 from serve.status.env import env_cells
 from serve.status.mcp import mcp_snapshot
 from serve.status.preflight import daemon_cells
-from serve.status.settings_file import SettingsFileError, read_settings
-from serve.status.shared import shared_workspace
 from serve.status.skills import project_skills
 from serve.threads import file_routes_limiter
 from serve.workspace import WorkspaceFsError
+from serve.workspace_state.settings_file import SettingsFileError, read_settings
 
 #: The AcpFront and Connection (typed loosely: the front imports this module).
 AcpFront = Any
@@ -64,7 +63,7 @@ def _agent_session(front: AcpFront, workspace: str) -> Any:
 
 def _workspace(front: AcpFront, conn: Connection) -> Any:
     untrusted = tuple(getattr(front.host.settings, "untrusted_workspaces", ()))
-    return shared_workspace(conn.workspace, trusted=conn.workspace not in untrusted)
+    return front.host.workspaces.get(conn.workspace, trusted=conn.workspace not in untrusted)
 
 
 def _envelope(conn: Connection, initialized: bool, **fields: Any) -> dict[str, Any]:

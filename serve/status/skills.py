@@ -92,6 +92,6 @@ def project_skills(ws: Workspace) -> list[dict[str, Any]]:
 
 def _yaml() -> Any:
     """PyYAML, imported on first use (most daemons never parse a skill)."""
-    import yaml
+    import yaml  # type: ignore[import-untyped]
 
     return yaml
