@@ -80,7 +80,7 @@ from serve.permissions.mediator import (
     CancelSessionPermissions,
     PermissionMediator,
 )
-from serve.sessions import turns, views
+from serve.sessions import journal_load, turns, views
 from serve.sessions.agent_link import AgentLink, AgentSource, JournalLink, SpawnAgentSource
 from serve.sessions.agent_side import AgentSide
 from serve.sessions.budget import BudgetMeter, Limits, Signal
@@ -386,8 +386,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             async with trio.open_nursery() as nursery:
                 self._nursery = self.calls.nursery = nursery
                 try:
-                    await self.link.open(nursery, self.action, self.session_id)
-                    self._adopt_setup(self.link.setup)
+                    await self._open_agent(nursery)
                 except BaseException:
                     await self.journal_link.aclose()
                     raise
@@ -405,6 +404,29 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             if self.on_gone is not None:
                 self.on_gone(self)
             self.gone.set()
+
+    async def _open_agent(self, nursery: trio.Nursery) -> None:
+        """Open the agent link; a load of a journaled session instead starts released, from
+        the journal, and binds an agent on first use (serve/sessions/journal_load.py)."""
+        lazy = await journal_load.read(
+            self.journal_link,
+            self.session_id,
+            settings=self.settings,
+            action=self.action,
+            ring_size=self.log.ring_size,
+            ring_bytes=self.log.ring_bytes,
+        )
+        if lazy is None:
+            await self.link.open(nursery, self.action, self.session_id)
+            self._adopt_setup(self.link.setup)
+            await journal_load.remember(self.journal_link, self.settings, self.link)
+            return
+        self.log, self.restored_from_journal = lazy.log, True
+        await self._open_journal(fresh=False)
+        self.link.setup = lazy.setup
+        self._adopt_setup(lazy.setup)
+        self.agent_released = True
+        self._given_back.set()  # no agent to give back: the first bind starts at once
 
     def _adopt_setup(self, setup: SessionSetup | None) -> None:
         self._last_agent_use = trio.current_time()
@@ -437,6 +459,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.log.session_id = session_id
         self.name = f"session-{session_id}"
         self._journal_pending = True
+        self.journal_link.attrs = journal_load.agent_attrs(self.settings, self.link)
         try:
             await self._open_journal(fresh=True)
         finally:
