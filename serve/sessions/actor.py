@@ -265,6 +265,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.gone = trio.Event()
         self._stopping = False
         self._idle_at_close = False
+        self._shutdown_close = False
         self._turn_scope: trio.CancelScope | None = None
         self._turn_usage: Any = None  # the running turn's prompt response usage, decoded
         self._nursery: trio.Nursery | None = None
@@ -716,7 +717,11 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         with trio.move_on_after(5):
             # An agent closed while idle has nothing to finish: a short wait after stdin
             # EOF, then SIGTERM (an agent that ignores EOF must not hold up a shutdown).
+            # At daemon shutdown not even that: EOF and SIGTERM together (the exit must not
+            # wait on an agent that ignores EOF, as qwen-code does).
             eof_grace_s = IDLE_EOF_GRACE_S if self._idle_at_close else None
+            if self._idle_at_close and self._shutdown_close:
+                eof_grace_s = 0.0
             await self.link.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
         await self.journal_link.aclose()
 
@@ -1252,6 +1257,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         if self.closing:
             return
         self._idle_at_close = self.prompts.pending_count == 0
+        self._shutdown_close = msg.reason == "daemon_shutdown"
         if msg.died:
             await self._abort_everything(msg.reason, died=True)
         else:
