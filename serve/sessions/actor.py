@@ -411,9 +411,11 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         the journal, and binds an agent on first use (serve/sessions/journal_load.py)."""
         lazy = await journal_load.read(
             self.journal_link,
+            nursery,
             self.session_id,
             settings=self.settings,
             action=self.action,
+            workspace=self.workspace,
             ring_size=self.log.ring_size,
             ring_bytes=self.log.ring_bytes,
         )
@@ -422,8 +424,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             self._adopt_setup(self.link.setup)
             await journal_load.remember(self.journal_link, self.settings, self.link)
             return
-        self.log, self.restored_from_journal = lazy.log, True
-        await self._open_journal(fresh=False)
+        self.log, self.restored_from_journal = lazy.log, True  # (journaled by now)
         self.link.setup = lazy.setup
         self._adopt_setup(lazy.setup)
         self.agent_released = True

@@ -504,10 +504,12 @@ class AgentLink:
 # ---- the journal --------------------------------------------------------------------------
 
 
-def log_from_replay(session_id: str, replay: Replay, ring_size: int, ring_bytes: int) -> EventLog:
+def log_from_replay(
+    session_id: str, replay: Replay, ring_size: int, ring_bytes: int, *, epoch: str | None = None
+) -> EventLog:
     """An EventLog rebuilt from a journal's replay (same ids; the same epoch when the
-    journal was closed cleanly, else a new one)."""
-    epoch = replay.meta.epoch if replay.clean else None
+    journal was closed cleanly, else ``epoch``, else a new one)."""
+    epoch = replay.meta.epoch if replay.clean else epoch
     first = replay.records[0].event_id if replay.records else replay.next_id
     restored = EventLog(
         session_id, ring_size=ring_size, ring_bytes=ring_bytes, epoch=epoch, next_id=first
@@ -554,7 +556,12 @@ class JournalLink:
         except JournalError as exc:
             log.warning("session %s runs without a journal: %s", log_.session_id, exc)
             return
+        await self.adopt(nursery, log_, writer)
+
+    async def adopt(self, nursery: trio.Nursery, log_: EventLog, writer: SessionJournal) -> None:
+        """Journal ``log_``'s events with ``writer`` (opened by the caller: a reopen)."""
         self.writer = writer
+        self.attrs = dict(writer.meta.attrs)
         log_.sink = writer.sink
         await nursery.start(writer.run)
 

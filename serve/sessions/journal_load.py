@@ -24,23 +24,29 @@ written once when an agent first set the session up (:func:`agent_attrs`):
   command loads through the agent (the eager path), as does a journal without these
   attributes (written before them), an empty one, or any journal under ``--no-journal``.
 
-The eager path reuses the journal read made here (:meth:`JournalLink.keep`), so deciding
-costs no second read. A lazily loaded session whose agent no longer knows it learns so on
-its first bind: the prompt answers ``404`` and the session ends with ``session_died
-{reason: "agent_session_not_found"}``, as a released session does.
+The journal is read and opened for appending in one pass (:meth:`Journal.reopen`: one scan,
+one worker-thread call, one meta write); the eager path reuses that log
+(:meth:`JournalLink.keep`) and writer, so deciding costs no second read.
+
+A lazily loaded session whose agent no longer knows it learns so on its first bind: the
+prompt answers ``404`` and the session ends with ``session_died {reason:
+"agent_session_not_found"}``, as a released session does.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import trio
 
 from acp.schema import SessionSetup, decode_session_setup
 from serve.events import EventLog
-from serve.journal import JournalError, JournalNotFound, Replay
+from serve.journal import JournalError, JournalMeta, JournalNotFound, Replay
 from serve.sessions.agent_link import AgentLink, JournalLink, log_from_replay
 
 if TYPE_CHECKING:
@@ -102,37 +108,52 @@ def _lazy_allowed(attrs: dict[str, str], settings: Settings, action: str) -> boo
 
 async def read(
     journal_link: JournalLink,
+    nursery: trio.Nursery,
     session_id: str,
     *,
     settings: Settings,
     action: str,
+    workspace: str,
     ring_size: int,
     ring_bytes: int,
 ) -> LazyStart | None:
-    """Read the session's journal; a :class:`LazyStart` when it can start released, else
-    None (the read is kept on ``journal_link`` for the eager path's restore)."""
+    """Read the session's journal and open it for appending (one pass,
+    :meth:`Journal.reopen`); a :class:`LazyStart` when the session can start released,
+    else None, the log kept on ``journal_link`` for the eager path's restore."""
     journal = journal_link.journal
     if journal is None or action not in ("load", "resume"):
         return None
+    epoch = str(uuid.uuid4())  # the restored log's, unless the journal was closed cleanly
+    created_at_ms = int(time.time() * 1000)
+
+    def meta_for(replay: Replay) -> JournalMeta:
+        return JournalMeta(
+            session_id=session_id,
+            epoch=replay.meta.epoch if replay.clean else epoch,
+            workspace=workspace,
+            acp_session_id=session_id,
+            origin="resume" if action == "resume" else "load",
+            created_at_ms=created_at_ms,
+            attrs=dict(replay.meta.attrs),
+        )
+
     try:
-        replay = await journal.read(session_id, tail=ring_size)
+        replay, writer = await journal.reopen(session_id, tail=ring_size, meta_for=meta_for)
     except JournalNotFound:
         return None
     except JournalError as exc:
-        log.warning("journal of session %s unreadable: %s", session_id, exc)
+        log.warning("journal of session %s not reopened: %s", session_id, exc)
         return None
-    restored = log_from_replay(session_id, replay, ring_size, ring_bytes)
-    attrs = dict(replay.meta.attrs)
-    journal_link.attrs = attrs  # kept when the journal is opened again
+    restored = log_from_replay(session_id, replay, ring_size, ring_bytes, epoch=writer.meta.epoch)
+    await journal_link.adopt(nursery, restored, writer)  # kept when it is opened again
+    attrs = journal_link.attrs
     if not replay.records or not _lazy_allowed(attrs, settings, action):
         journal_link.keep(restored, bool(replay.records))
         return None
     try:
         setup = decode_session_setup(msgspec.Raw(attrs[ATTR_SETUP].encode()))
     except (msgspec.DecodeError, ValueError) as exc:
-        log.warning(
-            "session %s: stored setup unreadable (%s): loading via the agent", session_id, exc
-        )
+        log.warning("session %s: stored setup unreadable (%s): load via the agent", session_id, exc)
         journal_link.keep(restored, True)
         return None
     return LazyStart(restored, _with_current(setup, *_last_switches(replay)))
