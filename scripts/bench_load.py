@@ -83,6 +83,12 @@ def agent_processes(server: Server) -> int:
     return sum(1 for parent in parents.values() if parent == server.proc.pid)
 
 
+def cpu_ms(pid: int) -> float:
+    """CPU time (user + system) of ``pid`` itself so far, ms (10 ms ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
 class Turns:
     """Reads a session's SSE stream in a thread and counts ended turns and the last id."""
 
@@ -176,6 +182,7 @@ class Row:
         self.load: list[float] = []
         self.first: list[float] = []
         self.replay: list[float] = []
+        self.cpu: list[float] = []
         self.agents: list[int] = []
         self.events = 0
         self.replayed = 0
@@ -203,9 +210,11 @@ def measure(
                 for k in range(loads):
                     if before_load is not None:
                         before_load(sid)
+                    c0 = cpu_ms(server.proc.pid)
                     t0 = time.perf_counter()
                     r = client.post(f"/session/{sid}/load", json={})
                     elapsed = (time.perf_counter() - t0) * 1000
+                    row.cpu.append(cpu_ms(server.proc.pid) - c0)
                     if r.status_code != 200:
                         raise RuntimeError(f"load: {r.status_code} {r.text[:300]}")
                     row.load.append(elapsed)
@@ -304,7 +313,7 @@ def main() -> int:
     )
     head = (
         f"{'':<40}{'events':>7}{'load p50':>10}{'p95':>8}{'1st p50':>9}"
-        f"{'+replay p50':>12}{'replayed':>9}{'agents':>8}"
+        f"{'+replay p50':>12}{'replayed':>9}{'agents':>8}{'cpu p50':>9}"
     )
     print(head)
     for row in rows:
@@ -316,9 +325,14 @@ def main() -> int:
         print(
             f"{row.name:<40}{row.events:>7}{statistics.median(row.load):>10.1f}"
             f"{p95(row.load):>8.1f}{statistics.median(row.first):>9.1f}{replay}"
-            f"{row.replayed:>9}{max(row.agents):>8}"
+            f"{row.replayed:>9}{max(row.agents):>8}{statistics.median(row.cpu):>9.0f}"
         )
-    print("agents: the most agent processes the daemon ran right after a load answered")
+    print(
+        "1st: the first load after a restart; +replay: until the stream from the start reached"
+        " replay_complete; agents: the most agent processes the daemon ran right after a load"
+        " answered; cpu: the daemon process's own CPU per load (10 ms ticks; its agent"
+        " children's not counted)"
+    )
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
