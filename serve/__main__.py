@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import trio
 
@@ -101,7 +102,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
+    _exit_at_once(0)
+
+
+def _exit_at_once(code: int) -> NoReturn:
+    """After a clean shutdown: write what is logged and buffered, then end the process
+    without the interpreter's teardown. Every session, journal and child is closed by now,
+    and freeing the modules and heap one object at a time only delays the exit (measured
+    0.3-0.5 s on 2 busy cores, more than the rest of the shutdown with an idle agent)."""
+    stop_logging()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 #: glibc's mallopt(M_MMAP_THRESHOLD): allocations from this size up get their own mapping,

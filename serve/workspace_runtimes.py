@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
-from actors import ChildSpec, Restart, SupervisorEvent
-from serve.agents.pool import AgentPool
+from actors import ActorError, ChildSpec, Restart, SupervisorEvent
+from serve.agents.pool import AgentPool, Drain
 from serve.sessions.messages import ReleaseAgent
 from serve.sessions.registry import SessionRegistry
 
@@ -268,6 +268,15 @@ class WorkspaceRuntimes:
     @property
     def supervisor_events(self) -> list[SupervisorEvent]:
         return [e for rt in self for e in rt.registry.supervisor.events]
+
+    def drain_agents(self) -> None:
+        """Daemon shutdown: every pool stops its spare children now (``Drain``), while the
+        sessions close, instead of after them."""
+        for rt in self:
+            try:
+                rt.agents.tell_nowait(Drain())
+            except ActorError:  # stopped, or its inbox is full: its on_stop stops them
+                pass
 
     async def close_all(self, reason: str = "daemon_shutdown") -> None:
         async with trio.open_nursery() as nursery:

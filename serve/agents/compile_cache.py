@@ -173,8 +173,14 @@ async def warm_up(settings: Settings, *, cwd: str, env: Mapping[str, str]) -> bo
             )
             try:
                 await conn.initialize(timeout_s=timeout_s)
+                # Its clean exit after stdin EOF writes the cache. Waited for here, where
+                # a daemon shutdown may cancel the wait (a shielded close would hold the
+                # exit for up to PROBE_EXIT_GRACE_S): then it is stopped at once.
+                await conn.process.close_stdin()
+                with trio.move_on_after(PROBE_EXIT_GRACE_S):
+                    await conn.process.wait()
             finally:
-                info = await conn.aclose(grace_s=PROBE_EXIT_GRACE_S, eof_grace_s=PROBE_EXIT_GRACE_S)
+                info = await conn.aclose(grace_s=1.0, eof_grace_s=0.0)
     except Exception as exc:  # the agent's failure is the pool's to report, not ours
         log.info("node compile cache probe did not complete: %s", exc)
         return False

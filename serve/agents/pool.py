@@ -127,6 +127,9 @@ MAX_ERROR_CHARS: Final = 300
 CLOSE_SESSION_TIMEOUT_S: Final = 2.0
 #: Seconds an idle child gets after stdin EOF before SIGTERM (nothing of a turn to finish).
 IDLE_EOF_GRACE_S: Final = 0.2
+#: The same at daemon shutdown: none (stdin EOF and SIGTERM together; the exit must not
+#: wait on an agent that ignores EOF, as qwen-code does).
+SHUTDOWN_EOF_GRACE_S: Final = 0.0
 #: Exited shared children whose restart charge is remembered (for their other sessions).
 MAX_CHARGED: Final = 64
 #: Memory sampling period without / with a budget (seconds).
@@ -308,6 +311,12 @@ class InstallAgentEnv(msgspec.Struct, frozen=True):
     env: dict[str, str]
 
 
+class Drain(msgspec.Struct, frozen=True):
+    """Daemon shutdown: take no more callers, and stop every child no session is on (warm
+    spares) at once, while the sessions close, instead of after them; the children left
+    are stopped when the pool stops, without the EOF grace."""
+
+
 class _Measured(msgspec.Struct, frozen=True):
     pss_kib: dict[str, int]  # child id -> KiB
 
@@ -333,6 +342,7 @@ PoolMsg = (
     | _Refill
     | _Stable
     | InstallAgentEnv
+    | Drain
     | _Abandon
     | _Measured
     | _RoomResult
@@ -371,6 +381,8 @@ class AgentPool(Actor[PoolMsg]):
         self.spawned_total = 0
         self.exited_total = 0
         self.draining = False
+        #: What a child the pool stops gets after stdin EOF (none at daemon shutdown).
+        self._eof_grace_s = IDLE_EOF_GRACE_S
         self._backoff_until = 0.0  # trio clock
         self._refill_scheduled = False
         self._ids = itertools.count(1)
@@ -543,6 +555,7 @@ class AgentPool(Actor[PoolMsg]):
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.draining = False
+            self._eof_grace_s = IDLE_EOF_GRACE_S
             nursery.start_soon(self._sample_memory)
             if not self.unbound:
                 self._probe_compile_cache()
@@ -557,16 +570,19 @@ class AgentPool(Actor[PoolMsg]):
 
     async def on_stop(self) -> None:
         """Drain: fail waiting callers, stop every child (bounded)."""
-        self.draining = True
-        for reply in list(self.waiters):
-            reply.fail(SessionsUnavailable("Agent pool stopped", "daemon_draining"))
-        self.waiters.clear()
+        self._drain("Agent pool stopped")
         with trio.move_on_after(5):
             async with trio.open_nursery() as nursery:
                 for child in list(self.children.values()):
                     child.stopping = True
-                    nursery.start_soon(_aclose, child.conn, child.limits)
+                    nursery.start_soon(_aclose, child.conn, child.limits, self._eof_grace_s)
         self.children.clear()
+
+    def _drain(self, why: str) -> None:
+        self.draining = True
+        for reply in list(self.waiters):
+            reply.fail(SessionsUnavailable(why, "daemon_draining"))
+        self.waiters.clear()
 
     def _probe_compile_cache(self) -> None:
         """One probe child populates the node compile cache when it needs it (primary
@@ -604,6 +620,14 @@ class AgentPool(Actor[PoolMsg]):
                     self._after_release(child)
                 self._serve_waiters()
                 self._plan()
+            case Drain():
+                self._drain("Agent pool is draining")
+                self._eof_grace_s = SHUTDOWN_EOF_GRACE_S
+                for child in list(self.children.values()):
+                    if not child.slots and not child.stopping:
+                        child.stopping = True
+                        self._stop_child(child)
+                return None
             case InstallAgentEnv(env=env):
                 self.extra_env = dict(env)
                 if self.unbound:
@@ -882,7 +906,9 @@ class AgentPool(Actor[PoolMsg]):
             await conn.initialize(timeout_s=init_timeout)
         except BaseException as exc:
             with trio.CancelScope(shield=True):
-                await conn.aclose(grace_s=1.0)
+                # Nothing to finish before initialize answered (a pool stopped mid-spawn
+                # does not wait out a full EOF grace on an agent that ignores EOF).
+                await conn.aclose(grace_s=1.0, eof_grace_s=self._eof_grace_s)
                 if limits is not None:
                     await limits.aclose()
             if not isinstance(exc, Exception):
@@ -907,7 +933,7 @@ class AgentPool(Actor[PoolMsg]):
 
     def _stop_child(self, child: AgentChild) -> None:
         if self._nursery is not None:
-            self._nursery.start_soon(_aclose, child.conn, child.limits)
+            self._nursery.start_soon(_aclose, child.conn, child.limits, self._eof_grace_s)
 
 
 async def _give_back(reply: Reply[AgentLease]) -> None:
@@ -918,10 +944,14 @@ async def _give_back(reply: Reply[AgentLease]) -> None:
     await lease.release()
 
 
-async def _aclose(conn: AgentConnection, limits: ChildLimits | None = None) -> None:
+async def _aclose(
+    conn: AgentConnection,
+    limits: ChildLimits | None = None,
+    eof_grace_s: float = IDLE_EOF_GRACE_S,
+) -> None:
     """Stop a child the pool holds: warm, spare or drained, so nothing of a turn is running;
-    an agent that ignores stdin EOF gets only IDLE_EOF_GRACE_S before SIGTERM."""
-    await conn.aclose(grace_s=1.0, eof_grace_s=IDLE_EOF_GRACE_S)
+    an agent that ignores stdin EOF gets only ``eof_grace_s`` before SIGTERM."""
+    await conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
     if limits is not None:
         await limits.aclose()
 

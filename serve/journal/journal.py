@@ -63,7 +63,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -551,6 +551,62 @@ class Journal:
             release_lock(lock_fd)
             raise
         return appender, lock_fd
+
+    async def reopen(
+        self, session_id: str, *, tail: int | None, meta_for: Callable[[Replay], JournalMeta]
+    ) -> tuple[Replay, SessionJournal]:
+        """:meth:`read` and :meth:`open_writer` (appending) in one pass: one scan of the
+        segments, in one worker thread call, for a load that goes on journaling.
+        ``meta_for(replay)`` (pure; runs in the thread) gives the meta to write. Raises
+        :class:`JournalNotFound`, :class:`JournalBusy`, :class:`JournalIOError`."""
+        if session_id in self._writers:
+            raise JournalBusy(session_id, "a writer is already open in this daemon")
+        self._writers[session_id] = None
+        try:
+            replay, meta, appender, lock_fd = await threads.run_sync(
+                journal_limiter(), self._reopen_sync, session_id, tail, meta_for
+            )
+        except BaseException:
+            del self._writers[session_id]
+            raise
+        writer = SessionJournal(self, meta, self.session_dir(session_id), appender, lock_fd)
+        self._writers[session_id] = writer
+        return replay, writer
+
+    def _reopen_sync(
+        self, sid: str, tail: int | None, meta_for: Callable[[Replay], JournalMeta]
+    ) -> tuple[Replay, JournalMeta, Appender, int]:
+        directory = self.session_dir(sid)
+        meta_file = read_meta(directory)
+        if meta_file is None or meta_file.meta.session_id != sid:
+            raise JournalNotFound(sid, "no journal")
+        try:
+            lock_fd = try_lock(directory)
+        except OSError as exc:
+            raise JournalIOError(sid, f"cannot open {directory}: {exc}") from exc
+        if lock_fd is None:
+            raise JournalBusy(sid, f"{directory} is locked by another process")
+        try:
+            found = scan(directory, collect=True, tail=tail, repair=True)
+            if found.problems:
+                log.warning("journal of session %s cut: %s", sid, "; ".join(found.problems))
+            replay = _replay(meta_file, found)
+            meta = meta_for(replay)
+            write_meta(directory, MetaFile(meta=meta, updated_at_ms=now_ms()))
+            limits = self.limits
+            appender = Appender(
+                directory,
+                found,
+                max_bytes=limits.max_session_bytes,
+                segment_bytes=limits.segment_bytes,
+            )
+        except OSError as exc:
+            release_lock(lock_fd)
+            raise JournalIOError(sid, f"cannot open {directory}: {exc}") from exc
+        except BaseException:
+            release_lock(lock_fd)
+            raise
+        return replay, meta, appender, lock_fd
 
     # ---- reading -------------------------------------------------------------------------
 

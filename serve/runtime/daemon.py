@@ -123,6 +123,7 @@ class Daemon:
         log.info("shutting down")
         trio.lowlevel.spawn_system_task(self._hard_deadline, SHUTDOWN_FORCE_S + HARD_EXIT_MARGIN_S)
         with trio.move_on_after(SHUTDOWN_FORCE_S) as bound:
+            self.host.registry.drain_agents()  # spares stop now, beside the sessions
             await self._close_sessions("daemon_shutdown")
             await self._end_streams()
             self.host.root.shutdown()

@@ -80,7 +80,7 @@ from serve.permissions.mediator import (
     CancelSessionPermissions,
     PermissionMediator,
 )
-from serve.sessions import config_options, turns, views
+from serve.sessions import config_options, journal_load, turns, views
 from serve.sessions.agent_link import AgentLink, AgentSource, JournalLink, SpawnAgentSource
 from serve.sessions.agent_side import AgentSide
 from serve.sessions.budget import BudgetMeter, Limits, Signal
@@ -272,6 +272,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.gone = trio.Event()
         self._stopping = False
         self._idle_at_close = False
+        self._shutdown_close = False
         self._turn_scope: trio.CancelScope | None = None
         self._turn_usage: Any = None  # the running turn's prompt response usage, decoded
         self._nursery: trio.Nursery | None = None
@@ -398,8 +399,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             async with trio.open_nursery() as nursery:
                 self._nursery = self.calls.nursery = nursery
                 try:
-                    await self.link.open(nursery, self.action, self.session_id)
-                    self._adopt_setup(self.link.setup)
+                    await self._open_agent(nursery)
                 except BaseException:
                     await self.journal_link.aclose()
                     raise
@@ -417,6 +417,30 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             if self.on_gone is not None:
                 self.on_gone(self)
             self.gone.set()
+
+    async def _open_agent(self, nursery: trio.Nursery) -> None:
+        """Open the agent link; a load of a journaled session instead starts released, from
+        the journal, and binds an agent on first use (serve/sessions/journal_load.py)."""
+        lazy = await journal_load.read(
+            self.journal_link,
+            nursery,
+            self.session_id,
+            settings=self.settings,
+            action=self.action,
+            workspace=self.workspace,
+            ring_size=self.log.ring_size,
+            ring_bytes=self.log.ring_bytes,
+        )
+        if lazy is None:
+            await self.link.open(nursery, self.action, self.session_id)
+            self._adopt_setup(self.link.setup)
+            await journal_load.remember(self.journal_link, self.settings, self.link)
+            return
+        self.log, self.restored_from_journal = lazy.log, True  # (journaled by now)
+        self.link.setup = lazy.setup
+        self._adopt_setup(lazy.setup)
+        self.agent_released = True
+        self._given_back.set()  # no agent to give back: the first bind starts at once
 
     def _adopt_setup(self, setup: SessionSetup | None) -> None:
         self._last_agent_use = trio.current_time()
@@ -449,6 +473,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.log.session_id = session_id
         self.name = f"session-{session_id}"
         self._journal_pending = True
+        self.journal_link.attrs = journal_load.agent_attrs(self.settings, self.link)
         try:
             await self._open_journal(fresh=True)
         finally:
@@ -705,7 +730,11 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         with trio.move_on_after(5):
             # An agent closed while idle has nothing to finish: a short wait after stdin
             # EOF, then SIGTERM (an agent that ignores EOF must not hold up a shutdown).
+            # At daemon shutdown not even that: EOF and SIGTERM together (the exit must not
+            # wait on an agent that ignores EOF, as qwen-code does).
             eof_grace_s = IDLE_EOF_GRACE_S if self._idle_at_close else None
+            if self._idle_at_close and self._shutdown_close:
+                eof_grace_s = 0.0
             await self.link.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
         await self.journal_link.aclose()
 
@@ -1250,6 +1279,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         if self.closing:
             return
         self._idle_at_close = self.prompts.pending_count == 0
+        self._shutdown_close = msg.reason == "daemon_shutdown"
         if msg.died:
             await self._abort_everything(msg.reason, died=True)
         else:

@@ -40,6 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import msgspec
 import trio
 
 from acp.client import AgentConnection
@@ -50,7 +51,14 @@ from acp.schema import ClientCapabilities, FileSystemCapability, SessionSetup
 from actors import RestartWindow
 from serve.events import EventLog
 from serve.isolation import ChildLimits, Isolation, OomReport, sandbox
-from serve.journal import Journal, JournalError, JournalMeta, JournalNotFound, SessionJournal
+from serve.journal import (
+    Journal,
+    JournalError,
+    JournalMeta,
+    JournalNotFound,
+    Replay,
+    SessionJournal,
+)
 from serve.permissions.elicitation import CLIENT_CAPABILITY as ELICITATION_CAPABILITY
 from serve.sessions.errors import NotSupportedByAgent
 
@@ -393,11 +401,11 @@ class AgentLink:
                     "not_supported_by_agent",
                     method="session/fork",
                 )
-            setup = await conn.fork_session(
+            setup = self.setup = await conn.fork_session(
                 self.fork_from, self.workspace, mcp_servers, timeout_s=self.restore_timeout_s
             )
             lease.bind(setup.session_id, self.handler)
-            await self.owner.adopt_session_id(setup.session_id)
+            await self.owner.adopt_session_id(setup.session_id)  # (the setup is known)
             return setup
         dirs = list(self.additional_directories) or None
         if dirs and not (
@@ -408,7 +416,7 @@ class AgentLink:
                 "The agent does not support additionalDirectories", "not_supported_by_agent"
             )
         if action == "new":
-            setup = await conn.new_session(
+            setup = self.setup = await conn.new_session(
                 self.workspace,
                 mcp_servers,
                 timeout_s=self.init_timeout_s,
@@ -547,12 +555,31 @@ class AgentLink:
 # ---- the journal --------------------------------------------------------------------------
 
 
+def log_from_replay(
+    session_id: str, replay: Replay, ring_size: int, ring_bytes: int, *, epoch: str | None = None
+) -> EventLog:
+    """An EventLog rebuilt from a journal's replay (same ids; the same epoch when the
+    journal was closed cleanly, else ``epoch``, else a new one)."""
+    epoch = replay.meta.epoch if replay.clean else epoch
+    first = replay.records[0].event_id if replay.records else replay.next_id
+    restored = EventLog(
+        session_id, ring_size=ring_size, ring_bytes=ring_bytes, epoch=epoch, next_id=first
+    )
+    for event_id, _type, frame in replay:
+        restored.restore(event_id, frame)
+    return restored
+
+
 class JournalLink:
     """One session's journal writer (``journal`` None: ``--no-journal``)."""
 
     def __init__(self, journal: Journal | None) -> None:
         self.journal = journal
         self.writer: SessionJournal | None = None
+        #: The meta's free-form attributes (serve/sessions/journal_load.py), kept when the
+        #: journal is opened again.
+        self.attrs: dict[str, str] = {}
+        self._kept: tuple[EventLog, bool] | None = None
 
     async def open(
         self,
@@ -573,13 +600,19 @@ class JournalLink:
             acp_session_id=log_.session_id,
             origin=origin,
             created_at_ms=int(time.time() * 1000),
+            attrs=dict(self.attrs),
         )
         try:
             writer = await self.journal.open_writer(meta, fresh=fresh)
         except JournalError as exc:
             log.warning("session %s runs without a journal: %s", log_.session_id, exc)
             return
+        await self.adopt(nursery, log_, writer)
+
+    async def adopt(self, nursery: trio.Nursery, log_: EventLog, writer: SessionJournal) -> None:
+        """Journal ``log_``'s events with ``writer`` (opened by the caller: a reopen)."""
         self.writer = writer
+        self.attrs = dict(writer.meta.attrs)
         log_.sink = writer.sink
         await nursery.start(writer.run)
 
@@ -587,7 +620,11 @@ class JournalLink:
         self, session_id: str, ring_size: int, ring_bytes: int
     ) -> tuple[EventLog, bool] | None:
         """The log rebuilt from the journal (same ids; the same epoch when it was closed
-        cleanly) and whether it held records; None when there is none to read."""
+        cleanly) and whether it held records; None when there is none to read. A read
+        already made for this open (:meth:`keep`) is used instead of a second one."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            return kept
         if self.journal is None:
             return None
         try:
@@ -597,14 +634,26 @@ class JournalLink:
         except JournalError as exc:
             log.warning("journal of session %s unreadable: %s", session_id, exc)
             return None
-        epoch = replay.meta.epoch if replay.clean else None
-        first = replay.records[0].event_id if replay.records else replay.next_id
-        restored = EventLog(
-            session_id, ring_size=ring_size, ring_bytes=ring_bytes, epoch=epoch, next_id=first
-        )
-        for event_id, _type, frame in replay:
-            restored.restore(event_id, frame)
-        return restored, bool(replay.records)
+        self.attrs = dict(replay.meta.attrs)
+        return log_from_replay(session_id, replay, ring_size, ring_bytes), bool(replay.records)
+
+    def keep(self, restored: EventLog, had_records: bool) -> None:
+        """A journal read made before the agent was asked, for :meth:`restore` to use."""
+        self._kept = (restored, had_records)
+
+    async def remember(self, attrs: dict[str, str]) -> None:
+        """Keep ``attrs`` in the journal's meta (written only when they changed)."""
+        merged = {**self.attrs, **attrs}
+        if merged == self.attrs:
+            return
+        self.attrs = merged
+        writer = self.writer
+        if writer is None or writer.closed:
+            return
+        try:
+            await writer.update_meta(msgspec.structs.replace(writer.meta, attrs=merged))
+        except JournalError as exc:
+            log.warning("session %s: journal meta not updated: %s", writer.session_id, exc)
 
     async def aclose(self, timeout_s: float = 5.0) -> None:
         if self.writer is not None:
@@ -625,6 +674,7 @@ __all__ = [
     "SpawnAgentSource",
     "agent_env",
     "can_resume",
+    "log_from_replay",
     "oom_report",
     "spawn_limited",
 ]

@@ -1,12 +1,14 @@
 """A minimal ACP agent that is hard to get rid of (for shutdown and reaping tests).
 
     python stubborn_agent.py [--ignore-eof] [--ignore-term] [--orphans N] [--pids FILE]
+                             [--hang-init-if FILE]
 
 It answers ``initialize`` and ``session/new`` and nothing else. ``--ignore-eof``: stdin EOF
 does not end it (it sleeps until signalled). ``--ignore-term``: SIGTERM is ignored (only
 SIGKILL ends it). ``--orphans N``: at ``session/new`` it forks N grandchildren that each call
 ``setsid()`` (leaving the agent's process group), fork once more so they are orphans, and
 sleep; their pids are appended to FILE (one a line) before the reply is sent.
+``--hang-init-if FILE``: ``initialize`` is never answered while FILE exists.
 """
 
 import json
@@ -38,6 +40,7 @@ def main() -> None:
     args = sys.argv[1:]
     orphans = int(args[args.index("--orphans") + 1]) if "--orphans" in args else 0
     pid_file = args[args.index("--pids") + 1] if "--pids" in args else os.devnull
+    hang_if = args[args.index("--hang-init-if") + 1] if "--hang-init-if" in args else None
     if "--ignore-term" in args:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     out = sys.stdout
@@ -48,6 +51,8 @@ def main() -> None:
             continue
         method, rid = msg.get("method"), msg.get("id")
         if rid is None:
+            continue
+        if method == "initialize" and hang_if is not None and os.path.exists(hang_if):
             continue
         if method == "initialize":
             result: object = {"protocolVersion": 1, "agentCapabilities": {"loadSession": False}}

@@ -588,10 +588,11 @@ async def test_concurrent_restores_coalesce_and_conflicting_ones_are_409(
 
 async def test_a_resume_while_a_load_is_in_flight_is_409() -> None:
     """An agent that takes 0.5 s to start keeps the load in flight while resume arrives
-    (no warm agent: the load spawns its own)."""
+    (no warm agent: the load spawns its own; no journal, which would answer the load at once
+    without an agent: serve/sessions/journal_load.py)."""
     slow_agent = f"sh -c 'sleep 0.5; exec {sys.executable} -m acp.agents.scripted'"
     daemon = spawn_daemon(
-        ["--agent", slow_agent, "--warm-agents", "0"],
+        ["--agent", slow_agent, "--warm-agents", "0", "--no-journal"],
         env={"QWEN_SERVER_TOKEN": "restore-token-0123"},
     )
     auth = {"Authorization": "Bearer restore-token-0123"}

@@ -62,8 +62,38 @@ def test_sigterm_does_not_wait_on_an_idle_agent_that_ignores_stdin_eof() -> None
             assert client.post("/session", json={}).status_code == 200
         assert daemon.stop(signal.SIGTERM, timeout_s=20) == 0
         log = daemon.stderr()
-        # The idle agent got the short EOF grace, then SIGTERM, not the full grace.
-        assert "ignored stdin EOF for 0.2s; sending SIGTERM" in log, log[-2000:]
+        # At shutdown the idle agent gets no EOF grace: SIGTERM comes with the EOF.
+        assert "ignored stdin EOF for 0.0s; sending SIGTERM" in log, log[-2000:]
+        assert "ignored stdin EOF for 0.2s" not in log, log[-2000:]
+    finally:
+        daemon.stop(signal.SIGKILL)
+
+
+def test_sigterm_does_not_wait_on_an_agent_still_starting(tmp_path: Path) -> None:
+    """The pool's refill child never answers ``initialize`` (and ignores stdin EOF): the
+    shutdown stops it with SIGTERM at once, not after a whole EOF grace."""
+    hang = tmp_path / "hang"
+    daemon = spawn_daemon(agent_flag("--ignore-eof", "--hang-init-if", str(hang)))
+    try:
+        with httpx.Client(base_url=daemon.url, timeout=30) as client:
+
+            def warm() -> bool:
+                pool = client.get("/daemon/status").json()["runtime"]["agents"][0]
+                return any(c["state"] == "warm" for c in pool["children"])
+
+            assert wait_until(warm)
+            hang.touch()  # the spare is ready; the refill after the next create hangs
+            assert client.post("/session", json={}).status_code == 200
+
+            def starting() -> bool:
+                pool = client.get("/daemon/status").json()["runtime"]["agents"][0]
+                return bool(pool.get("spawning"))
+
+            assert wait_until(starting)
+        assert daemon.stop(signal.SIGTERM, timeout_s=20) == 0
+        log = daemon.stderr()
+        assert "ignored stdin EOF for 1.0s" not in log, log[-2000:]
+        assert "ignored stdin EOF for 0.2s" not in log, log[-2000:]
     finally:
         daemon.stop(signal.SIGKILL)
 
