@@ -16,7 +16,8 @@
   config_options.py), ``select`` values as strings and ``boolean`` ones as
   ``{type: "boolean", value}``; the model and mode options keep their own paths.
 * ``session/delete``: the owned session is deleted at its agent (``session/delete``, when the
-  agent advertises ``sessionCapabilities.delete``) and closed (``client_delete``).
+  agent advertises ``sessionCapabilities.delete``), closed (``client_delete``) and its
+  journal deleted (a load is otherwise answered from the journal).
 * ``$/cancel_request {requestId}``: cancels the connection's running request with that id,
   which is answered ``-32800`` (a prompt's turn is cancelled, as when its request goes away).
 * ``additionalDirectories`` on ``session/new|load|resume``: an entry that is not an absolute
@@ -40,6 +41,7 @@ import msgspec
 import trio
 
 from serve.acpfront.jsonrpc import INVALID_PARAMS, SERVER_ERROR, RpcError
+from serve.journal import JournalError
 from serve.sessions.messages import (
     AgentCall,
     CloseSession,
@@ -202,6 +204,13 @@ async def session_delete(front: AcpFront, conn: Connection, params: dict[str, An
     await session.call(
         CloseSession(reason="client_delete", closed_by=link.client_id), timeout_s=ASK_TIMEOUT_S
     )
+    # Deleted means gone for the daemon too: its journal would otherwise answer a later load.
+    journal = getattr(front.host, "journal", None)
+    if journal is not None:
+        try:
+            await journal.delete(str(params["sessionId"]))
+        except JournalError as exc:
+            log.warning("session/delete: the journal of %s stays: %s", params["sessionId"], exc)
     return {}
 
 
