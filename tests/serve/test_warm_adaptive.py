@@ -61,6 +61,10 @@ def test_a_fixed_pool_is_the_default_when_the_maximum_is_not_above_the_minimum()
     assert settings.warm_agents == 2 and settings.warm_agents_max == 1
 
 
+def cgroup_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cgroup").read_text()
+
+
 def cpu_shares_of(pid: int) -> int:
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, names, path = line.split(":", 2)
@@ -131,7 +135,7 @@ async def test_a_session_that_waits_for_a_refill_in_flight_raises_it_at_once() -
             await pool_until(client, lambda p: p["spawning"] == 1 and p["lowPriority"] == 1)
             (starting,) = children_of(daemon.proc.pid)
             for _ in range(600):  # (the confinement trampoline joins the cgroups, then execs)
-                if "acp-serve." in Path(f"/proc/{starting}/cgroup").read_text():
+                if "acp-serve." in cgroup_of(starting):
                     break
                 await trio.sleep(0.01)
             assert cpu_shares_of(starting) == 10
