@@ -13,7 +13,9 @@ sequential prompts (``Prefer: respond-async`` POST to its ``turn_complete`` on t
 session's SSE stream, as scripts/bench_density.py) and 500 ``/health`` requests, while the CPU
 seconds of every process of the daemon's tree are counted (``/proc/<pid>/stat``): the
 daemon itself, the live session's agent, the idle spare(s). Printed: per mode the median
-over runs of each run's p50, and the ratio to ``qwen`` (or to ``warm0`` without it).
+over runs of each run's p50 (and p90, and the p50 of the first 10 prompts: with
+``--settle-s 0`` those run while the refill starts), and the ratio to ``qwen`` (or to
+``warm0`` without it).
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ async def measure(url: str, pid: int, prompts: int, settle_s: float) -> dict[str
     daemon = after.get(pid, 0.0) - before.get(pid, 0.0)
     return {
         "prompt_p50_ms": statistics.median(rtts),
+        "prompt_p90_ms": sorted(rtts)[int(0.9 * (len(rtts) - 1))],
+        "first10_p50_ms": statistics.median(rtts[:10]),
         "health_p50_ms": statistics.median(health),
         "daemon_cpu_pct": 100 * daemon / window,
         "live_agent_cpu_pct": 100 * used.get(live, 0.0) / window if live else 0.0,

@@ -27,7 +27,13 @@ slots, less the waiting callers it will serve). With ``M = 1`` that is ``N`` idl
 with ``M > 1`` spare slots on live children *are* the warm capacity, so a child is spawned
 ahead only when fewer than ``N`` children (live or being spawned) will have room once the
 waiting callers are served: an idle spare exists only while every other child is full, so
-the next create never waits a whole agent start. Warm children are not
+the next create never waits a whole agent start. In isolation (``M = 1``) the number of
+spares adapts to the load (:mod:`serve.agents.adaptive`): ``--warm-agents`` plus the refills
+the observed arrival rate keeps in flight (rate × measured spawn time), up to
+``--warm-agents-max``, within the budget and the agents' memory ceiling; spares beyond that
+are retired (the newest first) once arrivals pause. Children spawned ahead of need run at a
+low CPU weight until a session takes them or waits for them (:mod:`serve.agents.priority`).
+Warm children are not
 sessions: they are not counted against session limits, and appear in ``/daemon/status``
 under ``runtime.agents``. A late-bound daemon (``--bootstrap-token``) holds the warm
 refill until :class:`InstallAgentEnv` (its bind) gives the tenant's environment, which every
@@ -69,7 +75,8 @@ window still allows it; past it, the sessions' own windows count again.
 
 Memory (``--agent-memory-budget-mb``): a sampler task measures each child's PSS (its
 process tree, ``/proc/<pid>/smaps_rollup``, in a worker thread) every
-:data:`SAMPLE_S` (:data:`SAMPLE_BUDGET_S` with a budget); with a budget each child is also
+:data:`SAMPLE_S` (:data:`SAMPLE_BUDGET_S` with a budget; an idle spare only every
+:data:`IDLE_SAMPLE_EVERY`-th round); with a budget each child is also
 measured right after ``initialize``, before the pool counts it. A new child is assumed to
 cost as much as the largest child measured so far; before any child was measured the cost
 is unknown, so only one child is spawned at a time until the first one is measured (callers
@@ -132,6 +139,8 @@ IDLE_EOF_GRACE_S: Final = 0.2
 MAX_CHARGED: Final = 64
 #: Memory sampling period without / with a budget (seconds).
 SAMPLE_S: Final = 5.0
+#: An idle (untaken) spare is measured once, then every this many sampling rounds.
+IDLE_SAMPLE_EVERY: Final = 12
 SAMPLE_BUDGET_S: Final = 1.0
 #: Retry-After of ``503 memory_budget_exceeded`` (seconds).
 #: Re-planning period of the adaptive warm capacity while arrivals are recent (seconds).
@@ -898,8 +907,18 @@ class AgentPool(Actor[PoolMsg]):
 
     async def _sample_memory(self) -> None:
         period = SAMPLE_BUDGET_S if self.budget_kib else SAMPLE_S
+        rounds = 0
         while True:
-            pids = {c.id: c.pid for c in self.children.values() if not c.stopping}
+            # An idle spare is measured every IDLE_SAMPLE_EVERY-th round only: reading a
+            # node child's smaps_rollup costs ~10 ms of CPU (a page-table walk under its
+            # mmap lock) and an untaken child hardly changes; a taken one every round.
+            rounds += 1
+            pids = {
+                c.id: c.pid
+                for c in self.children.values()
+                if not c.stopping
+                and (c.used or c.id not in self.pss_kib or rounds % IDLE_SAMPLE_EVERY == 0)
+            }
             if pids:
                 by_pid = await trio.to_thread.run_sync(measure_trees, list(pids.values()))
                 self._tell(_Measured({cid: by_pid.get(pid, 0) for cid, pid in pids.items()}))
