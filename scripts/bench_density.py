@@ -8,7 +8,9 @@
         [--acp-flags "--warm-agents-max 1"]
 
 ``--runs R`` repeats every mode R times (the modes interleaved) and prints the median of
-each figure over the runs; ``--acp-flags`` are added to every acp-serve mode.
+each figure over the runs; ``--acp-flags`` are added to every acp-serve mode but the
+``base-<mode>`` ones, which run ``<mode>`` with the daemon of the source tree ``--base-root``
+(e.g. ``git archive main`` unpacked: before/after in one run).
 
 Modes (each a fresh daemon on the same workspace and fake model):
 
@@ -301,7 +303,8 @@ def run_mode(
         cwd = workspace
     else:
         agent = shlex.join(qwen_acp_argv(cli))
-        kind, _, warm = mode.partition(":")
+        # "base-iso" ...: the same mode run by the daemon of another tree (--base-root).
+        kind, _, warm = mode.removeprefix("base-").partition(":")
         warm = warm or str(args.warm)
         warm_n = int(warm)
         extra = {
@@ -318,11 +321,12 @@ def run_mode(
         extra += ["--agent-idle-release-ms", str(release_ms)]
         if kind == "burst":
             gap = 0.0
-        extra += shlex.split(args.acp_flags)
+        if not mode.startswith("base-"):
+            extra += shlex.split(args.acp_flags)
         argv = acp_serve_argv(
             workspace, tmp / f"state-{mode}-{time.monotonic_ns()}", port, agent, extra
         )
-        cwd = ROOT
+        cwd = Path(args.base_root) if mode.startswith("base-") else ROOT
     result = Result(mode)
     proc = start(argv, env, port, cwd, tmp / f"{mode.replace(':', '-')}.log")
     try:
@@ -356,6 +360,9 @@ def main() -> int:
     parser.add_argument("--modes", default="qwen,packed,m8,iso,burst")
     parser.add_argument("--runs", type=int, default=1, help="repetitions (medians printed)")
     parser.add_argument("--acp-flags", default="", help="extra flags for every acp-serve mode")
+    parser.add_argument(
+        "--base-root", default=str(ROOT), help="source tree of the base-<mode> modes (before)"
+    )
     parser.add_argument(
         "--release-after-s",
         type=float,

@@ -5,7 +5,12 @@ model, acp-serve with its default warm spare, with ``--warm-agents 0``, and ``qw
 the modes interleaved run by run on the same workspace and model.
 
     .venv/bin/python scripts/bench_warm.py [--runs 5] [--prompts 40] [--settle-s 10]
-        [--modes qwen,warm1,warm0] [-- extra acp-serve flags]
+        [--modes qwen,warm1,warm0] [--base-root DIR] [-- extra acp-serve flags]
+
+``--churn-s S``: meanwhile another session arrives every S seconds and the one before it
+is closed, so the pool keeps refilling (the refills' cost to the live session).
+``base-warmN`` modes run the daemon of the source tree ``--base-root`` (before/after in
+one run).
 
 Per run and mode: a fresh daemon; one session created and prompted once; ``--settle-s``
 (the refill that replaced the taken spare initializes and goes idle); then ``--prompts``
@@ -70,29 +75,58 @@ def agents_of(pid: int) -> list[int]:
     return out
 
 
-async def measure(url: str, pid: int, prompts: int, settle_s: float) -> dict[str, float]:
+async def churn(client: httpx.AsyncClient, every_s: float) -> None:
+    """Another session arrives every ``every_s`` (taking the spare: a refill starts) and the
+    one before it is closed."""
+    previous = None
+    while True:
+        await trio.sleep(every_s)
+        r = await client.post("/session", json={"sessionScope": "thread"})
+        if previous is not None:
+            await client.delete(f"/session/{previous}")
+        previous = r.json().get("sessionId") if r.status_code == 200 else None
+
+
+async def measure(
+    url: str, pid: int, prompts: int, settle_s: float, churn_s: float
+) -> dict[str, float]:
     async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=300) as client:
         r = await client.post("/session", json={"sessionScope": "thread"})
         r.raise_for_status()
         sid = r.json()["sessionId"]
         await prompt_once(client, sid, "hello")
+        live = None  # the session's agent (acp-serve says which; qwen serve has one child)
+        st = await client.get("/daemon/status", params={"detail": "full"})
+        if st.status_code == 200:
+            live = next(
+                (s.get("agentPid") for s in st.json()["full"]["sessions"] if s["sessionId"] == sid),
+                None,
+            )
         await trio.sleep(settle_s)
         before = {p: cpu_s(p) for p in tree_pids(pid)}
         t_window = time.monotonic()
         rtts = []
-        for i in range(prompts):
-            rtts.append(await prompt_once(client, sid, f"hi {i}"))
         health = []
-        for _ in range(500):
-            t0 = time.perf_counter()
-            (await client.get("/health")).raise_for_status()
-            health.append((time.perf_counter() - t0) * 1000)
+        async with trio.open_nursery() as nursery:
+            if churn_s:
+                other = httpx.AsyncClient(base_url=url, headers=AUTH, timeout=300)
+                nursery.start_soon(churn, other, churn_s)
+            for i in range(prompts):
+                rtts.append(await prompt_once(client, sid, f"hi {i}"))
+            for _ in range(500):
+                t0 = time.perf_counter()
+                (await client.get("/health")).raise_for_status()
+                health.append((time.perf_counter() - t0) * 1000)
+            nursery.cancel_scope.cancel()
+        if churn_s:
+            await other.aclose()
         window = time.monotonic() - t_window
         after = {p: cpu_s(p) for p in tree_pids(pid)}
     agents = agents_of(pid)
-    # The live agent is the one that worked the most; the others are idle spares.
+    # The live agent (else the one that worked the most); the others are spares/refills.
     used = {p: after.get(p, 0.0) - before.get(p, 0.0) for p in agents}
-    live = max(used, key=lambda p: used[p]) if used else None
+    if live not in used:
+        live = max(used, key=lambda p: used[p]) if used else None
     spares = sum(v for p, v in used.items() if p != live)
     daemon = after.get(pid, 0.0) - before.get(pid, 0.0)
     return {
@@ -112,7 +146,18 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=40)
     parser.add_argument("--settle-s", type=float, default=10.0)
+    parser.add_argument(
+        "--churn-s",
+        type=float,
+        default=0.0,
+        help="another session arrives this often while the live one is measured (refills)",
+    )
     parser.add_argument("--modes", default="qwen,warm1,warm0")
+    parser.add_argument(
+        "--base-root",
+        default=str(ROOT),
+        help="source tree of the base-warmN modes (e.g. `git archive main` unpacked)",
+    )
     parser.add_argument("extra", nargs="*", help="extra acp-serve flags (after --)")
     args = parser.parse_args()
 
@@ -134,18 +179,24 @@ def main() -> int:
                 if mode == "qwen":
                     argv, cwd = qwen_serve_argv(cli, workspace, port), workspace
                 else:
-                    warm = mode.removeprefix("warm")
+                    # "base-warmN": the daemon of another source tree (--base-root).
+                    warm = mode.removeprefix("base-").removeprefix("warm")
                     agent = shlex.join(qwen_acp_argv(cli))
                     extra = ["--warm-agents", warm, *args.extra]
                     argv = acp_serve_argv(
                         workspace, tmp / f"state-{mode}-{run}", port, agent, extra
                     )
-                    cwd = ROOT
+                    cwd = Path(args.base_root) if mode.startswith("base-") else ROOT
                 proc = start(argv, env, port, cwd, tmp / f"{mode}-{run}.log")
                 try:
                     time.sleep(3.0)  # the warm spare (or qwen's own child) starts
                     got = trio.run(
-                        measure, f"http://127.0.0.1:{port}", proc.pid, args.prompts, args.settle_s
+                        measure,
+                        f"http://127.0.0.1:{port}",
+                        proc.pid,
+                        args.prompts,
+                        args.settle_s,
+                        args.churn_s,
                     )
                     results[mode].append(got)
                 finally:

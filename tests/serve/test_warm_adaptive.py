@@ -54,9 +54,14 @@ async def test_a_burst_of_creates_grows_the_warm_pool_and_it_shrinks_back_when_t
         daemon.stop()
 
 
-def test_a_fixed_pool_is_the_default_when_the_maximum_is_not_above_the_minimum() -> None:
-    from serve.settings import parse_settings
+def test_the_maximum_flag_is_validated() -> None:
+    from serve.settings import SettingsError, parse_settings
 
+    assert parse_settings([], {}).warm_agents_max == 4
+    for bad in ("-1", "65", "x"):
+        with pytest.raises(SettingsError, match="--warm-agents-max"):
+            parse_settings(["--warm-agents-max", bad], {})
+    # At or below --warm-agents: a fixed pool (accepted, not adaptive).
     settings = parse_settings(["--warm-agents", "2", "--warm-agents-max", "1"], {})
     assert settings.warm_agents == 2 and settings.warm_agents_max == 1
 
