@@ -4,7 +4,13 @@
 ``qwen serve`` measured in the same run (issue 17).
 
     .venv/bin/python scripts/bench_density.py [--sessions 32] [--gap-s 1.5]
-        [--modes qwen,packed,m8,iso,burst] [--iso-sessions N] [--settle-s 8]
+        [--modes qwen,packed,m8,iso,burst] [--iso-sessions N] [--settle-s 8] [--runs 1]
+        [--acp-flags "--warm-agents-max 1"]
+
+``--runs R`` repeats every mode R times (the modes interleaved) and prints the median of
+each figure over the runs; ``--acp-flags`` are added to every acp-serve mode but the
+``base-<mode>`` ones, which run ``<mode>`` with the daemon of the source tree ``--base-root``
+(e.g. ``git archive main`` unpacked: before/after in one run).
 
 Modes (each a fresh daemon on the same workspace and fake model):
 
@@ -45,6 +51,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import trio
@@ -296,7 +303,8 @@ def run_mode(
         cwd = workspace
     else:
         agent = shlex.join(qwen_acp_argv(cli))
-        kind, _, warm = mode.partition(":")
+        # "base-iso" ...: the same mode run by the daemon of another tree (--base-root).
+        kind, _, warm = mode.removeprefix("base-").partition(":")
         warm = warm or str(args.warm)
         warm_n = int(warm)
         extra = {
@@ -313,8 +321,12 @@ def run_mode(
         extra += ["--agent-idle-release-ms", str(release_ms)]
         if kind == "burst":
             gap = 0.0
-        argv = acp_serve_argv(workspace, tmp / f"state-{mode}", port, agent, extra)
-        cwd = ROOT
+        if not mode.startswith("base-"):
+            extra += shlex.split(args.acp_flags)
+        argv = acp_serve_argv(
+            workspace, tmp / f"state-{mode}-{time.monotonic_ns()}", port, agent, extra
+        )
+        cwd = Path(args.base_root) if mode.startswith("base-") else ROOT
     result = Result(mode)
     proc = start(argv, env, port, cwd, tmp / f"{mode.replace(':', '-')}.log")
     try:
@@ -346,6 +358,11 @@ def main() -> int:
     parser.add_argument("--warm", type=int, default=1, help="--warm-agents in iso/burst")
     parser.add_argument("--settle-s", type=float, default=8.0)
     parser.add_argument("--modes", default="qwen,packed,m8,iso,burst")
+    parser.add_argument("--runs", type=int, default=1, help="repetitions (medians printed)")
+    parser.add_argument("--acp-flags", default="", help="extra flags for every acp-serve mode")
+    parser.add_argument(
+        "--base-root", default=str(ROOT), help="source tree of the base-<mode> modes (before)"
+    )
     parser.add_argument(
         "--release-after-s",
         type=float,
@@ -360,22 +377,24 @@ def main() -> int:
     cli = ensure_qwen()
     tmp = Path(tempfile.mkdtemp(prefix="bench-density-"))
     (tmp / "ws").mkdir()
-    results: dict[str, Result] = {}
+    runs: dict[str, list[Result]] = {}
     with FakeOpenAI(workdir=str(tmp / "ws")) as model:
         env = qwen_env(tmp / "home", model.env())
         env["QWEN_SERVER_TOKEN"] = TOKEN
-        for mode in args.modes.split(","):
-            t0 = time.monotonic()
-            results[mode] = run_mode(mode, cli, tmp, env, args)
-            r = results[mode]
-            print(
-                f"{mode}: {len(r.create_ms)} sessions, {len(r.errors)} errors, "
-                f"{time.monotonic() - t0:.0f} s",
-                file=sys.stderr,
-            )
-            for err in r.errors[:5]:
-                print(f"  {err}", file=sys.stderr)
+        for run in range(args.runs):
+            for mode in args.modes.split(","):
+                t0 = time.monotonic()
+                r = run_mode(mode, cli, tmp, env, args)
+                runs.setdefault(mode, []).append(r)
+                print(
+                    f"run {run + 1} {mode}: {len(r.create_ms)} sessions, {len(r.errors)} "
+                    f"errors, create p50 {r.create_p50:.0f} ms, {time.monotonic() - t0:.0f} s",
+                    file=sys.stderr,
+                )
+                for err in r.errors[:5]:
+                    print(f"  {err}", file=sys.stderr)
 
+    results = {mode: rs[0] for mode, rs in runs.items()}
     ref = results.get("qwen")
     rows = [
         ("sessions created", lambda r: float(len(r.create_ms)), "{:.0f}"),
@@ -390,11 +409,18 @@ def main() -> int:
         ("agent processes", lambda r: float(r.agents), "{:.0f}"),
     ]
     modes = list(results)
-    print(f"\nsessions={args.sessions} gap_s={args.gap_s} (burst: 0); ratio = mode / qwen serve")
+    print(
+        f"\nsessions={args.sessions} gap_s={args.gap_s} (burst: 0); median of {args.runs} "
+        "run(s); ratio = mode / qwen serve"
+    )
     header = f"{'metric':<24}" + "".join(f"{m:>10}" for m in modes)
     header += "".join(f"{m + '/q':>10}" for m in modes if m != "qwen" and ref)
     print(header)
-    for name, get, fmt in rows:
+    for name, one, fmt in rows:
+
+        def get(r: Result, one: Any = one) -> float:
+            return float(statistics.median(one(x) for x in runs[r.mode]))
+
         line = f"{name:<24}" + "".join(f"{fmt.format(get(results[m])):>10}" for m in modes)
         if ref is not None:
             for m in modes:

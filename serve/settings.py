@@ -149,6 +149,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     device_flow_providers: tuple[str, ...] = ()
     #: Agent children kept spawned and initialized ahead of need, per workspace.
     warm_agents: int = 1
+    #: The most warm children the adaptive pool keeps while sessions keep arriving
+    #: (serve/agents/adaptive.py; at or below ``warm_agents``: a fixed pool).
+    warm_agents_max: int = 4
     #: Sessions sharing one agent child (1: one child per session, full isolation).
     sessions_per_agent: int = 1
     #: An idle session lets its agent go after this long (0 = never).
@@ -427,6 +430,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="1",
         metavar="N",
         help="agent children kept initialized ahead of need per workspace (default 1; 0 = none)",
+    )
+    add(
+        "--warm-agents-max",
+        default="4",
+        metavar="N",
+        help="while sessions keep arriving, up to this many warm children (arrival rate x "
+        "spawn time; default 4; at or below --warm-agents: a fixed pool)",
     )
     add(
         "--sessions-per-agent",
@@ -986,6 +996,13 @@ def parse_settings(
         device_flow_providers=tuple(_device_flow_providers(ns.device_flow_provider or [])),
         warm_agents=_int(
             "--warm-agents", ns.warm_agents, minimum=0, maximum=64, what="an integer in [0, 64]"
+        ),
+        warm_agents_max=_int(
+            "--warm-agents-max",
+            ns.warm_agents_max,
+            minimum=0,
+            maximum=64,
+            what="an integer in [0, 64]",
         ),
         sessions_per_agent=_int(
             "--sessions-per-agent",

@@ -27,7 +27,13 @@ slots, less the waiting callers it will serve). With ``M = 1`` that is ``N`` idl
 with ``M > 1`` spare slots on live children *are* the warm capacity, so a child is spawned
 ahead only when fewer than ``N`` children (live or being spawned) will have room once the
 waiting callers are served: an idle spare exists only while every other child is full, so
-the next create never waits a whole agent start. Warm children are not
+the next create never waits a whole agent start. In isolation (``M = 1``) the number of
+spares adapts to the load (:mod:`serve.agents.adaptive`): ``--warm-agents`` plus the refills
+the observed arrival rate keeps in flight (rate × measured spawn time), up to
+``--warm-agents-max``, within the budget and the agents' memory ceiling; spares beyond that
+are retired (the newest first) once arrivals pause. Children spawned ahead of need run at a
+low CPU weight until a session takes them or waits for them (:mod:`serve.agents.priority`).
+Warm children are not
 sessions: they are not counted against session limits, and appear in ``/daemon/status``
 under ``runtime.agents``. A late-bound daemon (``--bootstrap-token``) holds the warm
 refill until :class:`InstallAgentEnv` (its bind) gives the tenant's environment, which every
@@ -69,7 +75,8 @@ window still allows it; past it, the sessions' own windows count again.
 
 Memory (``--agent-memory-budget-mb``): a sampler task measures each child's PSS (its
 process tree, ``/proc/<pid>/smaps_rollup``, in a worker thread) every
-:data:`SAMPLE_S` (:data:`SAMPLE_BUDGET_S` with a budget); with a budget each child is also
+:data:`SAMPLE_S` (:data:`SAMPLE_BUDGET_S` with a budget; an idle spare only every
+:data:`IDLE_SAMPLE_EVERY`-th round); with a budget each child is also
 measured right after ``initialize``, before the pool counts it. A new child is assumed to
 cost as much as the largest child measured so far; before any child was measured the cost
 is unknown, so only one child is spawned at a time until the first one is measured (callers
@@ -104,7 +111,9 @@ from acp.mux import SessionMux
 from acp.process import ExitInfo
 from actors import Actor, ActorError, Reply, RestartWindow
 from serve.agents import compile_cache
+from serve.agents.adaptive import WarmSizer
 from serve.agents.memory import measure_trees
+from serve.agents.priority import RefillPriority
 from serve.isolation import ChildLimits, Isolation
 from serve.sessions.agent_link import agent_env, spawn_limited
 from serve.sessions.errors import MemoryBudgetExceeded, SessionsUnavailable
@@ -134,8 +143,12 @@ SHUTDOWN_EOF_GRACE_S: Final = 0.0
 MAX_CHARGED: Final = 64
 #: Memory sampling period without / with a budget (seconds).
 SAMPLE_S: Final = 5.0
+#: An idle (untaken) spare is measured once, then every this many sampling rounds.
+IDLE_SAMPLE_EVERY: Final = 12
 SAMPLE_BUDGET_S: Final = 1.0
 #: Retry-After of ``503 memory_budget_exceeded`` (seconds).
+#: Re-planning period of the adaptive warm capacity while arrivals are recent (seconds).
+RESIZE_S: Final = 1.0
 
 
 class AgentChild:
@@ -284,10 +297,23 @@ class ChargeExit(msgspec.Struct, frozen=True):
 class _Spawned(msgspec.Struct, frozen=True):
     child: Any  # AgentChild
     pss_kib: int = 0  # measured after initialize (with a budget), 0: not measured
+    spawn_s: float = -1.0  # spawn to the initialize reply (seconds)
 
 
 class _SpawnFailed(msgspec.Struct, frozen=True):
     error: Any  # Exception
+    child_id: str = ""
+
+
+class _Lowered(msgspec.Struct, frozen=True):
+    """A refill's process runs (not yet initialized) at the refill CPU weight."""
+
+    child_id: str
+    limits: Any  # ChildLimits
+
+
+class _Resize(msgspec.Struct, frozen=True):
+    """Re-plan the adaptive warm capacity (its arrivals age out of the window)."""
 
 
 class _Exited(msgspec.Struct, frozen=True):
@@ -346,6 +372,8 @@ PoolMsg = (
     | _Abandon
     | _Measured
     | _RoomResult
+    | _Lowered
+    | _Resize
 )
 
 
@@ -367,6 +395,11 @@ class AgentPool(Actor[PoolMsg]):
         self.isolation = isolation
         self.workspace = workspace
         self.warm_target = settings.warm_agents
+        #: The adaptive part: arrivals x spawn time, up to --warm-agents-max (adaptive.py).
+        self.sizer = WarmSizer(settings.warm_agents, settings.warm_agents_max)
+        self._resize_scheduled = False
+        #: Refills run at a lower CPU weight until a session takes them (priority.py).
+        self.priority = RefillPriority(settings.agent_cpu_weight)
         #: A late-bound daemon spawns no warm child before its bind: a child would start
         #: without the tenant's environment and credentials (:class:`InstallAgentEnv`).
         self.unbound = settings.bootstrap
@@ -487,6 +520,11 @@ class AgentPool(Actor[PoolMsg]):
         out: dict[str, Any] = {
             "workspaceCwd": self.workspace,
             "warmTarget": self.warm_target,
+            # the adaptive pool: the most spares, and how many it keeps now (adaptive.py)
+            "warmMax": self.sizer.maximum if self.per_agent == 1 else self.warm_target,
+            "warmWanted": self._wanted_rooms(),
+            # children spawned ahead of need still at the refill CPU weight (priority.py)
+            "lowPriority": self.priority.count(),
             "sessionsPerAgent": self.per_agent,
             # what happens to a session the agent cannot close (no session/close): it keeps
             # its slot, and a child holding only such sessions is stopped
@@ -607,6 +645,7 @@ class AgentPool(Actor[PoolMsg]):
                 if self.draining:
                     reply.fail(SessionsUnavailable("Agent pool is draining", "daemon_draining"))
                     return reply
+                self.sizer.arrival(trio.current_time())
                 self.waiters.append(reply)
                 self._serve_waiters()
                 self._plan()
@@ -639,9 +678,10 @@ class AgentPool(Actor[PoolMsg]):
                 child = self.children.get(cid)
                 if child is not None and lid in child.slots:
                     child.slots[lid] = sid
-            case _Spawned(child=child, pss_kib=pss_kib):
+            case _Spawned(child=child, pss_kib=pss_kib, spawn_s=spawn_s):
                 self.spawning -= 1
                 self.spawned_total += 1
+                self.sizer.spawned(spawn_s)
                 if pss_kib:
                     self.pss_kib[child.id] = pss_kib
                     self._largest_kib = max(self._largest_kib, pss_kib)
@@ -656,8 +696,9 @@ class AgentPool(Actor[PoolMsg]):
                 self._nursery.start_soon(self._stable_later, child.id)
                 self._serve_waiters()
                 self._plan()
-            case _SpawnFailed(error=error):
+            case _SpawnFailed(error=error, child_id=failed_id):
                 self.spawning -= 1
+                self.priority.forget(failed_id)
                 self._note_failure(error)
                 for _ in range(self.per_agent):
                     if not self.waiters:
@@ -666,6 +707,7 @@ class AgentPool(Actor[PoolMsg]):
                 self._plan()
             case _Exited(child_id=cid, exit_info=info):
                 child = self.children.pop(cid, None)
+                self.priority.forget(cid)
                 self.pss_kib.pop(cid, None)
                 self.exited_total += 1
                 # (A used child's exit is its sessions' business: they restart in place
@@ -687,7 +729,7 @@ class AgentPool(Actor[PoolMsg]):
                     others = sum(
                         1 for c in self.children.values() if c is not child and self.free_slots(c)
                     )
-                    if not child.slots and others >= self.warm_target:
+                    if not child.slots and others >= self._wanted_rooms():
                         # A probe (or a spawn whose caller left) that is not needed as warm.
                         child.stopping = True
                         self._stop_child(child)
@@ -695,6 +737,13 @@ class AgentPool(Actor[PoolMsg]):
             case _Refill():
                 self._refill_scheduled = False
                 self._plan()
+            case _Resize():
+                self._resize_scheduled = False
+                self._plan()
+            case _Lowered(child_id=cid, limits=limits):
+                self.priority.lowered(cid, limits)
+                if self.waiters:  # a caller waits for the spawns in flight
+                    self.priority.restore(cid)
             case _Measured(pss_kib=measured):
                 for cid, kib in measured.items():
                     if cid in self.children:
@@ -743,6 +792,7 @@ class AgentPool(Actor[PoolMsg]):
             lease_id = next(self._leases)
             child.slots[lease_id] = ""
             child.used = True
+            self.priority.restore(child.id)  # a session's agent runs at the normal weight
             reply.set(AgentLease(self, child, lease_id, exclusive=self.per_agent == 1))
 
     def _pick(self) -> AgentChild | None:
@@ -775,7 +825,7 @@ class AgentPool(Actor[PoolMsg]):
             self._stop_child(child)
             return
         others = sum(1 for c in self.children.values() if c is not child and self.free_slots(c) > 0)
-        if others >= self.warm_target:
+        if others >= self._wanted_rooms():
             child.stopping = True
             self._stop_child(child)
 
@@ -784,6 +834,8 @@ class AgentPool(Actor[PoolMsg]):
         if self.draining or self._nursery is None:
             return
         needed = math.ceil(len(self.waiters) / self.per_agent)
+        if needed:  # callers wait for the spawns in flight: none of them runs lowered
+            self.priority.restore_all()
         while self.spawning < needed:
             if not self.fits_new_child():
                 if not self.cost_unknown():  # (unknown: wait for the first measurement)
@@ -802,12 +854,54 @@ class AgentPool(Actor[PoolMsg]):
             # Probe: one child at a time, until one becomes stable (or fails again).
             unproven = any(not c.stable and not c.stopping for c in self.children.values())
             if not self.spawning and not unproven and self.fits_new_child():
-                self._spawn()
+                self._spawn(refill=True)
             return
         spare = self._rooms_after_waiters()
         while spare < self.warm_target and self.fits_new_child():
-            self._spawn()
+            self._spawn(refill=True)
             spare += 1
+        if self.sizer.adaptive and self.per_agent == 1:  # (packed: live children's room)
+            self._plan_adaptive(now, spare)
+
+    def _wanted_rooms(self) -> int:
+        """Children with room to keep (the adaptive size counts in rooms when ``M = 1``)."""
+        if self.per_agent > 1 or not self.sizer.adaptive:
+            return self.warm_target
+        return self.sizer.wanted(trio.current_time())
+
+    def _plan_adaptive(self, now: float, spare: int) -> None:
+        """Isolation (``M = 1``) above the minimum: as many spares as arrivals x spawn time
+        want (within --warm-agents-max, the budget and the agents' ceiling); spares beyond
+        that are retired once arrivals paused (adaptive.QUIET_S), the newest first."""
+        wanted = self.sizer.wanted(now)
+        while spare < wanted and self.fits_new_child() and self._fits_ceiling():
+            self._spawn(refill=True)
+            spare += 1
+        if self.sizer.quiet(now):
+            for child in reversed(list(self.children.values())):
+                if spare <= wanted:
+                    break
+                if child.slots or child.used or child.stopping or child.conn.closed:
+                    continue
+                child.stopping = True
+                self._stop_child(child)
+                spare -= 1
+        if not self.sizer.settled(now) and not self._resize_scheduled and self._nursery:
+            self._resize_scheduled = True
+            self._nursery.start_soon(self._resize_later)
+
+    def _fits_ceiling(self) -> bool:
+        """Room below the agents' memory ceiling for one more child of the largest size
+        measured (an unknown size: no child beyond the minimum)."""
+        room = self.isolation.ceiling_room_bytes() if self.isolation is not None else None
+        if room is None:
+            return True
+        largest = self._largest_kib * 1024
+        return bool(largest) and room - self.spawning * largest >= largest
+
+    async def _resize_later(self) -> None:
+        await trio.sleep(RESIZE_S)
+        self._tell(_Resize())
 
     def _rooms_after_waiters(self) -> int:
         """Children, live or being spawned, that will still have a free slot once the
@@ -845,8 +939,18 @@ class AgentPool(Actor[PoolMsg]):
 
     async def _sample_memory(self) -> None:
         period = SAMPLE_BUDGET_S if self.budget_kib else SAMPLE_S
+        rounds = 0
         while True:
-            pids = {c.id: c.pid for c in self.children.values() if not c.stopping}
+            # An idle spare is measured every IDLE_SAMPLE_EVERY-th round only: reading a
+            # node child's smaps_rollup costs ~10 ms of CPU (a page-table walk under its
+            # mmap lock) and an untaken child hardly changes; a taken one every round.
+            rounds += 1
+            pids = {
+                c.id: c.pid
+                for c in self.children.values()
+                if not c.stopping
+                and (c.used or c.id not in self.pss_kib or rounds % IDLE_SAMPLE_EVERY == 0)
+            }
             if pids:
                 by_pid = await trio.to_thread.run_sync(measure_trees, list(pids.values()))
                 self._tell(_Measured({cid: by_pid.get(pid, 0) for cid, pid in pids.items()}))
@@ -878,16 +982,19 @@ class AgentPool(Actor[PoolMsg]):
 
     # ---- tasks -------------------------------------------------------------------------
 
-    def _spawn(self) -> None:
+    def _spawn(self, *, refill: bool = False) -> None:
+        """Spawn a child; a ``refill`` (ahead of need) at the refill CPU weight."""
         assert self._nursery is not None
         self.spawning += 1
-        self._nursery.start_soon(self._spawn_child, f"agent-{next(self._ids)}")
+        self._nursery.start_soon(self._spawn_child, f"agent-{next(self._ids)}", refill)
 
-    async def _spawn_child(self, child_id: str) -> None:
+    async def _spawn_child(self, child_id: str, refill: bool = False) -> None:
         settings = self.settings
         init_timeout = settings.initialize_timeout_ms / 1000
         mux = SessionMux()
         assert self._nursery is not None
+        started = trio.current_time()
+        weight = self.priority.spawn_weight(refill)
         try:
             # Its file sandbox and its limits (spawn_limited), the tenant's env after a bind.
             conn, limits = await spawn_limited(
@@ -898,10 +1005,13 @@ class AgentPool(Actor[PoolMsg]):
                 env={**agent_env(settings), **self.extra_env},
                 handler=mux,
                 request_timeout_s=init_timeout,
+                cpu_weight=weight,
             )
         except OSError as exc:
-            self._tell(_SpawnFailed(exc))
+            self._tell(_SpawnFailed(exc, child_id))
             return
+        if weight is not None:
+            self._tell(_Lowered(child_id, limits))
         try:
             await conn.initialize(timeout_s=init_timeout)
         except BaseException as exc:
@@ -913,13 +1023,14 @@ class AgentPool(Actor[PoolMsg]):
                     await limits.aclose()
             if not isinstance(exc, Exception):
                 raise
-            self._tell(_SpawnFailed(exc))
+            self._tell(_SpawnFailed(exc, child_id))
             return
         pss_kib = 0
         if self.budget_kib:  # its cost before the pool counts it (one /proc scan)
             measured = await trio.to_thread.run_sync(measure_trees, [conn.process.pid])
             pss_kib = measured.get(conn.process.pid, 0)
-        self._tell(_Spawned(AgentChild(child_id, conn, mux, limits), pss_kib))
+        spawn_s = trio.current_time() - started
+        self._tell(_Spawned(AgentChild(child_id, conn, mux, limits), pss_kib, spawn_s))
 
     async def _watch(self, child: AgentChild) -> None:
         try:

@@ -204,6 +204,19 @@ class ChildLimits:
             oom_score_adj=AGENT_OOM_SCORE_ADJ,
         )
 
+    def set_cpu_weight(self, weight: int) -> bool:
+        """Rewrite this child's CPU weight (cgroup v2 ``cpu.weight`` scale; v1 as
+        ``cpu.shares``): True when written, False without a kernel cpu controller or when
+        the kernel refused (logged). An in-kernel write, cheap enough for an actor."""
+        version = self.isolation.version
+        if version is None or not self.groups or self.closed:
+            return False
+        try:
+            return cgroups.set_cpu_weight(version, self.groups, weight)
+        except OSError as exc:
+            log.warning("agent %s: cannot set its cpu weight to %s: %s", self.name, weight, exc)
+            return False
+
     def attach(self, pid: int) -> None:
         """The child runs as ``pid`` (the watchdog watches its tree from now on)."""
         self.pid = pid
@@ -395,9 +408,11 @@ class Isolation:
 
     # ---- per child ---------------------------------------------------------------------
 
-    async def child(self) -> ChildLimits | None:
+    async def child(self, *, cpu_weight: int | None = None) -> ChildLimits | None:
         """A new child's limits (None: ``off``, or not running). Raises OSError when its
-        cgroup cannot be made: the spawn fails rather than run a child unlimited."""
+        cgroup cannot be made: the spawn fails rather than run a child unlimited.
+        ``cpu_weight``: this child's instead of ``--agent-cpu-weight`` (where the kernel's
+        cpu controller is in use), e.g. a warm refill's lower priority."""
         if self.backend == "off" or not self.ready:
             return None
         if len(self._children) >= MAX_CHILDREN:
@@ -406,12 +421,27 @@ class Isolation:
         groups: dict[str, Path] = {}
         if self.version is not None:
             version = self.version
+            limits = self.limits
+            if cpu_weight is not None and limits.cpu_weight:
+                limits = dataclasses.replace(limits, cpu_weight=cpu_weight)
             groups = await trio.to_thread.run_sync(
-                cgroups.make_child, version, self.parents, name, self.limits
+                cgroups.make_child, version, self.parents, name, limits
             )
         child = ChildLimits(self, name, groups)
         self._children[name] = child
         return child
+
+    def ceiling_room_bytes(self) -> int | None:
+        """Bytes left below the agents' aggregate ceiling (None: no ceiling): the kernel's
+        count of the agents' parent cgroup, else the watchdog's last samples."""
+        if self.ceiling_bytes is None:
+            return None
+        group = self.parents.get("memory")
+        if group is not None and self.version is not None:
+            used = cgroups.usage(self.version, {"memory": group}).memory_current or 0
+        else:
+            used = sum(c.rss_bytes or 0 for c in self._children.values())
+        return self.ceiling_bytes - used
 
     def _parent_kills(self) -> int:
         group = self.parents.get("memory")

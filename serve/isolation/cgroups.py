@@ -329,6 +329,22 @@ def _limit_v2(group: Path, limits: Limits) -> None:
         write(group / "cpu.weight", limits.cpu_weight)
 
 
+def set_cpu_weight(version: Version, groups: Mapping[str, Path], weight: int) -> bool:
+    """Rewrite a child's CPU weight (v2 ``cpu.weight``, v1 ``cpu.shares``); False when it
+    has no cpu controller. OSError when the kernel refuses the write."""
+    if version == "v1":
+        group = groups.get("cpu")
+        if group is None:
+            return False
+        write(group / "cpu.shares", cpu_shares(weight))
+        return True
+    group = next(iter(groups.values()), None)
+    if group is None or not (group / "cpu.weight").exists():
+        return False
+    write(group / "cpu.weight", weight)
+    return True
+
+
 def procs_files(version: Version, groups: Mapping[str, Path]) -> tuple[str, ...]:
     """The ``cgroup.procs`` files a child joins (v2: one tree, so one file)."""
     files = [str(g / "cgroup.procs") for g in groups.values()]

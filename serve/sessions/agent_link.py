@@ -182,10 +182,12 @@ async def spawn_limited(
     request_timeout_s: float,
     env: Mapping[str, str] | None = None,
     extra_write: Sequence[str] = (),
+    cpu_weight: int | None = None,
 ) -> tuple[AgentConnection, ChildLimits | None]:
     """Spawn ``settings.agent_argv`` in its file sandbox and inside its own limits
     (``isolation``; None: none), with
-    ``env`` (default :func:`agent_env`). The caller owns the limits: ``aclose`` them once the
+    ``env`` (default :func:`agent_env`), at ``cpu_weight`` (default ``--agent-cpu-weight``).
+    The caller owns the limits: ``aclose`` them once the
     child is reaped."""
     env = agent_env(settings) if env is None else dict(env)
     # The file sandbox (serve/isolation/sandbox.py): ruleset + private TMPDIR; OSError when
@@ -193,7 +195,7 @@ async def spawn_limited(
     box = await sandbox.prepare(settings, cwd, env, extra_write)
     limits = None
     try:
-        limits = await isolation.child() if isolation is not None else None
+        limits = await isolation.child(cpu_weight=cpu_weight) if isolation is not None else None
         confine = box.confinement()
         if limits is not None:
             confine = limits.confinement(confine)
