@@ -4,14 +4,17 @@ grants on a real tmp tree, and a real child under the real kernel is denied exac
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from acp import landlock
 from acp.confine import EXIT_CONFINE_FAILED, Confinement
+from serve.isolation.sandbox import INLINE_SPEC_BYTES
 
 needs_landlock = pytest.mark.skipif(landlock.abi_version() < 1, reason="needs Landlock")
 
@@ -89,9 +92,22 @@ def test_too_wide_a_carved_level_is_refused(
         landlock.plan([str(t["home"])], [str(t["state"])], read=())
 
 
+def _run_confined(spec: dict[str, object], argv: list[str]) -> subprocess.CompletedProcess[str]:
+    # As the daemon does (serve/isolation/sandbox.py): a plan too large for one argv string
+    # travels in a file. The plan's size follows the entries beside each carved level, and
+    # /tmp on a test machine holds thousands.
+    with tempfile.TemporaryDirectory() as d:
+        if len(json.dumps(spec)) > INLINE_SPEC_BYTES:
+            path = os.path.join(d, "plan.json")
+            with open(path, "w") as f:
+                json.dump(spec, f)
+            spec = {"rules_file": path}
+        wrapped = Confinement(landlock=spec).wrap(argv)
+        return subprocess.run(wrapped, capture_output=True, text=True, timeout=60)
+
+
 def _sandboxed(spec: dict[str, object], script: str) -> subprocess.CompletedProcess[str]:
-    argv = Confinement(landlock=spec).wrap([sys.executable, "-I", "-S", "-c", script])
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return _run_confined(spec, [sys.executable, "-I", "-S", "-c", script])
 
 
 PROBE = """
@@ -159,8 +175,7 @@ def test_the_sandbox_is_inherited_by_what_the_child_starts(tmp_path: Path) -> No
     t = _tree(tmp_path)
     spec = landlock.plan([str(t["ws"])], [str(t["state"])])
     journal = t["state"] / "journal" / "s1.jsonl"
-    argv = Confinement(landlock=spec).wrap(["sh", "-c", f"sh -c 'cat {journal}'"])
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    r = _run_confined(spec, ["sh", "-c", f"sh -c 'cat {journal}'"])
     assert r.returncode != 0
     assert "Permission denied" in r.stderr
     assert "secret" not in r.stdout

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +59,9 @@ def spawn_daemon(
     """``launcher``: what follows the interpreter instead of ``-m serve`` (e.g. a script
     that injects a fault, then runs ``serve.__main__.main``)."""
     tmp = Path(tempfile.mkdtemp(prefix="acp-serve-test-"))
+    # Removed when the test run ends (a test may read a stopped daemon's files): a suite
+    # otherwise leaves a thousand of these in /tmp.
+    atexit.register(shutil.rmtree, tmp, True)
     workspace = workspace or (tmp / "ws")
     workspace.mkdir(parents=True, exist_ok=True)
     state_dir = state_dir or (tmp / "state")
