@@ -44,6 +44,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -308,86 +309,87 @@ class PermissionMediator(Actor[MediatorMsg]):
             case SessionOf(request_id=rid):
                 return self.state.session_of(rid)
 
-    def _open(self, msg: OpenPermission) -> Waiter:
+    def _admit(
+        self,
+        msg: OpenPermission | OpenElicitation,
+        *,
+        what: str,
+        refused: dict[str, Any],
+        options: Sequence[PermissionOption],
+        option_prefixes: tuple[str, ...] = (),
+    ) -> tuple[Waiter, bool]:
+        """What a permission and an elicitation request share: its waiter, and whether it is
+        pending now (False: ``refused`` is already its answer: its turn ended on the way, its
+        id is in use, or the voting machine refused it)."""
         request_id = msg.request_id or str(uuid.uuid4())
         waiter = Waiter(request_id)
         if msg.prompt_id is not None and (msg.session_id, msg.prompt_id) in self._ended:
-            waiter.set(CANCELLED_RESPONSE)  # the turn ended while this was on its way
-            return waiter
+            waiter.set(refused)  # the turn ended while this was on its way
+            return waiter, False
         if self.state.get(request_id) is not None or self.state.session_of(request_id):
-            log.warning("permission request id %s reused; refused", request_id)
-            waiter.set(CANCELLED_RESPONSE)
-            return waiter
+            log.warning("%s request id %s reused; refused", what, request_id)
+            waiter.set(refused)
+            return waiter, False
         opened = self.state.open(
             request_id=request_id,
             session_id=msg.session_id,
-            options=msg.option_list,
+            options=options,
             now_ms=_now_ms(),
             originator_client_id=msg.originator,
             session_clients=msg.session_clients,
             prompt_id=msg.prompt_id,
+            option_prefixes=option_prefixes,
         )
         if isinstance(opened, OpenRejected):
-            log.warning("permission request refused: %s", opened.reason)
-            waiter.set(CANCELLED_RESPONSE)
-            return waiter
+            log.warning("%s request refused: %s", what, opened.reason)
+            waiter.set(refused)
+            return waiter, False
         self._sessions[msg.session_id] = msg.session
         self._waiters[request_id] = waiter
-        data = msgspec.Raw(
-            b'{"requestId":"%s","sessionId":%s,"toolCall":%s,"options":%s}'
-            % (
-                request_id.encode(),
-                msgspec.json.encode(msg.session_id),
-                bytes(msg.tool_call),
-                bytes(msg.options),
-            )
-        )
-        self.outbox.post(
-            msg.session,
-            PublishEvent(
-                "permission_request", data, prompt_id=msg.prompt_id, originator=msg.originator
-            ),
-        )
         self._rearm.set()
+        return waiter, True
+
+    def _open(self, msg: OpenPermission) -> Waiter:
+        waiter, pending = self._admit(
+            msg, what="permission", refused=CANCELLED_RESPONSE, options=msg.option_list
+        )
+        if pending:
+            data = msgspec.Raw(
+                b'{"requestId":"%s","sessionId":%s,"toolCall":%s,"options":%s}'
+                % (
+                    waiter.request_id.encode(),
+                    msgspec.json.encode(msg.session_id),
+                    bytes(msg.tool_call),
+                    bytes(msg.options),
+                )
+            )
+            self.outbox.post(
+                msg.session,
+                PublishEvent(
+                    "permission_request", data, prompt_id=msg.prompt_id, originator=msg.originator
+                ),
+            )
         return waiter
 
     def _open_elicitation(self, msg: OpenElicitation) -> Waiter:
-        request_id = msg.request_id or str(uuid.uuid4())
-        waiter = Waiter(request_id)
-        if msg.prompt_id is not None and (msg.session_id, msg.prompt_id) in self._ended:
-            waiter.set(ELICIT_CANCELLED)  # the turn ended while this was on its way
-            return waiter
-        if self.state.get(request_id) is not None or self.state.session_of(request_id):
-            log.warning("elicitation request id %s reused; refused", request_id)
-            waiter.set(ELICIT_CANCELLED)
-            return waiter
-        opened = self.state.open(
-            request_id=request_id,
-            session_id=msg.session_id,
+        waiter, pending = self._admit(
+            msg,
+            what="elicitation",
+            refused=ELICIT_CANCELLED,
             options=elicitation.OPTIONS,
-            now_ms=_now_ms(),
-            originator_client_id=msg.originator,
-            session_clients=msg.session_clients,
-            prompt_id=msg.prompt_id,
             option_prefixes=(elicitation.ACCEPT_PREFIX,),
         )
-        if isinstance(opened, OpenRejected):
-            log.warning("elicitation request refused: %s", opened.reason)
-            waiter.set(ELICIT_CANCELLED)
-            return waiter
-        self._sessions[msg.session_id] = msg.session
-        self._waiters[request_id] = waiter
-        self._elicitations[request_id] = elicitation.Pending(msg.spec)
-        self.outbox.post(
-            msg.session,
-            PublishEvent(
-                "elicitation_request",
-                msg.spec.event_data(request_id),
-                prompt_id=msg.prompt_id,
-                originator=msg.originator,
-            ),
-        )
-        self._rearm.set()
+        if pending:
+            self._elicitations[waiter.request_id] = elicitation.Pending(msg.spec)
+            self.outbox.post(
+                msg.session,
+                PublishEvent(
+                    "elicitation_request",
+                    msg.spec.event_data(waiter.request_id),
+                    prompt_id=msg.prompt_id,
+                    originator=msg.originator,
+                ),
+            )
         return waiter
 
     def _cast_elicitation(self, msg: CastElicitation) -> tuple[int, dict[str, Any]]:

@@ -80,6 +80,13 @@ from serve.permissions.mediator import (
     CancelSessionPermissions,
     PermissionMediator,
 )
+from serve.permissions.modes import (
+    AgentModes,
+    UnknownApprovalMode,
+    advertised_modes,
+    apply_mode,
+    resolve_mode,
+)
 from serve.sessions import config_options, journal_load, turns, views
 from serve.sessions.agent_link import AgentLink, AgentSource, JournalLink, SpawnAgentSource
 from serve.sessions.agent_side import AgentSide
@@ -127,13 +134,6 @@ from serve.sessions.messages import (
     Subscription,
     Summarize,
     UpdateMetadata,
-)
-from serve.sessions.modes import (
-    AgentModes,
-    UnknownApprovalMode,
-    advertised_modes,
-    apply_mode,
-    resolve_mode,
 )
 from serve.sessions.prompt_queue import (
     Job,
@@ -1124,7 +1124,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             raise ApprovalModeRefused(str(exc), allowed=exc.allowed) from None
 
     async def _set_approval_mode(self, msg: SetApprovalMode, timeout_s: float) -> ModeSet:
-        """Agent ids as is, qwen names mapped onto them (serve/sessions/modes.py)."""
+        """Agent ids as is, qwen names mapped onto them (serve/permissions/modes.py)."""
         conn = self.link.conn
         assert conn is not None
         modes = self._agent_modes()

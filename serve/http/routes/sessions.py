@@ -45,6 +45,7 @@ from serve.http.security.strict import (
 )
 from serve.http.wire import json_body, json_response
 from serve.permissions.mediator import CastVote, SessionOf
+from serve.permissions.modes import MAX_MODE_ID_CHARS
 from serve.sessions import turns
 from serve.sessions.actor import SessionActor
 from serve.sessions.errors import SessionError
@@ -78,7 +79,6 @@ from serve.sessions.messages import (
     Summarize,
     UpdateMetadata,
 )
-from serve.sessions.modes import MAX_MODE_ID_CHARS
 from serve.sessions.registry import CreateSession, RestoreSession
 
 blueprint = Blueprint("sessions", __name__)
@@ -635,7 +635,7 @@ async def approval_mode(session_id: str) -> Response:
     session = find_session(session_id)
     client_id = await session_client(session)
     mode = body.get("mode")
-    # The agent's own mode ids or qwen's names; the session checks them (sessions/modes.py).
+    # The agent's own mode ids or qwen's names; the session checks them (permissions/modes.py).
     if not isinstance(mode, str) or not 0 < len(mode) <= MAX_MODE_ID_CHARS:
         raise bad_request(
             f"`mode` must be a mode id of at most {MAX_MODE_ID_CHARS} characters "
