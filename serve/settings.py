@@ -594,7 +594,19 @@ def _token_header(raw: str | None) -> str | None:
     return name
 
 
-def _int(flag: str, raw: str, *, minimum: int, maximum: int | None = None, what: str) -> int:
+def _int(
+    flag: str,
+    raw: str,
+    *,
+    minimum: int,
+    maximum: int | None = None,
+    what: str | None = None,
+    unit: str | None = None,
+) -> int:
+    """``raw`` as an integer in [``minimum``, ``maximum``]; the refusal says ``what`` it must
+    be, by default "an integer in [min, max]" (and `` (unit)``)."""
+    if what is None:
+        what = f"an integer in [{minimum}, {maximum}]" + (f" ({unit})" if unit else "")
     text = raw.strip()
     try:
         value = int(text, 10)
@@ -702,7 +714,7 @@ def parse_settings(
             f'Invalid --hostname "{hostname}": looks like a "host:port" combination; '
             "pass the port with --port"
         )
-    port = _int("--port", ns.port, minimum=0, maximum=65535, what="an integer in [0, 65535]")
+    port = _int("--port", ns.port, minimum=0, maximum=65535)
 
     # Token: flag wins over env; trimmed; empty = none; generated on a non-loopback bind
     # when neither source is present (§2.3). A bootstrap token (late binding) stands in
@@ -767,13 +779,7 @@ def parse_settings(
     )
     max_pending = _nonneg("--max-pending-prompts-per-session", ns.max_pending_prompts_per_session)
     max_connections = _nonneg("--max-connections", ns.max_connections)
-    ring = _int(
-        "--event-ring-size",
-        ns.event_ring_size,
-        minimum=1,
-        maximum=1_000_000,
-        what="an integer in [1, 1000000]",
-    )
+    ring = _int("--event-ring-size", ns.event_ring_size, minimum=1, maximum=1_000_000)
     ring_bytes = _int(
         "--event-ring-bytes",
         ns.event_ring_bytes,
@@ -994,22 +1000,10 @@ def parse_settings(
         public_probes=ns.public_probes,
         access_log=ns.access_log,
         device_flow_providers=tuple(_device_flow_providers(ns.device_flow_provider or [])),
-        warm_agents=_int(
-            "--warm-agents", ns.warm_agents, minimum=0, maximum=64, what="an integer in [0, 64]"
-        ),
-        warm_agents_max=_int(
-            "--warm-agents-max",
-            ns.warm_agents_max,
-            minimum=0,
-            maximum=64,
-            what="an integer in [0, 64]",
-        ),
+        warm_agents=_int("--warm-agents", ns.warm_agents, minimum=0, maximum=64),
+        warm_agents_max=_int("--warm-agents-max", ns.warm_agents_max, minimum=0, maximum=64),
         sessions_per_agent=_int(
-            "--sessions-per-agent",
-            ns.sessions_per_agent,
-            minimum=1,
-            maximum=1024,
-            what="an integer in [1, 1024]",
+            "--sessions-per-agent", ns.sessions_per_agent, minimum=1, maximum=1024
         ),
         agent_idle_release_ms=_timer(
             "--agent-idle-release-ms", ns.agent_idle_release_ms, positive=False
@@ -1019,14 +1013,14 @@ def parse_settings(
             ns.agent_memory_budget_mb,
             minimum=0,
             maximum=1 << 20,
-            what="an integer in [0, 1048576] (MiB)",
+            unit="MiB",
         ),
         agent_compile_cache_mb=_int(
             "--agent-compile-cache-mb",
             ns.agent_compile_cache_mb,
             minimum=0,
             maximum=1 << 16,
-            what="an integer in [0, 65536] (MiB)",
+            unit="MiB",
         ),
         agent_limits=_choice(
             "--agent-limits", ns.agent_limits, ("auto", "cgroup", "watchdog", "off")
@@ -1038,15 +1032,9 @@ def parse_settings(
             ns.agent_memory_max_mb,
             minimum=0,
             maximum=1 << 22,
-            what="an integer in [0, 4194304] (MiB)",
+            unit="MiB",
         ),
-        agent_pids_max=_int(
-            "--agent-pids-max",
-            ns.agent_pids_max,
-            minimum=0,
-            maximum=4_194_304,
-            what="an integer in [0, 4194304]",
-        ),
+        agent_pids_max=_int("--agent-pids-max", ns.agent_pids_max, minimum=0, maximum=4_194_304),
         agent_cpu_weight=_int(
             "--agent-cpu-weight",
             ns.agent_cpu_weight,
@@ -1059,7 +1047,7 @@ def parse_settings(
             ns.agent_memory_headroom_mb,
             minimum=0,
             maximum=1 << 20,
-            what="an integer in [0, 1048576] (MiB)",
+            unit="MiB",
         ),
         inert_flags=inert,
     )
