@@ -39,7 +39,7 @@ from quart import Blueprint, Response, current_app, make_response, request, webs
 from quart.wrappers.base import ClientDisconnectedError
 
 from serve.acpfront import AcpFront, Connection, jsonrpc
-from serve.acpfront.front import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_UNUSED_TIMEOUT_S, Policy
+from serve.acpfront.connections import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_UNUSED_TIMEOUT_S, Policy
 from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
 from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
 from serve.host import Host
@@ -338,7 +338,8 @@ def _last_event_id() -> int | None:
 
 def _refused(rid: Any, refusal: RpcError) -> Response:
     """A rate-limit refusal as the POST's 429."""
-    retry = max(1, -(-int(refusal.data["retryAfterMs"]) // 1000))
+    data = refusal.data or {}
+    retry = max(1, -(-int(data["retryAfterMs"]) // 1000))
     return _rpc_response(429, rid, refusal, {"Retry-After": str(retry)})
 
 
