@@ -32,7 +32,7 @@ from serve.sessions.actor import SessionActor
 from serve.status.agent import acp_cells, providers_snapshot
 from serve.status.env import env_cells
 from serve.status.mcp import mcp_snapshot
-from serve.status.preflight import daemon_cells
+from serve.status.preflight import PreflightCell, daemon_cells
 from serve.status.skills import project_skills
 from serve.threads import file_routes_limiter
 from serve.workspace import Workspace, WorkspaceFsError
@@ -80,7 +80,7 @@ async def env(front: Connections, conn: Connection, params: dict[str, Any]) -> d
 
 async def preflight(front: Connections, conn: Connection, params: dict[str, Any]) -> dict[str, Any]:
     session = _agent_session(front, conn.workspace)
-    cells: list[Any] = await daemon_cells(conn.workspace)
+    cells: list[PreflightCell] = await daemon_cells(conn.workspace)
     skill_count: int | None = None
     if session is not None:
         try:
