@@ -253,7 +253,10 @@ KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {
     ("serve.config", "serve.deviceflow"): "config.py parses providers (deviceflow/providers.py)",
     ("serve.config", "serve.permissions"): "config.py parses policies (permissions/config.py)",
     ("serve.host", "serve.http"): "the Host record types its RateLimiter (http/security)",
-    ("serve.acpfront", "serve.http"): "front.py borrows capabilities, daemon status, errors",
+    (
+        "serve.acpfront",
+        "serve.http",
+    ): "connections.py types Feature, session_methods.py daemon status",
 }
 
 

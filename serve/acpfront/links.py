@@ -45,11 +45,11 @@ from serve.acpfront.connections import (
     let_go,
 )
 from serve.acpfront.errors import ConnectionLevel, not_found, params_error, session_limit, to_rpc
-from serve.acpfront.jsonrpc import INVALID_PARAMS, RESOURCE_NOT_FOUND, SERVER_ERROR, RpcError
+from serve.acpfront.jsonrpc import INVALID_PARAMS, RESOURCE_NOT_FOUND, RpcError
 from serve.acpfront.outbox import Outbox
 from serve.acpfront.routing import push_session, reply_conn
 from serve.acpfront.translate import translate_frame
-from serve.events import Subscriber, SubscriberLimitExceeded
+from serve.events import Subscriber
 from serve.sessions.actor import SessionActor
 from serve.sessions.messages import (
     Attach,
@@ -194,14 +194,9 @@ async def start_pump(
             ),
             timeout_s=ASK_TIMEOUT_S,
         )
-    except SubscriberLimitExceeded as exc:
-        raise RpcError(
-            SERVER_ERROR,
-            str(exc),
-            {"httpStatus": 429, "code": "subscriber_limit_exceeded", "limit": exc.limit},
-        ) from None
     except Exception as exc:
-        # Also reached from a stream request (no JSON-RPC request names the session).
+        # Rendered here, not in the dispatch: a stream request (GET with Acp-Session-Id)
+        # reaches this too, and a session/new names no session.
         raise to_rpc(exc, link.session_id) from None
     sub: Subscriber = subscription.subscriber
     if link.pump_scope is not scope or link.ended or conn.closed:

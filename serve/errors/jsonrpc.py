@@ -8,7 +8,7 @@ fields. The JSON-RPC ``code`` follows the status (:func:`jsonrpc`): 400 → inva
 internal error. Two renderings differ on purpose and are named here: a
 ``_qwen/file/*`` call answers every status but 400/404 as a server error
 (:func:`jsonrpc_file`), and the session family has ``/acp`` bodies of its own (a session
-that is gone or whose actor stopped, a full prompt queue).
+that is gone or whose actor stopped, a full prompt queue, a log with all its subscribers).
 
 No transport: the JSON-RPC codes are numbers here; ``serve.acpfront.jsonrpc`` builds its
 ``RpcError`` from an :class:`RpcWire`.
@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from actors import ActorError
 from serve.errors.table import WireError, fs_error, wire_error
+from serve.events.log import SubscriberLimitExceeded
 from serve.sessions.messages import SessionGone
 from serve.sessions.prompt_queue import PromptQueueFull
 from serve.workspace.errors import WorkspaceFsError
@@ -92,6 +93,12 @@ def rpc_error(exc: BaseException, session_id: str | None = None) -> RpcWire | No
             SERVER_ERROR,
             f"Prompt queue is full ({exc.limit})",
             {"httpStatus": 503, "code": "prompt_queue_full", "limit": exc.limit},
+        )
+    if isinstance(exc, SubscriberLimitExceeded):
+        return RpcWire(
+            SERVER_ERROR,
+            str(exc),
+            {"httpStatus": 429, "code": "subscriber_limit_exceeded", "limit": exc.limit},
         )
     wire = wire_error(exc)
     return None if wire is None else jsonrpc(wire)
