@@ -1,7 +1,10 @@
 """ACP over HTTP + SSE and over WebSocket at ``/acp`` (and ``/workspaces/:workspace/acp``).
 
 The glue between the wire and :class:`serve.acpfront.AcpFront` (which holds connections,
-their sessions and outboxes, and all routing):
+their sessions and outboxes, and all routing). The front is not started here: it is built
+by :func:`serve.runtime.host.build_host` (with this transport's policy, :func:`build_front`)
+and runs as the supervised ``acp-front`` child beside ``http``; these routes find it on the
+Host and only hand it connections and messages (503 while it is not running):
 
 * ``POST`` (``application/json``, else 415): one JSON-RPC message. ``initialize`` needs no
   connection id and answers 200 with the result and ``Acp-Connection-Id``; every other
