@@ -151,6 +151,29 @@ def test_the_error_table_knows_no_transport_and_no_domain_imports_it() -> None:
     assert not bad, "\n".join(bad)
 
 
+#: The application layer (serve/api): the session use cases under both fronts.
+API = ("serve.api",)
+
+
+def test_the_application_layer_knows_no_front() -> None:
+    """``serve.api`` sits between the fronts and the domain: it may import the domain
+    packages and the error table, never a web framework, a front (``serve.http``,
+    ``serve.acpfront``), the runtime or the Host; no domain package imports it (the
+    fronts do)."""
+    bad = [
+        _where(i)
+        for i in IMPORTS
+        if _within(i.source, API) and _within(i.target, WEB + UPPER + ("serve.acpfront",))
+    ]
+    bad += [_where(i) for i in IMPORTS if _within(i.source, DOMAIN) and _within(i.target, API)]
+    bad += [
+        _where(i)
+        for i in IMPORTS
+        if _within(i.source, ("serve.errors",)) and _within(i.target, API)
+    ]
+    assert not bad, "\n".join(bad)
+
+
 def test_only_the_entry_point_imports_the_runtime() -> None:
     bad = [
         _where(i)
@@ -287,7 +310,6 @@ OVERSIZED: dict[str, str] = {
     "serve/agents/pool.py": "to split: children / warm spares / memory budget",
     "acp/agents/scripted/agent.py": "exempt: the scripted test agent",
     "acp/schema.py": "exempt: generated wire tables",
-    "serve/http/routes/sessions.py": "issue 25 item 1: use cases to serve/api",
     "serve/journal/journal.py": "to split: writer / reader",
     "serve/mcp/pool.py": "to split",
     "serve/workspace/files.py": "to split",

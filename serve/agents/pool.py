@@ -98,7 +98,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -109,10 +109,12 @@ from acp.errors import AcpError, RemoteError
 from acp.handler import ClientHandler
 from acp.mux import SessionMux
 from acp.process import ExitInfo
+from acp.schema import SessionSetup
 from actors import Actor, ActorError, Reply, RestartWindow
 from serve.agents import compile_cache
 from serve.agents.adaptive import WarmSizer
 from serve.agents.memory import measure_trees
+from serve.agents.primed import PrimedSession, discard, prime
 from serve.agents.priority import RefillPriority
 from serve.isolation import ChildLimits, Isolation
 from serve.sessions.agent_link import agent_env, spawn_limited
@@ -160,6 +162,7 @@ class AgentChild:
         "id",
         "limits",
         "mux",
+        "primed",
         "ready_at",
         "slots",
         "stable",
@@ -187,6 +190,8 @@ class AgentChild:
         self.used = False  # a session has taken a slot at least once
         self.stopping = False
         self.stable = False  # stayed up STABLE_AFTER_S: a successful start
+        #: A session opened ahead of need for the next create (primed.py), until taken.
+        self.primed: PrimedSession | None = None
 
     @property
     def pid(self) -> int:
@@ -229,6 +234,19 @@ class AgentLease:
         except ActorError:
             return False
         return allowed
+
+    async def take_primed(
+        self, cwd: str, mcp_servers: Sequence[object], additional_directories: Sequence[str]
+    ) -> SessionSetup | None:
+        """The child's primed session (primed.py), once, if ``session/new`` with these
+        parameters would have been the same request; a prime that does not fit is closed."""
+        primed, self.child.primed = self.child.primed, None
+        if primed is None:
+            return None
+        if primed.fits(cwd, mcp_servers, additional_directories):
+            return primed.setup
+        await discard(self.conn, primed)
+        return None
 
     def bind(self, session_id: str, handler: ClientHandler) -> None:
         """Route ``session_id``'s updates and requests on this connection to ``handler``."""
@@ -506,6 +524,7 @@ class AgentPool(Actor[PoolMsg]):
                 if self.free_slots(c) == 0
                 else "shared",
                 "sessions": sum(1 for sid in c.slots.values() if sid),
+                "primed": c.primed is not None,
                 "closesSessions": c.conn.info is not None and c.conn.info.supports_close,
                 "deadSessions": c.dead,
                 # oversized lines naming no session on it (acp/mux.py; logged, not reported)
@@ -1025,12 +1044,15 @@ class AgentPool(Actor[PoolMsg]):
                 raise
             self._tell(_SpawnFailed(exc, child_id))
             return
+        child = AgentChild(child_id, conn, mux, limits)
+        if refill:  # ahead of need: its first session/new too (primed.py)
+            child.primed = await prime(conn, self.workspace, init_timeout)
         pss_kib = 0
         if self.budget_kib:  # its cost before the pool counts it (one /proc scan)
             measured = await trio.to_thread.run_sync(measure_trees, [conn.process.pid])
             pss_kib = measured.get(conn.process.pid, 0)
         spawn_s = trio.current_time() - started
-        self._tell(_Spawned(AgentChild(child_id, conn, mux, limits), pss_kib, spawn_s))
+        self._tell(_Spawned(child, pss_kib, spawn_s))
 
     async def _watch(self, child: AgentChild) -> None:
         try:

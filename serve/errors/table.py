@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from acp.errors import ChannelClosed, RemoteError, RequestTimeout
 from serve.sessions.errors import (
+    RETRYABLE_TURN_CODES,
     AgentRefusedError,
     BudgetExhausted,
     MemoryBudgetExceeded,
@@ -21,8 +22,15 @@ from serve.sessions.errors import (
     SessionConflictError,
     SessionError,
     SessionLimitError,
+    SessionNotFound,
     SessionRequestError,
     SessionsUnavailable,
+    TurnAgentUnavailable,
+    TurnBudgetExhausted,
+    TurnFailed,
+    TurnMemoryBudget,
+    TurnRetryable,
+    TurnSessionLost,
 )
 from serve.workspace.errors import ErrorKind, WorkspaceFsError
 from serve.workspace_state.settings_file import SETTINGS_PATH, SettingsFileError
@@ -63,6 +71,12 @@ _RETRY: Final = {"Retry-After": "5"}
 
 # ---- sessions -----------------------------------------------------------------------------
 
+#: Retry-After (seconds) of a released session's prompt that could not bind an agent.
+TURN_RETRY_AFTER: Final[Mapping[str, str]] = {
+    "agent_unavailable": "1",
+    "memory_budget_exceeded": "10",
+}
+
 #: Session exception → (status, extra headers). The body is the exception's own
 #: ``{"error", "code", ...}``.
 SESSION_ERRORS: Final[tuple[tuple[type[SessionError], int, dict[str, str]], ...]] = (
@@ -75,35 +89,23 @@ SESSION_ERRORS: Final[tuple[tuple[type[SessionError], int, dict[str, str]], ...]
     (MemoryBudgetExceeded, 503, {"Retry-After": "10"}),
     (SessionLimitError, 503, _RETRY),
     (SessionsUnavailable, 503, _RETRY),
+    (SessionNotFound, 404, {}),
+    # A failed turn (RETRYABLE_TURN_CODES, serve/sessions/errors.py, say which may retry):
+    (TurnBudgetExhausted, 402, {}),  # spent: 402 until PATCH /session/:id/budget raises it
+    (TurnSessionLost, 404, {}),  # the agent lost the session: it is gone
+    (TurnAgentUnavailable, 503, {"Retry-After": TURN_RETRY_AFTER["agent_unavailable"]}),
+    (TurnMemoryBudget, 503, {"Retry-After": TURN_RETRY_AFTER["memory_budget_exceeded"]}),
+    (TurnRetryable, 503, {}),
+    (TurnFailed, 500, {}),
 )
 
 
 def _session_error(exc: SessionError) -> WireError | None:
     for kind, status, headers in SESSION_ERRORS:
         if isinstance(exc, kind):
-            return WireError(status, exc.code, exc.body(), dict(headers))
+            return WireError(status, exc.code or None, exc.body(), dict(headers))
     return None  # a SessionError subclass missing from the table: a bug, 500
 
-
-#: Codes of a failed turn (``turn_error``) that a client may retry: the agent is restored
-#: in place, the daemon is coming back, or a released session found no agent now. A
-#: blocking prompt answers them 503 (REST) / ``httpStatus: 503`` (``/acp``).
-RETRYABLE_TURN_CODES: Final = frozenset(
-    {
-        "channel_closed",
-        "daemon_shutdown",
-        "agent_restarted",
-        "cancel_timeout",
-        "agent_oom",  # the agent is restored in place: the next prompt may run
-        "agent_unavailable",
-        "memory_budget_exceeded",
-    }
-)
-#: Retry-After (seconds) of a released session's prompt that could not bind an agent.
-TURN_RETRY_AFTER: Final[Mapping[str, str]] = {
-    "agent_unavailable": "1",
-    "memory_budget_exceeded": "10",
-}
 
 # ---- workspace file system ----------------------------------------------------------------
 

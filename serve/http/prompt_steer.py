@@ -1,4 +1,5 @@
-"""``POST /session/:id/prompt {"steer": true}``: the field and the answer's ``steer`` part.
+"""``POST /session/:id/prompt {"steer": true}``: the answer's ``steer`` part (the field is
+checked with the rest of the body by :func:`serve.api.parse_prompt`).
 
 A steer is admitted by the session's :class:`~serve.sessions.steering.Steering` (the wire
 contract is in README.md "Steering and the editable queue"). The answer is the prompt
@@ -11,18 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve.http.errors import bad_request
 from serve.sessions.messages import Admission, Steered
-
-
-def steer_flag(body: dict[str, Any]) -> bool:
-    """The body's ``steer`` (absent: False); anything but a boolean is ``400 invalid_steer``."""
-    steer = body.get("steer")
-    if steer is None:
-        return False
-    if not isinstance(steer, bool):
-        raise bad_request("`steer` must be a boolean", "invalid_steer")
-    return steer
 
 
 def unpack(answer: Admission | Steered) -> tuple[Admission, dict[str, Any]]:
@@ -37,8 +27,3 @@ def unpack(answer: Admission | Steered) -> tuple[Admission, dict[str, Any]]:
     if answer.cancelled_prompt_id is not None:
         steer["cancelledPromptId"] = answer.cancelled_prompt_id
     return answer.admission, {"steer": steer}
-
-
-def owns_turn(extra: dict[str, Any]) -> bool:
-    """Whether a dropped blocking POST may cancel the turn (not one a steer joined)."""
-    return bool(extra.get("steer", {}).get("via") != "native")

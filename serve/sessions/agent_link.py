@@ -102,6 +102,13 @@ class AgentLease(Protocol):
     def bind(self, session_id: str, handler: ClientHandler) -> None:
         """Route ``session_id``'s updates and requests on the connection to ``handler``."""
 
+    async def take_primed(
+        self, cwd: str, mcp_servers: Sequence[object], additional_directories: Sequence[str]
+    ) -> SessionSetup | None:
+        """A session the agent opened ahead of need (a pool spare's prime:
+        ``serve/agents/primed.py``) when ``session/new`` with these parameters would have
+        opened the same; once. None: open one."""
+
     async def charge_exit(self, intensity: int, period_s: float) -> bool:
         """The child exited: count it once against the child's own restart window (not per
         session on it); True while that window allows a restart (``False``: exclusive)."""
@@ -152,6 +159,11 @@ class OwnAgent:
 
     def bind(self, session_id: str, handler: ClientHandler) -> None:
         pass  # the connection was spawned with the session as its handler
+
+    async def take_primed(
+        self, cwd: str, mcp_servers: Sequence[object], additional_directories: Sequence[str]
+    ) -> SessionSetup | None:
+        return None  # spawned for this session: nothing was opened ahead of it
 
     async def charge_exit(self, intensity: int, period_s: float) -> bool:
         return False
@@ -418,7 +430,9 @@ class AgentLink:
                 "The agent does not support additionalDirectories", "not_supported_by_agent"
             )
         if action == "new":
-            setup = self.setup = await conn.new_session(
+            # A spare's session opened ahead of need, when it is the one this would open.
+            primed = await lease.take_primed(self.workspace, mcp_servers, dirs or ())
+            setup = self.setup = primed or await conn.new_session(
                 self.workspace,
                 mcp_servers,
                 timeout_s=self.init_timeout_s,

@@ -113,7 +113,7 @@ class ForkSession(msgspec.Struct, frozen=True):
 class Ticket(msgspec.Struct, frozen=True):
     """What a creating caller awaits: ``attached`` is decided at admission."""
 
-    pending: Any  # Pending
+    pending: Pending
     attached: bool
 
 

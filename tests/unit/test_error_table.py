@@ -27,19 +27,25 @@ from serve.http.errors import DOMAIN_ERRORS, ApiError, to_api_error
 from serve.sessions import errors as session_errors
 from serve.sessions.errors import (
     AgentRefusedError,
+    AgentStartFailed,
     AgentUnavailable,
     ApprovalModeRefused,
     BudgetExhausted,
     ControlTimeout,
+    InvalidRequest,
     MemoryBudgetExceeded,
     ModelSwitchFailed,
     NotSupportedByAgent,
+    PromptQueueRefused,
     SessionBusy,
     SessionConflictError,
     SessionError,
     SessionLimitError,
+    SessionNotFound,
     SessionRequestError,
     SessionsUnavailable,
+    TurnFailed,
+    UnknownClient,
 )
 from serve.workspace.errors import ERROR_KINDS, make_error
 from serve.workspace_state.settings_file import SettingsFileError
@@ -170,6 +176,91 @@ CASES: list[tuple[SessionError, int, dict[str, str], bytes]] = [
         503,
         RETRY,
         b'{"error":"Daemon is draining","code":"daemon_draining"}',
+    ),
+    # The session service's refusals (serve/api), as routes/sessions.py built them.
+    (
+        InvalidRequest("`prompt` must be a non-empty array of content blocks"),
+        400,
+        {},
+        b'{"error":"`prompt` must be a non-empty array of content blocks"}',
+    ),
+    (
+        InvalidRequest("`deadlineMs` must be a positive integer", "invalid_deadline_ms"),
+        400,
+        {},
+        b'{"error":"`deadlineMs` must be a positive integer","code":"invalid_deadline_ms"}',
+    ),
+    (
+        UnknownClient("s1", "c1"),
+        400,
+        {},
+        b'{"error":"Client id \\"c1\\" is not registered on this session",'
+        b'"code":"invalid_client_id","sessionId":"s1","clientId":"c1"}',
+    ),
+    (
+        SessionNotFound("s1"),
+        404,
+        {},
+        b'{"error":"No session with id \\"s1\\"","code":"session_not_found","sessionId":"s1"}',
+    ),
+    (
+        PromptQueueRefused("s1", 4, 4),
+        503,
+        RETRY,
+        b'{"error":"Prompt queue is full (4)","code":"prompt_queue_full","sessionId":"s1",'
+        b'"limit":4,"pendingCount":4}',
+    ),
+    (
+        AgentStartFailed(RuntimeError("spawn failed")),
+        503,
+        RETRY,
+        b'{"error":"Agent failed to start: spawn failed","code":"acp_channel_unavailable",'
+        b'"retryable":true}',
+    ),
+    # A failed turn (its terminal's data), as the blocking prompt answers it.
+    (
+        TurnFailed.of("p1", {"sessionId": "s1", "message": "boom", "code": -32603}),
+        500,
+        {},
+        b'{"error":"boom","code":-32603,"promptId":"p1"}',
+    ),
+    (
+        TurnFailed.of("p1", {"sessionId": "s1", "message": "spent", "code": "budget_exhausted"}),
+        402,
+        {},
+        b'{"error":"spent","code":"budget_exhausted","promptId":"p1"}',
+    ),
+    (
+        TurnFailed.of("p1", {"message": "gone", "code": "agent_session_not_found"}),
+        404,
+        {},
+        b'{"error":"gone","code":"agent_session_not_found","promptId":"p1"}',
+    ),
+    (
+        TurnFailed.of("p1", {"message": "no agent", "code": "agent_unavailable", "data": {}}),
+        503,
+        {"Retry-After": "1"},
+        b'{"error":"no agent","code":"agent_unavailable","data":{},"promptId":"p1"}',
+    ),
+    (
+        TurnFailed.of(
+            "p1",
+            {
+                "message": "over",
+                "code": "memory_budget_exceeded",
+                "errorKind": "memory_budget_exceeded",
+            },
+        ),
+        503,
+        {"Retry-After": "10"},
+        b'{"error":"over","code":"memory_budget_exceeded","errorKind":"memory_budget_exceeded",'
+        b'"promptId":"p1"}',
+    ),
+    (
+        TurnFailed.of("p1", {"code": "channel_closed"}),
+        503,
+        {},
+        b'{"error":"prompt failed","code":"channel_closed","promptId":"p1"}',
     ),
 ]
 

@@ -91,5 +91,5 @@ async def patch_budget(session_id: str) -> Response:
             raise _invalid("`currency` must be an ISO 4217 code such as USD", "currency")
         currency = currency.upper()
     client_id = await session_client(session)
-    snapshot = await ask(session, SetBudget(max_tokens, max_cost, currency, client_id))
+    snapshot = await ask(session, SetBudget(max_tokens, max_cost, currency, client_id), dict)
     return json_response(snapshot)

@@ -171,9 +171,10 @@ async def forward(
     if kind is None and getattr(getattr(session, "conn", None), "info", None) is None:
         raise agent_unavailable()  # no agent yet (an agent without agentInfo is asked)
     try:
-        raw: bytes = await ask(
+        raw = await ask(
             session,
             AgentCall(method, params, timeout_s, exclusive),
+            bytes,
             timeout_s=STATUS_TIMEOUT_S,
         )
     except RemoteError as err:
@@ -381,7 +382,7 @@ async def _load_branch(session: Any, new_id: str, client_id: str | None) -> dict
             RestoreSession(new_id, session.workspace, "load"), timeout_s=_REGISTRY_TIMEOUT_S
         )
         branch = await ticket.pending.wait()
-        attached: Attached = await ask(branch, Attach(client_id, request.remote_addr))
+        attached = await ask(branch, Attach(client_id, request.remote_addr), Attached)
     except Exception as exc:
         mapped = to_api_error(exc)
         error = mapped.body if mapped is not None else {"error": str(exc)}
@@ -416,7 +417,7 @@ async def _fork(session: Any, client_id: str | None, name: str | None) -> Respon
             raise
         raise mapped from None
     fork = forked.session
-    attached: Attached = await ask(fork, Attach(client_id))
+    attached = await ask(fork, Attach(client_id), Attached)
     out = session_response(attached.view, attached=False, client_id=attached.client_id)
     out["state"] = current_state(attached.view.state, attached.view)
     out.update(

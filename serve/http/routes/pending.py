@@ -12,17 +12,17 @@ from typing import Final
 
 from quart import Blueprint, Response
 
+from serve.api import forwarded, prompt_content
 from serve.http.capabilities import Feature
 from serve.http.errors import ApiError, bad_request
 from serve.http.routes.sessions import (
-    _validate_prompt,
     ask,
     find_session,
     header_client_id,
     session_client,
 )
 from serve.http.wire import json_body, json_response
-from serve.sessions.messages import PromptRunning, ReplacePending, SubmitPrompt
+from serve.sessions.messages import PendingReplaced, PromptRunning, ReplacePending, SubmitPrompt
 
 blueprint = Blueprint("pending", __name__)
 
@@ -42,12 +42,12 @@ async def replace_pending_prompt(session_id: str, prompt_id: str) -> Response:
             f"unknown field `{unknown[0]}`: a queued prompt takes `prompt` and `_meta`",
             "invalid_pending_prompt",
         )
-    blocks, text, extra = _validate_prompt(body)
+    content, extra = prompt_content(body.get("prompt")), forwarded(body)
     session = find_session(session_id)
     client_id = await session_client(session)
-    request = SubmitPrompt(blocks, text, client_id, extra or None)
+    request = SubmitPrompt(content.blocks, content.text, client_id, extra or None)
     try:
-        replaced = await ask(session, ReplacePending(prompt_id, request))
+        replaced = await ask(session, ReplacePending(prompt_id, request), object)
     except PromptRunning:
         raise ApiError(
             409,
@@ -58,7 +58,7 @@ async def replace_pending_prompt(session_id: str, prompt_id: str) -> Response:
                 "promptId": prompt_id,
             },
         ) from None
-    if replaced is None:
+    if not isinstance(replaced, PendingReplaced):
         raise ApiError(
             404,
             {

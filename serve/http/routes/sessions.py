@@ -1,23 +1,24 @@
 """Session routes: create/attach, load/resume, list, prompt, cancel, close, events, votes.
 
-Each handler validates its input (400s here, in the order the reference checks them),
-finds the session (404), then sends messages to its actor and encodes the typed answers:
-no route reads or changes a session's live state (clients, subscribers, prompts, its log).
+Each handler is a translator over the session service (:mod:`serve.api`): it parses the
+request (400s here, in the order the reference checks them; a prompt body is checked by
+:func:`serve.api.parse_prompt`), calls the service (find the session, 404; create, restore,
+submit, await the turn, list, vote) and renders its typed answers. Failures are domain
+errors the app renders through the one table (``serve/errors``): no route reads or
+changes a session's live state (clients, subscribers, prompts, its log).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-import trio
 from quart import Blueprint, Response, make_response, request
 
-from actors import ActorError, ActorStopped, InboxFull
-from serve.errors import RETRYABLE_TURN_CODES, TURN_RETRY_AFTER
+from actors import ActorStopped, InboxFull
+from serve.api import ASK_TIMEOUT_S, SessionService, parse_prompt
 from serve.events import (
     DEFAULT_MAX_QUEUED,
     HEARTBEAT_FRAME,
@@ -29,13 +30,7 @@ from serve.events import (
 from serve.http import plural, prompt_steer
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
-from serve.http.errors import (
-    ApiError,
-    bad_request,
-    service_unavailable,
-    session_not_found,
-    to_api_error,
-)
+from serve.http.errors import ApiError, bad_request, service_unavailable, to_api_error
 from serve.http.security.clientid import InvalidClientId, validate_client_id
 from serve.http.security.hosts import is_loopback_address
 from serve.http.security.strict import (
@@ -44,42 +39,34 @@ from serve.http.security.strict import (
     approval_mode_change_allowed,
 )
 from serve.http.wire import json_body, json_response
-from serve.permissions.mediator import CastVote, SessionOf
 from serve.permissions.modes import MAX_MODE_ID_CHARS
-from serve.sessions import turns
-from serve.sessions.actor import SessionActor
-from serve.sessions.errors import SessionError
+from serve.sessions.errors import TurnFailed
 from serve.sessions.messages import (
     APPROVAL_MODES,
     AgentUnavailable,
-    Attach,
-    Attached,
     CancelTurn,
     CloseSession,
     Detach,
     Heartbeat,
-    KnowsClient,
     ListPending,
     MetadataSet,
     ModelSet,
     ModeSet,
-    PromptQueueFull,
     PromptRunning,
-    PublishEvent,
     RemovePending,
     SessionGone,
     SessionView,
     SetApprovalMode,
     SetModel,
-    SteerPrompt,
     StreamEnded,
-    SubmitPrompt,
     Subscribe,
     Subscription,
-    Summarize,
     UpdateMetadata,
 )
-from serve.sessions.registry import CreateSession, RestoreSession
+
+if TYPE_CHECKING:
+    from serve.sessions.actor import SessionActor
+    from serve.sessions.messages import SessionMsg
 
 blueprint = Blueprint("sessions", __name__)
 
@@ -88,7 +75,6 @@ HEARTBEAT_INTERVAL_S = 15.0
 SSE_WRITE_BYTES = 1024 * 1024
 MAX_SAFE_INTEGER = 2**53 - 1
 _EPOCH_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_ASK_TIMEOUT_S = 30.0
 
 PLURAL_ROUTES = plural.PluralRoutes(blueprint)
 PLURAL_ROUTES.declare(
@@ -153,6 +139,11 @@ FEATURES: tuple[Feature, ...] = (
 # ---- helpers ------------------------------------------------------------------------------
 
 
+def sessions_api() -> SessionService:
+    """The session service over this app's Host (serve/api)."""
+    return SessionService(daemon())
+
+
 def header_client_id() -> str | None:
     try:
         return validate_client_id(request.headers.get("X-Qwen-Client-Id"))
@@ -167,24 +158,13 @@ def header_client_id() -> str | None:
 
 
 def find_session(session_id: str) -> SessionActor:
-    session = daemon().registry.get(session_id)
-    if session is None:
-        raise session_not_found(session_id)
-    return session
+    """The live session (``SessionNotFound``, 404, otherwise)."""
+    return sessions_api().find(session_id)
 
 
 async def require_registered(session: SessionActor, client_id: str) -> None:
     """400 ``invalid_client_id`` unless ``client_id`` is registered on ``session``."""
-    if not await ask(session, KnowsClient(client_id)):
-        raise ApiError(
-            400,
-            {
-                "error": f'Client id "{client_id}" is not registered on this session',
-                "code": "invalid_client_id",
-                "sessionId": session.session_id,
-                "clientId": client_id,
-            },
-        )
+    await sessions_api().check_client(session, client_id)
 
 
 async def session_client(session: SessionActor) -> str | None:
@@ -195,15 +175,12 @@ async def session_client(session: SessionActor) -> str | None:
     return client_id
 
 
-async def ask(session: SessionActor, msg: Any, timeout_s: float = _ASK_TIMEOUT_S) -> Any:
-    """Send ``msg`` to the session and await its (possibly deferred) answer; the session's
-    domain errors become their wire errors here."""
-    try:
-        return await session.call(msg, timeout_s=timeout_s)
-    except (SessionGone, ActorStopped):
-        raise session_not_found(session.session_id) from None
-    except SessionError as exc:  # the one table (serve/http/errors.py)
-        raise to_api_error(exc) or exc from None
+async def ask[T](
+    session: SessionActor, msg: SessionMsg, answer: type[T], timeout_s: float = ASK_TIMEOUT_S
+) -> T:
+    """Send ``msg`` to the session and await its (possibly deferred) answer of type
+    ``answer``; the session's domain errors propagate to the one table."""
+    return await sessions_api().ask(session, msg, answer, timeout_s=timeout_s)
 
 
 def agent_unavailable() -> ApiError:
@@ -214,42 +191,10 @@ def agent_unavailable() -> ApiError:
 
 
 async def publish(
-    session: SessionActor, event_type: str, data: Any, originator: str | None
+    session: SessionActor, event_type: str, data: object, originator: str | None
 ) -> None:
     """Have the session write another party's event into its log (its only writer)."""
-    try:
-        await session.ask(PublishEvent(event_type, data, originator=originator), timeout_s=10)
-    except (SessionGone, ActorError):
-        pass  # the session closed: its log is closed too
-
-
-def canonical_cwd(raw: object) -> str:
-    if not isinstance(raw, str) or not os.path.isabs(raw):
-        raise bad_request("`cwd` must be a string absolute path")
-    try:
-        return os.path.realpath(raw)
-    except (OSError, ValueError):
-        return os.path.normpath(raw)
-
-
-def resolve_workspace(body: dict[str, Any]) -> str:
-    d = daemon()
-    if "cwd" not in body or body["cwd"] is None:
-        return d.settings.primary_workspace
-    cwd = canonical_cwd(body["cwd"])
-    if cwd in d.registry.runtimes:
-        return cwd
-    extra: dict[str, Any] = {
-        "boundWorkspace": d.settings.primary_workspace,
-        "requestedWorkspace": cwd,
-    }
-    if len(d.registry) > 1:
-        extra["workspaceCount"] = len(d.registry)
-    raise bad_request(
-        f"Requested workspace {cwd} does not match the daemon's workspace",
-        "workspace_mismatch",
-        **extra,
-    )
+    await sessions_api().publish(session, event_type, data, originator)
 
 
 def session_response(view: SessionView, *, attached: bool, client_id: str) -> dict[str, Any]:
@@ -265,37 +210,13 @@ def session_response(view: SessionView, *, attached: bool, client_id: str) -> di
     return out
 
 
-async def _await_ticket(ticket: Any) -> SessionActor:
-    try:
-        return await ticket.pending.wait()  # type: ignore[no-any-return]
-    except ApiError:
-        raise
-    except Exception as exc:
-        mapped = to_api_error(exc)
-        if mapped is not None:
-            raise mapped from None
-        raise ApiError(
-            503,
-            {
-                "error": f"Agent failed to start: {exc}",
-                "code": "acp_channel_unavailable",
-                "retryable": True,
-            },
-            {"Retry-After": "5"},
-        ) from None
-
-
-def _check_draining() -> None:
-    if daemon().draining:
-        raise service_unavailable("Daemon is draining", "daemon_draining")
-
-
 # ---- create / restore / list --------------------------------------------------------------
 
 
 @blueprint.post("/session")
 async def create_session() -> Response:
-    _check_draining()
+    api = sessions_api()
+    api.check_accepting()
     body = await json_body()
     client_id = header_client_id()
     scope = body.get("sessionScope", "single")
@@ -317,62 +238,31 @@ async def create_session() -> Response:
     ):
         # The approval-mode route's gate, before anything is made (strict.py).
         raise ApiError(401, {"error": TOKEN_REQUIRED_BODY.error, "code": TOKEN_REQUIRED_CODE})
-    workspace = resolve_workspace(body)
-    registry = daemon().registry
-    for attempt in range(3):
-        try:
-            ticket = await registry.ask(CreateSession(workspace, scope), timeout_s=_ASK_TIMEOUT_S)
-        except ActorStopped:
-            raise service_unavailable("Daemon is shutting down", "daemon_draining") from None
-        session = await _await_ticket(ticket)
-        try:
-            attached: Attached = await session.call(
-                Attach(client_id, request.remote_addr), timeout_s=_ASK_TIMEOUT_S
-            )
-            break
-        except (SessionGone, ActorStopped):
-            # It closed (its last client detached) before our Attach: start afresh.
-            if attempt == 2:
-                raise session_not_found(session.session_id) from None
-    registered = attached.client_id
-    out = session_response(attached.view, attached=ticket.attached, client_id=registered)
-    if approval_mode is not None:
-        try:
-            await ask(session, SetApprovalMode(approval_mode, False, registered))
-        except ApiError:
-            pass
+    workspace = api.workspace(body.get("cwd"))
+    created = await api.create(workspace, scope, client_id, request.remote_addr)
+    registered = created.attached.client_id
+    out = session_response(created.attached.view, attached=created.joined, client_id=registered)
     model = body.get("modelServiceId")
-    if isinstance(model, str) and model:
-        try:
-            await ask(session, SetModel(model, registered))
-            out["modelApplied"] = True
-        except ApiError:
-            out["modelApplied"] = False
+    applied = await api.apply_settings(
+        created.session, registered, approval_mode, model if isinstance(model, str) else None
+    )
+    if applied is not None:
+        out["modelApplied"] = applied
     return json_response(out)
 
 
 async def _restore(session_id: str, action: str) -> Response:
-    _check_draining()
+    api = sessions_api()
+    api.check_accepting()
     body = await json_body()
     client_id = header_client_id()
-    workspace = resolve_workspace(body)
-    try:
-        ticket = await daemon().registry.ask(
-            RestoreSession(session_id, workspace, action), timeout_s=_ASK_TIMEOUT_S
-        )
-    except ActorStopped:
-        raise service_unavailable("Daemon is shutting down", "daemon_draining") from None
-    try:
-        session = await _await_ticket(ticket)
-    except ApiError as exc:
-        if exc.status == 500 and exc.body.get("code") in (-32002, -32602):
-            raise session_not_found(session_id) from None
-        raise
-    attached: Attached = await ask(session, Attach(client_id, request.remote_addr))
-    out = session_response(attached.view, attached=ticket.attached, client_id=attached.client_id)
-    out["state"] = attached.view.state
-    out["lastEventId"] = attached.view.last_event_id
-    out["eventEpoch"] = attached.view.epoch
+    workspace = api.workspace(body.get("cwd"))
+    restored = await api.restore(session_id, workspace, action, client_id, request.remote_addr)
+    view = restored.attached.view
+    out = session_response(view, attached=restored.joined, client_id=restored.attached.client_id)
+    out["state"] = view.state
+    out["lastEventId"] = view.last_event_id
+    out["eventEpoch"] = view.epoch
     return json_response(out)
 
 
@@ -391,92 +281,25 @@ async def resume_session(session_id: str) -> Response:
 @blueprint.get("/workspaces/<path:workspace>/sessions")
 @blueprint.get("/workspaces//<path:workspace>/sessions")
 async def list_sessions(workspace: str) -> Response:
-    d = daemon()
-    wanted = _workspace_by_ref(workspace)
-    if wanted is None:
-        raise bad_request(
-            f"Workspace {workspace} is not served by this daemon",
-            "workspace_mismatch",
-            boundWorkspace=d.settings.primary_workspace,
-            requestedWorkspace=workspace,
-        )
-    sessions = []
-    for session in d.registry.live(wanted):
-        try:
-            sessions.append(await session.call(Summarize(), timeout_s=_ASK_TIMEOUT_S))
-        except (SessionGone, ActorError):
-            continue  # closed meanwhile
-    return json_response({"sessions": sessions})
-
-
-def _workspace_by_ref(ref: str) -> str | None:
-    runtime = daemon().registry.by_ref(ref)
-    return runtime.path if runtime is not None else None
+    api = sessions_api()
+    return json_response({"sessions": await api.summaries(api.listed(workspace))})
 
 
 # ---- prompts ------------------------------------------------------------------------------
 
-_PROMPT_ERROR = "`prompt` must be a non-empty array of content blocks"
-
-
-def _validate_prompt(body: dict[str, Any]) -> tuple[msgspec.Raw, str, dict[str, Any]]:
-    prompt = body.get("prompt")
-    if not isinstance(prompt, list) or not prompt:
-        raise ApiError(400, {"error": _PROMPT_ERROR})
-    texts: list[str] = []
-    non_text = 0
-    for block in prompt:
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise ApiError(400, {"error": _PROMPT_ERROR})
-        if block["type"] == "text":
-            if not isinstance(block.get("text"), str):
-                raise ApiError(400, {"error": "text content blocks need a string `text`"})
-            texts.append(block["text"])
-        else:
-            non_text += 1
-    if non_text > 256:
-        raise ApiError(400, {"error": "at most 256 non-text content blocks per prompt"})
-    try:
-        extra = turns.passthrough(body)  # an allow-list: no body key replaces the daemon's own
-    except ValueError as exc:
-        raise ApiError(400, {"error": str(exc)}) from None
-    return msgspec.Raw(msgspec.json.encode(prompt)), "\n".join(texts), extra
-
 
 @blueprint.post("/session/<session_id>/prompt")
 async def prompt(session_id: str) -> Response:
-    _check_draining()
+    api = sessions_api()
+    api.check_accepting()
     body = await json_body(allow_empty=False)
     client_id = header_client_id()
-    blocks, text, extra = _validate_prompt(body)
-    steer = prompt_steer.steer_flag(body)
-    prompt_id = body.get("promptId")
-    if prompt_id is not None and (not isinstance(prompt_id, str) or not 0 < len(prompt_id) <= 128):
-        raise bad_request(
-            "`promptId` must be a non-empty string of at most 128 characters", "invalid_prompt_id"
-        )
-    deadline_ms = body.get("deadlineMs")
-    if deadline_ms is not None and (
-        isinstance(deadline_ms, bool)
-        or not isinstance(deadline_ms, int)
-        or not 0 < deadline_ms <= 2_147_483_647
-    ):
-        raise bad_request("`deadlineMs` must be a positive integer", "invalid_deadline_ms")
-    session = find_session(session_id)
+    parsed = parse_prompt(body)  # serve/api/prompts.py: the one validation
+    session = api.find(session_id)
     client_id = await session_client(session)
-    try:
-        submit = SubmitPrompt(blocks, text, client_id, extra or None, prompt_id, deadline_ms)
-        admission, steered = prompt_steer.unpack(
-            await ask(session, SteerPrompt(submit) if steer else submit)
-        )
-    except PromptQueueFull as exc:
-        raise service_unavailable(
-            f"Prompt queue is full ({exc.limit})",
-            "prompt_queue_full",
-            sessionId=session_id,
-            limit=exc.limit,
-            pendingCount=exc.pending,
-        ) from None
+    submitted = await api.submit(session, parsed, client_id)
+    admission = submitted.admission
+    _, steered = prompt_steer.unpack(submitted.steered if submitted.steered else admission)
     prefer = request.headers.get("Prefer", "")
     # --prompt-response async: 202 at admission without the header too (the reference's
     # behaviour); the turn then never depends on this connection.
@@ -491,44 +314,21 @@ async def prompt(session_id: str) -> Response:
             202,
         )
     try:
-        await admission.done.wait()
-    except trio.Cancelled:
-        # The blocking caller went away: cancel its prompt, as the seed says.
-        if not admission.done.is_set() and prompt_steer.owns_turn(steered):
-            try:
-                session.tell_nowait(CancelTurn(client_id, admission.prompt_id))
-            except Exception:
-                pass
-        raise
-    terminal = admission.job.terminal
-    event_type, data = terminal.kind, terminal.data
-    if event_type == "turn_complete":
-        out = {"stopReason": data["stopReason"], "promptId": admission.prompt_id, **steered}
-        if "branchPoint" in data:
-            out["branchPoint"] = data["branchPoint"]
-        return json_response(out)
-    error_body: dict[str, Any] = {"error": data.get("message", "prompt failed")}
-    for key in ("code", "data", "errorKind"):
-        if key in data:
-            error_body[key] = data[key]
-    error_body["promptId"] = admission.prompt_id
-    error_body.update(steered)
-    code = data.get("code")
-    if code == "budget_exhausted":  # spent: 402 until PATCH /session/:id/budget raises it
-        return json_response(error_body, 402)
-    if code in TURN_RETRY_AFTER:  # a released session found no agent: it stays, try again
-        return json_response(error_body, 503, {"Retry-After": TURN_RETRY_AFTER[code]})
-    if code == "agent_session_not_found":  # the agent lost the session: it is gone
-        return json_response(error_body, 404)
-    status = 503 if code in RETRYABLE_TURN_CODES else 500
-    return json_response(error_body, status)
+        done = await api.outcome(session, submitted, client_id)
+    except TurnFailed as exc:  # its status and headers from the table (serve/errors)
+        error = to_api_error(exc)
+        assert error is not None
+        error.body.update(steered)
+        raise error from None
+    out = {"stopReason": done.stop_reason, "promptId": done.prompt_id, **steered, **done.fields}
+    return json_response(out)
 
 
 @blueprint.get("/session/<session_id>/pending-prompts")
 async def pending_prompts(session_id: str) -> Response:
     session = find_session(session_id)
     await session_client(session)
-    return json_response(await ask(session, ListPending()))
+    return json_response(await ask(session, ListPending(), dict))
 
 
 @blueprint.delete("/session/<session_id>/pending-prompts/<prompt_id>")
@@ -536,7 +336,7 @@ async def remove_pending_prompt(session_id: str, prompt_id: str) -> Response:
     session = find_session(session_id)
     client_id = await session_client(session)
     try:
-        removed = await ask(session, RemovePending(prompt_id, client_id))
+        removed = await ask(session, RemovePending(prompt_id, client_id), bool)
     except PromptRunning:
         raise ApiError(
             409,
@@ -564,7 +364,7 @@ async def remove_pending_prompt(session_id: str, prompt_id: str) -> Response:
 async def cancel(session_id: str) -> Response:
     session = find_session(session_id)
     client_id = await session_client(session)
-    await ask(session, CancelTurn(client_id))
+    await ask(session, CancelTurn(client_id), object)
     return Response(b"", status=204)
 
 
@@ -572,7 +372,7 @@ async def cancel(session_id: str) -> Response:
 async def close(session_id: str) -> Response:
     session = find_session(session_id)
     client_id = await session_client(session)
-    await ask(session, CloseSession(reason="client_close", closed_by=client_id))
+    await ask(session, CloseSession(reason="client_close", closed_by=client_id), object)
     return Response(b"", status=204)
 
 
@@ -602,7 +402,7 @@ async def metadata(session_id: str) -> Response:
             "invalid_metadata",
             field="displayName",
         )
-    done: MetadataSet = await ask(session, UpdateMetadata(name.strip(), client_id))
+    done = await ask(session, UpdateMetadata(name.strip(), client_id), MetadataSet)
     return json_response({"sessionId": done.session_id, "displayName": done.display_name})
 
 
@@ -610,7 +410,7 @@ async def metadata(session_id: str) -> Response:
 async def heartbeat(session_id: str) -> Response:
     session = find_session(session_id)
     client_id = await session_client(session)
-    last_seen = await ask(session, Heartbeat(client_id))
+    last_seen = await ask(session, Heartbeat(client_id), int)
     out: dict[str, Any] = {"sessionId": session_id, "lastSeenAt": last_seen}
     if client_id is not None:
         out["clientId"] = client_id
@@ -625,7 +425,7 @@ async def set_model(session_id: str) -> Response:
     model_id = body.get("modelId")
     if not isinstance(model_id, str) or not model_id.strip():
         raise bad_request("`modelId` must be a non-empty string")
-    switched: ModelSet = await ask(session, SetModel(model_id, client_id, timeout_s=60.0))
+    switched = await ask(session, SetModel(model_id, client_id, timeout_s=60.0), ModelSet)
     return json_response({"modelId": switched.model_id})
 
 
@@ -646,7 +446,7 @@ async def approval_mode(session_id: str) -> Response:
     persist = body.get("persist", False)
     if not isinstance(persist, bool):
         raise bad_request("`persist` must be a boolean", "invalid_persist_flag")
-    changed: ModeSet = await ask(session, SetApprovalMode(mode, persist, client_id))
+    changed = await ask(session, SetApprovalMode(mode, persist, client_id), ModeSet)
     out: dict[str, Any] = {
         "sessionId": changed.session_id,
         "previous": changed.previous,
@@ -700,7 +500,7 @@ async def events(session_id: str) -> Response:
     if epoch is not None and not _EPOCH_RE.match(epoch):
         epoch = None
     try:
-        subscription: Subscription = await ask(
+        subscription = await ask(
             session,
             Subscribe(
                 last_event_id=_last_event_id(),
@@ -709,6 +509,7 @@ async def events(session_id: str) -> Response:
                 snapshot=request.args.get("snapshot") in ("1", "true"),
                 client_id=stream_client,
             ),
+            Subscription,
         )
     except SubscriberLimitExceeded as exc:
         raise ApiError(
@@ -730,7 +531,7 @@ async def events(session_id: str) -> Response:
 
     sub.on_close = ended
 
-    async def stream() -> Any:
+    async def stream() -> AsyncIterator[bytes]:
         try:
             yield RETRY_FRAME
             while True:
@@ -773,17 +574,8 @@ def _from_loopback() -> bool:
 
 async def _vote(request_id: str, session_id: str | None, client_id: str | None) -> Response:
     body = await json_body(allow_empty=False)
-    mediator = daemon().mediator
-    try:
-        status, out = await mediator.ask(
-            CastVote(request_id, session_id, body, client_id, _from_loopback()),
-            timeout_s=_ASK_TIMEOUT_S,
-        )
-    except ActorStopped:
-        raise service_unavailable(
-            "Permission mediator unavailable", "mediator_unavailable"
-        ) from None
-    return json_response(out, status)
+    vote = await sessions_api().vote(request_id, session_id, body, client_id, _from_loopback())
+    return json_response(vote.body, vote.status)
 
 
 @blueprint.post("/session/<session_id>/permission/<request_id>")
@@ -796,10 +588,8 @@ async def vote_session(session_id: str, request_id: str) -> Response:
 @blueprint.post("/permission/<request_id>")
 async def vote_legacy(request_id: str) -> Response:
     client_id = header_client_id()
-    d = daemon()
     if client_id is not None:
-        owner = await d.mediator.ask(SessionOf(request_id), timeout_s=_ASK_TIMEOUT_S)
-        session = d.registry.get(owner) if owner else None
+        session = await sessions_api().vote_owner(request_id)
         if session is not None:
             await require_registered(session, client_id)
     return await _vote(request_id, None, client_id)

@@ -135,7 +135,7 @@ async def _share_history(session: Any, command: str, output: str, exit_code: int
         output = output[:MAX_HISTORY_CHARS] + "\n... (truncated)"
     params = {"command": command, "output": output, "exitCode": exit_code}
     try:
-        await ask(session, AgentCall(agent_ext.SHELL_HISTORY, params, HISTORY_TIMEOUT_S))
+        await ask(session, AgentCall(agent_ext.SHELL_HISTORY, params, HISTORY_TIMEOUT_S), object)
     except RemoteError as err:
         if err.code == -32601:
             support.observe(kind, agent_ext.SHELL_HISTORY, False)

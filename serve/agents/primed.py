@@ -1,0 +1,72 @@
+"""A spare's primed session: ``session/new`` opened ahead of need, handed to the next create.
+
+Why: a fresh agent process answers its *first* ``session/new`` slowly (``qwen --acp``
+0.24.4: 120-170 ms against about 50 ms for later ones on this machine: the code paths of a
+session are loaded and compiled on first use), and with one child per session (isolation)
+every create is a first one. So a child the pool spawns ahead of need (a refill, at the
+refill CPU weight: ``priority.py``) opens one session right after ``initialize``, in the
+workspace, with no MCP servers; the next session that takes the child and would send the
+same ``session/new`` (the workspace's cwd, no MCP servers, no ``additionalDirectories``,
+not a fork) adopts that session instead of opening one: its create costs the daemon's own
+work only. The agent's notifications for it (e.g. ``available_commands_update``) wait in
+the child's :class:`~acp.mux.SessionMux` until the session binds (bounded there).
+
+A prime is no staler than the spare itself: the agent read its settings when it started,
+before the prime. A prime nobody can use (the session wants MCP servers) is closed again
+when the agent can close sessions (``session/close``), else left inside the agent, whose
+child is the session's own (isolation) or recycled with its other dead slots (packed).
+Priming failures are not failures of the child: it stays a spare without a prime.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+from acp.client import AgentConnection
+from acp.errors import AcpError, RemoteError
+from acp.schema import SessionSetup
+
+log = logging.getLogger(__name__)
+
+#: Bound on closing a prime nobody can use (seconds).
+DISCARD_TIMEOUT_S: Final = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class PrimedSession:
+    """A session opened on a spare ahead of need, and in which workspace."""
+
+    cwd: str
+    setup: SessionSetup
+    opened_at: float  # time.time() of the agent's reply
+
+    def fits(self, cwd: str, mcp_servers: object, additional_directories: object) -> bool:
+        """Would ``session/new`` with these parameters have been the same request?"""
+        return cwd == self.cwd and not mcp_servers and not additional_directories
+
+
+async def prime(conn: AgentConnection, cwd: str, timeout_s: float) -> PrimedSession | None:
+    """Open the spare's session (None when the agent refuses or does not answer in time)."""
+    try:
+        setup = await conn.new_session(cwd, [], timeout_s=timeout_s)
+    except (AcpError, RemoteError) as exc:
+        log.info("agent pid %s: no primed session (%s)", conn.process.pid, exc)
+        return None
+    return PrimedSession(cwd, setup, time.time())
+
+
+async def discard(conn: AgentConnection, primed: PrimedSession) -> None:
+    """Close a prime nobody will use, when the agent can close sessions (bounded)."""
+    info = conn.info
+    if conn.closed or info is None or not info.supports_close:
+        return
+    with trio.move_on_after(DISCARD_TIMEOUT_S):
+        try:
+            await conn.close_session(primed.setup.session_id, timeout_s=DISCARD_TIMEOUT_S)
+        except (AcpError, RemoteError):
+            pass

@@ -1,0 +1,396 @@
+"""The session service: the session use cases both fronts call, without a transport.
+
+:class:`SessionService` is built over what it needs of the Host (:class:`SessionHost`:
+the workspace runtimes' registry facade, the permission mediator, the settings, the
+draining flag) and speaks only in typed values and domain errors:
+
+* finding a session and asking it (:meth:`~SessionService.find`, :meth:`~SessionService.ask`:
+  a session that is gone is :class:`~serve.sessions.errors.SessionNotFound`, an answer of
+  the wrong type a bug), and checking a client id is registered on it;
+* where a request goes (:meth:`~SessionService.workspace`, :meth:`~SessionService.listed`);
+* making and restoring sessions: :meth:`~SessionService.open_new` /
+  :meth:`~SessionService.open_restored` ask the registry and await the spawn (an
+  unexpected failure is :class:`~serve.sessions.errors.AgentStartFailed`; a restore the agent
+  answers "unknown session" / "invalid params" is ``SessionNotFound``), then
+  :meth:`~SessionService.create` / :meth:`~SessionService.restore` attach the caller and
+  :meth:`~SessionService.apply_settings` sets the approval mode and model asked at creation
+  (a refusal leaves the session in its agent's mode, and says ``modelApplied: false``);
+* prompts: :meth:`~SessionService.submit` (the queue's refusal is
+  :class:`~serve.sessions.errors.PromptQueueRefused`) and :meth:`~SessionService.outcome`
+  (waits for the turn; a caller that goes away cancels the prompt it owns);
+* listing, votes, and the one draining check (:meth:`~SessionService.check_accepting`,
+  the registry's own refusal, ``daemon_draining``, raised as soon as the daemon drains,
+  before the registry stops accepting at the end of the drain).
+
+Every error is a domain error; the table in :mod:`serve.errors` gives its wire form.
+No HTTP, no JSON-RPC, no quart: the fronts parse, call, render.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
+from actors import ActorError, ActorStopped
+from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
+from serve.errors import wire_error
+from serve.permissions.mediator import CastVote, SessionOf
+from serve.sessions.errors import (
+    AgentStartFailed,
+    InvalidRequest,
+    PromptQueueRefused,
+    SessionError,
+    SessionNotFound,
+    SessionRequestError,
+    SessionsUnavailable,
+    UnknownClient,
+)
+from serve.sessions.messages import (
+    Admission,
+    Attach,
+    Attached,
+    CancelTurn,
+    KnowsClient,
+    PromptQueueFull,
+    PublishEvent,
+    SessionGone,
+    SetApprovalMode,
+    SetModel,
+    Steered,
+    SteerPrompt,
+    Summarize,
+)
+from serve.sessions.registry import CreateSession, RestoreSession
+
+if TYPE_CHECKING:
+    from serve.permissions.mediator import PermissionMediator
+    from serve.sessions.actor import SessionActor
+    from serve.sessions.messages import SessionMsg
+    from serve.sessions.registry import Ticket
+    from serve.settings import Settings
+    from serve.workspace_runtimes import WorkspaceRuntimes
+
+__all__ = [
+    "ASK_TIMEOUT_S",
+    "Created",
+    "Opened",
+    "SessionHost",
+    "SessionService",
+    "Submitted",
+    "Vote",
+]
+
+#: The default bound of one ask of a session, the registry or the mediator (seconds).
+ASK_TIMEOUT_S = 30.0
+#: A model switch asked of the agent (seconds).
+MODEL_SWITCH_TIMEOUT_S = 60.0
+#: Attempts at attaching to a single-scope session that closes under the caller.
+_ATTACH_ATTEMPTS = 3
+#: The agent's answers to a restore of a session it does not have (JSON-RPC codes).
+_UNKNOWN_SESSION_CODES = (RESOURCE_NOT_FOUND, INVALID_PARAMS)
+
+
+class SessionHost(Protocol):
+    """What the service needs of the Host (``serve.host.Host`` is one)."""
+
+    @property
+    def registry(self) -> WorkspaceRuntimes: ...
+
+    @property
+    def mediator(self) -> PermissionMediator: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A session the registry made, restored or found: ``joined`` when the caller joined
+    one that was live or already being made (``attached: true`` on the wire)."""
+
+    session: SessionActor
+    joined: bool
+
+
+@dataclass(frozen=True)
+class Created:
+    """:class:`Opened`, with the caller attached (its client id and the session's view)."""
+
+    session: SessionActor
+    joined: bool
+    attached: Attached
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A prompt admitted: its admission, and where a steer went (None: not a steer)."""
+
+    admission: Admission
+    steered: Steered | None = None
+
+    @property
+    def owns_turn(self) -> bool:
+        """A steer that joined another caller's turn (``native``) does not own it."""
+        return self.steered is None or self.steered.via != "native"
+
+
+@dataclass(frozen=True)
+class Vote:
+    """The mediator's answer to a vote (its status and body, as it gives them)."""
+
+    status: int
+    body: dict[str, Any]
+
+
+class SessionService:
+    """The session use cases over ``host`` (see the module docstring)."""
+
+    def __init__(self, host: SessionHost) -> None:
+        self.host = host
+
+    # ---- lookup and asking ------------------------------------------------------------
+
+    def check_accepting(self) -> None:
+        """Refuse new sessions and prompts while the daemon drains (the registry's
+        refusal, before the registry itself stops accepting)."""
+        if self.host.draining:
+            raise SessionsUnavailable("Daemon is draining", "daemon_draining")
+
+    def find(self, session_id: str) -> SessionActor:
+        session = self.host.registry.get(session_id)
+        if session is None:
+            raise SessionNotFound(session_id)
+        return session
+
+    async def ask[T](
+        self,
+        session: SessionActor,
+        msg: SessionMsg,
+        answer: type[T],
+        *,
+        timeout_s: float = ASK_TIMEOUT_S,
+    ) -> T:
+        """Send ``msg`` and await its (possibly deferred) answer, of type ``answer``."""
+        try:
+            reply = await session.call(msg, timeout_s=timeout_s)
+        except (SessionGone, ActorStopped):
+            raise SessionNotFound(session.session_id) from None
+        if not isinstance(reply, answer):
+            raise TypeError(f"{type(msg).__name__} answered {type(reply).__name__}")
+        return reply
+
+    async def check_client(self, session: SessionActor, client_id: str) -> None:
+        """:class:`UnknownClient` unless ``client_id`` is registered on ``session``."""
+        if not await self.ask(session, KnowsClient(client_id), bool):
+            raise UnknownClient(session.session_id, client_id)
+
+    async def publish(
+        self, session: SessionActor, event_type: str, data: object, originator: str | None
+    ) -> None:
+        """Have the session write another party's event into its log (its only writer);
+        a session that closed meanwhile has closed its log too."""
+        try:
+            await session.ask(PublishEvent(event_type, data, originator=originator), timeout_s=10)
+        except (SessionGone, ActorError):
+            pass
+
+    # ---- where ---------------------------------------------------------------------------
+
+    def workspace(self, cwd: object) -> str:
+        """The served workspace a request's ``cwd`` names (None: the primary one)."""
+        settings, registry = self.host.settings, self.host.registry
+        if cwd is None:
+            return settings.primary_workspace
+        if not isinstance(cwd, str) or not os.path.isabs(cwd):
+            raise InvalidRequest("`cwd` must be a string absolute path")
+        try:
+            path = os.path.realpath(cwd)
+        except (OSError, ValueError):
+            path = os.path.normpath(cwd)
+        if path in registry.runtimes:
+            return path
+        extra: dict[str, object] = {"workspaceCount": len(registry)} if len(registry) > 1 else {}
+        raise SessionRequestError(
+            f"Requested workspace {path} does not match the daemon's workspace",
+            "workspace_mismatch",
+            boundWorkspace=settings.primary_workspace,
+            requestedWorkspace=path,
+            **extra,
+        )
+
+    def listed(self, ref: str) -> str:
+        """The served workspace a listing's path or id names."""
+        runtime = self.host.registry.by_ref(ref)
+        if runtime is None:
+            raise SessionRequestError(
+                f"Workspace {ref} is not served by this daemon",
+                "workspace_mismatch",
+                boundWorkspace=self.host.settings.primary_workspace,
+                requestedWorkspace=ref,
+            )
+        return runtime.path
+
+    async def summaries(self, workspace: str | None) -> list[dict[str, Any]]:
+        """The list entries of the live sessions (of ``workspace``; None: all), skipping
+        those that close meanwhile."""
+        out = []
+        for session in self.host.registry.live(workspace):
+            try:
+                out.append(await self.ask(session, Summarize(), dict))
+            except (SessionNotFound, ActorError):
+                continue
+        return out
+
+    # ---- making and restoring --------------------------------------------------------------
+
+    async def _opened(self, msg: CreateSession | RestoreSession) -> Opened:
+        try:
+            ticket: Ticket = await self.host.registry.ask(msg, timeout_s=ASK_TIMEOUT_S)
+        except ActorStopped:
+            raise SessionsUnavailable("Daemon is shutting down", "daemon_draining") from None
+        try:
+            session = await ticket.pending.wait()
+        except (SessionError, RemoteError) as exc:
+            if isinstance(msg, RestoreSession) and _unknown_session(exc):
+                raise SessionNotFound(msg.session_id) from None
+            raise
+        except Exception as exc:
+            if wire_error(exc) is not None:  # a failure the table knows keeps its form
+                raise
+            raise AgentStartFailed(exc) from None
+        return Opened(session, ticket.attached)
+
+    async def open_new(self, workspace: str, scope: str, dirs: tuple[str, ...] = ()) -> Opened:
+        """A session of ``scope`` (``single``: the workspace's shared one) in ``workspace``."""
+        return await self._opened(CreateSession(workspace, scope, dirs))
+
+    async def open_restored(
+        self, session_id: str, workspace: str, action: str, dirs: tuple[str, ...] = ()
+    ) -> Opened:
+        """The session ``session_id`` live, or loaded / resumed (``action``) from the agent
+        or the journal."""
+        return await self._opened(RestoreSession(session_id, workspace, action, dirs))
+
+    async def create(
+        self, workspace: str, scope: str, client_id: str | None, peer: str | None
+    ) -> Created:
+        """:meth:`open_new`, then the caller attached; a single-scope session that closes
+        (its last client detached) before the attach is opened afresh, twice at most."""
+        for attempt in range(_ATTACH_ATTEMPTS):
+            opened = await self.open_new(workspace, scope)
+            try:
+                attached = await opened.session.call(
+                    Attach(client_id, peer), timeout_s=ASK_TIMEOUT_S
+                )
+            except (SessionGone, ActorStopped):
+                if attempt == _ATTACH_ATTEMPTS - 1:
+                    raise SessionNotFound(opened.session.session_id) from None
+                continue
+            assert isinstance(attached, Attached)
+            return Created(opened.session, opened.joined, attached)
+        raise AssertionError("unreachable")
+
+    async def restore(
+        self, session_id: str, workspace: str, action: str, client_id: str | None, peer: str | None
+    ) -> Created:
+        """:meth:`open_restored`, then the caller attached."""
+        opened = await self.open_restored(session_id, workspace, action)
+        attached = await self.ask(opened.session, Attach(client_id, peer), Attached)
+        return Created(opened.session, opened.joined, attached)
+
+    async def apply_settings(
+        self,
+        session: SessionActor,
+        client_id: str,
+        approval_mode: str | None,
+        model: str | None,
+    ) -> bool | None:
+        """The approval mode and model asked for at creation. A refusal leaves the session
+        as its agent made it; returns whether the model was applied (None: none asked)."""
+        if approval_mode:
+            try:
+                await self.ask(session, SetApprovalMode(approval_mode, False, client_id), object)
+            except SessionError:
+                pass
+        if not model:
+            return None
+        try:
+            await self.ask(session, SetModel(model, client_id), object)
+        except SessionError:
+            return False
+        return True
+
+    # ---- prompts ---------------------------------------------------------------------------
+
+    async def submit(
+        self, session: SessionActor, body: PromptBody, client_id: str | None
+    ) -> Submitted:
+        """Admit the prompt (or the steer) into the session's queue."""
+        request = body.request(client_id)
+        try:
+            answer = await self.ask(
+                session, SteerPrompt(request) if body.steer else request, object
+            )
+        except PromptQueueFull as exc:
+            raise PromptQueueRefused(session.session_id, exc.limit, exc.pending) from None
+        if isinstance(answer, Steered):
+            return Submitted(answer.admission, answer)
+        if not isinstance(answer, Admission):
+            raise TypeError(f"a prompt was answered {type(answer).__name__}")
+        return Submitted(answer)
+
+    async def outcome(
+        self, session: SessionActor, submitted: Submitted, client_id: str | None
+    ) -> TurnCompleted:
+        """Wait for the turn's end: :class:`TurnCompleted`, or its ``TurnFailed`` raised.
+        A caller cancelled meanwhile (it went away) cancels the prompt if it owns it."""
+        admission = submitted.admission
+        try:
+            await admission.done.wait()
+        except trio.Cancelled:
+            if not admission.done.is_set() and submitted.owns_turn:
+                try:
+                    session.tell_nowait(CancelTurn(client_id, admission.prompt_id))
+                except ActorError:
+                    pass  # gone, or its inbox is full: it ends the turn its own way
+            raise
+        return turn_outcome(admission)
+
+    # ---- votes -----------------------------------------------------------------------------
+
+    async def vote(
+        self,
+        request_id: str,
+        session_id: str | None,
+        body: dict[str, Any],
+        client_id: str | None,
+        loopback: bool,
+    ) -> Vote:
+        """A client's answer to a permission request, counted by the mediator."""
+        try:
+            status, out = await self.host.mediator.ask(
+                CastVote(request_id, session_id, body, client_id, loopback),
+                timeout_s=ASK_TIMEOUT_S,
+            )
+        except ActorStopped:
+            raise SessionsUnavailable(
+                "Permission mediator unavailable", "mediator_unavailable"
+            ) from None
+        return Vote(status, out)
+
+    async def vote_owner(self, request_id: str) -> SessionActor | None:
+        """The live session a permission request belongs to (None: unknown or gone)."""
+        owner = await self.host.mediator.ask(SessionOf(request_id), timeout_s=ASK_TIMEOUT_S)
+        return self.host.registry.get(owner) if isinstance(owner, str) and owner else None
+
+
+def _unknown_session(exc: Exception) -> bool:
+    """The agent's answer to a restore of a session it does not have."""
+    return isinstance(exc, RemoteError) and exc.code in _UNKNOWN_SESSION_CODES
