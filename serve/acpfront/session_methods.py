@@ -10,6 +10,10 @@ and model switches, metadata and heartbeats to the session actor (``SubmitPrompt
 once through the error table (:mod:`.errors`). The few rebuilds left here change what
 the client reads on purpose (an agent that failed to start, a restore of a session the
 agent does not know, a failed turn).
+
+The application layer (:class:`serve.api.SessionService`) answers ``session/list``; the
+other use cases move onto it once ``/acp`` takes REST's answers where the two fronts
+drifted (listed in :mod:`serve.api`'s docstring: each move changes an ``/acp`` body).
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ from typing import Any
 import msgspec
 import trio
 
-from actors import ActorError, ActorStopped, InboxFull
+from actors import ActorStopped, InboxFull
 from serve.acpfront import steering, v121
 from serve.acpfront.connections import ASK_TIMEOUT_S, Connection, Connections, SessionLink
 from serve.acpfront.errors import draining, not_found, params_error, to_rpc
 from serve.acpfront.jsonrpc import INTERNAL_ERROR, SERVER_ERROR, RpcError
 from serve.acpfront.links import Replied, own_made, owned, reserve
+from serve.api import SessionService
 from serve.errors import RETRYABLE_TURN_CODES
 from serve.http.daemon_status import daemon_status
 from serve.sessions import turns
@@ -37,12 +42,10 @@ from serve.sessions.messages import (
     MetadataSet,
     ModelSet,
     ModeSet,
-    SessionGone,
     SessionView,
     SetApprovalMode,
     SetModel,
     SubmitPrompt,
-    Summarize,
     UpdateMetadata,
 )
 from serve.sessions.registry import CreateSession, RestoreSession, Ticket
@@ -247,11 +250,8 @@ async def session_list(
         else None
     )
     sessions = []
-    for session in front.host.registry.live(workspace):
-        try:
-            summary = dict(await session.call(Summarize(), timeout_s=ASK_TIMEOUT_S))
-        except (SessionGone, ActorError):
-            continue  # closed meanwhile
+    for found in await SessionService(front.host).summaries(workspace):  # serve/api
+        summary = dict(found)
         summary["cwd"] = summary.get("workspaceCwd")
         summary["title"] = summary.get("displayName")
         summary["updatedAt"] = summary.get("createdAt")
