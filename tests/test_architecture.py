@@ -281,7 +281,6 @@ OVERSIZED: dict[str, str] = {
     "serve/acpfront/front.py": "issue 25 item 3: split by concept",
     "serve/sessions/actor.py": "issue 25 item 4: AgentBinding out",
     "serve/permissions/effects.py": "to split: classification / policy / fs effects",
-    "serve/settings.py": "to split: flag table / validation",
     "acp/agents/scripted/agent.py": "exempt: the scripted test agent",
     "acp/schema.py": "exempt: generated wire tables",
     "serve/http/routes/sessions.py": "issue 25 item 1: use cases to serve/api",
