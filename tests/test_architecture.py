@@ -284,7 +284,6 @@ OVERSIZED: dict[str, str] = {
     "acp/agents/scripted/agent.py": "exempt: the scripted test agent",
     "acp/schema.py": "exempt: generated wire tables",
     "serve/http/routes/sessions.py": "issue 25 item 1: use cases to serve/api",
-    "serve/workspace/files.py": "to split",
     "serve/permissions/approval.py": "to split",
 }
 
