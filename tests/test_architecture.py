@@ -284,7 +284,6 @@ OVERSIZED: dict[str, str] = {
     "serve/settings.py": "to split: flag table / validation",
     "serve/agents/pool.py": "to split: children / warm spares / memory budget",
     "acp/agents/scripted/agent.py": "exempt: the scripted test agent",
-    "acp/schema.py": "exempt: generated wire tables",
     "serve/http/routes/sessions.py": "issue 25 item 1: use cases to serve/api",
     "serve/journal/journal.py": "to split: writer / reader",
     "serve/mcp/pool.py": "to split",
