@@ -305,7 +305,6 @@ OVERSIZED: dict[str, str] = {
     "serve/sessions/actor.py": "issue 25 item 4: AgentBinding out",
     "serve/permissions/effects.py": "to split: classification / policy / fs effects",
     "acp/agents/scripted/agent.py": "exempt: the scripted test agent",
-    "acp/schema.py": "exempt: generated wire tables",
     "serve/permissions/approval.py": "to split",
 }
 
