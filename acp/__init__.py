@@ -19,7 +19,7 @@ Nothing here knows about HTTP. The public names below are imported lazily, so th
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from acp.client import DEFAULT_CLIENT_CAPABILITIES, AgentConnection
@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'acp' has no attribute {name!r}")

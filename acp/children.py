@@ -37,7 +37,7 @@ import secrets
 import subprocess
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Final
 
 import trio
 import trio.lowlevel
@@ -85,9 +85,26 @@ def become_undumpable() -> bool:
         return False
 
 
-async def open_process(command: Any, **options: Any) -> trio.Process:
+async def open_process(
+    command: Sequence[str],
+    *,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    stdin: int | None = None,
+    stdout: int | None = None,
+    stderr: int | None = None,
+    start_new_session: bool = False,
+) -> trio.Process:
     """``trio.lowlevel.open_process``, recording the child as ours (see the module doc)."""
-    proc = await trio.lowlevel.open_process(command, **options)
+    proc = await trio.lowlevel.open_process(
+        command,
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=start_new_session,
+    )
     _ours[proc.pid] = weakref.ref(proc)
     return proc
 

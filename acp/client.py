@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -50,6 +50,7 @@ from acp.schema import (
     PROTOCOL_VERSION,
     AuthenticateParams,
     ClientCapabilities,
+    ContentBlock,
     CreateTerminalParams,
     CreateTerminalResult,
     EmptyResult,
@@ -149,7 +150,9 @@ class AgentConnection:
         client_info: Implementation,
     ) -> None:
         self.handler = handler
-        self._flow_hook: Callable[[int], Any] | None = getattr(handler, "flow_control", None)
+        self._flow_hook: Callable[[int], Awaitable[None]] | None = getattr(
+            handler, "flow_control", None
+        )
         self.request_timeout_s = request_timeout_s
         self.client_capabilities = client_capabilities
         self.client_info = client_info
@@ -323,14 +326,15 @@ class AgentConnection:
 
     # -- dispatch (called by the RpcChannel) --------------------------------------------------
 
-    def on_notification(self, method: str, params: Raw) -> None:
+    def on_notification(self, method: str, params: Raw | msgspec.Struct) -> None:
         if method == "session/update":
             try:
-                head = (
-                    params
-                    if isinstance(params, SessionUpdateHead)
-                    else _head_decoder.decode(params)
-                )
+                if isinstance(params, SessionUpdateHead):
+                    head = params
+                elif isinstance(params, Raw):
+                    head = _head_decoder.decode(params)
+                else:  # (the channel decodes this method as SessionUpdateHead only)
+                    return
                 found = _KIND_PREFIX.match(head.update)
                 if found is not None:
                     kind = found.group(1).decode()
@@ -342,7 +346,7 @@ class AgentConnection:
             if kind == "config_option_update":
                 self._remember_config_update(head.session_id, head.update)
             self.handler.on_session_update(head.session_id, kind, head.update)
-        else:
+        elif isinstance(params, Raw):  # (only session/update is decoded as a Struct)
             self.handler.on_notification(method, params)
 
     def on_oversized_line(self, size: int, limit: int, excerpt: bytes = b"") -> None:
@@ -444,7 +448,7 @@ class AgentConnection:
     async def new_session(
         self,
         cwd: str,
-        mcp_servers: Sequence[Any] = (),
+        mcp_servers: Sequence[dict[str, Any]] = (),
         timeout_s: float | None = None,
         *,
         additional_directories: Sequence[str] | None = None,
@@ -458,7 +462,9 @@ class AgentConnection:
         )
         return await self._created("session/new", params, timeout_s)
 
-    async def _created(self, method: str, params: Any, timeout_s: float | None) -> SessionSetup:
+    async def _created(
+        self, method: str, params: NewSessionParams | LoadSessionParams, timeout_s: float | None
+    ) -> SessionSetup:
         """``session/new`` or ``session/fork``: the setup of the session the agent made."""
         raw = await self.request(method, params, timeout_s)
         setup: SessionSetup = _decode(method, raw, decode_session_setup)
@@ -471,7 +477,7 @@ class AgentConnection:
         self,
         session_id: str,
         cwd: str,
-        mcp_servers: Sequence[Any] = (),
+        mcp_servers: Sequence[dict[str, Any]] = (),
         timeout_s: float | None = None,
     ) -> SessionSetup:
         """``session/fork`` (unstable ACP, ``sessionCapabilities.fork``): a new agent session
@@ -483,7 +489,7 @@ class AgentConnection:
         self,
         session_id: str,
         cwd: str,
-        mcp_servers: Sequence[Any] = (),
+        mcp_servers: Sequence[dict[str, Any]] = (),
         timeout_s: float | None = None,
         *,
         additional_directories: Sequence[str] | None = None,
@@ -506,7 +512,7 @@ class AgentConnection:
         self,
         session_id: str,
         cwd: str,
-        mcp_servers: Sequence[Any] = (),
+        mcp_servers: Sequence[dict[str, Any]] = (),
         timeout_s: float | None = None,
         *,
         additional_directories: Sequence[str] | None = None,
@@ -550,7 +556,7 @@ class AgentConnection:
     async def prompt(
         self,
         session_id: str,
-        prompt: Raw | Sequence[Any],
+        prompt: Raw | Sequence[ContentBlock | dict[str, Any]],
         *,
         extra: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,

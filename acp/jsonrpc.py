@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final, overload
 
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
@@ -166,7 +166,7 @@ class Envelope(msgspec.Struct, frozen=True):
 class ErrorObject(msgspec.Struct, frozen=True):
     code: int
     message: str = ""
-    data: Any = None
+    data: object = None
 
 
 class Request(msgspec.Struct, frozen=True):
@@ -176,11 +176,16 @@ class Request(msgspec.Struct, frozen=True):
 
 
 class Notification(msgspec.Struct, frozen=True):
-    """``params`` is ``msgspec.Raw``, or the Struct of a typed method (see
-    :func:`typed_decoders`)."""
+    method: str
+    params: Raw
+
+
+class TypedNotification(msgspec.Struct, frozen=True):
+    """A notification of a method given to :func:`typed_decoders`, its params decoded as that
+    method's Struct (only :func:`parse_line` with ``typed`` returns one)."""
 
     method: str
-    params: Any
+    params: msgspec.Struct
 
 
 class Response(msgspec.Struct, frozen=True):
@@ -211,24 +216,45 @@ _METHOD_PEEK: Final = re.compile(
     rb'\A\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"method"\s*:\s*"([A-Za-z0-9_/$.]{1,128})"'
 )
 
-TypedDecoders = Mapping[bytes, "msgspec.json.Decoder[Any]"]
+
+class TypedEnvelope(msgspec.Struct, frozen=True):
+    """A line read by a :func:`typed_decoders` decoder: each decoder's envelope is a subclass
+    that declares ``params`` as its method's Struct."""
+
+    method: str
+    params: msgspec.Struct
+    id: RequestId | UnsetType = UNSET
 
 
-def typed_decoders(methods: Mapping[str, type]) -> dict[bytes, msgspec.json.Decoder[Any]]:
+TypedDecoders = Mapping[bytes, "msgspec.json.Decoder[msgspec.Struct]"]
+
+
+def typed_decoders(
+    methods: Mapping[str, type[msgspec.Struct]],
+) -> dict[bytes, msgspec.json.Decoder[msgspec.Struct]]:
     """Decoders that read a notification of ``method`` with its params as the given Struct
     in the same pass as the envelope (one scan of a large line instead of two)."""
-    out: dict[bytes, msgspec.json.Decoder[Any]] = {}
+    out: dict[bytes, msgspec.json.Decoder[msgspec.Struct]] = {}
     for method, params_type in methods.items():
         envelope = msgspec.defstruct(
             "TypedEnvelope",
             [("method", str), ("params", params_type), ("id", RequestId | UnsetType, UNSET)],
+            bases=(TypedEnvelope,),
             frozen=True,
         )
         out[method.encode()] = msgspec.json.Decoder(envelope)
     return out
 
 
-def parse_line(line: bytes | bytearray, typed: TypedDecoders | None = None) -> Message:
+@overload
+def parse_line(line: bytes | bytearray) -> Message: ...
+@overload
+def parse_line(
+    line: bytes | bytearray, typed: TypedDecoders | None
+) -> Message | TypedNotification: ...
+def parse_line(
+    line: bytes | bytearray, typed: TypedDecoders | None = None
+) -> Message | TypedNotification:
     """Classify one line. Never raises.
 
     ``typed``: for a notification whose method (peeked at the start of the line) has a
@@ -245,8 +271,8 @@ def parse_line(line: bytes | bytearray, typed: TypedDecoders | None = None) -> M
             except msgspec.DecodeError:
                 pass  # not the expected shape: classify it the generic way below
             else:
-                if env_typed.id is UNSET:
-                    return Notification(env_typed.method, env_typed.params)
+                if isinstance(env_typed, TypedEnvelope) and env_typed.id is UNSET:
+                    return TypedNotification(env_typed.method, env_typed.params)
     try:
         env = _envelope_decoder.decode(line)
     except msgspec.ValidationError as exc:
@@ -284,25 +310,25 @@ class _OutRequest(msgspec.Struct, frozen=True):
     jsonrpc: str
     id: RequestId
     method: str
-    params: Any
+    params: object
 
 
 class _OutNotification(msgspec.Struct, frozen=True):
     jsonrpc: str
     method: str
-    params: Any
+    params: object
 
 
 class _OutResult(msgspec.Struct, frozen=True):
     jsonrpc: str
     id: RequestId
-    result: Any
+    result: object
 
 
 class _OutErrorBody(msgspec.Struct, frozen=True, omit_defaults=True):
     code: int
     message: str
-    data: Any = None
+    data: object = None
 
 
 class _OutError(msgspec.Struct, frozen=True):

@@ -117,11 +117,11 @@ class LandlockError(OSError):
 # ---- the kernel -----------------------------------------------------------------------------
 
 
-def _libc() -> Any:
+def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _syscall(libc: Any, nr: int, *args: Any) -> int:
+def _syscall(libc: ctypes.CDLL, nr: int, *args: object) -> int:
     libc.syscall.restype = ctypes.c_long
     res = int(libc.syscall(ctypes.c_long(nr), *args))
     if res < 0:

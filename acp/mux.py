@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 
@@ -243,5 +243,4 @@ class SessionMux(BaseClientHandler):
             if method == "elicitation/create":  # request-scoped, or no session: nobody to ask
                 return {"action": "cancel"}
             raise method_not_found(method)
-        result: Any = await handler.ext_request(method, params)
-        return result
+        return await handler.ext_request(method, params)

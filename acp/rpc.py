@@ -72,6 +72,7 @@ from acp.jsonrpc import (
     Request,
     RequestId,
     Response,
+    TypedNotification,
 )
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ class ThrottledWarning:
 class Dispatcher(Protocol):
     """What the channel needs from its owner."""
 
-    def on_notification(self, method: str, params: Raw) -> None:
+    def on_notification(self, method: str, params: Raw | msgspec.Struct) -> None:
         """Called from the reader, in wire order; must not block or raise. ``params`` is
         the Struct given in ``typed_notifications`` for such methods."""
 
@@ -212,7 +213,7 @@ class RpcChannel:
         max_concurrent_requests: int = DEFAULT_MAX_CONCURRENT_REQUESTS,
         write_queue_messages: int = DEFAULT_WRITE_QUEUE_MESSAGES,
         on_read_closed: Callable[[str], Awaitable[None]] | None = None,
-        typed_notifications: Mapping[str, type] | None = None,
+        typed_notifications: Mapping[str, type[msgspec.Struct]] | None = None,
     ) -> None:
         self.name = name
         self._typed = jsonrpc.typed_decoders(typed_notifications) if typed_notifications else None
@@ -413,9 +414,13 @@ class RpcChannel:
         self._lines_in += 1
         self._dispatch_message(jsonrpc.parse_line(line, self._typed), line)
 
-    def _dispatch_message(self, msg: jsonrpc.Message, line: bytes | bytearray) -> None:
+    def _dispatch_message(
+        self, msg: jsonrpc.Message | TypedNotification, line: bytes | bytearray
+    ) -> None:
         try:
-            if isinstance(msg, Notification):
+            if isinstance(msg, TypedNotification):
+                self._dispatcher.on_notification(msg.method, msg.params)
+            elif isinstance(msg, Notification):
                 if msg.method == CANCEL_REQUEST:
                     self._on_cancel_request(msg.params)
                 else:

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 
 import trio
 
@@ -43,7 +45,15 @@ DEFAULT_LIMIT = 4096
 #: Seconds one spilled delivery may wait for the destination to handle it.
 DEFAULT_ASK_TIMEOUT_S = 10.0
 
-_Item = tuple[Any, Reply[Any]]
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """One spilled message: its delivery (``dest.ask(msg)``, bound when it was posted, so
+    a FIFO needs no type of its destination's messages), its Reply and its kind (for logs)."""
+
+    deliver: Callable[[], Awaitable[object]]
+    reply: Reply[object]
+    kind: str
 
 
 class Outbox:
@@ -62,8 +72,9 @@ class Outbox:
         self.limit = limit
         self.ask_timeout_s = ask_timeout_s
         self._nursery: trio.Nursery | None = None
-        self._spilled: dict[Actor[Any], deque[_Item]] = {}
-        self._warned: set[Actor[Any]] = set()
+        # Keyed by the destination actor itself (by identity).
+        self._spilled: dict[object, deque[_Item]] = {}
+        self._warned: set[object] = set()
         self.dropped = 0
         self.spills = 0
 
@@ -75,7 +86,7 @@ class Outbox:
         """Messages waiting in spill FIFOs (for status pages)."""
         return sum(len(q) for q in self._spilled.values())
 
-    def post(self, dest: Actor[Any], msg: Any) -> Reply[Any]:
+    def post[M](self, dest: Actor[M], msg: M) -> Reply[object]:
         """Send ``msg`` to ``dest`` behind everything posted to it before; never blocks."""
         queue = self._spilled.get(dest)
         if queue is None:
@@ -89,7 +100,7 @@ class Outbox:
                 self.dropped += 1
                 log.warning("%s: %s's inbox is full; dropped %s", self.name, dest.name, _kind(msg))
                 return _failed(InboxFull(dest.name, dest.inbox_size))
-        reply: Reply[Any] = Reply()
+        reply: Reply[object] = Reply()
         if len(queue) >= self.limit:
             self.dropped += 1
             if dest not in self._warned:
@@ -103,10 +114,11 @@ class Outbox:
                 )
             reply.fail(InboxFull(dest.name, dest.inbox_size))
             return reply
-        queue.append((msg, reply))
+        deliver = partial(dest.ask, msg, timeout_s=self.ask_timeout_s)
+        queue.append(_Item(deliver, reply, _kind(msg)))
         return reply
 
-    def _spill(self, dest: Actor[Any]) -> deque[_Item] | None:
+    def _spill[M](self, dest: Actor[M]) -> deque[_Item] | None:
         if self._nursery is None:
             return None
         queue: deque[_Item] = deque()
@@ -118,14 +130,15 @@ class Outbox:
         self.spills += 1
         return queue
 
-    async def _courier(self, dest: Actor[Any], queue: deque[_Item]) -> None:
+    async def _courier[M](self, dest: Actor[M], queue: deque[_Item]) -> None:
         try:
             while queue:
-                msg, reply = queue[0]
+                item = queue[0]
+                reply = item.reply
                 try:
-                    reply.set(await dest.ask(msg, timeout_s=self.ask_timeout_s))
+                    reply.set(await item.deliver())
                 except AskTimeout as exc:
-                    log.warning("%s: %s slow to handle %s", self.name, dest.name, _kind(msg))
+                    log.warning("%s: %s slow to handle %s", self.name, dest.name, item.kind)
                     reply.fail(exc)
                 except ActorError as exc:
                     self._fail_all(queue, exc)
@@ -141,16 +154,16 @@ class Outbox:
 
     def _fail_all(self, queue: deque[_Item], error: BaseException) -> None:
         while queue:
-            _, reply = queue.popleft()
+            item = queue.popleft()
             self.dropped += 1
-            reply.fail(error)
+            item.reply.fail(error)
 
 
-def _failed(error: BaseException) -> Reply[Any]:
-    reply: Reply[Any] = Reply()
+def _failed(error: BaseException) -> Reply[object]:
+    reply: Reply[object] = Reply()
     reply.fail(error)
     return reply
 
 
-def _kind(msg: Any) -> str:
+def _kind(msg: object) -> str:
     return getattr(msg, "event_type", None) or type(msg).__name__

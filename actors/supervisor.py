@@ -52,7 +52,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import trio
@@ -88,8 +88,15 @@ class SupervisorEvent(msgspec.Struct, frozen=True):
     attempt: int = 0
 
 
-Target = Callable[..., Awaitable[Any]]
-StopHook = Callable[[], Any]
+class Target(Protocol):
+    """A child's body: ``await target(task_status=...)``, reporting readiness once with
+    ``task_status.started(value)`` (any ``TaskStatus[T]`` accepts the supervisor's)."""
+
+    def __call__(self, *, task_status: trio.TaskStatus[object]) -> Awaitable[object]: ...
+
+
+#: Asks a running child to finish: sync, or returning an awaitable the supervisor awaits.
+StopHook = Callable[[], object]
 
 
 class RestartWindow:
@@ -168,7 +175,7 @@ class _Child:
         self.restarts = 0
         self.started_at = 0.0
         self.state = "starting"
-        self.ready_value: Any = None
+        self.ready_value: object = None
 
 
 class Supervisor:
@@ -283,7 +290,7 @@ class Supervisor:
         """Ask :meth:`run` to stop every child in reverse order and return."""
         self._shutdown.set()
 
-    async def start_child(self, spec: ChildSpec) -> Any:
+    async def start_child(self, spec: ChildSpec) -> object:
         """Start a (possibly dynamic) child; returns its readiness value.
 
         Raises whatever the target raised before it was ready; the child is then not
@@ -340,7 +347,7 @@ class Supervisor:
 
     # ---- the runner --------------------------------------------------------------------
 
-    async def _runner(self, child: _Child, *, task_status: trio.TaskStatus[Any]) -> None:
+    async def _runner(self, child: _Child, *, task_status: trio.TaskStatus[object]) -> None:
         spec = child.spec
         ready_reported = False
         attempt = 0
@@ -441,7 +448,7 @@ class Supervisor:
         return True
 
 
-async def _call_target(target: Target, *, task_status: trio.TaskStatus[Any]) -> None:
+async def _call_target(target: Target, *, task_status: trio.TaskStatus[object]) -> None:
     await target(task_status=task_status)
 
 

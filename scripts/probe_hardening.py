@@ -149,7 +149,8 @@ def probe_withdrawn(root: Path) -> None:
 
 
 def probe_clients(root: Path) -> None:
-    has_flag = "client-idle-timeout" in (root / "serve" / "settings.py").read_text()
+    flag_files = [*(root / "serve").glob("settings.py"), *(root / "serve").glob("settings/*.py")]
+    has_flag = any("client-idle-timeout" in p.read_text() for p in flag_files)
     args = ["--client-idle-timeout-ms", "1000"] if has_flag else []
     d = Daemon(root, args)
     try:

@@ -221,6 +221,6 @@ class EventRenderer:
         return
 
 
-def _short(data: Any, limit: int = 160) -> str:
+def _short(data: object, limit: int = 160) -> str:
     text = repr(data)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -20,9 +20,9 @@ block that loop): use the async client there.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Literal, Self
+from typing import Literal, Self
 
 import sniffio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -180,7 +180,7 @@ class SyncAcpServeClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run[T](self, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kw: Any) -> T:
+    def _run[**P, T](self, fn: Callable[P, Awaitable[T]], *args: P.args, **kw: P.kwargs) -> T:
         result: T = self._portal.call(functools.partial(fn, *args, **kw))
         return result
 

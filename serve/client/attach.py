@@ -41,7 +41,7 @@ import logging
 import os
 import sys
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -96,9 +96,9 @@ class Bridge:
         self.reconnecting: trio.Event | None = None
         self.resuming: trio.Event | None = None
         self.sessions: dict[str, SessionStream] = {}
-        self.reply_sessions: dict[Any, str] = {}  # id of a request we forwarded to the editor
+        self.reply_sessions: dict[object, str] = {}  # id of a request we forwarded to the editor
         #: Our own requests (renewal resumes) awaiting their reply, which the editor never sees.
-        self.internal: dict[Any, trio.Event] = {}
+        self.internal: dict[object, trio.Event] = {}
         self.nursery: trio.Nursery | None = None
         self._internal = 0
 
@@ -108,7 +108,7 @@ class Bridge:
         async with self.write_lock:
             await self.stdout.send_all(payload + b"\n")
 
-    async def emit_obj(self, obj: Any) -> None:
+    async def emit_obj(self, obj: object) -> None:
         await self.emit(_encoder.encode(obj))
 
     # ---- connection ----------------------------------------------------------------------
@@ -272,7 +272,7 @@ class Bridge:
     async def _connection_stream(self) -> None:
         await self._read_stream(None, None)
 
-    async def _read_stream(self, session: SessionStream | None, _unused: Any) -> None:
+    async def _read_stream(self, session: SessionStream | None, _unused: None) -> None:
         """Read one stream for ever: reconnect on drops, renew a lost connection."""
         delay = BACKOFF_START_S
         while True:
@@ -376,7 +376,7 @@ class Bridge:
         await self.emit(payload)
         return False
 
-    async def _refuse(self, rid: Any, method: str, session: SessionStream | None) -> None:
+    async def _refuse(self, rid: object, method: str, session: SessionStream | None) -> None:
         log.warning("refused %s from the daemon (attach serves no files or terminals)", method)
         reply = _error(rid, -32601, f"{method} is not served through acp-serve attach")
         try:
@@ -406,11 +406,11 @@ class SessionStream:
         await self.bridge._read_stream(self, None)
 
 
-def _error(rid: Any, code: int, message: str) -> dict[str, Any]:
+def _error(rid: object, code: int, message: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
 
 
-async def _lines(stdin: trio.abc.ReceiveStream) -> Any:
+async def _lines(stdin: trio.abc.ReceiveStream) -> AsyncIterator[bytes]:
     buffer = b""
     while True:
         chunk = await stdin.receive_some(65536)

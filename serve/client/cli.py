@@ -69,7 +69,7 @@ class _Io:
         self.out = Console(highlight=False, soft_wrap=True)
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-    def emit(self, obj: Any) -> None:
+    def emit(self, obj: object) -> None:
         sys.stdout.write(msgspec.json.encode(obj).decode() + "\n")
         sys.stdout.flush()
 
@@ -81,7 +81,7 @@ class _Io:
         with self.err.status(what, spinner="dots"):
             yield
 
-    def error(self, message: str, **extra: Any) -> None:
+    def error(self, message: str, **extra: object) -> None:
         if self.json:
             sys.stderr.write(msgspec.json.encode({"error": message, **extra}).decode() + "\n")
             sys.stderr.flush()

@@ -76,11 +76,11 @@ class DeviceCode(msgspec.Struct, frozen=True):
     """A parsed device authorization answer: the public part and the secret device code."""
 
     public: DeviceAuthorization
-    device_code: Any  # Secret (not encodable on purpose)
+    device_code: Secret[str]  # (not encodable on purpose)
 
 
 class Pkce(msgspec.Struct, frozen=True):
-    verifier: Any  # Secret
+    verifier: Secret[str]
     challenge: str
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -126,7 +126,7 @@ class _Started(msgspec.Struct, frozen=True):
 class _Polled(msgspec.Struct, frozen=True):
     flow_id: str
     outcome: PollOutcome
-    tokens: Any = None  # Secret[dict] on a grant
+    tokens: Secret[dict[str, Any]] | None = None  # on a grant
 
 
 class _Persisted(msgspec.Struct, frozen=True):
@@ -143,7 +143,7 @@ PollerMsg = StartFlow | CancelFlow | _Started | _Polled | _Persisted | _Tick
 
 
 class _Secrets(msgspec.Struct, frozen=True):
-    device_code: Any  # Secret[str]
+    device_code: Secret[str]
     pkce: Pkce | None
 
 
@@ -261,13 +261,13 @@ class DeviceFlowPoller(Actor[PollerMsg]):
 
     # ---- handling ------------------------------------------------------------------------
 
-    async def handle(self, msg: PollerMsg) -> Any:
+    async def handle(self, msg: PollerMsg) -> Ticket | bool | None:
         try:
             return self._handle(msg)
         finally:
             self._rearm.set()
 
-    def _handle(self, msg: PollerMsg) -> Any:
+    def _handle(self, msg: PollerMsg) -> Ticket | bool | None:
         now = self._clock()
         match msg:
             case StartFlow(provider_id=provider_id, client_id=client_id):
@@ -346,7 +346,7 @@ class DeviceFlowPoller(Actor[PollerMsg]):
             except Exception:
                 log.exception("publishing %s failed", event.type)
 
-    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+    def _spawn[*Ts](self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None:
         nursery = self._nursery
         assert nursery is not None
         nursery.start_soon(fn, *args)
@@ -373,7 +373,9 @@ class DeviceFlowPoller(Actor[PollerMsg]):
             outcome, tokens = await poll_token(client, provider, secrets.device_code, secrets.pkce)
         await self.tell(_Polled(flow_id, outcome, Secret(tokens) if tokens is not None else None))
 
-    async def _persist_task(self, flow_id: str, provider_id: str, tokens: Secret[Any]) -> None:
+    async def _persist_task(
+        self, flow_id: str, provider_id: str, tokens: Secret[dict[str, Any]]
+    ) -> None:
         message = _Persisted(
             flow_id, False, f"could not store credentials in {PERSIST_TIMEOUT_S:g} s"
         )

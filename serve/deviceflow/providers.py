@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Final
+from typing import Annotated, Final
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import msgspec
@@ -76,13 +76,13 @@ QWEN_OAUTH: Final = ProviderConfig(
 )
 
 
-def _url(name: str, field: str, value: Any) -> str:
+def _url(name: str, field: str, value: object) -> str:
     if not isinstance(value, str) or not value.startswith(("http://", "https://")):
         raise ProviderConfigError(f"device-flow provider {name!r}: {field} must be an http(s) URL")
     return value
 
 
-def _check_name(name: Any) -> str:
+def _check_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise ProviderConfigError(
             f"device-flow provider name {name!r} must match [A-Za-z0-9_.-]{{1,64}}"
@@ -90,7 +90,7 @@ def _check_name(name: Any) -> str:
     return name
 
 
-def _field(raw: Any, *names: str) -> Any:
+def _field(raw: object, *names: str) -> object:
     """Read a field by its camelCase or snake_case name, from a mapping or an object."""
     for name in names:
         if isinstance(raw, Mapping):
@@ -101,7 +101,7 @@ def _field(raw: Any, *names: str) -> Any:
     return None
 
 
-def provider_from_mapping(name: Any, raw: Any) -> ProviderConfig:
+def provider_from_mapping(name: object, raw: object) -> ProviderConfig:
     name = _check_name(name)
     client_id = _field(raw, "clientId", "client_id")
     if not isinstance(client_id, str) or not client_id:
@@ -159,7 +159,7 @@ def parse_providers_json(text: str) -> dict[str, ProviderConfig]:
     return {name: provider_from_mapping(name, raw) for name, raw in doc.items()}
 
 
-def _apply(providers: dict[str, ProviderConfig], configured: Any) -> None:
+def _apply(providers: dict[str, ProviderConfig], configured: object) -> None:
     if isinstance(configured, Mapping):
         for name, raw in configured.items():
             providers[_check_name(name)] = provider_from_mapping(name, raw)
@@ -173,10 +173,10 @@ def _apply(providers: dict[str, ProviderConfig], configured: Any) -> None:
 
 
 def load_providers(
-    settings: Any = None,
+    settings: object = None,
     environ: Mapping[str, str] | None = None,
     *,
-    config_providers: Any = None,
+    config_providers: object = None,
 ) -> dict[str, ProviderConfig]:
     """Built-in, then the environment, then ``config_providers`` (the config file's
     ``deviceFlow.providers``: a mapping of name → fields, as Structs or dicts), then

@@ -81,7 +81,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class RawParts(tuple[Any, ...]):
+class RawParts(tuple[bytes | msgspec.Raw | memoryview, ...]):
     """A JSON value given as consecutive buffers (bytes, ``msgspec.Raw``, memoryview) that
     are only ever joined into the frame: ``RawParts((b'{"a":', raw, b"}"))``."""
 
@@ -91,13 +91,13 @@ class RawParts(tuple[Any, ...]):
 def _envelope_parts(
     event_id: int | None,
     event_type: str,
-    data: Any,
+    data: object,
     *,
     prompt_id: str | None = None,
     originator: str | None = None,
     meta: dict[str, Any] | None = None,
-) -> list[Any]:
-    parts: list[Any] = [b"{"]
+) -> list[bytes | msgspec.Raw | memoryview]:
+    parts: list[bytes | msgspec.Raw | memoryview] = [b"{"]
     if event_id is not None:
         parts.append(b'"id":%d,' % event_id)
     parts.append(b'"v":1,"type":')
@@ -125,7 +125,7 @@ def _envelope_parts(
 def encode_envelope(
     event_id: int | None,
     event_type: str,
-    data: Any,
+    data: object,
     *,
     prompt_id: str | None = None,
     originator: str | None = None,
@@ -155,7 +155,7 @@ def sse_frame(event_id: int | None, event_type: str, envelope: bytes) -> bytes:
 def build_frame(
     event_id: int | None,
     event_type: str,
-    data: Any,
+    data: object,
     *,
     prompt_id: str | None = None,
     originator: str | None = None,
@@ -227,7 +227,7 @@ class EventLog:
     def publish(
         self,
         event_type: str,
-        data: Any,
+        data: object,
         *,
         prompt_id: str | None = None,
         originator: str | None = None,
@@ -506,7 +506,7 @@ class Subscriber:
         if on_close is not None:
             on_close()
 
-    def evict(self, reason: str, **extra: Any) -> bytes:
+    def evict(self, reason: str, **extra: object) -> bytes:
         """Terminal ``client_evicted`` frame; the subscriber is finished afterwards."""
         self.log.evictions += 1
         frame = synthetic(

@@ -9,8 +9,6 @@ session a :class:`PublishEvent` and the actor appends it. The type lives here, b
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 __all__ = ["PublishEvent"]
@@ -25,6 +23,6 @@ class PublishEvent(msgspec.Struct, frozen=True):
     """
 
     event_type: str
-    data: Any
+    data: object
     prompt_id: str | None = None
     originator: str | None = None

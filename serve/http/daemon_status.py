@@ -40,6 +40,7 @@ from serve.workspace_state.reload import SERVICE_NAME as WORKSPACE_STATE
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from actors.supervisor import SupervisorEvent
     from serve.host import Host
     from serve.http.capabilities import Feature
 
@@ -86,8 +87,8 @@ def isolation_section(daemon: Host) -> dict[str, Any]:
     return out
 
 
-def _raw_history(daemon: Host) -> list[Any]:
-    events: list[Any] = list(getattr(getattr(daemon, "root", None), "events", ()))
+def _raw_history(daemon: Host) -> list[SupervisorEvent]:
+    events: list[SupervisorEvent] = list(getattr(getattr(daemon, "root", None), "events", ()))
     events.extend(getattr(getattr(daemon, "registry", None), "supervisor_events", ()))
     events.sort(key=lambda e: e.at)
     return events

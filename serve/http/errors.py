@@ -31,7 +31,7 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def bad_request(message: str, code: str | None = None, **extra: Any) -> ApiError:
+def bad_request(message: str, code: str | None = None, **extra: object) -> ApiError:
     body: dict[str, Any] = {"error": message}
     if code is not None:
         body["code"] = code
@@ -54,7 +54,9 @@ def invalid_json() -> ApiError:
     return ApiError(400, {"error": "Invalid JSON in request body"})
 
 
-def service_unavailable(message: str, code: str, retry_after_s: int = 5, **extra: Any) -> ApiError:
+def service_unavailable(
+    message: str, code: str, retry_after_s: int = 5, **extra: object
+) -> ApiError:
     return ApiError(
         503, {"error": message, "code": code, **extra}, {"Retry-After": str(retry_after_s)}
     )

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from acp.schema import InitializeResult
 from serve.sessions.fork import fork_path
 from serve.workspace_state import agent_ext
 
 
-def _kind(info: Any) -> str | None:
-    implementation = getattr(info, "agent_info", None)
+def _kind(info: InitializeResult) -> str | None:
+    implementation = info.agent_info
     name = getattr(implementation, "name", None)
     if not isinstance(name, str) or not name:
         return None
@@ -26,7 +27,7 @@ def _kind(info: Any) -> str | None:
     return f"{name}@{version}" if isinstance(version, str) and version else name
 
 
-def fork_report(daemon: Any, info: Any) -> dict[str, Any]:
+def fork_report(daemon: object, info: InitializeResult | None) -> dict[str, Any]:
     """``{supported, via}`` for an agent whose ``initialize`` answer is ``info`` (or None)."""
     if info is None:
         return {"supported": None, "via": None}
@@ -36,9 +37,9 @@ def fork_report(daemon: Any, info: Any) -> dict[str, Any]:
     return {"supported": via is not None, "via": via}
 
 
-def agent_entry(daemon: Any, info: Any) -> dict[str, Any]:
+def agent_entry(daemon: object, info: InitializeResult | None) -> dict[str, Any]:
     """``agentInfo`` (name, version) and ``fork`` of an agent (null/unknown before one ran)."""
-    implementation = getattr(info, "agent_info", None)
+    implementation = info.agent_info if info is not None else None
     return {
         "agentInfo": (
             {"name": implementation.name, "version": implementation.version}
@@ -49,27 +50,27 @@ def agent_entry(daemon: Any, info: Any) -> dict[str, Any]:
     }
 
 
-def capabilities_agents(daemon: Any) -> list[dict[str, Any]]:
+def capabilities_agents(daemon: object) -> list[dict[str, Any]]:
     """``/capabilities`` ``agents``: per served workspace, its agent and whether it forks."""
     out = []
     for runtime in getattr(daemon, "registry", ()):
         pool = getattr(runtime, "agents", None)
-        info = getattr(pool, "agent_info", None)
+        info: InitializeResult | None = getattr(pool, "agent_info", None)
         out.append({"workspaceCwd": runtime.path, **agent_entry(daemon, info)})
     return out
 
 
-def known_info(daemon: Any, session: Any) -> Any:
+def known_info(daemon: object, session: object) -> InitializeResult | None:
     """The ``initialize`` answer of the session's agent; while it has none bound (released
     while idle), its workspace pool's last known one; None before any agent came up."""
-    info = getattr(getattr(session, "conn", None), "info", None)
+    info: InitializeResult | None = getattr(getattr(session, "conn", None), "info", None)
     if info is None:
         runtimes = getattr(getattr(daemon, "registry", None), "runtimes", {})
-        pool = getattr(runtimes.get(session.workspace), "agents", None)
+        pool = getattr(runtimes.get(getattr(session, "workspace", None)), "agents", None)
         info = getattr(pool, "agent_info", None)
     return info
 
 
-def session_agent(daemon: Any, session: Any) -> dict[str, Any]:
+def session_agent(daemon: object, session: object) -> dict[str, Any]:
     """``/session/:id/context`` ``agent``: the session's agent (:func:`known_info`)."""
     return agent_entry(daemon, known_info(daemon, session))

@@ -23,11 +23,14 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quart import Blueprint, Response, current_app, g, request
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import Collector
     from quart_trio import QuartTrio
 
     from serve.host import Host
@@ -85,7 +88,7 @@ class DaemonMetrics:
         self.host = host
         self.requests = _Counts()
         self.latency = _Latency()
-        self._registry: Any = None
+        self._registry: CollectorRegistry | None = None
 
     def exposition(self) -> bytes:
         from prometheus_client import CollectorRegistry, generate_latest
@@ -96,18 +99,18 @@ class DaemonMetrics:
         return bytes(generate_latest(self._registry))
 
 
-def _make_collector(instruments: DaemonMetrics) -> Any:
+def _make_collector(instruments: DaemonMetrics) -> Collector:
     from prometheus_client.registry import Collector
 
     class StateCollector(Collector):
-        def collect(self) -> Iterator[Any]:
+        def collect(self) -> Iterator[Metric]:
             yield from _request_series(instruments)
             yield from _state_series(instruments.host)
 
     return StateCollector()
 
 
-def _request_series(metrics: DaemonMetrics) -> Iterator[Any]:
+def _request_series(metrics: DaemonMetrics) -> Iterator[Metric]:
     from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
     requests = CounterMetricFamily(
@@ -132,7 +135,7 @@ def _request_series(metrics: DaemonMetrics) -> Iterator[Any]:
     yield latency
 
 
-def _state_series(d: Host) -> Iterator[Any]:
+def _state_series(d: Host) -> Iterator[Metric]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     live = d.registry.live()

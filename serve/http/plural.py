@@ -12,9 +12,9 @@ exports them as ``PLURAL_ROUTES`` (a :class:`PluralRoutes`), and the app collect
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from quart import Blueprint
+from quart.typing import RouteCallable
 
 
 def plural_rules(rule: str) -> tuple[str, str]:
@@ -30,10 +30,10 @@ class PluralRoutes:
         #: (METHOD, rule) of every plural rule registered, for the capability tag.
         self.rules: list[tuple[str, str]] = []
 
-    def route(self, method: str, rule: str) -> Callable[[Any], Any]:
+    def route[H: RouteCallable](self, method: str, rule: str) -> Callable[[H], H]:
         """Register ``rule`` and its two plural forms for ``method``."""
 
-        def decorate(handler: Any) -> Any:
+        def decorate(handler: H) -> H:
             for candidate in (rule, *plural_rules(rule)):
                 self.blueprint.add_url_rule(candidate, view_func=handler, methods=[method])
             self.rules.extend((method, r) for r in plural_rules(rule))

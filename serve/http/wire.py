@@ -29,11 +29,13 @@ MAX_JSON_DEPTH = 64
 JSON_TYPE = "application/json; charset=utf-8"
 
 
-def encode(obj: Any) -> bytes:
+def encode(obj: object) -> bytes:
     return _encoder.encode(obj)
 
 
-def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+def json_response(
+    obj: object, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
     return Response(_encoder.encode(obj), status=status, headers=headers, content_type=JSON_TYPE)
 
 
@@ -45,9 +47,9 @@ def too_deep() -> ApiError:
     return ApiError(400, {"error": f"Request body nests JSON deeper than {MAX_JSON_DEPTH} levels"})
 
 
-def _strip_hostile(value: Any) -> Any:
+def _strip_hostile(value: dict[str, Any]) -> dict[str, Any]:
     """Drop the hostile keys everywhere, in place; :func:`too_deep` past the depth bound."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
@@ -56,7 +58,7 @@ def _strip_hostile(value: Any) -> Any:
             for key in _HOSTILE_KEYS.intersection(node):
                 del node[key]
             stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
-        else:
+        elif isinstance(node, list):  # (only objects and arrays are stacked)
             stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
     return value
 
@@ -82,4 +84,4 @@ async def json_body(*, allow_empty: bool = True) -> dict[str, Any]:
         raise too_deep() from None
     if not isinstance(value, dict):
         raise ApiError(400, {"error": "Request body must be a JSON object"})
-    return _strip_hostile(value)  # type: ignore[no-any-return]
+    return _strip_hostile(value)

@@ -12,7 +12,8 @@ not need, and its failure mode on a damaged file ("database disk image is malfor
 is all-or-nothing, where ours is "keep the valid prefix".
 
 Layout and format: ``store.py`` (directories, ``meta.json``, segments) and ``format.py``
-(records). Writer, flusher, overload policy and shutdown: ``journal.py``.
+(records). Writer, flusher, overload policy and shutdown: ``writer.py``; the directory
+(open, reopen, read, delete, the janitor): ``journal.py``; errors and limits: ``types.py``.
 
 Durability guarantee
 --------------------

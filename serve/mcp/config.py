@@ -123,13 +123,14 @@ def expand_vars(value: str, environ: Mapping[str, str]) -> str:
     return _VAR.sub(sub, value)
 
 
-def _str_list(value: Any) -> list[str] | None:
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return list(value)
-    return None
+def _str_list(value: object) -> list[str] | None:
+    if not isinstance(value, list):
+        return None
+    out = [v for v in value if isinstance(v, str)]
+    return out if len(out) == len(value) else None
 
 
-def _pairs(value: Any, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...] | None:
+def _pairs(value: object, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...] | None:
     if value is None:
         return ()
     if not isinstance(value, dict):
@@ -144,7 +145,7 @@ def _pairs(value: Any, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...
 
 
 def _server(
-    name: str, raw: Any, disabled: bool, workspace: str, environ: Mapping[str, str]
+    name: str, raw: object, disabled: bool, workspace: str, environ: Mapping[str, str]
 ) -> McpServerConfig:
     if not isinstance(raw, dict):
         return McpServerConfig(name=name, transport="unknown", invalid="entry is not an object")

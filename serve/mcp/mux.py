@@ -142,7 +142,7 @@ class Mux:
 
     # ---- the pool's own requests ---------------------------------------------------------
 
-    def pool_request(self, method: str, params: Any) -> tuple[int, bytes]:
+    def pool_request(self, method: str, params: dict[str, Any]) -> tuple[int, bytes]:
         uid = self._allocate()
         self._pool_pending.add(uid)
         return uid, encode_request(uid, method, params)

@@ -76,16 +76,15 @@ from actors import Actor, Reply
 from actors.outbox import Outbox
 from serve.events.messages import PublishEvent
 from serve.mcp.budget import (
-    BUDGET_HINT,
     BudgetPolicy,
     WarningLatch,
-    admit,
-    budget_cell,
     refused_batch_event,
     warning_event,
 )
-from serve.mcp.config import McpConfig, McpServerConfig, acp_server, load_config
+from serve.mcp.config import McpServerConfig, acp_server, load_config
 from serve.mcp.server import EntryState, McpStartFailed, PoolEntry
+from serve.mcp.snapshot import render
+from serve.mcp.state import WorkspaceMcp, admission_sets, counts
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +114,9 @@ class McpRestartFailed(Exception):
         self.detail = detail
 
 
-class Ticket(Reply[Any]):
-    """The answer to a pass or a restart, completed by the task that does the work."""
+class Ticket[T](Reply[T]):
+    """The answer to a pass (the servers handed out) or a restart (the 200 body),
+    completed by the task that does the work."""
 
     __slots__ = ()
 
@@ -126,7 +126,8 @@ class Ticket(Reply[Any]):
 
 class ServersFor(msgspec.Struct, frozen=True):
     workspace: str
-    requester: Any  # the session actor being created (gets the pass's events), or None
+    #: The session actor being created (gets the pass's events), or None.
+    requester: Actor[Any] | None
 
 
 class RestartServer(msgspec.Struct, frozen=True):
@@ -136,36 +137,6 @@ class RestartServer(msgspec.Struct, frozen=True):
 
 
 PoolMsg = ServersFor | RestartServer
-
-
-class _Workspace:
-    """Per-workspace state; mutated only by the actor's handlers and tasks (one thread)."""
-
-    def __init__(self, path: str, index: int) -> None:
-        self.path = path
-        self.index = index
-        self.config: McpConfig | None = None
-        self.activated = False
-        self.in_progress = False
-        self.entries: dict[str, PoolEntry] = {}
-        self.latch = WarningLatch()
-        self.lock = trio.Lock()
-        self.joining: list[Any] = []
-        self.restarting: set[str] = set()
-        self.session_counts = (0, 0)
-        self.serial = 0
-        #: The stdio servers the operator vouched for (module docstring: trust), by name.
-        self.trusted: dict[str, McpServerConfig] = {}
-        #: The untrusted configs already reported (one event per distinct config).
-        self.reported: dict[str, McpServerConfig] = {}
-
-
-def _admission_sets(
-    config: McpConfig, policy: BudgetPolicy
-) -> tuple[list[McpServerConfig], set[str], set[str]]:
-    usable = [s for s in config.servers if s.usable]
-    admission = admit([s.name for s in usable], policy)
-    return usable, set(admission.admitted), set(admission.refused)
 
 
 class McpPool(Actor[PoolMsg]):
@@ -194,7 +165,7 @@ class McpPool(Actor[PoolMsg]):
         self.outbox = Outbox("mcp-pool")
         self._environ = dict(os.environ if environ is None else environ)
         self._nursery: trio.Nursery | None = None
-        self._ws: dict[str, _Workspace] = {}
+        self._ws: dict[str, WorkspaceMcp] = {}
 
     @property
     def scope(self) -> str:
@@ -217,7 +188,7 @@ class McpPool(Actor[PoolMsg]):
             self._remove_socket_dir()
 
     async def on_start(self) -> None:
-        self._ws = {path: _Workspace(path, i) for i, path in enumerate(self.workspaces)}
+        self._ws = {path: WorkspaceMcp(path, i) for i, path in enumerate(self.workspaces)}
         for ws in self._ws.values():
             # What the settings hold when the daemon starts is the operator's.
             config = await trio.to_thread.run_sync(load_config, ws.path, self._environ)
@@ -253,7 +224,7 @@ class McpPool(Actor[PoolMsg]):
         self,
         workspace: str,
         *,
-        requester: Any = None,
+        requester: Actor[Any] | None = None,
         http: bool = True,
         sse: bool = True,
         timeout_s: float = PASS_TIMEOUT_S,
@@ -269,7 +240,7 @@ class McpPool(Actor[PoolMsg]):
         if workspace not in self.workspaces:
             return []  # untrusted (read-only) workspaces never run their settings' commands
         try:
-            ticket: Ticket = await self.ask(
+            ticket: Ticket[list[dict[str, Any]]] = await self.ask(
                 ServersFor(workspace, requester), timeout_s=ASK_TIMEOUT_S
             )
             with trio.fail_after(timeout_s):
@@ -288,10 +259,10 @@ class McpPool(Actor[PoolMsg]):
         Raises :class:`McpServerNotFound`, :class:`McpRestartFailed`, or
         :class:`actors.ActorError` when the pool itself is unavailable.
         """
-        ticket: Ticket = await self.ask(
+        ticket: Ticket[dict[str, Any]] = await self.ask(
             RestartServer(workspace, name, originator), timeout_s=ASK_TIMEOUT_S
         )
-        return await ticket.wait()  # type: ignore[no-any-return]
+        return await ticket.wait()
 
     async def snapshot(self, workspace: str) -> dict[str, Any]:
         """The ``GET /workspace/mcp`` body for ``workspace``."""
@@ -300,34 +271,37 @@ class McpPool(Actor[PoolMsg]):
             config = ws.config
         else:
             config = await trio.to_thread.run_sync(load_config, workspace, self._environ)
-        return self._render(workspace, ws, config)
+        return render(workspace, ws, config, policy=self.policy, pooling=self.pooling)
 
     # ---- handling ------------------------------------------------------------------------
 
-    async def handle(self, msg: PoolMsg) -> Ticket:
-        ticket = Ticket()
+    async def handle(self, msg: PoolMsg) -> Ticket[list[dict[str, Any]]] | Ticket[dict[str, Any]]:
         nursery = self._nursery
         assert nursery is not None
         match msg:
             case ServersFor(workspace=path, requester=requester):
-                ws = self._ws[path]
-                nursery.start_soon(self._run_pass, ws, requester, ticket)
+                servers: Ticket[list[dict[str, Any]]] = Ticket()
+                nursery.start_soon(self._run_pass, self._ws[path], requester, servers)
+                return servers
             case RestartServer(workspace=path, name=name, originator=originator):
                 ws = self._workspace_or_primary(path)
+                body: Ticket[dict[str, Any]] = Ticket()
                 if name in ws.restarting:
-                    ticket.set(self._skipped(ws, name, "in_flight", originator))
+                    body.set(self._skipped(ws, name, "in_flight", originator))
                 else:
                     ws.restarting.add(name)
-                    nursery.start_soon(self._run_restart, ws, name, originator, ticket)
-        return ticket
+                    nursery.start_soon(self._run_restart, ws, name, originator, body)
+                return body
 
-    def _workspace_or_primary(self, path: str) -> _Workspace:
+    def _workspace_or_primary(self, path: str) -> WorkspaceMcp:
         ws = self._ws.get(path)
         if ws is None:
             raise McpServerNotFound("", f"workspace {path!r} is not served by this daemon")
         return ws
 
-    async def _run_pass(self, ws: _Workspace, requester: Any, ticket: Ticket) -> None:
+    async def _run_pass(
+        self, ws: WorkspaceMcp, requester: Actor[Any] | None, ticket: Ticket[list[dict[str, Any]]]
+    ) -> None:
         try:
             async with ws.lock:
                 ticket.set(await self._pass_locked(ws, requester))
@@ -335,14 +309,16 @@ class McpPool(Actor[PoolMsg]):
             logger.exception("MCP discovery pass for %s failed", ws.path)
             ticket.fail(exc)
 
-    async def _pass_locked(self, ws: _Workspace, requester: Any) -> list[dict[str, Any]]:
+    async def _pass_locked(
+        self, ws: WorkspaceMcp, requester: Actor[Any] | None
+    ) -> list[dict[str, Any]]:
         first = not ws.activated
         ws.joining = [requester] if requester is not None else []
         try:
             ws.in_progress = True
             config = await trio.to_thread.run_sync(load_config, ws.path, self._environ)
             ws.config = config
-            usable, admitted, refused = _admission_sets(config, self.policy)
+            usable, admitted, refused = admission_sets(config, self.policy)
             if self.pooling:
                 pooled = [s for s in usable if s.transport == "stdio" and s.name in admitted]
                 pooled = self._trusted_only(ws, pooled)
@@ -377,7 +353,7 @@ class McpPool(Actor[PoolMsg]):
             ws.joining = []
 
     def _trusted_only(
-        self, ws: _Workspace, servers: list[McpServerConfig]
+        self, ws: WorkspaceMcp, servers: list[McpServerConfig]
     ) -> list[McpServerConfig]:
         """The servers whose command the operator vouched for; the others are held, said
         once per distinct config (``mcp_server_untrusted`` event, a warning in the log)."""
@@ -412,7 +388,7 @@ class McpPool(Actor[PoolMsg]):
         return out
 
     def _hand_out(
-        self, ws: _Workspace, usable: list[McpServerConfig], admitted: set[str]
+        self, ws: WorkspaceMcp, usable: list[McpServerConfig], admitted: set[str]
     ) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for server in usable:
@@ -433,7 +409,7 @@ class McpPool(Actor[PoolMsg]):
                 out.append(acp_server(server))
         return out
 
-    async def _reconcile(self, ws: _Workspace, wanted: list[McpServerConfig]) -> None:
+    async def _reconcile(self, ws: WorkspaceMcp, wanted: list[McpServerConfig]) -> None:
         wanted_by = {s.name: s for s in wanted}
         for name, entry in list(ws.entries.items()):
             if wanted_by.get(name) != entry.config:
@@ -474,7 +450,7 @@ class McpPool(Actor[PoolMsg]):
     # ---- restarts ------------------------------------------------------------------------
 
     async def _run_restart(
-        self, ws: _Workspace, name: str, originator: str | None, ticket: Ticket
+        self, ws: WorkspaceMcp, name: str, originator: str | None, ticket: Ticket[dict[str, Any]]
     ) -> None:
         try:
             async with ws.lock:
@@ -488,7 +464,7 @@ class McpPool(Actor[PoolMsg]):
             ws.restarting.discard(name)
 
     async def _restart_locked(
-        self, ws: _Workspace, name: str, originator: str | None
+        self, ws: WorkspaceMcp, name: str, originator: str | None
     ) -> dict[str, Any]:
         began = trio.current_time()
         activated_now = False
@@ -503,7 +479,7 @@ class McpPool(Actor[PoolMsg]):
         if config is None or not ws.activated:
             config = await trio.to_thread.run_sync(load_config, ws.path, self._environ)
             server = config.get(name)
-            _, admitted, _ = _admission_sets(config, self.policy)
+            _, admitted, _ = admission_sets(config, self.policy)
             if (
                 self.pooling
                 and server is not None
@@ -519,7 +495,7 @@ class McpPool(Actor[PoolMsg]):
         if not server.usable:
             details = server.invalid or "disabled by the workspace settings"
             return self._skipped(ws, name, "disabled", originator, details)
-        _, _, refused = _admission_sets(config, self.policy)
+        _, _, refused = admission_sets(config, self.policy)
         if name in refused:
             return self._skipped(ws, name, "budget_would_exceed", originator)
         if not self.pooling or server.transport != "stdio":
@@ -568,7 +544,7 @@ class McpPool(Actor[PoolMsg]):
 
     def _skipped(
         self,
-        ws: _Workspace,
+        ws: WorkspaceMcp,
         name: str,
         reason: str,
         originator: str | None,
@@ -587,19 +563,11 @@ class McpPool(Actor[PoolMsg]):
 
     # ---- accounting and events -----------------------------------------------------------
 
-    def _counts(self, ws: _Workspace) -> tuple[int, int]:
+    def _counts(self, ws: WorkspaceMcp) -> tuple[int, int]:
         """``(live, reserved)`` for the workspace's budget scope."""
-        if not self.pooling:
-            return ws.session_counts
-        if ws.config is None or not (ws.activated or ws.in_progress):
-            return 0, 0
-        usable, admitted, _ = _admission_sets(ws.config, self.policy)
-        remote = sum(1 for s in usable if s.transport != "stdio" and s.name in admitted)
-        live = remote + sum(1 for e in ws.entries.values() if e.live)
-        reserved = remote + sum(1 for e in ws.entries.values() if e.reserved)
-        return live, reserved
+        return counts(ws, self.policy, self.pooling)
 
-    def _recount(self, ws: _Workspace) -> tuple[int, int]:
+    def _recount(self, ws: WorkspaceMcp) -> tuple[int, int]:
         live, reserved = self._counts(ws)
         if ws.latch.observe(reserved, self.policy):
             self._publish(
@@ -609,11 +577,11 @@ class McpPool(Actor[PoolMsg]):
             )
         return live, reserved
 
-    def _on_entry_change(self, ws: _Workspace, _entry: PoolEntry) -> None:
+    def _on_entry_change(self, ws: WorkspaceMcp, _entry: PoolEntry) -> None:
         if self.pooling:
             self._recount(ws)
 
-    def _audience(self, ws: _Workspace) -> list[Any]:
+    def _audience(self, ws: WorkspaceMcp) -> list[Actor[Any]]:
         sessions = list(self._sessions_for(ws.path))
         for extra in ws.joining:
             if all(extra is not known for known in sessions):
@@ -622,7 +590,7 @@ class McpPool(Actor[PoolMsg]):
 
     def _publish(
         self,
-        sessions: list[Any],
+        sessions: list[Actor[Any]],
         event_type: str,
         data: dict[str, Any],
         originator: str | None = None,
@@ -630,90 +598,6 @@ class McpPool(Actor[PoolMsg]):
         event = PublishEvent(event_type, data, originator=originator)
         for session in sessions:
             self.outbox.post(session, event)
-
-    # ---- the snapshot --------------------------------------------------------------------
-
-    def _render(self, path: str, ws: _Workspace | None, config: McpConfig) -> dict[str, Any]:
-        _, admitted, refused = _admission_sets(config, self.policy)
-        live, reserved = self._counts(ws) if ws is not None else (0, 0)
-        if ws is None or not (ws.activated or ws.in_progress):
-            discovery = "not_started"
-        else:
-            discovery = "in_progress" if ws.in_progress else "completed"
-        body: dict[str, Any] = {
-            "v": 1,
-            "workspaceCwd": path,
-            "initialized": ws is not None and ws.activated,
-            "discoveryState": discovery,
-            "clientCount": live,
-        }
-        if self.policy.budget is not None:
-            body["clientBudget"] = self.policy.budget
-        body["budgetMode"] = self.policy.mode
-        cell = budget_cell(
-            self.policy, scope=self.scope, live=live, reserved=reserved, refused=len(refused)
-        )
-        body["budgets"] = [cell] if cell is not None else []
-        body["pool"] = {
-            "enabled": self.pooling,
-            "entryCount": len(ws.entries) if ws is not None else 0,
-        }
-        body["servers"] = [
-            self._server_cell(ws, server, admitted, refused) for server in config.servers
-        ]
-        if config.error is not None:
-            body["errors"] = [{"errorKind": "invalid_config", "error": config.error}]
-        return body
-
-    def _server_cell(
-        self,
-        ws: _Workspace | None,
-        server: McpServerConfig,
-        admitted: set[str],
-        refused: set[str],
-    ) -> dict[str, Any]:
-        cell: dict[str, Any] = {
-            "kind": "mcp_server",
-            "status": "ok",
-            "name": server.name,
-            "mcpStatus": "disconnected",
-            "transport": server.transport,
-            "disabled": server.disabled,
-        }
-        if server.description is not None:
-            cell["description"] = server.description
-        if server.invalid is not None:
-            cell.update(status="error", errorKind="invalid_config", hint=server.invalid)
-            return cell
-        if server.disabled:
-            cell["disabledReason"] = "config"
-            return cell
-        if server.name in refused:
-            cell.update(
-                status="error",
-                disabledReason="budget",
-                errorKind="budget_exhausted",
-                hint=BUDGET_HINT,
-            )
-            return cell
-        if not self.pooling or server.transport != "stdio":
-            cell["managedBy"] = "agent"
-            return cell
-        cell["managedBy"] = "pool"
-        entry = ws.entries.get(server.name) if ws is not None else None
-        if entry is None:
-            cell["pool"] = {"entryCount": 0, "entries": []}
-            return cell
-        if entry.state is EntryState.CONNECTED:
-            cell.update(mcpStatus="connected", toolCount=entry.tool_count)
-        elif entry.state in (EntryState.STARTING, EntryState.RESTARTING):
-            cell.update(status="warning", mcpStatus="connecting")
-        else:
-            cell.update(status="error", errorKind=entry.error_kind or "mcp_server_spawn_failed")
-            if entry.error:
-                cell["hint"] = entry.error
-        cell["pool"] = {"entryCount": 1, "entries": [entry.status()]}
-        return cell
 
 
 def _with_origin(data: dict[str, Any], originator: str | None) -> dict[str, Any]:

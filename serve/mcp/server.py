@@ -41,7 +41,7 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from acp.jsonrpc import LineFramer, OversizedLine, encode_notification
+from acp.jsonrpc import LineFramer, OversizedLine, Response, encode_notification
 from acp.process import AgentProcess, ExitInfo
 from actors import ChildSpec, Restart, Supervisor, SupervisorGaveUp, unwrap_group
 from serve.mcp.config import McpServerConfig
@@ -392,7 +392,7 @@ class PoolEntry:
         self.tool_names = names
         self.tool_count = count
 
-    async def _pool_call(self, method: str, params: Any) -> bytes:
+    async def _pool_call(self, method: str, params: dict[str, Any]) -> bytes:
         send = self._to_server
         if send is None:
             raise McpStartFailed(self.name, "protocol_error", "server is not running")
@@ -548,19 +548,22 @@ class PoolEntry:
 
 
 class _Slot:
+    """The response to one of the pool's own requests, set once by the reader."""
+
     __slots__ = ("_event", "value")
 
     def __init__(self) -> None:
         self._event = trio.Event()
-        self.value: Any = None
+        self.value: Response | None = None
 
-    def set(self, value: Any) -> None:
+    def set(self, value: Response) -> None:
         if not self._event.is_set():
             self.value = value
             self._event.set()
 
-    async def wait(self) -> Any:
+    async def wait(self) -> Response:
         await self._event.wait()
+        assert self.value is not None  # set before the event
         return self.value
 
 

@@ -12,6 +12,8 @@ directory name), ``description``, ``level: "project"``, ``modelInvocable`` (fals
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any, Final
 
 from serve.workspace import Workspace, WorkspaceFsError, list_dir, read_text
@@ -90,8 +92,6 @@ def project_skills(ws: Workspace) -> list[dict[str, Any]]:
     ]
 
 
-def _yaml() -> Any:
+def _yaml() -> ModuleType:
     """PyYAML, imported on first use (most daemons never parse a skill)."""
-    import yaml  # type: ignore[import-untyped]
-
-    return yaml
+    return importlib.import_module("yaml")  # (untyped: no stubs installed)

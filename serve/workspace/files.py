@@ -5,8 +5,8 @@ Theory of operation
 Synchronous functions over a :class:`~serve.workspace.paths.Workspace`; the HTTP routes
 and the ACP ``fs/*`` handlers call them through ``trio.to_thread.run_sync`` (they block on
 disk). Each one resolves its path through :meth:`Workspace.resolve`, then acts through
-descriptors opened *beneath the root without following symlinks*
-(:meth:`Workspace.open_dir` + ``openat``-style calls with ``dir_fd``), so a symlink swapped
+descriptors opened *beneath the root without following symlinks* (:mod:`serve.workspace.leaf`:
+:meth:`Workspace.open_dir` + ``openat``-style calls with ``dir_fd``), so a symlink swapped
 in after resolution fails the operation instead of escaping. Results are frozen
 ``msgspec`` Structs whose encoded form is the spec's response body (``kind`` included,
 camelCase names); failures raise :class:`~serve.workspace.errors.WorkspaceFsError`.
@@ -48,17 +48,24 @@ from __future__ import annotations
 
 import base64
 import errno
-import hashlib
 import os
 import secrets
 import stat as stat_mod
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Final
 
 import msgspec
 
 from serve.workspace.errors import WorkspaceFsError, from_os_error, make_error
+from serve.workspace.leaf import (
+    changed,
+    hash_leaf,
+    lstat_leaf,
+    open_regular,
+    parent_dir,
+    read_leaf,
+    swapped,
+    too_large,
+)
 from serve.workspace.listing import glob, list_dir, stat
 from serve.workspace.paths import ResolvedPath, Workspace
 from serve.workspace.results import (
@@ -123,124 +130,12 @@ MAX_WRITE_BYTES: Final = 5 * MIB
 #: Largest existing file ``replace``/``edit`` will read back (5 MiB).
 MAX_EDIT_SOURCE_BYTES: Final = 5 * MIB
 
-_READ_CHUNK_BYTES: Final = 1 * MIB
 _MAX_OFFSET: Final = 2**63 - 1
 _MAX_LINE: Final = 2**31 - 1
 _TEMP_PREFIX: Final = ".acp-serve-"
-_FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _LINK_UNSUPPORTED: Final = frozenset(
     {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
 )
-
-# -- descriptor helpers ---------------------------------------------------------------------
-
-
-@contextmanager
-def _parent_dir(ws: Workspace, rp: ResolvedPath, *, create_missing: bool = False) -> Iterator[int]:
-    if not rp.parts:
-        raise make_error("parse_error", "the workspace root is a directory, not a file")
-    fd = ws.open_dir(rp.parts[:-1], create_missing=create_missing)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-def _lstat_leaf(pfd: int, rp: ResolvedPath) -> os.stat_result | None:
-    try:
-        return os.stat(rp.name, dir_fd=pfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise from_os_error(err, rp.relative, "stat") from None
-
-
-def _swapped(rel: str) -> WorkspaceFsError:
-    return make_error(
-        "symlink_escape",
-        f"{rel!r} became a symlink during the operation",
-        "re-resolve the path and retry",
-    )
-
-
-def _open_regular(pfd: int, rp: ResolvedPath) -> tuple[int, os.stat_result]:
-    """Open the leaf read-only without following it; it must be a regular file."""
-    try:
-        fd = os.open(rp.name, _FILE_FLAGS, dir_fd=pfd)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise _swapped(rp.relative) from None
-        raise from_os_error(err, rp.relative, "open") from None
-    st = os.fstat(fd)
-    if not stat_mod.S_ISREG(st.st_mode):
-        os.close(fd)
-        what = "a directory" if stat_mod.S_ISDIR(st.st_mode) else "not a regular file"
-        raise make_error("parse_error", f"{rp.relative!r} is {what}")
-    return fd, st
-
-
-def _changed(rel: str) -> WorkspaceFsError:
-    return make_error(
-        "hash_mismatch",
-        f"{rel!r} changed while it was being read",
-        "re-read the file and retry",
-    )
-
-
-def _too_large(rel: str, size: int, cap: int, what: str, hint: str) -> WorkspaceFsError:
-    return make_error(
-        "file_too_large", f"{rel!r} is {size} bytes; the {what} limit is {cap} bytes", hint
-    )
-
-
-def _read_snapshot(fd: int, st: os.stat_result, rel: str, cap: int, hint: str) -> bytes:
-    """All bytes of an open regular file, at most ``cap``; a concurrent change fails."""
-    if st.st_size > cap:
-        raise _too_large(rel, st.st_size, cap, "read", hint)
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        chunk = os.read(fd, min(_READ_CHUNK_BYTES, cap + 1 - total))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-        if total > cap:
-            raise _changed(rel)
-    after = os.fstat(fd)
-    if total != st.st_size or after.st_size != st.st_size or after.st_mtime_ns != st.st_mtime_ns:
-        raise _changed(rel)
-    return b"".join(chunks)
-
-
-def _read_leaf(pfd: int, rp: ResolvedPath, cap: int, hint: str) -> tuple[bytes, os.stat_result]:
-    fd, st = _open_regular(pfd, rp)
-    try:
-        return _read_snapshot(fd, st, rp.relative, cap, hint), st
-    except OSError as err:
-        raise from_os_error(err, rp.relative, "read") from None
-    finally:
-        os.close(fd)
-
-
-def _hash_leaf(pfd: int, rp: ResolvedPath) -> str | None:
-    """Hash of the leaf as it is now (streamed), or None if it no longer exists."""
-    try:
-        fd, _ = _open_regular(pfd, rp)
-    except WorkspaceFsError as err:
-        if err.kind == "path_not_found":
-            return None
-        raise
-    digest = hashlib.sha256()
-    try:
-        while chunk := os.read(fd, _READ_CHUNK_BYTES):
-            digest.update(chunk)
-    except OSError as err:
-        raise from_os_error(err, rp.relative, "read") from None
-    finally:
-        os.close(fd)
-    return "sha256:" + digest.hexdigest()
-
 
 # -- reads --------------------------------------------------------------------------------
 
@@ -295,8 +190,8 @@ def read_text(
         cap_file = MAX_AGENT_READ_BYTES
     else:
         cap_file = MAX_TEXT_SCAN_BYTES if count is not None else MAX_TEXT_READ_BYTES
-    with _parent_dir(ws, rp) as pfd:
-        raw, _ = _read_leaf(
+    with parent_dir(ws, rp) as pfd:
+        raw, _ = read_leaf(
             pfd,
             rp,
             cap_file,
@@ -345,8 +240,8 @@ def read_bytes(
     start = int_arg("offset", offset, 0, _MAX_OFFSET)
     window = int_arg("maxBytes", max_bytes, 1, MAX_BYTES_WINDOW)
     rp = ws.resolve(path)
-    with _parent_dir(ws, rp) as pfd:
-        fd, st = _open_regular(pfd, rp)
+    with parent_dir(ws, rp) as pfd:
+        fd, st = open_regular(pfd, rp)
         try:
             want = min(window, max(0, st.st_size - start))
             chunks: list[bytes] = []
@@ -364,7 +259,7 @@ def read_bytes(
         finally:
             os.close(fd)
     if after.st_size != st.st_size or after.st_mtime_ns != st.st_mtime_ns:
-        raise _changed(rp.relative)
+        raise changed(rp.relative)
     data = b"".join(chunks)
     whole = start == 0 and len(data) == st.st_size
     return ReadBytesResult(
@@ -416,7 +311,7 @@ def _publish(
             except OSError as err:
                 if err.errno not in _LINK_UNSUPPORTED:
                     raise
-                if _lstat_leaf(pfd, rp) is not None:
+                if lstat_leaf(pfd, rp) is not None:
                     raise _exists(rp) from None
                 os.rename(tmp, rp.name, src_dir_fd=pfd, dst_dir_fd=pfd)
                 published = True
@@ -428,7 +323,7 @@ def _publish(
                     pass
         else:
             if expected_hash is not None:
-                current = _hash_leaf(pfd, rp)
+                current = hash_leaf(pfd, rp)
                 if current != expected_hash:
                     raise _mismatch(expected_hash, current)
             os.rename(tmp, rp.name, src_dir_fd=pfd, dst_dir_fd=pfd)
@@ -497,13 +392,13 @@ def _encode(content: str, profile: _Profile) -> tuple[str, bytes]:
 
 def _check_size(data: bytes, rel: str) -> None:
     if len(data) > MAX_WRITE_BYTES:
-        raise _too_large(rel, len(data), MAX_WRITE_BYTES, "write", "write a smaller file")
+        raise too_large(rel, len(data), MAX_WRITE_BYTES, "write", "write a smaller file")
 
 
 def _check_content(content: object, rel_hint: str) -> str:
     text = str_arg("content", content)
     if len(text) > MAX_WRITE_BYTES:  # every supported encoding needs ≥ 1 byte per character
-        raise _too_large(rel_hint, len(text), MAX_WRITE_BYTES, "write", "write a smaller file")
+        raise too_large(rel_hint, len(text), MAX_WRITE_BYTES, "write", "write a smaller file")
     return text
 
 
@@ -546,19 +441,19 @@ def write_text(
     text = _check_content(content, str(path))
     rp = ws.resolve(path, must_exist=False)
     with ws.locks.hold(rp.absolute, rp.relative):
-        with _parent_dir(ws, rp, create_missing=create_parents) as pfd:
-            st = _lstat_leaf(pfd, rp)
+        with parent_dir(ws, rp, create_missing=create_parents) as pfd:
+            st = lstat_leaf(pfd, rp)
             if mode == "create":
                 if st is not None:
                     if stat_mod.S_ISLNK(st.st_mode):
-                        raise _swapped(rp.relative)
+                        raise swapped(rp.relative)
                     raise _exists(rp)
                 profile = _Profile(name or "utf-8", bool(bom), ending)
                 perm = None
             else:
                 if st is None:
                     raise make_error("path_not_found", f"{rp.relative!r} does not exist")
-                raw, st = _read_leaf(pfd, rp, MAX_EDIT_SOURCE_BYTES, "replace smaller files")
+                raw, st = read_leaf(pfd, rp, MAX_EDIT_SOURCE_BYTES, "replace smaller files")
                 actual = hash_bytes(raw)
                 if actual != expected:
                     assert expected is not None
@@ -596,17 +491,17 @@ def overwrite_text(
     rp = ws.resolve(path, must_exist=False)
     default = _Profile("utf-8", False, None)
     with ws.locks.hold(rp.absolute, rp.relative):
-        with _parent_dir(ws, rp, create_missing=create_parents) as pfd:
-            st = _lstat_leaf(pfd, rp)
+        with parent_dir(ws, rp, create_missing=create_parents) as pfd:
+            st = lstat_leaf(pfd, rp)
             profile, perm = default, None
             if st is not None:
                 if stat_mod.S_ISLNK(st.st_mode):
-                    raise _swapped(rp.relative)
+                    raise swapped(rp.relative)
                 if not stat_mod.S_ISREG(st.st_mode):
                     raise make_error("parse_error", f"{rp.relative!r} is not a regular file")
                 perm = stat_mod.S_IMODE(st.st_mode) & 0o777
                 try:
-                    raw, _ = _read_leaf(pfd, rp, MAX_EDIT_SOURCE_BYTES, "")
+                    raw, _ = read_leaf(pfd, rp, MAX_EDIT_SOURCE_BYTES, "")
                     profile = _existing_profile(raw, rp.relative, None, None, None)
                 except WorkspaceFsError as err:
                     if err.kind not in ("file_too_large", "binary_file", "permission_denied"):
@@ -669,8 +564,8 @@ def edit_text(
     expected = hash_arg(expected_hash)
     rp = ws.resolve(path)
     with ws.locks.hold(rp.absolute, rp.relative):
-        with _parent_dir(ws, rp) as pfd:
-            raw, st = _read_leaf(pfd, rp, MAX_EDIT_SOURCE_BYTES, "edit smaller files")
+        with parent_dir(ws, rp) as pfd:
+            raw, st = read_leaf(pfd, rp, MAX_EDIT_SOURCE_BYTES, "edit smaller files")
             current = hash_bytes(raw)
             if expected is not None and current != expected:
                 raise _mismatch(expected, current)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Final
 
 __all__ = [
     "BRANCH",
@@ -94,21 +94,25 @@ MAX_AGENT_KINDS: Final = 64
 MAX_METHOD_CHARS: Final = 256
 
 
-def agent_name(session: Any) -> str | None:
-    """``agentInfo.name`` of the session's agent, once its handshake is done."""
+def _implementation(session: object) -> object:
+    """``agentInfo`` of the session's agent (``None`` before the handshake)."""
     conn = getattr(session, "conn", None)
     info = getattr(conn, "info", None)
-    implementation = getattr(info, "agent_info", None)
-    name = getattr(implementation, "name", None)
+    return getattr(info, "agent_info", None)
+
+
+def agent_name(session: object) -> str | None:
+    """``agentInfo.name`` of the session's agent, once its handshake is done."""
+    name = getattr(_implementation(session), "name", None)
     return name if isinstance(name, str) and name else None
 
 
-def agent_kind(session: Any) -> str | None:
+def agent_kind(session: object) -> str | None:
     """``name@version`` of the session's agent (``None`` before the handshake)."""
     name = agent_name(session)
     if name is None:
         return None
-    implementation = session.conn.info.agent_info
+    implementation = _implementation(session)
     version = getattr(implementation, "version", None)
     return f"{name}@{version}" if isinstance(version, str) and version else name
 
@@ -162,10 +166,10 @@ class ExtSupport:
         return {kind: dict(methods) for kind, methods in self._seen.items()}
 
 
-_by_daemon: weakref.WeakKeyDictionary[Any, ExtSupport] = weakref.WeakKeyDictionary()
+_by_daemon: weakref.WeakKeyDictionary[object, ExtSupport] = weakref.WeakKeyDictionary()
 
 
-def support_for(daemon: Any) -> ExtSupport:
+def support_for(daemon: object) -> ExtSupport:
     """The daemon's :class:`ExtSupport` (created on first use)."""
     found = _by_daemon.get(daemon)
     if found is None:
@@ -173,7 +177,7 @@ def support_for(daemon: Any) -> ExtSupport:
     return found
 
 
-def _live(daemon: Any) -> Iterable[Any]:
+def _live(daemon: object) -> Iterable[object]:
     registry = getattr(daemon, "registry", None)
     if registry is None:
         return ()
@@ -183,7 +187,7 @@ def _live(daemon: Any) -> Iterable[Any]:
         return ()
 
 
-def any_live_supports(daemon: Any, method: str) -> bool:
+def any_live_supports(daemon: object, method: str) -> bool:
     """Whether some live session's agent is known (or was seen) to answer ``method``."""
     support = support_for(daemon)
     return any(support.verdict(agent_kind(s), method) is True for s in _live(daemon))

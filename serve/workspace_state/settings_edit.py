@@ -125,7 +125,7 @@ def parse_key(key: object) -> tuple[str, ...]:
     return segments
 
 
-def get_path(doc: Any, path: tuple[str, ...]) -> Any:
+def get_path(doc: object, path: tuple[str, ...]) -> object:
     """The value at ``path`` or the module's missing marker (see :func:`is_missing`)."""
     node = doc
     for segment in path:
@@ -141,10 +141,10 @@ def is_missing(value: object) -> bool:
 
 # ---- known keys ---------------------------------------------------------------------------
 
-Check = Callable[[tuple[str, ...], Any], tuple[str, str] | None]
+Check = Callable[[tuple[str, ...], object], tuple[str, str] | None]
 
 
-def _string_list(value: Any, *, max_items: int = MAX_LIST_ITEMS) -> bool:
+def _string_list(value: object, *, max_items: int = MAX_LIST_ITEMS) -> bool:
     return (
         isinstance(value, list)
         and len(value) <= max_items
@@ -152,7 +152,7 @@ def _string_list(value: Any, *, max_items: int = MAX_LIST_ITEMS) -> bool:
     )
 
 
-def _check_disabled(path: tuple[str, ...], value: Any) -> tuple[str, str] | None:
+def _check_disabled(path: tuple[str, ...], value: object) -> tuple[str, str] | None:
     if not _string_list(value):
         return dotted(path), (
             f"must be an array of non-empty tool names (at most {MAX_NAME_CHARS} characters "
@@ -172,7 +172,7 @@ def _file_name_ok(name: object) -> bool:
     )
 
 
-def _check_file_name(path: tuple[str, ...], value: Any) -> tuple[str, str] | None:
+def _check_file_name(path: tuple[str, ...], value: object) -> tuple[str, str] | None:
     names = value if isinstance(value, list) else [value]
     if not names or len(names) > 32 or not all(_file_name_ok(n) for n in names):
         return dotted(path), (
@@ -181,21 +181,21 @@ def _check_file_name(path: tuple[str, ...], value: Any) -> tuple[str, str] | Non
     return None
 
 
-def _check_approval_mode(path: tuple[str, ...], value: Any) -> tuple[str, str] | None:
+def _check_approval_mode(path: tuple[str, ...], value: object) -> tuple[str, str] | None:
     if value not in APPROVAL_MODES:
         return dotted(path), "must be one of: " + ", ".join(APPROVAL_MODES)
     return None
 
 
-def _str_map(value: Any) -> bool:
+def _str_map(value: object) -> bool:
     return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
 
 
-def _http_url(value: Any) -> bool:
+def _http_url(value: object) -> bool:
     return isinstance(value, str) and value.startswith(("http://", "https://"))
 
 
-def _check_mcp_server(path: tuple[str, ...], raw: Any) -> tuple[str, str] | None:
+def _check_mcp_server(path: tuple[str, ...], raw: object) -> tuple[str, str] | None:
     where = dotted(path)
     if not isinstance(raw, dict):
         return where, "must be an object"
@@ -230,7 +230,7 @@ def _check_mcp_server(path: tuple[str, ...], raw: Any) -> tuple[str, str] | None
     return None
 
 
-def _check_mcp_servers(path: tuple[str, ...], value: Any) -> tuple[str, str] | None:
+def _check_mcp_servers(path: tuple[str, ...], value: object) -> tuple[str, str] | None:
     if not isinstance(value, dict):
         return dotted(path), "must be an object of server objects"
     if len(value) > MAX_MCP_SERVERS:
@@ -251,7 +251,7 @@ class KnownSetting(msgspec.Struct, frozen=True):
     type: Literal["array", "string", "object", "enum"]
     label: str
     description: str
-    default: Any
+    default: object
     check: Check
     options: tuple[str, ...] = ()
 
@@ -338,7 +338,7 @@ def validate_known(doc: Mapping[str, Any], path: tuple[str, ...]) -> None:
 
 
 def apply_update(
-    doc: Mapping[str, Any], path: tuple[str, ...], value: Any, *, remove: bool = False
+    doc: Mapping[str, Any], path: tuple[str, ...], value: object, *, remove: bool = False
 ) -> dict[str, Any]:
     """A copy of ``doc`` with ``value`` set at ``path`` (or the key removed)."""
     out: dict[str, Any] = dict(doc)
@@ -368,7 +368,7 @@ def apply_update(
     return out
 
 
-def _walk_redact(value: Any, path: tuple[str, ...]) -> Any:
+def _walk_redact(value: object, path: tuple[str, ...]) -> object:
     if isinstance(value, dict):
         return {k: _walk_redact(v, (*path, k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -384,12 +384,12 @@ def _is_secret_path(path: tuple[str, ...]) -> bool:
     return bool(path) and bool(_SECRET_NAME.search(path[-1]))
 
 
-def redact(value: Any, path: tuple[str, ...] = ()) -> Any:
+def redact(value: object, path: tuple[str, ...] = ()) -> object:
     """``value`` (found at ``path`` in the settings) with secret strings replaced."""
     return _walk_redact(value, path)
 
 
-def restore_redacted(value: Any, stored: Any, path: tuple[str, ...]) -> Any:
+def restore_redacted(value: object, stored: object, path: tuple[str, ...]) -> object:
     """``value`` with each :data:`REDACTED` string replaced by the stored secret."""
     if isinstance(value, str) and value == REDACTED:
         if isinstance(stored, str):
@@ -410,16 +410,16 @@ def restore_redacted(value: Any, stored: Any, path: tuple[str, ...]) -> Any:
     return value
 
 
-def changed_keys(old: Any, new: Any, *, depth: int = 2) -> list[str]:
+def changed_keys(old: object, new: object, *, depth: int = 2) -> list[str]:
     """Dotted keys (at most ``depth`` segments) whose values differ, sorted."""
     out: list[str] = []
 
-    def as_dict(value: Any, other: Any) -> dict[str, Any] | None:
+    def as_dict(value: object, other: object) -> dict[str, Any] | None:
         if isinstance(value, dict):
             return value
         return {} if value is _MISSING and isinstance(other, dict) else None
 
-    def walk(a: Any, b: Any, path: tuple[str, ...]) -> None:
+    def walk(a: object, b: object, path: tuple[str, ...]) -> None:
         if a == b:
             return
         left, right = as_dict(a, b), as_dict(b, a)
@@ -441,11 +441,11 @@ class SettingUpdate(msgspec.Struct, frozen=True):
     """What an update did. ``value`` is the stored value, redacted (None after a removal)."""
 
     changed: bool
-    value: Any = None
+    value: object = None
 
 
 def update_setting(
-    ws: Workspace, path: tuple[str, ...], value: Any, *, remove: bool = False
+    ws: Workspace, path: tuple[str, ...], value: object, *, remove: bool = False
 ) -> SettingUpdate:
     """Set (or remove) the setting at ``path`` in the workspace settings file.
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import trio
 
 from tests.support.daemon import DaemonProcess, running_daemon
 from tests.support.sse import iter_events
@@ -135,6 +136,21 @@ async def test_first_responder_first_vote_wins_late_votes_404(tmp_path: Path) ->
                 assert late.json()["requestId"] == req["requestId"]
 
             events = await room.turn("[write fr.txt first]", on_request, originator=alice)
+            # The late vote's event comes from the mediator, not the turn: it may land after
+            # the turn's end. Read the stream on from there until it is in (bounded).
+            with trio.fail_after(30):
+                if not of_type(events, "permission_already_resolved"):
+                    async with client.stream(
+                        "GET",
+                        f"/session/{room.sid}/events",
+                        headers={"Last-Event-ID": str(events[-1]["id"])},
+                    ) as stream:
+                        async for event in iter_events(stream):
+                            if "comment" in event or "id" not in event:
+                                continue
+                            events.append(event)
+                            if event["type"] == "permission_already_resolved":
+                                break
             [resolved] = of_type(events, "permission_resolved")
             assert resolved["voterClientId"] == bob
             assert resolved["outcome"] == {"outcome": "selected", "optionId": "allow"}

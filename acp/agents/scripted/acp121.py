@@ -21,13 +21,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from acp.agents.scripted.store import valid_session_id
+from acp.agents.scripted.store import Store, valid_session_id
 from acp.errors import INVALID_PARAMS
-
-#: The ScriptedAgent (typed loosely: it imports this module).
-ScriptedAgent = Any
+from acp.jsonrpc import RequestId
 
 EFFORTS: Final = ("low", "medium", "high")
 #: Methods a ``--legacy`` agent does not know.
@@ -65,6 +63,18 @@ class Extras:
         self.thinking: dict[str, bool] = {}
         self.directories: dict[str, list[str]] = {}
         self.logouts = 0
+
+
+class ScriptedAgent(Protocol):
+    """What these additions use of :class:`~acp.agents.scripted.agent.ScriptedAgent` (a
+    Protocol: that module imports this one)."""
+
+    legacy: bool
+    extras: Extras
+    store: Store
+
+    def forget(self, session_id: str) -> None:
+        """Cancel the session's turn (if any) and drop it from the open sessions."""
 
 
 def on_initialize(agent: ScriptedAgent, params: dict[str, Any], result: dict[str, Any]) -> None:
@@ -130,13 +140,9 @@ def set_option(agent: ScriptedAgent, session_id: str, params: dict[str, Any]) ->
         raise Refused(INVALID_PARAMS, f"unknown config option {config_id!r}")
 
 
-def delete_session(agent: ScriptedAgent, rid: Any, params: dict[str, Any]) -> object:
+def delete_session(agent: ScriptedAgent, rid: RequestId, params: dict[str, Any]) -> object:
     session_id = str(params["sessionId"])
-    session = agent.sessions.get(session_id)
-    if session is not None and session.turn is not None:
-        session.turn.cancel.set()
-    with agent.sessions_lock:
-        agent.sessions.pop(session_id, None)
+    agent.forget(session_id)
     if valid_session_id(session_id):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(agent.store.dir, session_id + ".json"))
@@ -155,6 +161,6 @@ def touch(path: str) -> str:
     return f"touched {path}"
 
 
-def logout(agent: ScriptedAgent, rid: Any, params: dict[str, Any]) -> object:
+def logout(agent: ScriptedAgent, rid: RequestId, params: dict[str, Any]) -> object:
     agent.extras.logouts += 1
     return {}

@@ -141,7 +141,7 @@ class _Pending:
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.result: Any = None
+        self.result: object = None
         self.error: jsonrpc.ErrorObject | None = None
 
 
@@ -191,8 +191,9 @@ class ScriptedAgent:
             )
         )
 
-    def call(self, method: str, params: object, turn: _Turn | None = None) -> Any:
-        """Send a request to the client and wait for the answer (cancellable via ``turn``)."""
+    def call(self, method: str, params: object, turn: _Turn | None = None) -> dict[str, Any]:
+        """Send a request to the client and wait for the answer (cancellable via ``turn``):
+        the result object (``{}`` when the client answered ``null`` or a non-object)."""
         request_id = next(self.ids)
         pending = _Pending()
         self.pending[request_id] = pending
@@ -212,7 +213,7 @@ class ScriptedAgent:
             self.pending.pop(request_id, None)
         if pending.error is not None:
             raise RpcFailure(pending.error.code, pending.error.message, pending.error.data)
-        return pending.result
+        return pending.result if isinstance(pending.result, dict) else {}
 
     # -- main loop ----------------------------------------------------------------------------
 
@@ -334,6 +335,13 @@ class ScriptedAgent:
         if session is None:
             raise RpcFailure(RESOURCE_NOT_FOUND, "Resource not found", {"sessionId": session_id})
         return session
+
+    def forget(self, session_id: str) -> None:
+        session = self.sessions.get(session_id)
+        if session is not None and session.turn is not None:
+            session.turn.cancel.set()
+        with self.sessions_lock:
+            self.sessions.pop(session_id, None)
 
     def _save(self, session: _Session) -> None:
         session.record.updated_at = now_iso()
@@ -650,7 +658,7 @@ class _TurnRunner:
     def abs_path(self, path: str) -> str:
         return os.path.normpath(os.path.join(self.record.cwd, path))
 
-    def call(self, method: str, params: dict[str, Any]) -> Any:
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         return self.agent.call(method, {"sessionId": self.sid, **params}, self.turn)
 
     # the script

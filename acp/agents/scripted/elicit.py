@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from typing import Any, Protocol
 
 METHOD = "elicitation/create"
@@ -28,7 +29,7 @@ _ids = itertools.count(1)
 class Runner(Protocol):
     sid: str
 
-    def call(self, method: str, params: dict[str, Any]) -> Any: ...
+    def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]: ...
 
     def say(self, text: str) -> None: ...
 
@@ -68,7 +69,12 @@ def modes(client_capabilities: object) -> set[str]:
     return {m for m in ("form", "url") if isinstance(elicitation.get(m), dict)}
 
 
-def run(runner: Runner, arg: str, client_capabilities: object, notify: Any) -> None:
+def run(
+    runner: Runner,
+    arg: str,
+    client_capabilities: object,
+    notify: Callable[[str, dict[str, Any]], None],
+) -> None:
     """Execute ``[elicit ARG]`` (see the module docstring)."""
     words = arg.split()
     mode = words[0] if words else "form"

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+from acp.jsonrpc import RequestId
 
 #: The ``_meta`` of the scripted agent's initialize answer.
 INITIALIZE_META = {"steering": {"supported": True}}
@@ -65,7 +67,27 @@ class SteerInbox:
             self._open = False
 
 
-def steer(agent: Any, rid: Any, params: dict[str, Any]) -> object:
+class _Turn(Protocol):
+    @property
+    def cancel(self) -> threading.Event: ...
+
+    @property
+    def steers(self) -> SteerInbox: ...
+
+
+class _Session(Protocol):
+    @property
+    def turn(self) -> _Turn | None: ...
+
+
+class ScriptedAgent(Protocol):
+    """What :func:`steer` uses of :class:`~acp.agents.scripted.agent.ScriptedAgent` (a
+    Protocol: that module imports this one)."""
+
+    def _session(self, params: dict[str, Any]) -> _Session: ...
+
+
+def steer(agent: ScriptedAgent, rid: RequestId, params: dict[str, Any]) -> object:
     """The ``_session/steering`` method of :class:`~acp.agents.scripted.agent.ScriptedAgent`
     (a ``ValueError`` is answered -32602 Invalid params)."""
     session = agent._session(params)

@@ -70,7 +70,7 @@ class Reply(msgspec.Struct, frozen=True):
 
     status: int
     description: str
-    body: Any = None
+    body: object = None  # a type expression
     media: str = JSON
 
 
@@ -79,7 +79,7 @@ class Operation(msgspec.Struct, frozen=True):
 
     summary: str
     replies: tuple[Reply, ...]
-    body: Any = None
+    body: object = None  # a type expression
     body_required: bool = False
     params: tuple[Param, ...] = ()
     description: str = ""
@@ -91,7 +91,7 @@ class Operation(msgspec.Struct, frozen=True):
 OPEN_OBJECT: Final = dict[str, Any]
 
 
-def ok(body: Any, description: str = "OK", status: int = 200) -> Reply:
+def ok(body: object, description: str = "OK", status: int = 200) -> Reply:
     return Reply(status, description, body)
 
 

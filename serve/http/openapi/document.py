@@ -31,8 +31,8 @@ catalog type msgspec cannot describe), which the route turns into a 500.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -40,6 +40,9 @@ from serve.http.capabilities import Feature
 from serve.http.openapi import catalog as cat
 from serve.http.openapi.types import ErrorEnvelope
 from serve.http.security.strict import is_strict
+
+if TYPE_CHECKING:
+    from werkzeug.routing import Rule
 
 __all__ = [
     "OPENAPI_VERSION",
@@ -78,7 +81,7 @@ class Route(msgspec.Struct, frozen=True):
 
 
 def registered_routes(
-    rules: Iterable[Any], view_functions: dict[str, Callable[..., Any]]
+    rules: Iterable[Rule], view_functions: Mapping[str, Callable[..., object]]
 ) -> list[Route]:
     """One :class:`Route` per (method, rule) of a ``url_map``, sorted by rule then method."""
     out: list[Route] = []
@@ -126,16 +129,16 @@ class _Schemas:
     """Collects body types; resolves each to a schema (a ``$ref`` for Structs) at the end."""
 
     def __init__(self) -> None:
-        self._types: list[Any] = []
-        self._index: dict[Any, int] = {}
+        self._types: list[object] = []  # type expressions (a Struct class, dict[str, Any], ...)
+        self._index: dict[object, int] = {}
 
-    def slot(self, tp: Any) -> int:
+    def slot(self, tp: object) -> int:
         if tp not in self._index:
             self._index[tp] = len(self._types)
             self._types.append(tp)
         return self._index[tp]
 
-    def slots(self, body: Any) -> tuple[int, ...]:
+    def slots(self, body: object) -> tuple[int, ...]:
         """Slots of a body type, or of each type of a tuple of alternatives (``anyOf``)."""
         return tuple(self.slot(tp) for tp in (body if isinstance(body, tuple) else (body,)))
 

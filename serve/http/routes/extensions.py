@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 from quart import Blueprint, Response, request
@@ -71,6 +71,10 @@ from serve.sessions.fork import current_state, fork_path, fork_session
 from serve.sessions.messages import AgentCall, Attach, Attached, SessionGone
 from serve.sessions.registry import RestoreSession
 from serve.workspace_state import agent_ext
+
+if TYPE_CHECKING:
+    from serve.host import Host
+    from serve.sessions.actor import SessionActor
 
 blueprint = Blueprint("session_extensions", __name__)
 
@@ -106,7 +110,7 @@ _TAGS: Final = (
 )
 
 
-def _agent_supports(method: str, d: Any) -> bool:
+def _agent_supports(method: str, d: Host) -> bool:
     if method == agent_ext.BRANCH and any(_native_fork(s, d) for s in agent_ext._live(d)):
         return True  # native session/fork
     return agent_ext.any_live_supports(d, method)
@@ -152,7 +156,7 @@ def _agent_error(err: RemoteError, session_id: str, invalid_code: str) -> ApiErr
 
 
 async def forward(
-    session: Any,
+    session: SessionActor,
     method: str,
     params: dict[str, Any],
     *,
@@ -372,7 +376,7 @@ async def rewind(session_id: str) -> Response:
     )
 
 
-async def _load_branch(session: Any, new_id: str, client_id: str | None) -> dict[str, Any]:
+async def _load_branch(session: SessionActor, new_id: str, client_id: str | None) -> dict[str, Any]:
     """Load the forked session into the daemon; its session response, or why not."""
     d = daemon()
     if d.draining:
@@ -393,7 +397,7 @@ async def _load_branch(session: Any, new_id: str, client_id: str | None) -> dict
     return out
 
 
-def _native_fork(session: Any, d: Any) -> bool:
+def _native_fork(session: object, d: Host) -> bool:
     """ACP ``session/fork`` for an agent that advertises ``sessionCapabilities.fork``,
     unless it is known to answer qwen's vendor branch method (qwen keeps its path); a
     session released while idle is judged by its workspace's agent (``known_info``)."""
@@ -404,7 +408,7 @@ def _native_fork(session: Any, d: Any) -> bool:
     return fork_path(info.supports_fork, vendor) == NATIVE_FORK
 
 
-async def _fork(session: Any, client_id: str | None, name: str | None) -> Response:
+async def _fork(session: SessionActor, client_id: str | None, name: str | None) -> Response:
     """A new daemon session from the parent's context, with its model, mode and MCP servers
     (the use case :func:`serve.sessions.fork.fork_session`, shared with ``/acp``)."""
     try:

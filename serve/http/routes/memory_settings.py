@@ -56,6 +56,8 @@ from serve.workspace_state.memory import (
     MemoryBusy,
     MemoryFile,
     MemoryFileTooLarge,
+    MemoryWrite,
+    Mode,
     read_memory,
     write_memory,
 )
@@ -121,11 +123,11 @@ def _read_memory_file(ws: Workspace, flag: str) -> MemoryFile:
     return read_memory(ws, memory_file_name(flag, _settings_or_empty(ws)))
 
 
-def _write_memory_file(ws: Workspace, flag: str, content: str, mode: Any) -> Any:
+def _write_memory_file(ws: Workspace, flag: str, content: str, mode: Mode) -> MemoryWrite:
     return write_memory(ws, memory_file_name(flag, _settings_or_empty(ws)), content, mode)
 
 
-def _too_large(err: MemoryFileTooLarge, **extra: Any) -> ApiError:
+def _too_large(err: MemoryFileTooLarge, **extra: object) -> ApiError:
     return ApiError(
         413,
         {

@@ -85,7 +85,7 @@ HISTORY_TIMEOUT_S: Final = 10.0
 _EFFECT_DENIED: Final = -32003
 
 
-def shell_enabled(d: Any) -> bool:
+def shell_enabled(d: Host) -> bool:
     """The flag is on and a bearer token is configured (see the module docstring)."""
     settings = d.settings
     return bool(settings.enable_session_shell) and bool(settings.token)
@@ -124,7 +124,9 @@ async def _admit(d: Host, session: SessionActor, command: str) -> None:
         raise _denied(err) from None
 
 
-async def _share_history(session: Any, command: str, output: str, exit_code: int | None) -> None:
+async def _share_history(
+    session: SessionActor, command: str, output: str, exit_code: int | None
+) -> None:
     """Hand the command to an agent that keeps a shell history (best effort)."""
     d = daemon()
     support = agent_ext.support_for(d)
@@ -201,7 +203,7 @@ async def session_shell(session_id: str) -> Response:
             running[session_id] = left
 
 
-async def _run(session: Any, command: str, client_id: str) -> Response:
+async def _run(session: SessionActor, command: str, client_id: str) -> Response:
     d = daemon()
     sid = session.session_id
     cwd = session.workspace

@@ -55,7 +55,13 @@ from serve.http.routes.sessions import header_client_id
 from serve.http.wire import json_body, json_response
 from serve.status.agent import acp_cells, providers_snapshot
 from serve.status.env import env_cells
-from serve.status.init import InitConflict, InitError, init_memory_file, memory_file_name
+from serve.status.init import (
+    InitConflict,
+    InitError,
+    InitResult,
+    init_memory_file,
+    memory_file_name,
+)
 from serve.status.mcp import mcp_snapshot
 from serve.status.preflight import daemon_cells
 from serve.status.skills import project_skills
@@ -81,7 +87,7 @@ FEATURES: tuple[Feature, ...] = (
 )
 
 
-def _envelope(initialized: bool, **fields: Any) -> dict[str, Any]:
+def _envelope(initialized: bool, **fields: object) -> dict[str, Any]:
     return {
         "v": 1,
         "workspaceCwd": addressed_path(daemon()),
@@ -117,7 +123,7 @@ async def workspace_env(workspace: str | None = None) -> Response:
 async def workspace_preflight(workspace: str | None = None) -> Response:
     d = daemon()
     session = agent_session(d)
-    cells: list[Any] = await daemon_cells(addressed_path(d))
+    cells = await daemon_cells(addressed_path(d))
     skill_count: int | None = None
     if session is not None:
         try:
@@ -204,7 +210,7 @@ async def workspace_providers(workspace: str | None = None) -> Response:
 # ---- mutations ----------------------------------------------------------------------------
 
 
-def _init_in_thread(ws: Workspace, flag_value: str, force: bool) -> Any:
+def _init_in_thread(ws: Workspace, flag_value: str, force: bool) -> InitResult:
     try:
         settings, _ = read_settings(ws)
     except SettingsFileError:

@@ -1,0 +1,213 @@
+"""Where a warm agent is taken: a pool's slots, its waiting callers, and the leases handed out.
+
+Every child of a pool offers ``M`` slots (``--sessions-per-agent``; default 1: one child per
+session, full isolation). :class:`Slots` holds the pool's children, the callers waiting for
+a slot (a :class:`~actors.Reply` each, oldest first) and hands slots out:
+:meth:`Slots.hand_out` gives each waiting caller, in order, a slot on the live child with a
+free slot and the most sessions (:meth:`Slots.pick`: pack tightly), as an
+:class:`AgentLease`. A warm spare is taken here and nowhere else; what happens when no slot
+is free (spawns for the waiting callers, the memory budget) is the pool's
+(:mod:`serve.agents.pool`).
+
+A slot is free while the child is not stopping and its sessions, live or dead, number fewer
+than ``M``: a session the agent could not close (no ``session/close``) stays inside the
+child, so its slot becomes a *dead* slot and is not given back (a child hosts at most ``M``
+sessions over its life).
+
+:class:`AgentLease` is the session's side (the :class:`serve.sessions.agent_link.AgentLease`
+protocol): the connection, ``bind`` (route the session's updates and agent requests on the
+child's :class:`~acp.mux.SessionMux` to its handler) and ``release``. On an exclusive child
+(``M = 1``) release stops the child in the caller's task; on a shared child it unbinds the
+session from the mux (which kills its terminals) and sends ``session/close`` when the agent
+offers it. A lease reports to its pool through the narrow :class:`LeaseOwner` port (the pool
+actor's inbox), never touching pool state from the session's task.
+
+Pure bookkeeping but for the lease's release; owned by one pool actor.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Final, Protocol
+
+import trio
+
+from acp.client import AgentConnection
+from acp.errors import AcpError, RemoteError
+from acp.handler import ClientHandler
+from acp.schema import SessionSetup
+from actors import Reply
+from serve.agents.child import AgentChild
+from serve.agents.primed import discard
+
+#: Bound on ``session/close`` when a session leaves a shared child (seconds).
+CLOSE_SESSION_TIMEOUT_S: Final = 2.0
+
+
+class LeaseOwner(Protocol):
+    """What a lease tells its pool (each call a message to the pool actor)."""
+
+    def slot_bound(self, child_id: str, lease_id: int, session_id: str) -> None: ...
+
+    def slot_released(self, child_id: str, lease_id: int, left_behind: bool) -> None: ...
+
+    async def charge_exit(self, child_id: str, intensity: int, period_s: float) -> bool: ...
+
+
+class AgentLease:
+    """A session's slot on a child: the connection to talk to, and how to give it back."""
+
+    def __init__(
+        self, owner: LeaseOwner, child: AgentChild, lease_id: int, exclusive: bool
+    ) -> None:
+        self.owner = owner
+        self.child = child
+        self.lease_id = lease_id
+        self.exclusive = exclusive
+        self.session_id: str | None = None
+        self._handler: ClientHandler | None = None
+        self.released = False
+
+    @property
+    def conn(self) -> AgentConnection:
+        return self.child.conn
+
+    @property
+    def child_id(self) -> str:
+        return self.child.id
+
+    @property
+    def shared(self) -> bool:
+        return not self.exclusive
+
+    async def charge_exit(self, intensity: int, period_s: float) -> bool:
+        """Count this child's exit once against the pool's window of shared-child restarts
+        (every session on the child asks; the first one counts it); True while it allows."""
+        if self.exclusive:
+            return False
+        return await self.owner.charge_exit(self.child.id, intensity, period_s)
+
+    async def take_primed(
+        self, cwd: str, mcp_servers: Sequence[object], additional_directories: Sequence[str]
+    ) -> SessionSetup | None:
+        """The child's primed session (primed.py), once, if ``session/new`` with these
+        parameters would have been the same request; a prime that does not fit is closed."""
+        primed, self.child.primed = self.child.primed, None
+        if primed is None:
+            return None
+        if primed.fits(cwd, mcp_servers, additional_directories):
+            return primed.setup
+        await discard(self.conn, primed)
+        return None
+
+    def bind(self, session_id: str, handler: ClientHandler) -> None:
+        """Route ``session_id``'s updates and requests on this connection to ``handler``."""
+        self.session_id = session_id
+        self._handler = handler
+        self.child.mux.bind(session_id, handler)
+        self.owner.slot_bound(self.child.id, self.lease_id, session_id)
+
+    async def release(self, *, eof_grace_s: float | None = None) -> None:
+        """Give the slot back (idempotent; bounded; safe from a cancelled scope). An
+        exclusive child stopped while idle gets ``eof_grace_s`` after stdin EOF."""
+        if self.released:
+            return
+        self.released = True
+        if self.session_id is not None:
+            self.child.mux.unbind(self.session_id, self._handler)
+        left_behind = False  # the session stays inside the agent (no session/close)
+        with trio.CancelScope(shield=True):
+            if self.exclusive:
+                await self.conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
+            elif self.session_id is not None and not self.conn.closed:
+                info = self.conn.info
+                left_behind = True
+                if info is not None and info.supports_close:
+                    with trio.move_on_after(CLOSE_SESSION_TIMEOUT_S):
+                        try:
+                            await self.conn.close_session(
+                                self.session_id, timeout_s=CLOSE_SESSION_TIMEOUT_S
+                            )
+                            left_behind = False
+                        except (AcpError, RemoteError):
+                            pass
+        self.owner.slot_released(self.child.id, self.lease_id, left_behind)
+
+
+async def give_back(reply: Reply[AgentLease]) -> None:
+    """Release the lease a caller that stopped waiting was given after all."""
+    try:
+        lease = await reply.wait()
+    except Exception:
+        return
+    await lease.release()
+
+
+class Slots:
+    """A pool's children, the callers waiting for a slot, and the handout."""
+
+    def __init__(self, per_agent: int) -> None:
+        self.per_agent = max(1, per_agent)
+        self.children: dict[str, AgentChild] = {}
+        self.waiters: deque[Reply[AgentLease]] = deque()
+        self._leases = itertools.count(1)
+
+    @property
+    def exclusive(self) -> bool:
+        """One session per child (``M = 1``)."""
+        return self.per_agent == 1
+
+    def free(self, child: AgentChild) -> int:
+        """Free slots on ``child`` (none while it stops; dead slots are taken)."""
+        return 0 if child.stopping else self.per_agent - len(child.slots) - child.dead
+
+    def warm_count(self) -> int:
+        """Children with room for another session (idle ones when ``M = 1``)."""
+        return sum(1 for c in self.children.values() if self.free(c) > 0)
+
+    def rooms_besides(self, child: AgentChild) -> int:
+        """Children other than ``child`` with a free slot."""
+        return sum(1 for c in self.children.values() if c is not child and self.free(c) > 0)
+
+    def pick(self) -> AgentChild | None:
+        """The live child with a free slot and the most sessions (pack tightly)."""
+        best: AgentChild | None = None
+        for child in self.children.values():
+            if self.free(child) <= 0 or child.conn.closed:
+                continue
+            if best is None or len(child.slots) > len(best.slots):
+                best = child
+        return best
+
+    def hand_out(self, owner: LeaseOwner, taken: Callable[[AgentChild], None]) -> None:
+        """Give the waiting callers, oldest first, a slot each while one is free;
+        ``taken(child)`` for each slot handed out (a session's agent leaves the refill
+        CPU weight)."""
+        while self.waiters:
+            child = self.pick()
+            if child is None:
+                return
+            reply = self.waiters.popleft()
+            lease_id = next(self._leases)
+            child.slots[lease_id] = ""
+            child.used = True
+            taken(child)
+            reply.set(AgentLease(owner, child, lease_id, exclusive=self.exclusive))
+
+    def rooms_after_waiters(self, spawning: int) -> int:
+        """Children, live or being spawned, that will still have a free slot once the
+        waiting callers are served (the most loaded first, as :meth:`pick` does; a child
+        being spawned offers ``M`` slots): the warm capacity counted ahead."""
+        free = sorted(
+            self.free(c) for c in self.children.values() if self.free(c) > 0 and not c.conn.closed
+        )
+        free += [self.per_agent] * spawning
+        waiting = len(self.waiters)
+        rooms = 0
+        for slots in free:
+            taken = min(slots, waiting)
+            waiting -= taken
+            rooms += slots > taken
+        return rooms

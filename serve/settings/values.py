@@ -1,0 +1,242 @@
+"""The validators of flag and environment values: each returns the parsed value or raises.
+
+Every refusal is a :class:`~serve.settings.record.SettingsError` whose message names the
+flag (or variable) and the bad value the way the reference does (qwen-serve-spec §2.4):
+``Invalid --port "x": must be an integer in [0, 65535]``. Integer flags state their bounds
+(and unit) once, in :func:`parse_int`; the token helpers check the bootstrap token and the
+``--token-header`` field name. Pure (no I/O but :func:`canonical_dir`'s ``stat`` and the
+Landlock probe of :func:`parse_agent_sandbox`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from acp import landlock
+from serve.settings.record import (
+    BOOTSTRAP_TOKEN_ENV_VAR,
+    MAX_TIMER_MS,
+    RateLimitSettings,
+    SettingsError,
+)
+from serve.tokens import TOKEN_ENV_VAR, InvalidBearerToken, resolve_token
+
+#: Shortest bootstrap token accepted (it guards a route that installs the tenant's token).
+MIN_BOOTSTRAP_TOKEN_CHARS = 16
+#: Header names ``--token-header`` may not take: they mean something else to HTTP, to
+#: the daemon, or to agent-sandbox's router (which strips its ``X-Sandbox-*`` headers).
+_RESERVED_TOKEN_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "host",
+        "cookie",
+        "origin",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "upgrade",
+        "x-qwen-client-id",
+        "last-event-id",
+    }
+)
+_TCHAR = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+
+
+def parse_bootstrap_token(
+    ns: argparse.Namespace, env: Mapping[str, str]
+) -> tuple[str | None, bool]:
+    """``--bootstrap-token`` (else ``$ACP_SERVE_BOOTSTRAP_TOKEN``) and whether it came from
+    argv; refused together with a tenant token (the bind installs that one)."""
+    flag = ns.bootstrap_token
+    raw = flag if flag is not None else env.get(BOOTSTRAP_TOKEN_ENV_VAR)
+    if raw is None:
+        return None, False
+    source = "--bootstrap-token" if flag is not None else BOOTSTRAP_TOKEN_ENV_VAR
+    try:
+        token = resolve_token(raw, {})
+    except InvalidBearerToken as exc:
+        raise SettingsError(str(exc).replace("--token", source)) from None
+    if token is None:
+        raise SettingsError(f"Invalid {source}: empty")
+    if len(token) < MIN_BOOTSTRAP_TOKEN_CHARS:
+        raise SettingsError(
+            f"Invalid {source}: shorter than {MIN_BOOTSTRAP_TOKEN_CHARS} characters"
+        )
+    if ns.token is not None or env.get(TOKEN_ENV_VAR, "").strip():
+        raise SettingsError(
+            f"{source} cannot be combined with --token or {TOKEN_ENV_VAR}: "
+            "POST /daemon/bind installs the tenant's token"
+        )
+    return token, flag is not None
+
+
+def parse_token_header(raw: str | None) -> str | None:
+    """``--token-header``: an HTTP field name (RFC 9110 token), stored in lower case."""
+    if raw is None:
+        return None
+    name = raw.strip().lower()
+    if not name or any(ch not in _TCHAR for ch in name):
+        raise SettingsError(f'Invalid --token-header "{raw}": not an HTTP header name')
+    if name in _RESERVED_TOKEN_HEADERS or name.startswith(
+        ("x-sandbox-", "sec-", "access-control-")
+    ):
+        raise SettingsError(f'Invalid --token-header "{raw}": a reserved header name')
+    return name
+
+
+def parse_int(
+    flag: str,
+    raw: str,
+    *,
+    minimum: int,
+    maximum: int | None = None,
+    what: str | None = None,
+    unit: str | None = None,
+) -> int:
+    """``raw`` as an integer in [``minimum``, ``maximum``]; the refusal says ``what`` it must
+    be, by default "an integer in [min, max]" (and `` (unit)``)."""
+    if what is None:
+        what = f"an integer in [{minimum}, {maximum}]" + (f" ({unit})" if unit else "")
+    text = raw.strip()
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise SettingsError(f'Invalid {flag} "{raw}": must be {what}') from None
+    if value < minimum or (maximum is not None and value > maximum):
+        raise SettingsError(f'Invalid {flag} "{raw}": must be {what}')
+    return value
+
+
+def parse_choice(flag: str, raw: str, choices: tuple[str, ...]) -> str:
+    value = raw.strip().lower()
+    if value not in choices:
+        raise SettingsError(f'Invalid {flag} "{raw}": must be one of {"|".join(choices)}')
+    return value
+
+
+def parse_cost_budget(raw: str) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not (0 <= value <= 1e12):  # also rejects nan
+        raise SettingsError(
+            f'Invalid --session-cost-budget "{raw}": must be a number in [0, 1e12] (0 = no limit)'
+        )
+    return value
+
+
+def parse_currency(raw: str) -> str:
+    if not (isinstance(raw, str) and len(raw) == 3 and raw.isascii() and raw.isalpha()):
+        raise SettingsError(
+            f'Invalid --session-budget-currency "{raw}": must be an ISO 4217 code such as USD'
+        )
+    return raw.upper()
+
+
+def parse_nonneg(flag: str, raw: str, maximum: int | None = None) -> int:
+    return parse_int(flag, raw, minimum=0, maximum=maximum, what="a non-negative integer")
+
+
+def parse_positive(flag: str, raw: str, maximum: int | None = None) -> int:
+    return parse_int(flag, raw, minimum=1, maximum=maximum, what="a positive integer")
+
+
+def parse_timer(flag: str, raw: str, *, positive: bool) -> int:
+    value = parse_positive(flag, raw) if positive else parse_nonneg(flag, raw)
+    if value > MAX_TIMER_MS:
+        raise SettingsError(f'Invalid {flag} "{raw}": must be at most {MAX_TIMER_MS} ms')
+    return value
+
+
+def env_ms(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        value = 0
+    if value <= 0 or value > MAX_TIMER_MS:
+        raise SettingsError(f'Invalid {name}="{raw}": must be a positive integer (milliseconds).')
+    return value
+
+
+def parse_trusted_proxies(values: list[str]) -> tuple[str, ...]:
+    """``--trusted-proxy`` values, each an IP address or a CIDR network (normalised)."""
+    out = []
+    for value in values:
+        try:
+            out.append(str(ipaddress.ip_network(value.strip(), strict=False)))
+        except ValueError:
+            raise SettingsError(
+                f'Invalid --trusted-proxy "{value}": must be an IP address or a CIDR network'
+            ) from None
+    return tuple(out)
+
+
+def canonical_dir(flag: str, raw: str) -> str:
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    if not path.exists():
+        raise SettingsError(f'Invalid {flag} "{raw}": directory does not exist')
+    if not path.is_dir():
+        raise SettingsError(f'Invalid {flag} "{raw}": not a directory')
+    return str(path.resolve())
+
+
+def parse_agent_sandbox(mode: str) -> str:
+    if mode not in ("auto", "landlock", "off"):
+        raise SettingsError(f'Invalid --agent-sandbox "{mode}": must be one of auto, landlock, off')
+    if mode == "landlock":
+        if landlock.abi_version() < 1:
+            raise SettingsError(
+                "--agent-sandbox=landlock: this kernel has no Landlock (Linux 5.13+ with "
+                "landlock in CONFIG_LSM / lsm=); use auto or off"
+            )
+    return mode
+
+
+def parse_device_flow_providers(values: Sequence[str]) -> list[str]:
+    for value in values:
+        name, sep, url = value.partition("=")
+        if not sep or not name.strip() or not url.startswith(("http://", "https://")):
+            raise SettingsError(
+                f'Invalid --device-flow-provider "{value}": expected NAME=http(s)://URL'
+            )
+    return list(values)
+
+
+def parse_rate_limit(ns: argparse.Namespace, env: Mapping[str, str]) -> RateLimitSettings:
+    enabled = bool(ns.rate_limit) or env.get("QWEN_SERVE_RATE_LIMIT", "").lower() in ("1", "true")
+
+    def tier(flag: str, value: str | None, env_name: str, default: int) -> int:
+        if value is not None:
+            return parse_positive(flag, value)
+        raw = env.get(env_name)
+        if raw:
+            return parse_int(env_name, raw, minimum=1, what="a positive integer")
+        return default
+
+    window = tier(
+        "--rate-limit-window-ms", ns.rate_limit_window_ms, "QWEN_SERVE_RATE_LIMIT_WINDOW_MS", 60_000
+    )
+    if window < 1000:
+        raise SettingsError(f'Invalid --rate-limit-window-ms "{window}": must be >= 1000')
+    return RateLimitSettings(
+        enabled=enabled,
+        prompt=tier(
+            "--rate-limit-prompt", ns.rate_limit_prompt, "QWEN_SERVE_RATE_LIMIT_PROMPT", 10
+        ),
+        mutation=tier(
+            "--rate-limit-mutation", ns.rate_limit_mutation, "QWEN_SERVE_RATE_LIMIT_MUTATION", 30
+        ),
+        read=tier("--rate-limit-read", ns.rate_limit_read, "QWEN_SERVE_RATE_LIMIT_READ", 120),
+        window_ms=window,
+    )
