@@ -109,6 +109,9 @@ class Host:
     #: One ``Workspace`` per root for the file routes, ``/acp`` ``_qwen/file/*``, the
     #: effect gate and the workspace-state service (their per-path writer locks).
     workspaces: WorkspaceSet = field(default_factory=WorkspaceSet)
+    #: The /acp front (a ``serve.acpfront.AcpFront``, opaque here: that package imports this
+    #: one), built over this Host by ``build_host`` and supervised as ``acp-front``.
+    acp_front: object = None
 
     # ---- views -------------------------------------------------------------------------
 

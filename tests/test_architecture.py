@@ -276,7 +276,10 @@ KNOWN_BACK_EDGES: dict[tuple[str, str], str] = {
     ("serve.config", "serve.deviceflow"): "config.py parses providers (deviceflow/providers.py)",
     ("serve.config", "serve.permissions"): "config.py parses policies (permissions/config.py)",
     ("serve.host", "serve.http"): "the Host record types its RateLimiter (http/security)",
-    ("serve.acpfront", "serve.http"): "front.py borrows capabilities, daemon status, errors",
+    (
+        "serve.acpfront",
+        "serve.http",
+    ): "connections.py types Feature, session_methods.py daemon status",
 }
 
 
@@ -301,7 +304,6 @@ MAX_MODULE_LINES = 700
 #: Modules over the limit today (issue 25 splits them), and the exempt ones. A new module
 #: over the limit fails; an entry that is back under it must be removed.
 OVERSIZED: dict[str, str] = {
-    "serve/acpfront/front.py": "issue 25 item 3: split by concept",
     "serve/sessions/actor.py": "issue 25 item 4: AgentBinding out",
     "serve/permissions/effects.py": "to split: classification / policy / fs effects",
     "acp/agents/scripted/agent.py": "exempt: the scripted test agent",

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from serve.permissions.elicitation import client_modes
-from serve.permissions.mediator import CastElicitation
+from serve.permissions.mediator import CastElicitation, PermissionMediator
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def message(
 
 
 async def answer(
-    mediator: Any,
+    mediator: PermissionMediator,
     session_id: str,
     request_id: str,
     result: object,
@@ -90,9 +90,7 @@ async def answer(
     timeout_s: float,
 ) -> None:
     """An ACP client's reply to our ``elicitation/create``: a vote (see the module docstring)."""
-    body: Any = result
-    if not isinstance(body, dict) or "action" not in body:
-        body = {"action": "cancel"}
+    body = result if isinstance(result, dict) and "action" in result else {"action": "cancel"}
     try:
         status, out = await mediator.ask(
             CastElicitation(request_id, session_id, body, client_id, loopback),

@@ -21,67 +21,65 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve.acpfront.jsonrpc import INVALID_PARAMS, RESOURCE_NOT_FOUND, SERVER_ERROR, RpcError
+from serve.acpfront.connections import ASK_TIMEOUT_S, Connection, Connections
+from serve.acpfront.errors import draining, not_found, params_error
+from serve.acpfront.links import own_made, reserve
+from serve.acpfront.session_methods import session_result, workspace_of
+from serve.host import Host
 from serve.sessions.fork import current_state, fork_session
+from serve.sessions.messages import Describe, SessionView
 
 _SETUP_KEYS = ("modes", "models", "configOptions")
 
 
-def _params_error(message: str, **data: Any) -> RpcError:
-    return RpcError(INVALID_PARAMS, message, {"httpStatus": 400, **data})
-
-
-async def session_fork(front: Any, conn: Any, params: dict[str, Any]) -> Any:
-    """The ``session/fork`` handler: ``front`` is the :class:`~serve.acpfront.front.AcpFront`
-    (it lends its session-owning steps), ``conn`` the asking connection."""
+async def session_fork(
+    front: Connections, conn: Connection, params: dict[str, Any]
+) -> dict[str, Any]:
+    """The ``session/fork`` handler: the session-owning steps are :mod:`.links`', ``conn``
+    the asking connection."""
     sid = params.get("sessionId")
     if not isinstance(sid, str) or not sid:
-        raise _params_error("`sessionId` must be a non-empty string")
+        raise params_error("`sessionId` must be a non-empty string")
     servers = params.get("mcpServers")
     if servers is not None and not isinstance(servers, list):
-        raise _params_error("`mcpServers` must be an array")
-    workspace = front._workspace(conn, params)
-    if getattr(front.host, "draining", False):
-        raise RpcError(
-            SERVER_ERROR, "Daemon is draining", {"httpStatus": 503, "code": "daemon_draining"}
-        )
+        raise params_error("`mcpServers` must be an array")
+    workspace = workspace_of(front, conn, params)
+    if front.host.draining:
+        raise draining()
     parent = front.host.registry.get(sid)
     if parent is None:
-        raise RpcError(
-            RESOURCE_NOT_FOUND,
-            f'No session with id "{sid}"',
-            {"httpStatus": 404, "code": "session_not_found", "sessionId": sid},
-        )
-    if parent.workspace != workspace:
-        raise _params_error(
-            f"Session {sid} belongs to workspace {parent.workspace}; a fork stays in its "
+        raise not_found(sid)
+    # Its workspace as its view answers (a session gone meanwhile: the same 404).
+    parent_view: SessionView = await parent.call(Describe(), timeout_s=ASK_TIMEOUT_S)
+    if parent_view.workspace != workspace:
+        raise params_error(
+            f"Session {sid} belongs to workspace {parent_view.workspace}; a fork stays in its "
             f"parent's workspace (cwd {workspace})",
             code="workspace_mismatch",
             requestedWorkspace=workspace,
-            sessionWorkspace=parent.workspace,
+            sessionWorkspace=parent_view.workspace,
         )
-    reserved = front._reserve(conn)
+    reserved = reserve(conn)
     try:
         forked = await fork_session(front.host.registry, parent)
         # A session made for this call: its stream from the start (session_forked first).
-        link, view = await front._own_made(conn, forked.session, False, replay=True)
+        link, view = await own_made(front, conn, forked.session, False, replay=True)
     finally:
         conn.reserved_sessions -= reserved
-    out: dict[str, Any] = front._session_result(view, link, False)
+    out: dict[str, Any] = session_result(view, link, False)
     out.update(current_state({k: out[k] for k in _SETUP_KEYS if k in out}, view))
     out["parentSessionId"] = forked.parent_id
     out["inherited"] = forked.inherited
     return out
 
 
-def fork_capability(host: Any, workspace: str) -> dict[str, Any]:
+def fork_capability(host: Host, workspace: str) -> dict[str, Any]:
     """``sessionCapabilities`` entry of ``initialize`` at ``/acp``: ``{"fork": {}}`` unless
     the workspace's agent is known not to fork (its pool initialized a child that does not
     advertise it); while nothing is known it is offered, and a session whose agent cannot
     fork answers ``session/fork`` with the precise error above."""
-    runtimes = getattr(getattr(host, "registry", None), "runtimes", {})
-    pool = getattr(runtimes.get(workspace), "agents", None)
-    info = getattr(pool, "agent_info", None)
+    runtime = host.registry.runtimes.get(workspace)
+    info = runtime.agents.agent_info if runtime is not None else None
     if info is not None and not info.supports_fork:
         return {}
     return {"fork": {}}

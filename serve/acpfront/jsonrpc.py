@@ -13,13 +13,43 @@ from typing import Any
 
 import msgspec
 
+# The codes a domain error renders to are the error table's (serve/errors/jsonrpc.py).
+from serve.errors.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    RESOURCE_NOT_FOUND,
+    SERVER_ERROR,
+    RpcWire,
+)
+
+__all__ = [
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "METHOD_NOT_FOUND",
+    "PARSE_ERROR",
+    "RESOURCE_NOT_FOUND",
+    "SERVER_ERROR",
+    "Batch",
+    "Id",
+    "Invalid",
+    "Message",
+    "Notification",
+    "Request",
+    "Response",
+    "RpcError",
+    "encode",
+    "error_bytes",
+    "notification_bytes",
+    "parse",
+    "parse_obj",
+    "request_bytes",
+    "result_bytes",
+]
+
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-SERVER_ERROR = -32000
-RESOURCE_NOT_FOUND = -32002
 
 Id = str | int
 
@@ -30,11 +60,16 @@ _encoder = msgspec.json.Encoder()
 class RpcError(Exception):
     """An error reply: JSON-RPC ``code``, ``message`` and optional ``data``."""
 
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
+    def __init__(self, code: int, message: str, data: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.data = data
+
+    @classmethod
+    def of(cls, wire: RpcWire) -> RpcError:
+        """The error table's JSON-RPC rendering (:func:`serve.errors.rpc_error`) as a reply."""
+        return cls(wire.code, wire.message, wire.data)
 
     def body(self) -> dict[str, Any]:
         out: dict[str, Any] = {"code": self.code, "message": self.message}
@@ -56,8 +91,8 @@ class Notification(msgspec.Struct, frozen=True):
 
 class Response(msgspec.Struct, frozen=True):
     id: Id
-    result: Any = None
-    error: Any = None
+    result: object = None
+    error: object = None
 
 
 class Invalid(msgspec.Struct, frozen=True):
@@ -72,7 +107,7 @@ class Batch(msgspec.Struct, frozen=True):
 Message = Request | Notification | Response | Invalid | Batch
 
 
-def _valid_id(value: Any) -> bool:
+def _valid_id(value: object) -> bool:
     return (isinstance(value, str) and len(value) <= 256) or (
         isinstance(value, int) and not isinstance(value, bool) and -(2**53) < value < 2**53
     )
@@ -88,7 +123,7 @@ def parse(raw: bytes) -> Message:
     return parse_obj(obj)
 
 
-def parse_obj(obj: Any) -> Message:
+def parse_obj(obj: object) -> Message:
     if isinstance(obj, list):
         return Batch(len(obj))
     if not isinstance(obj, dict):
@@ -132,11 +167,11 @@ def parse_obj(obj: Any) -> Message:
     return Request(rid, method, params)
 
 
-def encode(obj: Any) -> bytes:
+def encode(obj: object) -> bytes:
     return _encoder.encode(obj)
 
 
-def result_bytes(rid: Id, result: Any) -> bytes:
+def result_bytes(rid: Id, result: object) -> bytes:
     if isinstance(result, msgspec.Raw):
         return (
             b'{"jsonrpc":"2.0","id":' + _encoder.encode(rid) + b',"result":' + bytes(result) + b"}"
@@ -148,9 +183,9 @@ def error_bytes(rid: Id | None, error: RpcError) -> bytes:
     return _encoder.encode({"jsonrpc": "2.0", "id": rid, "error": error.body()})
 
 
-def request_bytes(rid: Id, method: str, params: Any) -> bytes:
+def request_bytes(rid: Id, method: str, params: object) -> bytes:
     return _encoder.encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
 
 
-def notification_bytes(method: str, params: Any) -> bytes:
+def notification_bytes(method: str, params: object) -> bytes:
     return _encoder.encode({"jsonrpc": "2.0", "method": method, "params": params})

@@ -26,8 +26,6 @@ outbox).
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from serve.acpfront import elicit
@@ -188,7 +186,7 @@ def translate(
     return Translated(event_id, env.type, b"".join(parts))
 
 
-def notify(kind: str, data: Any) -> bytes:
+def notify(kind: str, data: object) -> bytes:
     """An id-less ``_qwen/notify`` the front itself emits (eviction, lifecycle)."""
     return _encoder.encode(
         {"jsonrpc": "2.0", "method": "_qwen/notify", "params": {"kind": kind, "data": data}}

@@ -1,4 +1,4 @@
-"""ACP schema 1.21 at ``/acp``: what the front adds to the methods of :mod:`.front`.
+"""ACP schema 1.21 at ``/acp``: what the front adds to the methods of :mod:`.session_methods`.
 
 * **Version**: an ``initialize`` with any ``protocolVersion`` (2 included) is answered with
   version 1, the one the daemon speaks; per ACP's negotiation a client that cannot speak 1
@@ -40,8 +40,12 @@ from typing import Any, Final
 import msgspec
 import trio
 
+from acp.schema import InitializeResult
+from serve.acpfront.connections import Connection, Connections
 from serve.acpfront.jsonrpc import INVALID_PARAMS, SERVER_ERROR, RpcError
+from serve.acpfront.links import owned
 from serve.journal import JournalError
+from serve.sessions.actor import SessionActor
 from serve.sessions.messages import (
     AgentCall,
     CloseSession,
@@ -53,11 +57,6 @@ from serve.sessions.messages import (
 )
 from serve.status.agent import context_state
 
-#: The AcpFront (typed loosely: it imports this module).
-AcpFront = Any
-#: The Connection (typed loosely: it imports this module).
-Connection = Any
-
 log = logging.getLogger(__name__)
 
 #: ACP's code for a request the peer cancelled (``$/cancel_request``).
@@ -68,23 +67,23 @@ ASK_TIMEOUT_S: Final = 30.0
 CANCEL_REQUEST: Final = "$/cancel_request"
 
 
-def _params_error(message: str, **data: Any) -> RpcError:
+def _params_error(message: str, **data: object) -> RpcError:
     return RpcError(INVALID_PARAMS, message, {"httpStatus": 400, **data})
 
 
 # ---- initialize / auth ----------------------------------------------------------------------
 
 
-def _agent_init(front: AcpFront, workspace: str) -> Any:
+def _agent_init(front: Connections, workspace: str) -> InitializeResult | None:
     """The ``initialize`` result of a live agent of ``workspace`` (read-only), or None."""
     for session in front.host.registry.live(workspace):
         info = getattr(getattr(session, "conn", None), "info", None)
-        if info is not None:
+        if isinstance(info, InitializeResult):
             return info
     return None
 
 
-def auth_methods(front: AcpFront, workspace: str) -> list[dict[str, Any]]:
+def auth_methods(front: Connections, workspace: str) -> list[dict[str, Any]]:
     """The agent's auth methods as it sent them, without the terminal ones."""
     info = _agent_init(front, workspace)
     raw = getattr(info, "raw", None)
@@ -103,7 +102,7 @@ def auth_methods(front: AcpFront, workspace: str) -> list[dict[str, Any]]:
     ]
 
 
-def _agent_session(front: AcpFront, conn: Connection) -> Any:
+def _agent_session(front: Connections, conn: Connection) -> SessionActor:
     owned = [link.session for link in conn.sessions.values() if not link.ended]
     for session in (*owned, *front.host.registry.live(conn.workspace)):
         return session
@@ -114,7 +113,9 @@ def _agent_session(front: AcpFront, conn: Connection) -> Any:
     )
 
 
-async def authenticate(front: AcpFront, conn: Connection, params: dict[str, Any]) -> Any:
+async def authenticate(
+    front: Connections, conn: Connection, params: dict[str, Any]
+) -> dict[str, Any]:
     method_id = params.get("methodId")
     if not isinstance(method_id, str) or not method_id:
         raise _params_error("`methodId` must be a non-empty string")
@@ -132,7 +133,7 @@ async def authenticate(front: AcpFront, conn: Connection, params: dict[str, Any]
     return {}
 
 
-async def logout(front: AcpFront, conn: Connection, params: dict[str, Any]) -> Any:
+async def logout(front: Connections, conn: Connection, params: dict[str, Any]) -> dict[str, Any]:
     info = _agent_init(front, conn.workspace)
     auth = getattr(getattr(info, "agent_capabilities", None), "auth", None)
     if not isinstance(auth, dict) or not isinstance(auth.get("logout"), dict):
@@ -149,8 +150,10 @@ async def logout(front: AcpFront, conn: Connection, params: dict[str, Any]) -> A
 # ---- config options -------------------------------------------------------------------------
 
 
-async def set_config_option(front: AcpFront, conn: Connection, params: dict[str, Any]) -> Any:
-    link = front._owned(conn, params)
+async def set_config_option(
+    front: Connections, conn: Connection, params: dict[str, Any]
+) -> dict[str, Any]:
+    link = owned(conn, params)
     config_id = params.get("configId")
     if not isinstance(config_id, str) or not config_id:
         raise _params_error("`configId` must be a non-empty string")
@@ -183,7 +186,7 @@ async def set_config_option(front: AcpFront, conn: Connection, params: dict[str,
     return {"configOptions": options or view.state.get("configOptions") or []}
 
 
-def _category(session: Any, config_id: str) -> str | None:
+def _category(session: SessionActor, config_id: str) -> str | None:
     for option in context_state(session).get("configOptions") or ():
         if isinstance(option, dict) and option.get("id") == config_id:
             category = option.get("category")
@@ -194,8 +197,10 @@ def _category(session: Any, config_id: str) -> str | None:
 # ---- session/delete ---------------------------------------------------------------------------
 
 
-async def session_delete(front: AcpFront, conn: Connection, params: dict[str, Any]) -> Any:
-    link = front._owned(conn, params)
+async def session_delete(
+    front: Connections, conn: Connection, params: dict[str, Any]
+) -> dict[str, Any]:
+    link = owned(conn, params)
     session = link.session
     info = getattr(getattr(session, "conn", None), "info", None)
     caps = getattr(getattr(info, "agent_capabilities", None), "session_capabilities", None)
@@ -205,7 +210,7 @@ async def session_delete(front: AcpFront, conn: Connection, params: dict[str, An
         CloseSession(reason="client_delete", closed_by=link.client_id), timeout_s=ASK_TIMEOUT_S
     )
     # Deleted means gone for the daemon too: its journal would otherwise answer a later load.
-    journal = getattr(front.host, "journal", None)
+    journal = front.host.journal
     if journal is not None:
         try:
             await journal.delete(str(params["sessionId"]))
@@ -236,7 +241,7 @@ def cancelled_error(method: str) -> RpcError:
 
 
 async def additional_directories(
-    front: AcpFront, params: dict[str, Any], workspace: str
+    front: Connections, params: dict[str, Any], workspace: str
 ) -> tuple[str, ...]:
     """The validated, resolved ``additionalDirectories`` (empty when absent): absolute paths
     of existing directories, at most :data:`MAX_ADDITIONAL_DIRECTORIES`, none inside the

@@ -18,7 +18,6 @@ daemon; ``permissions``, ``trust``, ``tools``, ``memory``, ``agents``, ``session
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 import sys
@@ -28,18 +27,16 @@ import msgspec
 
 from serve import threads
 from serve.acpfront import v121
+from serve.acpfront.connections import Connection, Connections
+from serve.sessions.actor import SessionActor
 from serve.status.agent import acp_cells, providers_snapshot
 from serve.status.env import env_cells
 from serve.status.mcp import mcp_snapshot
-from serve.status.preflight import daemon_cells
+from serve.status.preflight import PreflightCell, daemon_cells
 from serve.status.skills import project_skills
 from serve.threads import file_routes_limiter
-from serve.workspace import WorkspaceFsError
+from serve.workspace import Workspace, WorkspaceFsError
 from serve.workspace_state.settings_file import SettingsFileError, read_settings
-
-#: The AcpFront and Connection (typed loosely: the front imports this module).
-AcpFront = Any
-Connection = Any
 
 METHODS: Final = (
     "_qwen/workspace/env",
@@ -50,8 +47,8 @@ METHODS: Final = (
 )
 
 
-def _agent_session(front: AcpFront, workspace: str) -> Any:
-    best = None
+def _agent_session(front: Connections, workspace: str) -> SessionActor | None:
+    best: SessionActor | None = None
     for session in front.host.registry.live(workspace):
         conn = getattr(session, "conn", None)
         if conn is None or getattr(conn, "closed", True) or getattr(session, "setup", None) is None:
@@ -61,16 +58,16 @@ def _agent_session(front: AcpFront, workspace: str) -> Any:
     return best
 
 
-def _workspace(front: AcpFront, conn: Connection) -> Any:
-    untrusted = tuple(getattr(front.host.settings, "untrusted_workspaces", ()))
+def _workspace(front: Connections, conn: Connection) -> Workspace:
+    untrusted = front.host.settings.untrusted_workspaces
     return front.host.workspaces.get(conn.workspace, trusted=conn.workspace not in untrusted)
 
 
-def _envelope(conn: Connection, initialized: bool, **fields: Any) -> dict[str, Any]:
+def _envelope(conn: Connection, initialized: bool, **fields: object) -> dict[str, Any]:
     return {"v": 1, "workspaceCwd": conn.workspace, "initialized": initialized, **fields}
 
 
-async def env(front: AcpFront, conn: Connection, params: dict[str, Any]) -> Any:
+async def env(front: Connections, conn: Connection, params: dict[str, Any]) -> dict[str, Any]:
     cells = env_cells(
         os.environ,
         python_version=platform.python_version(),
@@ -81,9 +78,9 @@ async def env(front: AcpFront, conn: Connection, params: dict[str, Any]) -> Any:
     return _envelope(conn, True, acpChannelLive=live, cells=cells)
 
 
-async def preflight(front: AcpFront, conn: Connection, params: dict[str, Any]) -> Any:
+async def preflight(front: Connections, conn: Connection, params: dict[str, Any]) -> dict[str, Any]:
     session = _agent_session(front, conn.workspace)
-    cells: list[Any] = await daemon_cells(conn.workspace)
+    cells: list[PreflightCell] = await daemon_cells(conn.workspace)
     skill_count: int | None = None
     if session is not None:
         try:
@@ -95,7 +92,7 @@ async def preflight(front: AcpFront, conn: Connection, params: dict[str, Any]) -
     return _envelope(conn, True, acpChannelLive=session is not None, cells=cells)
 
 
-async def mcp(front: AcpFront, conn: Connection, params: dict[str, Any]) -> Any:
+async def mcp(front: Connections, conn: Connection, params: dict[str, Any]) -> dict[str, Any]:
     host = front.host
     session = _agent_session(front, conn.workspace)
     settings: dict[str, Any] | None = None
@@ -122,7 +119,7 @@ async def mcp(front: AcpFront, conn: Connection, params: dict[str, Any]) -> Any:
     return body
 
 
-async def skills(front: AcpFront, conn: Connection, params: dict[str, Any]) -> Any:
+async def skills(front: Connections, conn: Connection, params: dict[str, Any]) -> dict[str, Any]:
     if _agent_session(front, conn.workspace) is None:
         return _envelope(conn, False, skills=[])
     try:
@@ -135,7 +132,7 @@ async def skills(front: AcpFront, conn: Connection, params: dict[str, Any]) -> A
     return _envelope(conn, True, skills=found)
 
 
-async def providers(front: AcpFront, conn: Connection, params: dict[str, Any]) -> Any:
+async def providers(front: Connections, conn: Connection, params: dict[str, Any]) -> dict[str, Any]:
     session = _agent_session(front, conn.workspace)
     if session is None:
         return _envelope(conn, False, current=None, providers=[])
@@ -162,13 +159,11 @@ async def providers(front: AcpFront, conn: Connection, params: dict[str, Any]) -
     )
 
 
-def handlers(front: AcpFront) -> dict[str, Any]:
-    """The method table entries (``(conn, params) -> result``) for :class:`AcpFront`."""
-    table = {
-        "_qwen/workspace/env": env,
-        "_qwen/workspace/preflight": preflight,
-        "_qwen/workspace/mcp": mcp,
-        "_qwen/workspace/skills": skills,
-        "_qwen/workspace/providers": providers,
-    }
-    return {name: functools.partial(fn, front) for name, fn in table.items()}
+#: The method table entries (``(front, conn, params) -> result``) of :mod:`.dispatch`.
+HANDLERS: Final = {
+    "_qwen/workspace/env": env,
+    "_qwen/workspace/preflight": preflight,
+    "_qwen/workspace/mcp": mcp,
+    "_qwen/workspace/skills": skills,
+    "_qwen/workspace/providers": providers,
+}

@@ -10,13 +10,15 @@ is the only place that decides the wire *status*, *body* and *headers* of each f
 (``serve.workspace_state.settings_file``) and the ACP client's errors (``acp.errors``),
 and which codes of a failed turn are retryable. A :class:`WireError` is neutral (no HTTP
 framework, no JSON-RPC); :func:`rest` renders it for the REST front (``serve.http.errors``
-turns it into its ``ApiError``); the ``/acp`` front maps the same status into a JSON-RPC
-error (``data.httpStatus``).
+turns it into its ``ApiError``); :func:`jsonrpc` renders it for the ``/acp`` front
+(:mod:`.jsonrpc`: ``code``, ``message``, ``data`` with ``httpStatus``), and
+:func:`rpc_error` is the ``/acp`` front's one entry from an exception to that rendering.
 
 Dependency position: it imports the domain's exception modules and ``acp.errors``; the
 fronts import it; no domain package does (``tests/test_architecture.py``).
 """
 
+from serve.errors.jsonrpc import RpcWire, jsonrpc, jsonrpc_file, rpc_error
 from serve.errors.table import (
     FS_STATUS,
     RETRYABLE_TURN_CODES,
@@ -37,9 +39,13 @@ __all__ = [
     "SESSION_ERRORS",
     "SETTINGS_FILE_STATUS",
     "TURN_RETRY_AFTER",
+    "RpcWire",
     "WireError",
     "fs_error",
+    "jsonrpc",
+    "jsonrpc_file",
     "rest",
+    "rpc_error",
     "settings_file_error",
     "wire_error",
     "workspace_fs_error",

@@ -21,6 +21,9 @@ The children, in start order (the root supervisor stops them in reverse)::
         device-flow-poller  RFC 8628 flows
         mcp-pool            shared MCP servers
         workspace-state     settings baselines for /workspace/reload
+    acp-front               the /acp front (serve/acpfront): its connections, pumps and
+                            requests run in this child's nursery; the /acp routes only
+                            hand it connections and messages (QWEN_SERVE_ACP_HTTP=0: absent)
 
 When the root gives up (its budget is exhausted), its ``on_give_up`` hook ends every
 session with ``session_died {reason: "daemon_failure"}`` while the HTTP front is still up
@@ -28,7 +31,9 @@ session with ``session_died {reason: "daemon_failure"}`` while the HTTP front is
 ``serve.__main__`` exits 70 with one line.
 
 The HTTP front is not among them: :class:`serve.runtime.daemon.Daemon` adds it last (it
-serves the Host) so that it starts last and stops first.
+serves the Host) so that it starts last and stops first; ``acp-front`` is stopped right
+after it (cancelled: its connections are released without closing their sessions, which
+the drain has ended by then), and its ``end_streams`` is a ``stream_closers`` entry.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from serve.binding import Binding
 from serve.config import ConfigCell, DaemonConfig, load_daemon_config
 from serve.deviceflow import service as device_flow_service
 from serve.host import FrontStats, Host, Lifecycle
+from serve.http.app import collect_features
+from serve.http.routes import acp as acp_route
 from serve.http.security.ratelimit import limiter_for
 from serve.isolation import Isolation, IsolationError
 from serve.journal import Journal, JournalLimits
@@ -253,6 +260,20 @@ def build_host(
         isolation=isolation,
         workspaces=workspaces,
     )
+    # The /acp front is built over the Host (it reads the parts through it), so it is
+    # the one part set here, before the Host is handed out.
+    acp_front = acp_route.build_front(host, collect_features())
+    if acp_front is not None:
+        host.acp_front = acp_front
+        lifecycle.stream_closers.append(acp_front.end_streams)
+        children.append(
+            ChildSpec(
+                "acp-front",
+                acp_front.run,
+                Restart.PERMANENT,
+                shutdown_grace_s=0.0,  # cancelled: run() releases its connections, bounded
+            )
+        )
     return host, children
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import msgspec
 
 from actors import ChildSpec
+from serve.acpfront import AcpFront
 from serve.config import load_config_text
 from serve.runtime.host import build_host
 from serve.settings import Settings, parse_settings
@@ -41,8 +42,10 @@ def test_children_in_start_order(tmp_path: Path) -> None:
         f"sessions:{ws}",
         "workspace-hub",
         "services",
+        "acp-front",  # the /acp front, beside http (which the Daemon adds last)
     ]
-    services = children[-1]
+    assert isinstance(host.acp_front, AcpFront) and children[-1].target == host.acp_front.run
+    services = children[-2]
     assert services.stop == host.lifecycle.services.shutdown
     assert _optional(services) == [
         "journal-janitor",
@@ -54,7 +57,7 @@ def test_children_in_start_order(tmp_path: Path) -> None:
         _settings(tmp_path, "--chaos-kill-rate", "1", "--no-journal"), reaper=True
     )
     names = [c.name for c in children]
-    optional = _optional(children[-1])
+    optional = _optional(children[-2])
     assert names[0] == "reaper" and optional[0] == "chaos" and with_extras.chaos is not None
     assert "journal-janitor" not in optional
 

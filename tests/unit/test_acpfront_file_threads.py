@@ -9,7 +9,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from serve.acpfront.front import _Files
+from serve.acpfront import file_methods as _Files
 from serve.threads import FILE_ROUTE_THREADS, file_routes_limiter
 
 

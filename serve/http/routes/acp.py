@@ -1,7 +1,10 @@
 """ACP over HTTP + SSE and over WebSocket at ``/acp`` (and ``/workspaces/:workspace/acp``).
 
 The glue between the wire and :class:`serve.acpfront.AcpFront` (which holds connections,
-their sessions and outboxes, and all routing):
+their sessions and outboxes, and all routing). The front is not started here: it is built
+by :func:`serve.runtime.host.build_host` (with this transport's policy, :func:`build_front`)
+and runs as the supervised ``acp-front`` child beside ``http``; these routes find it on the
+Host and only hand it connections and messages (503 while it is not running):
 
 * ``POST`` (``application/json``, else 415): one JSON-RPC message. ``initialize`` needs no
   connection id and answers 200 with the result and ``Acp-Connection-Id``; every other
@@ -32,19 +35,21 @@ import hashlib
 import logging
 import os
 import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import trio
-from quart import Blueprint, Response, current_app, make_response, request, websocket
+from quart import Blueprint, Response, make_response, request, websocket
 from quart.wrappers.base import ClientDisconnectedError
 
 from serve.acpfront import AcpFront, Connection, jsonrpc
-from serve.acpfront.front import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_UNUSED_TIMEOUT_S, Policy
+from serve.acpfront.connections import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_UNUSED_TIMEOUT_S, Policy
 from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
 from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
 from serve.host import Host
 from serve.http.capabilities import Feature
-from serve.http.context import daemon, features
+from serve.http.context import daemon
 from serve.http.security import (
     TOKEN_REQUIRED_BODY,
     Tier,
@@ -70,7 +75,7 @@ _ROUTES = ("/acp", "/workspaces/<path:workspace>/acp", "/workspaces//<path:works
 _ROUTES = ("/acp", "/workspaces/<path:workspace>/acp", "/workspaces//<path:workspace>/acp")
 
 
-def acp_enabled(_daemon: Any = None) -> bool:
+def acp_enabled(_daemon: Host | None = None) -> bool:
     """``/acp`` is on unless ``QWEN_SERVE_ACP_HTTP=0`` (as in the reference)."""
     return os.environ.get("QWEN_SERVE_ACP_HTTP", "1").strip().lower() not in ("0", "false")
 
@@ -155,10 +160,11 @@ async def _gate() -> None:
 
 
 def the_front() -> AcpFront:
-    front = current_app.extensions.get("acpfront")
-    if front is None:
+    """The Host's /acp front, while its supervised child runs (else a 503)."""
+    front = daemon().acp_front
+    if not isinstance(front, AcpFront) or not front.running:
         raise RpcError(SERVER_ERROR, "ACP front is not running", {"httpStatus": 503})
-    return front  # type: ignore[no-any-return]
+    return front
 
 
 def _changes_approval_mode(method: str, params: dict[str, Any]) -> bool:
@@ -220,55 +226,31 @@ def _rate_limit(d: Host, key: str, method: str) -> RpcError | None:
     )
 
 
-@blueprint.before_app_serving
-async def _start_front() -> None:
-    d = daemon()
-    from importlib.metadata import PackageNotFoundError, version
-
+def build_front(host: Host, all_features: Sequence[Feature]) -> AcpFront | None:
+    """The /acp front over ``host`` with this transport's policy (strict gate, WebSocket
+    rate limit) and expiry settings, or None when ``QWEN_SERVE_ACP_HTTP=0``. Called by
+    :func:`serve.runtime.host.build_host`, which supervises it (``acp-front``)."""
+    if not acp_enabled():
+        return None
     try:
         ver = version("acp-serve")
     except PackageNotFoundError:
         ver = "0"
-    if not acp_enabled():
-        return
-    front = AcpFront(
-        d,
-        policy=_policy_for(d),
+    return AcpFront(
+        host,
+        policy=_policy_for(host),
         idle_timeout_s=_idle_timeout_s(),
         unused_timeout_s=_unused_timeout_s(),
         version=ver,
-        all_features=features(),
+        all_features=all_features,
     )
-    scope = trio.CancelScope()
-
-    async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        with scope:
-            await front.run(task_status=task_status)
-
-    nursery = getattr(current_app, "nursery", None)  # quart-trio's serving nursery
-    if nursery is None:
-        return  # not served (an in-process test app): /acp answers 503
-    await nursery.start(run)
-    current_app.extensions["acpfront"] = front
-    current_app.extensions["acpfront_scope"] = scope
-    d.lifecycle.stream_closers.append(front.end_streams)
-
-
-@blueprint.after_app_serving
-async def _stop_front() -> None:
-    scope = current_app.extensions.pop("acpfront_scope", None)
-    front = current_app.extensions.pop("acpfront", None)
-    if front is not None and front.end_streams in daemon().lifecycle.stream_closers:
-        daemon().lifecycle.stream_closers.remove(front.end_streams)
-    if scope is not None:
-        scope.cancel()
 
 
 # ---- helpers ------------------------------------------------------------------------------
 
 
 def _rpc_response(
-    status: int, rid: Any, error: RpcError, headers: dict[str, str] | None = None
+    status: int, rid: jsonrpc.Id | None, error: RpcError, headers: dict[str, str] | None = None
 ) -> Response:
     return Response(
         jsonrpc.error_bytes(rid, error), status=status, headers=headers, content_type=_JSON
@@ -309,7 +291,7 @@ def _connection() -> Connection | Response:
     return conn
 
 
-def _client(scope: Any) -> str:
+def _client(scope: Mapping[str, Any]) -> str:
     """The caller's address as the rate limiter keys it (``serve/http/security/peers.py``):
     the peer's, or a ``--trusted-proxy``'s forwarded one; never ``X-Qwen-Client-Id``."""
     trusted = parse_trusted_proxies(daemon().settings.trusted_proxies)
@@ -336,9 +318,10 @@ def _last_event_id() -> int | None:
     return int(raw)
 
 
-def _refused(rid: Any, refusal: RpcError) -> Response:
+def _refused(rid: jsonrpc.Id | None, refusal: RpcError) -> Response:
     """A rate-limit refusal as the POST's 429."""
-    retry = max(1, -(-int(refusal.data["retryAfterMs"]) // 1000))
+    data = refusal.data or {}
+    retry = max(1, -(-int(data["retryAfterMs"]) // 1000))
     return _rpc_response(429, rid, refusal, {"Retry-After": str(retry)})
 
 
@@ -469,7 +452,7 @@ async def _get(workspace_ref: str | None) -> Response:
     conn.open_streams += 1
     d.front.sse_streams += 1
 
-    async def stream() -> Any:
+    async def stream() -> AsyncIterator[bytes]:
         try:
             yield RETRY_FRAME
             while True:
@@ -541,7 +524,7 @@ async def _websocket(workspace_ref: str | None) -> None:
         await websocket.close(1008)
         return
     await websocket.accept()
-    first: Any = None
+    first: str | bytes | None = None
     with trio.move_on_after(WS_INIT_TIMEOUT_S):
         first = await websocket.receive()
     raw = first.encode() if isinstance(first, str) else first

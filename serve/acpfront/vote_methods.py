@@ -1,0 +1,114 @@
+"""Votes: ``session/permission`` and a client's answers to the requests we forwarded.
+
+The front forwards only ``session/request_permission`` and ``elicitation/create`` (to
+clients that advertised the mode: :mod:`.elicit`) from a session's log to a remote
+client; the pump remembers each as a server request (JSON-RPC id → session and request
+id, :data:`~serve.acpfront.connections.MAX_SERVER_REQUESTS` per connection). The client's
+JSON-RPC response (:func:`answer`) and an explicit ``session/permission`` (the qwen SDK's
+daemon dialect) are votes to the PermissionMediator (``CastVote``, ``CastElicitation``)
+under the daemon's mediation policy; a refused ``session/permission`` answers the
+mediator's REST body as ``data``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from serve.acpfront import elicit
+from serve.acpfront.connections import ASK_TIMEOUT_S, Connection, Connections, SessionLink
+from serve.acpfront.errors import params_error
+from serve.acpfront.jsonrpc import (
+    INVALID_PARAMS,
+    RESOURCE_NOT_FOUND,
+    SERVER_ERROR,
+    Response,
+    RpcError,
+)
+from serve.acpfront.links import owned
+from serve.acpfront.translate import PERMISSION_ID_PREFIX
+from serve.permissions.mediator import CastVote
+
+__all__ = ["answer", "session_permission"]
+
+log = logging.getLogger(__name__)
+
+
+async def session_permission(
+    front: Connections, conn: Connection, params: dict[str, Any]
+) -> dict[str, Any]:
+    request_id = params.get("requestId")
+    if not isinstance(request_id, str) or not request_id:
+        raise params_error("`requestId` must be a non-empty string")
+    sid = params.get("sessionId")
+    link: SessionLink | None = owned(conn, params) if sid is not None else None
+    if link is None:
+        for s, r in conn.server_requests.values():
+            if r == request_id:
+                link = conn.sessions.get(s)
+                break
+    body = {k: v for k, v in params.items() if k not in ("sessionId", "requestId")}
+    status, out = await front.host.mediator.ask(
+        CastVote(
+            request_id,
+            sid if isinstance(sid, str) else None,
+            body,
+            link.client_id if link is not None else None,
+            conn.loopback,
+        ),
+        timeout_s=ASK_TIMEOUT_S,
+    )
+    if status != 200:
+        raise RpcError(
+            INVALID_PARAMS
+            if status == 400
+            else RESOURCE_NOT_FOUND
+            if status == 404
+            else SERVER_ERROR,
+            str(out.get("error", "vote refused")),
+            {"httpStatus": status, **out},
+        )
+    conn.server_requests.pop(PERMISSION_ID_PREFIX + request_id, None)
+    result: dict[str, Any] = out
+    return result
+
+
+async def answer(front: Connections, conn: Connection, message: Response) -> None:
+    """The client answered a request we sent it: a permission or elicitation vote."""
+    rid = message.id
+    if not isinstance(rid, str):
+        return
+    target = conn.server_requests.pop(rid, None)
+    if target is None:
+        if rid.startswith(PERMISSION_ID_PREFIX):
+            log.info("ACP connection %s answered unknown request %s", conn.id, rid)
+        return
+    sid, request_id = target
+    link = conn.sessions.get(sid)
+    client_id = link.client_id if link is not None else None
+    result = message.result if message.error is None else None
+    if rid.startswith(elicit.ID_PREFIX):
+        await elicit.answer(
+            front.host.mediator,
+            sid,
+            request_id,
+            result,
+            client_id,
+            conn.loopback,
+            timeout_s=ASK_TIMEOUT_S,
+        )
+        return
+    body = result if isinstance(result, dict) and "outcome" in result else None
+    try:
+        await front.host.mediator.ask(
+            CastVote(
+                request_id,
+                sid,
+                body if body is not None else {"outcome": {"outcome": "cancelled"}},
+                client_id,
+                conn.loopback,
+            ),
+            timeout_s=ASK_TIMEOUT_S,
+        )
+    except Exception as exc:
+        log.info("ACP permission answer not counted: %r", exc)
