@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import msgspec
 import trio
 
 from actors import ActorStopped, InboxFull
@@ -30,10 +29,9 @@ from serve.acpfront.connections import ASK_TIMEOUT_S, Connection, Connections, S
 from serve.acpfront.errors import draining, not_found, params_error, to_rpc
 from serve.acpfront.jsonrpc import INTERNAL_ERROR, SERVER_ERROR, RpcError
 from serve.acpfront.links import Replied, own_made, owned, reserve
-from serve.api import SessionService
+from serve.api import SessionService, parse_prompt, prompt_content
 from serve.errors import RETRYABLE_TURN_CODES
 from serve.http.daemon_status import daemon_status
-from serve.sessions import turns
 from serve.sessions.actor import SessionActor
 from serve.sessions.messages import (
     CancelTurn,
@@ -45,7 +43,6 @@ from serve.sessions.messages import (
     SessionView,
     SetApprovalMode,
     SetModel,
-    SubmitPrompt,
     UpdateMetadata,
 )
 from serve.sessions.registry import CreateSession, RestoreSession, Ticket
@@ -70,7 +67,6 @@ __all__ = [
     "status",
     "supported_commands_of",
     "update_metadata",
-    "validate_prompt",
     "workspace_of",
 ]
 
@@ -134,28 +130,6 @@ def session_result(view: SessionView, link: SessionLink, attached: bool) -> dict
         "createdAt": view.created_at,
     }
     return out
-
-
-_PROMPT_ERROR = "`prompt` must be a non-empty array of content blocks"
-
-
-def validate_prompt(prompt: object) -> tuple[msgspec.Raw, str]:
-    if not isinstance(prompt, list) or not prompt:
-        raise params_error(_PROMPT_ERROR)
-    texts: list[str] = []
-    non_text = 0
-    for block in prompt:
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise params_error(_PROMPT_ERROR)
-        if block["type"] == "text":
-            if not isinstance(block.get("text"), str):
-                raise params_error("text content blocks need a string `text`")
-            texts.append(block["text"])
-        else:
-            non_text += 1
-    if non_text > 256:
-        raise params_error("at most 256 non-text content blocks per prompt")
-    return msgspec.Raw(msgspec.json.encode(prompt)), "\n".join(texts)
 
 
 # ---- create, restore, list ----------------------------------------------------------------
@@ -289,24 +263,11 @@ async def session_prompt(
     front: Connections, conn: Connection, params: dict[str, Any]
 ) -> dict[str, Any]:
     link = owned(conn, params)
-    blocks, text = validate_prompt(params.get("prompt"))
-    prompt_id = params.get("promptId")
-    if prompt_id is not None and (not isinstance(prompt_id, str) or not 0 < len(prompt_id) <= 128):
-        raise params_error("`promptId` must be a non-empty string of at most 128 characters")
-    deadline = params.get("deadlineMs")
-    if deadline is not None and (
-        isinstance(deadline, bool) or not isinstance(deadline, int) or deadline <= 0
-    ):
-        raise params_error("`deadlineMs` must be a positive integer")
-    try:
-        extra = turns.passthrough(params)  # an allow-list: `_meta` only
-    except ValueError as exc:
-        raise params_error(str(exc)) from None
+    # One validation for both fronts (serve/api/prompts.py): the content, the `_meta` the
+    # agent gets, `promptId` and `deadlineMs` with REST's bounds and codes.
+    body = parse_prompt(params, steering=False)
     session = link.session
-    admission = await session.call(
-        SubmitPrompt(blocks, text, link.client_id, extra or None, prompt_id, deadline),
-        timeout_s=ASK_TIMEOUT_S,
-    )
+    admission = await session.call(body.request(link.client_id), timeout_s=ASK_TIMEOUT_S)
     try:
         await admission.done.wait()
     except trio.Cancelled:
@@ -342,8 +303,10 @@ async def session_steering(
     front: Connections, conn: Connection, params: dict[str, Any]
 ) -> dict[str, Any]:
     link = owned(conn, params)  # serve/acpfront/steering.py
-    blocks, text = validate_prompt(params.get("prompt"))
-    return await steering.steer(link.session, link.client_id, blocks, text, params, ASK_TIMEOUT_S)
+    content = prompt_content(params.get("prompt"))
+    return await steering.steer(
+        link.session, link.client_id, content.blocks, content.text, params, ASK_TIMEOUT_S
+    )
 
 
 async def session_cancel(

@@ -54,8 +54,12 @@ Where the copies drifted, and what the service does
 1. ``deadlineMs``: REST bounds it (``0 < d <= 2**31 - 1``) and answers
    ``invalid_prompt_id`` / ``invalid_deadline_ms``; ``/acp`` has no upper bound and no code
    (-32602 without data). Service: REST's (:data:`~.prompts.MAX_DEADLINE_MS`, the codes).
+   Done: ``/acp`` ``session/prompt`` calls :func:`~.prompts.parse_prompt` (the codes ride in
+   the error's ``data``, ``tests/acpfront/test_wire.py``), ``_session/steering``
+   :func:`~.prompts.prompt_content`.
 2. The order of the prompt checks: REST content, ``_meta``, ``steer``, ``promptId``,
-   ``deadlineMs``; ``/acp`` content, ``promptId``, ``deadlineMs``, ``_meta``. Service: REST's.
+   ``deadlineMs``; ``/acp`` content, ``promptId``, ``deadlineMs``, ``_meta``. Service: REST's
+   (both fronts now).
 3. Extra keys forwarded to the agent: both fronts now use ``turns.passthrough`` (``_meta``
    only), so a body's ``sessionId`` is never forwarded. Service: :func:`~.prompts.forwarded`,
    the one allow-list.

@@ -713,3 +713,33 @@ async def test_workspace_qualified_endpoint(
     assert (await client.delete(path, headers=headers)).status_code == 202
     r = await client.post("/workspaces/%2Fno%2Fsuch/acp", json=init)
     assert r.status_code == 404
+
+
+async def test_prompt_params_are_checked_as_rest_checks_a_prompt_body(
+    acp: AcpHttp, daemon_proc: DaemonProcess
+) -> None:
+    """One validation under both fronts (serve/api/prompts.py): ``promptId`` and
+    ``deadlineMs`` get REST's bounds and codes at ``/acp`` too, as JSON-RPC -32602."""
+    await acp.initialize({"protocolVersion": 1})
+    async with acp.stream() as conn:
+        sid = (await acp.new_session(_ws(daemon_proc), conn))["sessionId"]
+        text = [{"type": "text", "text": "hi"}]
+        async with acp.stream(sid) as sess:
+            cases = [
+                ({"deadlineMs": 2**31}, "invalid_deadline_ms"),
+                ({"deadlineMs": 0}, "invalid_deadline_ms"),
+                ({"promptId": ""}, "invalid_prompt_id"),
+                ({"promptId": "x" * 129}, "invalid_prompt_id"),
+            ]
+            for extra, code in cases:
+                rid = await acp.request(
+                    "session/prompt", {"sessionId": sid, "prompt": text, **extra}
+                )
+                error = (await sess.reply(rid)).message["error"]
+                assert error["code"] == -32602, error
+                assert error["data"]["code"] == code and error["data"]["httpStatus"] == 400
+            # The largest deadline REST takes is taken here too, and the turn runs.
+            rid = await acp.request(
+                "session/prompt", {"sessionId": sid, "prompt": text, "deadlineMs": 2**31 - 1}
+            )
+            assert (await sess.reply(rid)).message["result"]["stopReason"] == "end_turn"
