@@ -289,7 +289,6 @@ OVERSIZED: dict[str, str] = {
     "serve/journal/journal.py": "to split: writer / reader",
     "serve/mcp/pool.py": "to split",
     "serve/workspace/files.py": "to split",
-    "serve/permissions/approval.py": "to split",
 }
 
 
