@@ -90,6 +90,13 @@ from serve.permissions.modes import (
 from serve.sessions import config_options, journal_load, turns, views
 from serve.sessions.agent_link import AgentLink, AgentSource, JournalLink, SpawnAgentSource
 from serve.sessions.agent_side import AgentSide
+from serve.sessions.binding import (
+    IDLE_EOF_GRACE_S,
+    AgentBinding,
+    AgentExited,
+    BindingConn,
+    signal_name,
+)
 from serve.sessions.budget import BudgetMeter, Limits, Signal
 from serve.sessions.clients import ClientTable
 from serve.sessions.control import AgentCalls
@@ -153,8 +160,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Seconds an agent closed while idle gets after stdin EOF before SIGTERM.
-IDLE_EOF_GRACE_S = 0.2
 #: Bound on the answer to the liveness probe of a shared child whose session ignored a
 #: cancel (seconds): no answer at all, and the child is unresponsive for every session.
 PROBE_TIMEOUT_S = 2.0
@@ -189,14 +194,6 @@ def iso_now() -> str:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class AgentExited(Exception):
-    """The session's agent child exited without being asked to (a crash for the supervisor)."""
-
-    def __init__(self, exit_info: ExitInfo) -> None:
-        super().__init__(f"agent exited (code {exit_info.exit_code}, signal {exit_info.signal})")
-        self.exit_info = exit_info
 
 
 #: Messages a closing session still takes (the rest get SessionGone: 404).
@@ -280,7 +277,6 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.calls = AgentCalls(session_id=lambda: self.session_id, closing=lambda: self.closing)
         #: Open SSE subscriptions and the registered client each one names (or None).
         self._streams: dict[Subscriber, str | None] = {}
-        self.exit_info: ExitInfo | None = None
         #: The workspace MCP pool (serve/mcp), or None (unit tests).
         self.mcp_pool = mcp_pool
         self.restored_from_journal = False
@@ -288,17 +284,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.supervisor: Supervisor | None = None
         #: The Host's effect gate (grants, approvals, workspace boundary), or None.
         self.effects = effects
-        #: Idle release: the agent was let go; ``_rebound`` fires when one is bound again.
-        self.agent_released = False
-        self.release_count = 0
-        self._rebinding = False
-        self._rebound = trio.Event()
-        #: Set once a released agent is given back (a rebind waits for it).
-        self._given_back = trio.Event()
-        self._last_agent_use = 0.0  # trio clock: the agent was bound or a prompt ended
-        self._rebind_error: Exception | None = None
-        #: This session had its agent killed (an ignored cancel): not a bystander of the exit.
-        self._killed_agent = False
+        #: Restart in place, idle release, rebind (serve/sessions/binding.py).
+        self.binding = AgentBinding(self, self.link, idle_release_ms=settings.agent_idle_release_ms)
         #: Steers of the running turn and when a steered turn is over (steering.py).
         self.steering = Steering(self, settings.turn_settle_ms)
         #: Token and cost budget (serve/sessions/budget.py), from the daemon-wide defaults.
@@ -397,20 +384,20 @@ class SessionActor(Actor[SessionMsg], AgentSide):
     ) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = self.calls.nursery = nursery
+                self._nursery = self.calls.nursery = self.binding.nursery = nursery
                 try:
                     await self._open_agent(nursery)
                 except BaseException:
                     await self.journal_link.aclose()
                     raise
                 nursery.start_soon(self._prompt_worker)
-                nursery.start_soon(self._supervise_child, nursery)
+                nursery.start_soon(self.binding.supervise, nursery)
                 if self.settings.agent_idle_release_ms:
-                    nursery.start_soon(self._idle_release_watch)
+                    nursery.start_soon(self.binding.watch_idle)
                 await Actor.run(self, task_status=task_status)
                 nursery.cancel_scope.cancel()
         finally:
-            self._nursery = self.calls.nursery = None
+            self._nursery = self.calls.nursery = self.binding.nursery = None
             if not self.ended.is_set():
                 with trio.CancelScope(shield=True):
                     await self._abort_everything("channel_closed", died=True)
@@ -439,11 +426,10 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.log, self.restored_from_journal = lazy.log, True  # (journaled by now)
         self.link.setup = lazy.setup
         self._adopt_setup(lazy.setup)
-        self.agent_released = True
-        self._given_back.set()  # no agent to give back: the first bind starts at once
+        self.binding.start_released()
 
     def _adopt_setup(self, setup: SessionSetup | None) -> None:
-        self._last_agent_use = trio.current_time()
+        self.binding.used()
         if setup is None:
             return
         if setup.models is not None:
@@ -508,220 +494,82 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             self._nursery, self.log, workspace=self.workspace, origin=origin, fresh=fresh
         )
 
-    async def _supervise_child(self, nursery: trio.Nursery) -> None:
-        """Watch the agent child; restart it in place while the intensity allows.
+    # ---- the agent binding (serve/sessions/binding.py): the owner port ----------------
 
-        A restart keeps the session id, the event log (ids continue), the clients and
-        the queued prompts; the prompt that was running ends with ``turn_error
-        {errorKind: "agent_restarted"}`` and ``session_restarted`` tells clients what
-        happened. Without load/resume support, or past the intensity, the session dies.
-        """
-        while True:
-            exit_info = await self.link.wait_exit()
-            if self._stopping or self.ended.is_set():
-                return
-            if exit_info is None or self.agent_released:  # let go on purpose: wait for a new one
-                while self.agent_released and not self.closing:
-                    await self._rebound.wait()
-                if self.closing:
-                    return  # binding again failed; the session is ending
-                continue
-            self.exit_info = exit_info
-            log.warning(
-                "agent of session %s exited (code %s, signal %s)",
-                self.session_id,
-                exit_info.exit_code,
-                exit_info.signal,
-            )
-            oom = self.link.oom(exit_info)
-            if oom is not None:  # killed for memory (serve/isolation): say so, then restore
-                self.log.publish("agent_oom", {"sessionId": self.session_id, **oom.event_data()})
-            died_reason = "agent_oom" if oom is not None else "channel_closed"
-            # An idle session on a shared child is a bystander: charged to the child. One
-            # that had it killed (its cancel ignored) is not, though its turn has ended.
-            bystander = self.prompts.running is None and not self._killed_agent
-            self._killed_agent = False
-            attempt = await self.link.next_restart(bystander=bystander)
-            if attempt is None:  # no load/resume, or past the restart intensity
-                await self._abort_everything(died_reason, died=True, exit_info=exit_info)
-                raise AgentExited(exit_info)
-            reason = f"agent exited (code {exit_info.exit_code}, signal {exit_info.signal})"
-            if oom is not None:
-                reason = f"agent killed for memory ({oom.scope} limit)"
-            self._record_supervision("crash", reason, attempt)
-            if self.prompts.running is not None:
-                self._finish(
-                    self.prompts.running,
-                    "turn_error",
-                    turns.agent_oom(self.session_id, oom.message())
-                    if oom is not None
-                    else turns.agent_restarted(self.session_id),
-                )
-            await self._cancel_permissions()
-            try:
-                setup = await self.link.restart(nursery, self.session_id, attempt)
-            except Exception as exc:
-                log.warning("restarting the agent of session %s failed: %r", self.session_id, exc)
-                await self._abort_everything("channel_closed", died=True, exit_info=exit_info)
-                raise AgentExited(exit_info) from exc
-            self._adopt_setup(setup)
-            self._record_supervision("restart", f"attempt {attempt}", attempt)
-            self.log.publish(
-                "session_restarted",
-                {
-                    "sessionId": self.session_id,
-                    "attempt": attempt,
-                    "exitCode": exit_info.exit_code,
-                    "signal": _signal_name(exit_info.signal),
-                    **({"reason": "agent_oom"} if oom is not None else {}),
-                },
-            )
+    @property
+    def agent_released(self) -> bool:
+        return self.binding.released
 
-    # ---- idle release (--agent-idle-release-ms) -----------------------------------------
+    @property
+    def release_count(self) -> int:
+        return self.binding.release_count
+
+    @property
+    def exit_info(self) -> ExitInfo | None:
+        return self.binding.exit_info
 
     @property
     def releasable(self) -> bool:
         """Could let its agent go now (read model for the memory budget's LRU choice)."""
-        return self._idle_now()
+        return self.binding.idle_now()
 
     @property
     def last_agent_use(self) -> float:
-        return self._last_agent_use
+        return self.binding.last_use
 
-    def _idle_now(self) -> bool:
+    @property
+    def stopped(self) -> bool:
+        return self._stopping or self.ended.is_set()
+
+    @property
+    def has_ended(self) -> bool:
+        return self.ended.is_set()
+
+    def has_running_prompt(self) -> bool:
+        return self.prompts.running is not None
+
+    def has_queued_prompts(self) -> bool:
+        return bool(self.prompts.queued)
+
+    def idle(self) -> bool:
         return (
-            not self.closing
-            and not self.agent_released
-            and self.link.ready.is_set()
-            and self.link.connected
-            and self.pending_count == 0
+            self.pending_count == 0
             and self.calls.exclusive is None
             and self.mediator.pending_count(self.session_id) == 0
-            and self.link.restorable()
         )
 
-    async def _idle_release_watch(self) -> None:
-        """After ``--agent-idle-release-ms`` without a prompt, let the agent go."""
-        period_s = self.settings.agent_idle_release_ms / 1000
-        while not self.closing:
-            if self.agent_released:
-                await self._rebound.wait()
-                continue
-            now = trio.current_time()
-            due = self._last_agent_use + period_s
-            if now < due:
-                await trio.sleep(due - now)
-                continue
-            if self._idle_now():
-                try:
-                    await self.call(ReleaseAgent("idle"), timeout_s=30)
-                except (ActorError, SessionGone):
-                    return
-            if not self.agent_released:
-                self._last_agent_use = trio.current_time()  # busy: look again a period later
+    def publish(self, event_type: str, data: dict[str, Any]) -> None:
+        self.log.publish(event_type, data)
 
-    def _release_agent(self, reason: str) -> bool | Reply[bool]:
-        """Let the agent go: decided here, the wait for the agent to stop runs as a task
-        (the inbox stays free: heartbeats, attaches, a prompt that binds again); the answer
-        (a :class:`Reply`, True once the agent is given back) is for ``call``."""
-        if not self._idle_now() or self._nursery is None:
-            return False
-        idle_ms = int((trio.current_time() - self._last_agent_use) * 1000)
-        self.agent_released = True
-        self.link.ready = trio.Event()  # no turn starts on the agent being let go
-        self._rebound = trio.Event()
-        self._given_back = trio.Event()
-        reply: Reply[bool] = Reply()
-        self._nursery.start_soon(self._let_go, reason, idle_ms, self._given_back, reply)
-        return reply
-
-    async def _let_go(
-        self, reason: str, idle_ms: int, given_back: trio.Event, reply: Reply[bool]
-    ) -> None:
-        pid = self.link.pid
-        try:
-            # An idle agent has nothing to finish: a short wait after stdin EOF, then SIGTERM.
-            await self.link.let_go(eof_grace_s=IDLE_EOF_GRACE_S)
-            self.release_count += 1
-            log.info("session %s let its agent (pid %s) go: %s", self.session_id, pid, reason)
-            if not self.ended.is_set():  # (closed meanwhile: its final event is out)
-                self.log.publish(
-                    "agent_released",
-                    {"sessionId": self.session_id, "reason": reason, "idleMs": idle_ms},
-                )
-        finally:
-            given_back.set()
-            reply.set(True)
-
-    def _ensure_bound(self, trigger: str) -> None:
-        """A released session binds an agent again (in the background) for ``trigger``."""
-        if not self.agent_released or self._rebinding or self._nursery is None:
-            return
-        self._rebinding = True
-        self._nursery.start_soon(self._rebind, trigger)
-
-    async def _bound_now(self, trigger: str) -> None:
-        """Until the session has an agent again (model/mode changes and calls need one)."""
-        if not self.agent_released:
-            return
-        self._ensure_bound(trigger)
-        await self._rebound.wait()
-        if self.closing:
-            raise SessionGone(self.session_id)
-        if self.agent_released:
-            raise self._rebind_error or AgentUnavailable(self.session_id)
-
-    async def _bound_then(
-        self, trigger: str, fn: Callable[[Any, float], Awaitable[Any]], msg: Any, timeout_s: float
-    ) -> Any:
-        """A switch on a released session: bind an agent again first (within the bound)."""
-        start = trio.current_time()
-        await self._bound_now(trigger)
-        return await fn(msg, max(0.001, timeout_s - (trio.current_time() - start)))
-
-    async def _rebind(self, trigger: str) -> None:
-        assert self._nursery is not None
-        await self._given_back.wait()  # the released agent is stopped (or its slot freed)
-        try:
-            setup = await self.link.open(self._nursery, "restart", self.session_id)
-        except Exception as exc:
-            self._rebinding = False
-            if turns.session_unknown(exc):
-                # The agent says the session does not exist (any more): it cannot come back.
-                log.warning("session %s is unknown to its agent: %r", self.session_id, exc)
-                await self._abort_everything("agent_session_not_found", died=True)
-                self._rebound.set()
-                self._stopping = True
-                self.close()
-                return
-            # No agent now (memory budget, spawn, initialize, a timeout...): the waiting
-            # prompts end with a retryable error, the session stays released, and a later
-            # prompt tries again.
-            log.warning("session %s could not bind an agent again: %r", self.session_id, exc)
-            data = turns.rebind_failed(self.session_id, exc)
-            self._rebind_error = (
-                exc
-                if data["code"] == "memory_budget_exceeded"
-                else AgentUnavailable(self.session_id)
-            )
-            for terminal in self.prompts.abort_all("turn_error", data):
-                self._publish_terminal(terminal)
-            rebound, self._rebound = self._rebound, trio.Event()
-            rebound.set()
-            return
+    def adopt_setup(self, setup: SessionSetup | None) -> None:
         self._adopt_setup(setup)
-        self.agent_released = False
-        self._rebinding = False
-        self._rebind_error = None
-        info = self.link.conn.info if self.link.conn is not None else None
-        via = "resume" if info is not None and info.supports_resume else "load"
-        # Published before the prompt worker (woken by the link's ready) runs: no checkpoint.
-        self.log.publish(
-            "agent_rebound", {"sessionId": self.session_id, "via": via, "trigger": trigger}
-        )
-        self._rebound.set()
 
-    def _record_supervision(self, kind: str, reason: str, attempt: int) -> None:
+    def end_running_turn(self, data: dict[str, Any]) -> None:
+        if self.prompts.running is not None:
+            self._finish(self.prompts.running, "turn_error", data)
+
+    def fail_waiting(self, data: dict[str, Any]) -> None:
+        for terminal in self.prompts.abort_all("turn_error", data):
+            self._publish_terminal(terminal)
+
+    def cancel_turn_request(self) -> None:
+        if self._turn_scope is not None:
+            self._turn_scope.cancel()
+
+    async def cancel_permissions(self) -> None:
+        await self._cancel_permissions()
+
+    async def die(self, reason: str, exit_info: ExitInfo | None = None) -> None:
+        await self._abort_everything(reason, died=True, exit_info=exit_info)
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.close()
+
+    async def request_release(self, reason: str) -> None:
+        await self.call(ReleaseAgent(reason), timeout_s=30)
+
+    def record_supervision(self, kind: str, reason: str, attempt: int) -> None:
         if self.supervisor is not None:
             self.supervisor.record(self.name, EventKind(kind), reason, attempt)
 
@@ -762,7 +610,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 return self.calls.start_switch(
                     "model switch",
                     msg.timeout_s,
-                    functools.partial(self._bound_then, "model", self._set_model, msg),
+                    functools.partial(self.binding.bound_then, "model", self._set_model, msg),
                     connected=lambda: self.link.connected or self.agent_released,
                 )
             case SetApprovalMode():
@@ -770,7 +618,9 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                 return self.calls.start_switch(
                     "approval mode change",
                     msg.timeout_s,
-                    functools.partial(self._bound_then, "mode", self._set_approval_mode, msg),
+                    functools.partial(
+                        self.binding.bound_then, "mode", self._set_approval_mode, msg
+                    ),
                     connected=lambda: self.link.connected or self.agent_released,
                 )
             case SetConfigOption():
@@ -801,7 +651,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             case AgentCall():
                 if self.agent_released:  # bind an agent first, then call it
                     return self.calls.start_vendor(
-                        msg, _BindingConn(self), busy=self.pending_count > 0
+                        msg, BindingConn(self.binding), busy=self.pending_count > 0
                     )
                 if not self.link.connected:
                     raise AgentUnavailable(self.session_id)
@@ -815,7 +665,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             case PublishEvent(event_type=etype, data=data, prompt_id=pid, originator=orig):
                 return self.log.publish(etype, data, prompt_id=pid, originator=orig)
             case ReleaseAgent(reason=reason):
-                return self._release_agent(reason)
+                return self.binding.release(reason)
             case Heartbeat(client_id=cid):
                 now = _now_ms()
                 self.last_seen_ms = now
@@ -930,7 +780,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
 
     def _admit(self, msg: SubmitPrompt, *, front: bool = False) -> Admission:
         self._refuse_if_exhausted()
-        if self.agent_released and not self._rebinding:
+        if self.agent_released and not self.binding.rebinding:
             refusal = self.link.refusal()  # e.g. 503 memory_budget_exceeded
             if refusal is not None:
                 raise refusal
@@ -957,7 +807,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             )
         job.token = Admission(job.prompt_id, watermark, self.log.epoch, job, done)
         self._work.set()  # wake the worker
-        self._ensure_bound("prompt")
+        self.binding.ensure_bound("prompt")
         return job.token  # type: ignore[no-any-return]
 
     def _remove_pending(self, prompt_id: str, client_id: str | None) -> bool:
@@ -1032,21 +882,17 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self._finish(job, "turn_error", turns.cancel_timeout(self.session_id, grace_ms))
         if self.link.shared and await self.link.responsive(PROBE_TIMEOUT_S):
             if not self.closing and self.prompts.running is job:
-                await self._leave_shared_child(job, grace_ms)
+                await self._leave_shared_child(grace_ms)
             return
         log.warning(
             "agent of session %s ignored session/cancel for %d ms: restarting it",
             self.session_id,
             grace_ms,
         )
-        self._killed_agent = True
+        self.binding.killed_agent = True
         await self.link.kill()  # the child watcher restarts it in place
 
-    async def _leave_shared_child(self, job: Job, grace_ms: int) -> None:
-        """A cancel ignored on a shared child that still answers: only this session goes.
-        The turn's request is abandoned and the session leaves the child (unbound, its
-        terminals killed, ``session/close`` where offered) as an idle release does; the
-        next prompt binds it again. An agent that cannot restore it: the session ends."""
+    async def _leave_shared_child(self, grace_ms: int) -> None:
         log.warning(
             "agent of session %s ignored session/cancel for %d ms: the session leaves its "
             "shared child (pid %s)",
@@ -1054,27 +900,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             grace_ms,
             self.link.pid,
         )
-        if not self.link.restorable():
-            await self._abort_everything("cancel_timeout", died=True)
-            self._stopping = True
-            self.close()
-            return
-        self.agent_released = True
-        self._rebound = trio.Event()
-        given_back = self._given_back = trio.Event()  # a rebind waits for the slot to be freed
-        if self._turn_scope is not None:
-            self._turn_scope.cancel()  # abandon the request (the turn has its terminal)
-        try:
-            await self.link.let_go()
-        finally:
-            given_back.set()
-        self.release_count += 1
-        self.log.publish(
-            "agent_released",
-            {"sessionId": self.session_id, "reason": "cancel_timeout", "idleMs": 0},
-        )
-        if self.prompts.queued:
-            self._ensure_bound("prompt")
+        await self.binding.leave_shared_child()
 
     async def _cancel_permissions(self, *, forget: bool = False) -> None:
         try:
@@ -1254,7 +1080,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         job: Job = terminal.job
         data = {"sessionId": self.session_id, **terminal.data}
         self.log.publish(terminal.kind, data, prompt_id=job.prompt_id, originator=job.client_id)
-        self._last_agent_use = trio.current_time()
+        self.binding.used()
         if job.queued:
             state = "completed" if terminal.started else "removed"
             self.log.publish(
@@ -1312,7 +1138,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
             final: dict[str, Any] = {"sessionId": self.session_id, "reason": reason}
             if exit_info is not None:
                 final["exitCode"] = exit_info.exit_code
-                final["signalCode"] = _signal_name(exit_info.signal)
+                final["signalCode"] = signal_name(exit_info.signal)
             self.log.publish("session_died", final)
         else:
             final = {"sessionId": self.session_id, "reason": reason}
@@ -1340,28 +1166,3 @@ def _decoded_usage(raw: Any) -> Any:
         return msgspec.json.decode(data) if data else None
     except (msgspec.DecodeError, RecursionError):
         return None
-
-
-class _BindingConn:
-    """What a vendor call on a released session talks to: binds an agent, then calls it."""
-
-    def __init__(self, session: SessionActor) -> None:
-        self.session = session
-
-    async def request(self, method: str, params: Any, timeout_s: float | None) -> Any:
-        await self.session._bound_now("extension")
-        conn = self.session.link.conn
-        if conn is None:
-            raise AgentUnavailable(self.session.session_id)
-        return await conn.request(method, params, timeout_s)
-
-
-def _signal_name(signum: int | None) -> str | None:
-    if signum is None:
-        return None
-    import signal
-
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return str(signum)

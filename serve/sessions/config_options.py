@@ -90,7 +90,9 @@ def start(session: SessionActor, msg: SetConfigOption) -> Reply[Any]:
     reply: Reply[Any] = session.calls.start_switch(
         "config option change",
         msg.timeout_s,
-        functools.partial(session._bound_then, "config", functools.partial(_apply, session), msg),
+        functools.partial(
+            session.binding.bound_then, "config", functools.partial(_apply, session), msg
+        ),
         connected=lambda: session.link.connected or session.agent_released,
     )
     return reply

@@ -31,9 +31,13 @@ class SessionState(Protocol):
     link: AgentLink
     prompts: PromptQueue
     journal_link: JournalLink
-    agent_released: bool
-    release_count: int
     budget: BudgetMeter
+
+    @property
+    def agent_released(self) -> bool: ...
+
+    @property
+    def release_count(self) -> int: ...
 
     @property
     def has_active_prompt(self) -> bool: ...
