@@ -73,7 +73,7 @@ class AgentSide(BaseClientHandler):
     available_commands: msgspec.Raw | None
     current_mode: str | None
 
-    def _agent_modes(self) -> AgentModes:
+    def agent_modes(self) -> AgentModes:
         raise NotImplementedError  # the session actor's
 
     def _init_agent_side(self) -> None:
@@ -92,7 +92,7 @@ class AgentSide(BaseClientHandler):
     def _flush_early_updates(self) -> None:
         """The session id is known: relay what the agent sent before it."""
         for kind, update in self._early:
-            self._relay(kind, update)
+            self.relay(kind, update)
         self._early.clear()
 
     async def flow_control(self, incoming_bytes: int = 0) -> None:
@@ -127,9 +127,9 @@ class AgentSide(BaseClientHandler):
         if self._journal_pending:  # a new session's journal is opening: keep them for it
             self._early.append((kind, update))
             return
-        self._relay(kind, update)
+        self.relay(kind, update)
 
-    def _relay(self, kind: str, update: msgspec.Raw) -> None:
+    def relay(self, kind: str, update: msgspec.Raw) -> None:
         if kind == "available_commands_update":
             self.available_commands = update
         elif kind == "current_mode_update":
@@ -138,7 +138,7 @@ class AgentSide(BaseClientHandler):
             except (msgspec.DecodeError, AttributeError):
                 pass
         elif kind == "config_option_update":  # a mode option the agent changed itself
-            modes = self._agent_modes()
+            modes = self.agent_modes()
             if modes.source == "config" and modes.current is not None:
                 self.current_mode = modes.current
         elif kind in ("tool_call", "tool_call_update") and self.effects is not None:

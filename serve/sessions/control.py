@@ -48,34 +48,34 @@ class AgentCalls:
     def _gone(self) -> SessionGone:
         return SessionGone(self._session_id())
 
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    def spawn[*Ts](self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None:
         if self.nursery is None:
             raise self._gone()
         self.nursery.start_soon(fn, *args)
 
     # ---- switches ----------------------------------------------------------------------
 
-    def start_switch(
+    def start_switch[R](
         self,
         what: str,
         timeout_s: float,
-        fn: Callable[[float], Awaitable[Any]],
+        fn: Callable[[float], Awaitable[R]],
         *,
         connected: Callable[[], bool],
-    ) -> Reply[Any]:
+    ) -> Reply[R]:
         """Run ``fn(remaining_s)`` after earlier switches, within ``timeout_s`` in all."""
-        reply: Reply[Any] = Reply()
+        reply: Reply[R] = Reply()
         deadline = trio.current_time() + timeout_s
         self.spawn(self._run_switch, reply, deadline, what, timeout_s, fn, connected)
         return reply
 
-    async def _run_switch(
+    async def _run_switch[R](
         self,
-        reply: Reply[Any],
+        reply: Reply[R],
         deadline: float,
         what: str,
         timeout_s: float,
-        fn: Callable[[float], Awaitable[Any]],
+        fn: Callable[[float], Awaitable[R]],
         connected: Callable[[], bool],
     ) -> None:
         try:

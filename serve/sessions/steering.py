@@ -100,8 +100,8 @@ class _Session(Protocol):  # the part of the SessionActor a steer uses
     agent_updates: int
 
     def _admit(self, msg: PromptRequest, *, front: bool = False) -> Admission: ...
-    def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None: ...
-    def _relay(self, kind: str, update: msgspec.Raw) -> None: ...
+    def spawn[*Ts](self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None: ...
+    def relay(self, kind: str, update: msgspec.Raw) -> None: ...
     async def _cancel_permissions(self, *, forget: bool = False) -> None: ...
     async def _send_cancel(self) -> None: ...
     async def _escalate_cancel(self, job: Job) -> None: ...
@@ -143,7 +143,7 @@ class Steering:
             reply: Reply[Steered] = Reply()
             self._in_flight += 1
             self._steered = job
-            self.s._spawn(self._native, reply, job, msg)
+            self.s.spawn(self._native, reply, job, msg)
             return reply
         return self._cancel_and_reprompt(job, msg.request, "not_supported_by_agent")
 
@@ -170,7 +170,7 @@ class Steering:
             prompt_id=job.prompt_id,
             originator=request.client_id,
         )
-        self.s._spawn(self._cancel, job)
+        self.s.spawn(self._cancel, job)
         steered = Steered("cancel", admission, reason=reason, cancelled_prompt_id=job.prompt_id)
         return self._remember(request, steered)
 
@@ -233,7 +233,7 @@ class Steering:
             else:  # injected, startedNewTurn, or an answer we do not know: the agent has it
                 if s.prompts.running is job:
                     for block in turns.text_blocks(request.prompt):
-                        s._relay("user_message_chunk", turns.user_chunk(block))
+                        s.relay("user_message_chunk", turns.user_chunk(block))
                 self._joined = job
                 self._published(job.prompt_id, "native", request, outcome=outcome)
                 reply.set(self._remember(request, Steered("native", job.token, outcome=outcome)))
