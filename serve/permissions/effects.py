@@ -104,6 +104,7 @@ from acp.schema import (
     ReadTextFileParams,
     RequestPermissionParams,
     SelectedPermissionOutcome,
+    ToolCallFields,
     WriteTextFileParams,
 )
 from actors import ActorError
@@ -143,6 +144,7 @@ from serve.permissions.cache import (
     cache_key,
 )
 from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
+from serve.permissions.context import EffectSession
 from serve.permissions.grants import EffectiveGrants, resolve_grants
 from serve.permissions.host_request import (
     EFFECT_DENIED,
@@ -157,7 +159,7 @@ from serve.permissions.modes import qwen_equivalent
 from serve.permissions.terminal_guard import classify_acp_request, classify_terminal
 from serve.permissions.voting import PermissionOption
 from serve.threads import agent_fs_limiter
-from serve.workspace import WorkspaceFsError, overwrite_text
+from serve.workspace import Workspace, WorkspaceFsError, overwrite_text
 from serve.workspace import read_text as ws_read_text
 from serve.workspace.set import WorkspaceSet
 
@@ -210,7 +212,7 @@ class EffectGate:
         *,
         settings: Settings,
         mediator: PermissionMediator,
-        live_sessions: Callable[[], Sequence[Any]] = tuple,
+        live_sessions: Callable[[], Sequence[EffectSession]] = tuple,
         clock_ms: Callable[[], int] = _wall_ms,
         agent_approvals: AgentApprovals | None = None,
         cache: ApprovalCache | None = None,
@@ -227,7 +229,7 @@ class EffectGate:
         self.agent_approvals = agent_approvals or AgentApprovals()
         self.tool_calls = ToolCallLog()
         self._inflight: InflightTable[DecisionKey, _Shared] = InflightTable()
-        self._tokens: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._tokens: weakref.WeakKeyDictionary[EffectSession, str] = weakref.WeakKeyDictionary()
         self._cached_sessions: set[str] = set()
         self.counters: dict[str, int] = {
             "auto": 0,
@@ -241,7 +243,7 @@ class EffectGate:
 
     # ---- per-session policy ------------------------------------------------------------
 
-    def session_key(self, session: Any) -> str:
+    def session_key(self, session: EffectSession) -> str:
         """The session incarnation's token (a session replaced under its id gets a new one)."""
         key = self._tokens.get(session)
         if key is None:
@@ -250,19 +252,15 @@ class EffectGate:
         return key
 
     @staticmethod
-    def agent_name(session: Any) -> str | None:
-        conn = getattr(session, "conn", None)
-        info = getattr(conn, "info", None)
-        agent_info = getattr(info, "agent_info", None)
-        name = getattr(agent_info, "name", None)
-        return name if isinstance(name, str) and name else None
+    def agent_name(session: EffectSession) -> str | None:
+        return session.agent_name
 
     @staticmethod
-    def approval_mode(session: Any) -> ApprovalMode:
-        mode = qwen_equivalent(getattr(session, "current_mode", None))  # acceptEdits → auto-edit
+    def approval_mode(session: EffectSession) -> ApprovalMode:
+        mode = qwen_equivalent(session.current_mode)  # acceptEdits → auto-edit
         return mode if mode in APPROVAL_MODES else "default"
 
-    def grants_for(self, session: Any) -> EffectiveGrants:
+    def grants_for(self, session: EffectSession) -> EffectiveGrants:
         return resolve_grants(
             self.config.capabilities,
             agent=self.agent_name(session),
@@ -272,7 +270,7 @@ class EffectGate:
     def _workspace_trusted(self, root: str) -> bool:
         return root not in self._settings.untrusted_workspaces
 
-    def _workspace(self, session: Any) -> Any:
+    def _workspace(self, session: EffectSession) -> Workspace:
         try:
             return self._workspaces.get(
                 session.workspace, trusted=self._workspace_trusted(session.workspace)
@@ -282,7 +280,7 @@ class EffectGate:
 
     # ---- the ClientHandler entry points ------------------------------------------------
 
-    async def read_text_file(self, session: Any, params: ReadTextFileParams) -> str:
+    async def read_text_file(self, session: EffectSession, params: ReadTextFileParams) -> str:
         path = _absolute(params.path)
         real = await threads.run_sync(agent_fs_limiter(), os.path.realpath, path)
         ws = self._workspace(session)
@@ -303,7 +301,7 @@ class EffectGate:
             agent_fs_limiter(), plain_read_text, real, params.line, params.limit
         )
 
-    async def write_text_file(self, session: Any, params: WriteTextFileParams) -> None:
+    async def write_text_file(self, session: EffectSession, params: WriteTextFileParams) -> None:
         path = _absolute(params.path)
         real = await threads.run_sync(agent_fs_limiter(), os.path.realpath, path)
         ws = self._workspace(session)
@@ -321,7 +319,7 @@ class EffectGate:
             return
         await threads.run_sync(agent_fs_limiter(), plain_write_text, real, params.content)
 
-    async def check_terminal(self, session: Any, params: CreateTerminalParams) -> None:
+    async def check_terminal(self, session: EffectSession, params: CreateTerminalParams) -> None:
         """Admit a ``terminal/create`` (raises :class:`HandlerError` to refuse)."""
         ws = self._workspace(session)
         cwd = params.cwd
@@ -348,17 +346,17 @@ class EffectGate:
 
     # ---- agent approvals (the session actor's hook) ------------------------------------
 
-    def note_tool_call(self, session: Any, update: bytes | msgspec.Raw) -> None:
+    def note_tool_call(self, session: EffectSession, update: bytes | msgspec.Raw) -> None:
         """The agent announced or updated a tool call: remember what it targets by id."""
         self.tool_calls.note(self.session_key(session), bytes(update))
 
     def note_agent_permission(
-        self, session: Any, params: RequestPermissionParams, outcome: PermissionOutcome
+        self, session: EffectSession, params: RequestPermissionParams, outcome: PermissionOutcome
     ) -> None:
         """A client answered the agent's own permission request; remember an allow."""
         if not isinstance(outcome, SelectedPermissionOutcome):
             return
-        active = getattr(session, "active", None)
+        active = session.active
         prompt_id = active.prompt_id if active is not None else None
         skey = self.session_key(session)
         try:
@@ -379,7 +377,7 @@ class EffectGate:
             self._seed_cache_from_agent(session, skey, approval, now)
 
     def _seed_cache_from_agent(
-        self, session: Any, skey: str, approval: AgentApproval, now: int
+        self, session: EffectSession, skey: str, approval: AgentApproval, now: int
     ) -> None:
         principal = _originator(session)
         if principal is None:
@@ -411,7 +409,7 @@ class EffectGate:
 
     async def _admit(
         self,
-        session: Any,
+        session: EffectSession,
         effect: Effect,
         *,
         paths: Iterable[str] = (),
@@ -433,7 +431,7 @@ class EffectGate:
         now = self._clock()
         self._sweep(now)
         skey = self.session_key(session)
-        active = getattr(session, "active", None)
+        active = session.active
         prompt_id = active.prompt_id if active is not None else None
         if (
             self.agent_approvals.match(
@@ -476,7 +474,7 @@ class EffectGate:
 
     async def _shared_decision(
         self,
-        session: Any,
+        session: EffectSession,
         dkey: DecisionKey,
         effect: Effect,
         decision: Decision,
@@ -513,7 +511,7 @@ class EffectGate:
 
     async def _ask_clients(
         self,
-        session: Any,
+        session: EffectSession,
         effect: Effect,
         decision: Decision,
         key: CacheKey | None,
@@ -524,7 +522,7 @@ class EffectGate:
         self.counters["prompted"] += 1
         tool_call = host_tool_call(effect, decision, cwd=cwd, content=content)
         options = host_options(offer_always=key is not None)
-        active = getattr(session, "active", None)
+        active = session.active
         mediator = self._mediator
         msg = OpenPermission(
             session_id=session.session_id,
@@ -537,7 +535,7 @@ class EffectGate:
             ),
             prompt_id=active.prompt_id if active is not None else None,
             originator=active.client_id if active is not None else None,
-            session_clients=frozenset(getattr(session, "clients", ())),
+            session_clients=session.client_ids,
         )
         try:  # withdrawn (our caller cancelled: the agent withdrew its request) at once
             response = await request_decision(mediator, msg, timeout_s=OPEN_PERMISSION_TIMEOUT_S)
@@ -556,7 +554,9 @@ class EffectGate:
             return "allow_once"
         return "rejected"
 
-    async def _refuse(self, session: Any, effect: Effect, rule: str, reason: str) -> NoReturn:
+    async def _refuse(
+        self, session: EffectSession, effect: Effect, rule: str, reason: str
+    ) -> NoReturn:
         target = effect.target or ""
         await self._announce_denied(session, effect, rule, reason)
         raise HandlerError(
@@ -565,11 +565,13 @@ class EffectGate:
             {"reason": reason, "capability": effect.capability, "rule": rule, "target": target},
         )
 
-    async def _announce_denied(self, session: Any, effect: Effect, rule: str, reason: str) -> None:
+    async def _announce_denied(
+        self, session: EffectSession, effect: Effect, rule: str, reason: str
+    ) -> None:
         """``effect_denied`` on the session's log, written by the session actor: we run in
         its agent-request task, so we wait (bounded) until it is in the log and the agent's
         next updates come after it."""
-        active = getattr(session, "active", None)
+        active = session.active
         event = PublishEvent(
             "effect_denied",
             {
@@ -584,14 +586,14 @@ class EffectGate:
             originator=active.client_id if active is not None else None,
         )
         try:
-            await session.ask(event, timeout_s=PUBLISH_TIMEOUT_S)
+            await session.publish_event(event, timeout_s=PUBLISH_TIMEOUT_S)
         except Exception as exc:  # gone, closing or wedged: the agent is refused anyway
             log.warning("effect_denied not published on session %s: %r", session.session_id, exc)
 
     # ---- the agent's own permission requests (approval policy first) -------------------
 
     async def screen_agent_permission(
-        self, session: Any, params: RequestPermissionParams
+        self, session: EffectSession, params: RequestPermissionParams
     ) -> PermissionOutcome | None:
         """Apply the approval policy to the agent's own ``session/request_permission``
         before anyone is asked (issue 16.15).
@@ -630,7 +632,9 @@ class EffectGate:
             return selected
         return None
 
-    async def _agent_effect(self, session: Any, params: RequestPermissionParams) -> Effect | None:
+    async def _agent_effect(
+        self, session: EffectSession, params: RequestPermissionParams
+    ) -> Effect | None:
         call = params.tool_call
         # What the agent's earlier tool_call with this id named fills in the request's gaps.
         earlier = self.tool_calls.get(self.session_key(session), call.tool_call_id)
@@ -680,7 +684,7 @@ class EffectGate:
             if skey not in live:
                 self.tool_calls.forget(skey)
 
-    def _live_sessions(self) -> list[Any]:
+    def _live_sessions(self) -> list[EffectSession]:
         return list(self._live())
 
     @property
@@ -762,7 +766,7 @@ def _option_of(params: RequestPermissionParams, kinds: Sequence[str]) -> str | N
     return None
 
 
-def _tool_call_path(call: Any, raw: Mapping[str, Any]) -> str | None:
+def _tool_call_path(call: ToolCallFields, raw: Mapping[str, Any]) -> str | None:
     for loc in call.locations or ():
         p = loc.get("path") if isinstance(loc, dict) else getattr(loc, "path", None)
         if isinstance(p, str) and p:
@@ -777,8 +781,8 @@ def _tool_call_path(call: Any, raw: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _originator(session: Any) -> str | None:
-    active = getattr(session, "active", None)
+def _originator(session: EffectSession) -> str | None:
+    active = session.active
     cid = active.client_id if active is not None else None
     return cid if isinstance(cid, str) and cid else None
 

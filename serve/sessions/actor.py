@@ -130,6 +130,7 @@ from serve.sessions.queue_edits import replace_pending
 from serve.sessions.steering import Steering
 
 if TYPE_CHECKING:
+    from acp.client import AgentConnection
     from serve.journal import Journal
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
@@ -266,9 +267,11 @@ class SessionActor(Actor[SessionMsg], AgentSide):
     # ---- read models (sync, for in-process status pages and metrics) -------------------
 
     @property
-    def conn(self) -> Any:
-        """The agent connection (``acp.client.AgentConnection``) or None."""
+    def conn(self) -> AgentConnection | None:
         return self.link.conn
+
+    async def publish_event(self, event: PublishEvent, *, timeout_s: float) -> None:
+        await self.ask(event, timeout_s=timeout_s)  # the gate's effect_denied, in order
 
     @property
     def setup(self) -> SessionSetup | None:
@@ -277,10 +280,6 @@ class SessionActor(Actor[SessionMsg], AgentSide):
     @property
     def restart_count(self) -> int:
         return self.link.restart_count
-
-    @property
-    def active(self) -> Job | None:
-        return self.prompts.running
 
     @property
     def queue(self) -> tuple[Job, ...]:

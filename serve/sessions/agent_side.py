@@ -21,7 +21,7 @@ state or append to its log (the actor's own log: the connection is the actor's).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -43,10 +43,13 @@ from serve.sessions import elicitation_side
 
 if TYPE_CHECKING:
     from serve.events import EventLog
+    from serve.events.messages import PublishEvent
+    from serve.permissions.effects import EffectGate
     from serve.permissions.mediator import PermissionMediator
     from serve.permissions.modes import AgentModes
+    from serve.sessions.agent_link import AgentLink
     from serve.sessions.clients import ClientTable
-    from serve.sessions.prompt_queue import PromptQueue
+    from serve.sessions.prompt_queue import Job, PromptQueue
 
 _encoder = msgspec.json.Encoder()
 
@@ -68,7 +71,9 @@ class AgentSide(BaseClientHandler):
     mediator: PermissionMediator
     clients: ClientTable
     closing: bool
-    effects: Any
+    workspace: str
+    link: AgentLink
+    effects: EffectGate | None
     drop_updates: bool
     available_commands: msgspec.Raw | None
     current_mode: str | None
@@ -94,6 +99,28 @@ class AgentSide(BaseClientHandler):
         for kind, update in self._early:
             self.relay(kind, update)
         self._early.clear()
+
+    # The EffectSession face (serve/permissions/context.py) the effect gate reads.
+
+    @property
+    def agent_name(self) -> str | None:
+        """The agent's ``agentInfo.name`` (grants by agent), None before ``initialize``."""
+        conn = self.link.conn
+        agent = conn.info.agent_info if conn is not None and conn.info is not None else None
+        name = agent.name if agent is not None else None
+        return name if isinstance(name, str) and name else None
+
+    @property
+    def client_ids(self) -> frozenset[str]:
+        return frozenset(self.clients)
+
+    @property
+    def active(self) -> Job | None:
+        """The running prompt, if any."""
+        return self.prompts.running
+
+    async def publish_event(self, event: PublishEvent, *, timeout_s: float) -> None:
+        raise NotImplementedError  # the session actor's (through its inbox)
 
     async def flow_control(self, incoming_bytes: int = 0) -> None:
         """Between chunks read from the agent: let lagging SSE writers catch up."""
@@ -167,7 +194,7 @@ class AgentSide(BaseClientHandler):
         gate = self.effects
         if gate is None:
             return await BaseClientHandler.read_text_file(self, params)
-        return await gate.read_text_file(self, params)  # type: ignore[no-any-return]
+        return await gate.read_text_file(self, params)
 
     async def write_text_file(self, params: WriteTextFileParams) -> None:
         gate = self.effects
@@ -201,7 +228,7 @@ class AgentSide(BaseClientHandler):
         if gate is not None:  # the approval policy first: deny/auto answer without asking
             screened = await gate.screen_agent_permission(self, params)
             if screened is not None:
-                return screened  # type: ignore[no-any-return]
+                return screened
         outcome = await self._mediate_permission(params, raw)
         if isinstance(outcome, SelectedPermissionOutcome) and gate is not None:
             # an allowed tool call's own fs/terminal effect: ask once
