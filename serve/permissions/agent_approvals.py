@@ -39,15 +39,19 @@ stops asking after "always allow" is not prompted by the Host either.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import shlex
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
-from acp.schema import RequestPermissionParams
+from acp.schema import RequestPermissionParams, ToolCallFields
+from serve import threads
+from serve.permissions.approval import Effect, classify_read, classify_write
+from serve.permissions.terminal_guard import classify_terminal
 
 #: How long an allowed agent permission request covers the matching Host effects.
 AGENT_APPROVAL_WINDOW_MS: Final = 60_000
@@ -327,3 +331,73 @@ class AgentApprovals:
 
     def sessions(self) -> list[str]:
         return list(self._by_session)
+
+
+# ---- the agent's own permission request, as the Host effect it announces ------------------
+
+#: The capability a tool call's ``kind`` names (the effect its permission request announces).
+AGENT_KIND_CAPABILITY: Mapping[str, str] = {
+    "read": "fs.read",
+    "edit": "fs.write",
+    "delete": "fs.write",
+    "move": "fs.write",
+    "execute": "terminal.exec",
+}
+
+
+async def agent_effect(
+    call: ToolCallFields, earlier: ToolCallTargets | None, *, root: str, cwd: str
+) -> Effect | None:
+    """The Host effect an agent's permission request announces (its first target, filled in
+    from its earlier ``tool_call``), classified like the effect itself; None when unmapped."""
+    kind = call.kind or (earlier.kind if earlier is not None else None)
+    capability = AGENT_KIND_CAPABILITY.get(kind or "")
+    if capability is None:
+        return None
+    raw = call.raw_input if isinstance(call.raw_input, dict) else {}
+    if capability == "terminal.exec":
+        command = raw.get("command")
+        if not isinstance(command, str) and earlier is not None and earlier.commands:
+            command = earlier.commands[0]
+        if not isinstance(command, str) or not command.strip():
+            return None
+        run_in = raw.get("cwd")
+        return classify_terminal(
+            command,
+            cwd=run_in if isinstance(run_in, str) and run_in.startswith("/") else None,
+            workspace_roots=[root],
+        )
+    path = _tool_call_path(call, raw)
+    if not path and earlier is not None and earlier.paths:
+        path = earlier.paths[0]
+    if not path:
+        return None  # no path to classify: the clients are asked (not a write to "")
+    absolute = norm_path(path, cwd)
+    real = await threads.run_sync(threads.agent_fs_limiter(), os.path.realpath, absolute)
+    if capability == "fs.read":
+        return classify_read(real, [root])
+    return classify_write(real, [root])
+
+
+def _tool_call_path(call: ToolCallFields, raw: Mapping[str, Any]) -> str | None:
+    for loc in call.locations or ():
+        p = loc.get("path") if isinstance(loc, dict) else getattr(loc, "path", None)
+        if isinstance(p, str) and p:
+            return p
+    diffs = diff_paths(call.content)  # kimi names a write's target only in its diff
+    if diffs:
+        return diffs[0]
+    for key in RAW_INPUT_PATH_KEYS:
+        p = raw.get(key)
+        if isinstance(p, str) and p:
+            return p
+    return None
+
+
+def option_of(params: RequestPermissionParams, kinds: Sequence[str]) -> str | None:
+    """The first offered option of the first of ``kinds`` that is offered."""
+    for kind in kinds:
+        for option in params.options:
+            if option.kind == kind:
+                return option.option_id
+    return None

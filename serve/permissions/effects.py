@@ -62,21 +62,15 @@ close) never inherits entries; entries of sessions that are no longer live are d
 the next gate call. ``secret.bind`` decisions are never cached (``approval.decide`` marks
 them non-cacheable, and ``ApprovalCache`` refuses them). Entries expire after 8 hours.
 
-Not asking twice (agent approvals)
-----------------------------------
-When a client allowed the agent's own ``session/request_permission``, the matching Host
-effects of the same prompt run without asking again (bounded in time and uses); an
-agent-level ``allow_always`` seeds the cache. The rule and its tables:
-:mod:`serve.permissions.agent_approvals`. The synthetic request clients vote on and the
-agent's error codes: :mod:`serve.permissions.host_request`.
+Not asking twice: an allowed agent ``session/request_permission`` covers the matching Host
+effects of its prompt (:mod:`serve.permissions.agent_approvals`). The request clients vote
+on, and the agent's error codes: :mod:`serve.permissions.host_request`.
 
-Ownership and errors
---------------------
-All state (cache, in-flight table, agent approvals, counters) is touched only from the trio
-thread and never across an ``await``, so the handler tasks of every session can share one
-gate. Blocking work (``realpath``, file I/O) runs in worker threads. If the mediator is
-unavailable the request resolves ``cancelled`` (refused), never hanging the agent. Workspace
-errors map to JSON-RPC codes in :func:`fs_error`.
+Ownership and errors: all state (cache, in-flight table, agent approvals, counters) is
+touched only from the trio thread and never across an ``await``, so the handler tasks of
+every session can share one gate. Blocking work (``realpath``, file I/O) runs in worker
+threads. If the mediator is unavailable the request resolves ``cancelled`` (refused), never
+hanging the agent. The session is read through :class:`~serve.permissions.context.EffectSession`.
 """
 
 from __future__ import annotations
@@ -88,8 +82,8 @@ import posixpath
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import msgspec
 import trio
@@ -104,22 +98,20 @@ from acp.schema import (
     ReadTextFileParams,
     RequestPermissionParams,
     SelectedPermissionOutcome,
-    ToolCallFields,
     WriteTextFileParams,
 )
-from actors import ActorError
 from serve import threads
 from serve.events.messages import PublishEvent
 from serve.permissions.agent_approvals import (
     AGENT_APPROVAL_USES,
     AGENT_APPROVAL_WINDOW_MS,
-    RAW_INPUT_PATH_KEYS,
+    AGENT_KIND_CAPABILITY,
     AgentApproval,
     AgentApprovals,
     ToolCallLog,
     agent_approval_from,
-    diff_paths,
-    norm_path,
+    agent_effect,
+    option_of,
     terminal_texts,
 )
 from serve.permissions.approval import (
@@ -146,18 +138,9 @@ from serve.permissions.cache import (
 from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
 from serve.permissions.context import EffectSession
 from serve.permissions.grants import EffectiveGrants, resolve_grants
-from serve.permissions.host_request import (
-    EFFECT_DENIED,
-    OPTION_ALLOW_ALWAYS,
-    OPTION_ALLOW_ONCE,
-    fs_error,
-    host_options,
-    host_tool_call,
-)
-from serve.permissions.mediator import OpenPermission, request_decision
+from serve.permissions.host_request import EFFECT_DENIED, Outcome, ask_clients, fs_error
 from serve.permissions.modes import qwen_equivalent
 from serve.permissions.terminal_guard import classify_acp_request, classify_terminal
-from serve.permissions.voting import PermissionOption
 from serve.threads import agent_fs_limiter
 from serve.workspace import Workspace, WorkspaceFsError, overwrite_text
 from serve.workspace import read_text as ws_read_text
@@ -172,13 +155,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["EffectGate"]
 
-#: Bound on handing a request to the mediator (its inbox, not the vote).
-OPEN_PERMISSION_TIMEOUT_S: Final = 10.0
 #: Bound on handing an event to the session actor (its inbox; the event is kept queued).
 PUBLISH_TIMEOUT_S: Final = 5.0
 _encoder = msgspec.json.Encoder()
-
-Outcome = Literal["allow_once", "allow_always", "rejected", "cancelled"]
 
 
 def _wall_ms() -> int:
@@ -520,39 +499,19 @@ class EffectGate:
         cwd: str | None,
     ) -> Outcome:
         self.counters["prompted"] += 1
-        tool_call = host_tool_call(effect, decision, cwd=cwd, content=content)
-        options = host_options(offer_always=key is not None)
-        active = session.active
-        mediator = self._mediator
-        msg = OpenPermission(
-            session_id=session.session_id,
-            session=session,
-            tool_call=msgspec.Raw(_encoder.encode(tool_call)),
-            options=msgspec.Raw(_encoder.encode(options)),
-            option_list=tuple(
-                PermissionOption(option_id=o["optionId"], kind=o["kind"], name=o["name"])
-                for o in options
-            ),
-            prompt_id=active.prompt_id if active is not None else None,
-            originator=active.client_id if active is not None else None,
-            session_clients=session.client_ids,
+        outcome = await ask_clients(
+            self._mediator,
+            session,
+            effect,
+            decision,
+            offer_always=key is not None,
+            content=content,
+            cwd=cwd,
         )
-        try:  # withdrawn (our caller cancelled: the agent withdrew its request) at once
-            response = await request_decision(mediator, msg, timeout_s=OPEN_PERMISSION_TIMEOUT_S)
-        except ActorError:
-            log.warning("permission mediator unavailable: refusing %s", effect.capability)
-            return "cancelled"
-        outcome = response.get("outcome") or {}
-        if outcome.get("outcome") != "selected":
-            return "cancelled"
-        option = outcome.get("optionId")
-        if option == OPTION_ALLOW_ALWAYS:
+        if outcome == "allow_always":
             if self.cache.remember(key, now_ms=self._clock()) and key is not None:
                 self._cached_sessions.add(key.session_id)
-            return "allow_always"
-        if option == OPTION_ALLOW_ONCE:
-            return "allow_once"
-        return "rejected"
+        return outcome
 
     async def _refuse(
         self, session: EffectSession, effect: Effect, rule: str, reason: str
@@ -618,12 +577,12 @@ class EffectGate:
         if decision.verdict == "deny":
             self.counters["denied"] += 1
             await self._announce_denied(session, effect, decision.rule, decision.reason)
-            option = _option_of(params, ("reject_once", "reject_always"))
+            option = option_of(params, ("reject_once", "reject_always"))
             if option is None:
                 return CancelledPermissionOutcome()
             return SelectedPermissionOutcome(option_id=option)
         if decision.verdict == "auto":
-            option = _option_of(params, ("allow_once", "allow_always"))
+            option = option_of(params, ("allow_once", "allow_always"))
             if option is None:
                 return None
             self.counters["auto"] += 1
@@ -639,36 +598,13 @@ class EffectGate:
         # What the agent's earlier tool_call with this id named fills in the request's gaps.
         earlier = self.tool_calls.get(self.session_key(session), call.tool_call_id)
         kind = call.kind or (earlier.kind if earlier is not None else None)
-        capability = _AGENT_KIND_CAPABILITY.get(kind or "")
-        if capability is None:
+        if AGENT_KIND_CAPABILITY.get(kind or "") is None:
             return None
         try:
             root = self._workspace(session).root
         except HandlerError:
             return None
-        raw = call.raw_input if isinstance(call.raw_input, dict) else {}
-        if capability == "terminal.exec":
-            command = raw.get("command")
-            if not isinstance(command, str) and earlier is not None and earlier.commands:
-                command = earlier.commands[0]
-            if not isinstance(command, str) or not command.strip():
-                return None
-            cwd = raw.get("cwd")
-            return classify_terminal(
-                command,
-                cwd=cwd if isinstance(cwd, str) and cwd.startswith("/") else None,
-                workspace_roots=[root],
-            )
-        path = _tool_call_path(call, raw)
-        if not path and earlier is not None and earlier.paths:
-            path = earlier.paths[0]
-        if not path:
-            return None  # no path to classify: the clients are asked (not a write to "")
-        absolute = norm_path(path, session.workspace)
-        real = await threads.run_sync(agent_fs_limiter(), os.path.realpath, absolute)
-        if capability == "fs.read":
-            return classify_read(real, [root])
-        return classify_write(real, [root])
+        return await agent_effect(call, earlier, root=root, cwd=session.workspace)
 
     def _sweep(self, now: int) -> None:
         """Drop cache entries and agent approvals of sessions that are no longer live."""
@@ -746,39 +682,6 @@ class EffectGate:
             "agentApprovals": len(self.agent_approvals),
             "inflight": len(self._inflight),
         }
-
-
-_AGENT_KIND_CAPABILITY: Mapping[str, str] = {
-    "read": "fs.read",
-    "edit": "fs.write",
-    "delete": "fs.write",
-    "move": "fs.write",
-    "execute": "terminal.exec",
-}
-
-
-def _option_of(params: RequestPermissionParams, kinds: Sequence[str]) -> str | None:
-    """The first offered option of the first of ``kinds`` that is offered."""
-    for kind in kinds:
-        for option in params.options:
-            if option.kind == kind:
-                return option.option_id
-    return None
-
-
-def _tool_call_path(call: ToolCallFields, raw: Mapping[str, Any]) -> str | None:
-    for loc in call.locations or ():
-        p = loc.get("path") if isinstance(loc, dict) else getattr(loc, "path", None)
-        if isinstance(p, str) and p:
-            return p
-    diffs = diff_paths(call.content)  # kimi names a write's target only in its diff
-    if diffs:
-        return diffs[0]
-    for key in RAW_INPUT_PATH_KEYS:
-        p = raw.get(key)
-        if isinstance(p, str) and p:
-            return p
-    return None
 
 
 def _originator(session: EffectSession) -> str | None:

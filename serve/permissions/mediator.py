@@ -260,7 +260,7 @@ class PermissionMediator(Actor[MediatorMsg]):
 
     # ---- handling ----------------------------------------------------------------------
 
-    async def handle(self, msg: MediatorMsg) -> Any:
+    async def handle(self, msg: MediatorMsg) -> object:
         match msg:
             case OpenPermission():
                 return self._open(msg)

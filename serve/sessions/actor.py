@@ -131,6 +131,7 @@ from serve.sessions.steering import Steering
 
 if TYPE_CHECKING:
     from acp.client import AgentConnection
+    from acp.schema import InitializeResult
     from serve.journal import Journal
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
@@ -401,13 +402,13 @@ class SessionActor(Actor[SessionMsg], AgentSide):
 
     # The link's owner side (agent_link.LinkOwner).
 
-    async def mcp_servers(self, info: Any) -> list[Any]:
+    async def mcp_servers(self, info: InitializeResult | None) -> list[dict[str, Any]]:
         """The workspace's MCP servers for the agent (pooled stdio servers are reached
         through the pool's bridge; transports the agent did not advertise are left out)."""
         if self.mcp_pool is None:
             return []
         caps = info.agent_capabilities.mcp_capabilities if info is not None else None
-        servers: list[Any] = await self.mcp_pool.acp_servers_for(
+        servers: list[dict[str, Any]] = await self.mcp_pool.acp_servers_for(
             self.workspace,
             requester=self,
             http=bool(caps and caps.http),

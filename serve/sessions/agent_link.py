@@ -47,7 +47,12 @@ from acp.client import AgentConnection
 from acp.errors import AcpError, RemoteError
 from acp.handler import ClientHandler
 from acp.process import ExitInfo, scrub_env
-from acp.schema import ClientCapabilities, FileSystemCapability, SessionSetup
+from acp.schema import (
+    ClientCapabilities,
+    FileSystemCapability,
+    InitializeResult,
+    SessionSetup,
+)
 from actors import RestartWindow
 from serve.events import EventLog
 from serve.isolation import ChildLimits, Isolation, OomReport, sandbox
@@ -290,14 +295,14 @@ class LinkOwner(Protocol):
     #: True while the agent replays history the session's log already holds.
     drop_updates: bool
 
-    async def mcp_servers(self, info: Any) -> list[Any]: ...
+    async def mcp_servers(self, info: InitializeResult | None) -> list[dict[str, Any]]: ...
 
     async def adopt_session_id(self, session_id: str) -> None: ...
 
     async def restore_history(self) -> bool: ...
 
 
-def can_resume(info: Any) -> bool:
+def can_resume(info: object) -> bool:
     return info is not None and bool(getattr(info, "supports_resume", False))
 
 

@@ -18,7 +18,7 @@ unknown id is dropped, as ACP asks of clients.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -26,6 +26,12 @@ from acp.errors import INVALID_PARAMS, HandlerError
 from actors import ActorError
 from serve.permissions import elicitation
 from serve.permissions.mediator import OpenElicitation, request_decision
+
+if TYPE_CHECKING:
+    from serve.events import EventLog
+    from serve.permissions.mediator import PermissionMediator
+    from serve.sessions.clients import ClientTable
+    from serve.sessions.prompt_queue import PromptQueue
 
 METHOD = "elicitation/create"
 COMPLETE = "elicitation/complete"
@@ -39,10 +45,10 @@ class Side(Protocol):
 
     session_id: str
     closing: bool
-    prompts: Any
-    mediator: Any
-    clients: Any
-    log: Any
+    prompts: PromptQueue
+    mediator: PermissionMediator
+    clients: ClientTable
+    log: EventLog
     _elicitation_url_ids: OrderedDict[str, None]
 
 

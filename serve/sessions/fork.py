@@ -77,7 +77,7 @@ CLOSE_TIMEOUT_S: Final = 10.0
 class Forked(msgspec.Struct, frozen=True):
     """A fork made: its session, its parent's id, and what it was given to match."""
 
-    session: Any  # SessionActor
+    session: SessionActor
     parent_id: str
     #: ``{"model": id, "mode": id}`` of the parent, where it had one (what the fork now has).
     inherited: dict[str, str]

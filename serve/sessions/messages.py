@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import trio
 
 from actors.actor import Request
+from serve.events import Subscriber
 from serve.events.messages import PublishEvent
 from serve.permissions.modes import APPROVAL_MODES  # qwen serve's five names
 from serve.sessions.errors import (  # re-exported: the errors a session call raises
@@ -218,8 +220,8 @@ class Admission(msgspec.Struct, frozen=True):
     prompt_id: str
     last_event_id: int
     epoch: str
-    job: Any  # serve.sessions.prompt_queue.Job
-    done: Any  # trio.Event, set once the job's terminal is published
+    job: Any  # serve.sessions.prompt_queue.Job (the fronts read it loosely)
+    done: trio.Event  # set once the job's terminal is published
 
 
 class Steered(msgspec.Struct, frozen=True):
@@ -267,7 +269,7 @@ class Detached(msgspec.Struct, frozen=True):
 
 
 class Subscription(msgspec.Struct, frozen=True):
-    subscriber: Any  # serve.events.Subscriber
+    subscriber: Subscriber
     epoch: str
 
 

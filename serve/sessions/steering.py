@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 import trio
@@ -52,13 +52,17 @@ from serve.sessions import turns
 from serve.sessions.messages import Admission, SessionGone, Steered, SteerPrompt
 from serve.sessions.prompt_queue import MAX_REMEMBERED_PROMPTS, Job, PromptQueue, PromptRequest
 
+if TYPE_CHECKING:
+    from serve.sessions.agent_link import AgentLink
+    from serve.settings import Settings
+
 #: ACP's de-facto steering method (codex-acp, claude-agent-acp).
 STEERING_METHOD: Final = "_session/steering"
 #: Answers meaning the running turn took the message.
 JOINED: Final = frozenset({"injected", "startedNewTurn"})
 
 
-def advertises_steering(conn: Any) -> bool:
+def advertises_steering(conn: object) -> bool:
     """Whether the agent behind ``conn`` advertised ``_meta.steering.supported: true``."""
     info = getattr(conn, "info", None)
     raw = bytes(getattr(info, "meta", b"") or b"")
@@ -94,8 +98,8 @@ class _Session(Protocol):  # the part of the SessionActor a steer uses
     session_id: str
     prompts: PromptQueue
     log: EventLog
-    link: Any
-    settings: Any
+    link: AgentLink
+    settings: Settings
     closing: bool
     agent_updates: int
 

@@ -79,7 +79,7 @@ def _state(session: AgentAdvert) -> dict[str, Any]:
     return session.state_snapshot()
 
 
-def _live_options(session: AgentAdvert, state: dict[str, Any]) -> list[Any]:
+def _live_options(session: AgentAdvert, state: dict[str, Any]) -> list[object]:
     """The agent's config options: the connection's live list (updated by
     ``config_option_update`` and ``set_config_option`` answers), else the set-up result's."""
     conn = session.conn
@@ -121,11 +121,11 @@ def context_state(session: AgentAdvert) -> dict[str, Any]:
     return {"models": models, "modes": modes, "configOptions": options}
 
 
-def _has_mode_option(options: list[Any]) -> bool:
+def _has_mode_option(options: list[object]) -> bool:
     return any(isinstance(o, dict) and o.get("category") == "mode" for o in options)
 
 
-def _option_modes(options: list[Any]) -> dict[str, Any]:
+def _option_modes(options: list[object]) -> dict[str, Any]:
     """ACP's ``modes`` shape from a ``category: mode`` select option (``{}`` when none)."""
     for option in options:
         if not isinstance(option, dict) or option.get("category") != "mode":
