@@ -166,7 +166,7 @@ __all__ = [  # the session's public surface (messages and errors re-exported)
 _HANDLED_WHILE_CLOSING = (CloseSession, Detach, StreamEnded, PublishEvent, ReapIfIdle)
 
 
-class SessionActor(Actor[SessionMsg], AgentSide):
+class SessionActor(Actor[SessionMsg]):
     """One session; see the module docstring."""
 
     def __init__(
@@ -190,7 +190,8 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         additional_directories: tuple[str, ...] = (),
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
-        self._init_agent_side()
+        #: The connection's ClientHandler (serve/sessions/agent_side.py), behind SidePort.
+        self.side = AgentSide(self)
         self.settings = settings
         self.mediator = mediator
         self.workspace = workspace
@@ -217,7 +218,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.link = AgentLink(
             source or SpawnAgentSource(settings),
             workspace=workspace,
-            handler=self,
+            handler=self.side,
             owner=self,
             init_timeout_s=settings.initialize_timeout_ms / 1000,
             restore_timeout_s=settings.session_restore_timeout_ms / 1000,
@@ -271,6 +272,22 @@ class SessionActor(Actor[SessionMsg], AgentSide):
     def conn(self) -> AgentConnection | None:
         return self.link.conn
 
+    @property
+    def agent_name(self) -> str | None:
+        return self.link.agent_name
+
+    @property
+    def client_ids(self) -> frozenset[str]:
+        return frozenset(self.clients)
+
+    @property
+    def active(self) -> Job | None:
+        return self.prompts.running
+
+    @property
+    def available_commands(self) -> msgspec.Raw | None:
+        return self.side.available_commands
+
     async def publish_event(self, event: PublishEvent, *, timeout_s: float) -> None:
         await self.ask(event, timeout_s=timeout_s)  # the gate's effect_denied, in order
 
@@ -314,21 +331,7 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         return views.diagnostics(self)
 
     def view(self) -> SessionView:
-        return SessionView(
-            session_id=self.session_id,
-            workspace=self.workspace,
-            created_at=self.created_at,
-            has_active_prompt=self.has_active_prompt,
-            state=self.state_snapshot(),
-            last_event_id=self.log.last_id,
-            epoch=self.log.epoch,
-            current_model=self.current_model,
-            current_mode=self.current_mode,
-            forks=self.link.forks,
-        )
-
-    def knows_client(self, client_id: str) -> bool:
-        return client_id in self.clients
+        return views.session_view(self)
 
     # ---- the public surface ------------------------------------------------------------
 
@@ -420,17 +423,17 @@ class SessionActor(Actor[SessionMsg], AgentSide):
         self.session_id = session_id
         self.log.session_id = session_id
         self.name = f"session-{session_id}"
-        self._journal_pending = True
+        self.side.journal_pending = True
         self.journal_link.attrs = journal_load.agent_attrs(self.settings, self.link)
         try:
             await self._open_journal(fresh=True)
         finally:
-            self._journal_pending = False
+            self.side.journal_pending = False
         if self.fork_from is not None:  # the fork's stream starts by naming its parent
             self.log.publish(
                 "session_forked", {"sessionId": session_id, "parentSessionId": self.fork_from}
             )
-        self._flush_early_updates()
+        self.side.flush_early_updates()
 
     async def restore_history(self) -> bool:
         """After a daemon restart: rebuild the event log from the journal and keep
@@ -549,9 +552,9 @@ class SessionActor(Actor[SessionMsg], AgentSide):
                     return self.calls.start_vendor(
                         msg, BindingConn(self.binding), busy=self.pending_count > 0
                     )
-                if not self.link.connected:
+                if not self.link.connected or (conn := self.link.conn) is None:
                     raise AgentUnavailable(self.session_id)
-                return self.calls.start_vendor(msg, self.link.conn, busy=self.pending_count > 0)
+                return self.calls.start_vendor(msg, conn, busy=self.pending_count > 0)
             case ReapIfIdle():
                 return await attachments.reap_if_idle(self, msg)
             case ListPending():

@@ -289,11 +289,15 @@ class SpawnAgentSource:
 # ---- the link -----------------------------------------------------------------------------
 
 
-class LinkOwner(Protocol):
-    """What the link needs from the session it serves (the session actor)."""
+class LinkHandler(ClientHandler, Protocol):
+    """The session's handler of the connection (serve/sessions/agent_side.py)."""
 
     #: True while the agent replays history the session's log already holds.
     drop_updates: bool
+
+
+class LinkOwner(Protocol):
+    """What the link needs from the session it serves (the session actor)."""
 
     async def mcp_servers(self, info: InitializeResult | None) -> list[dict[str, Any]]: ...
 
@@ -312,7 +316,7 @@ class AgentLink:
         source: AgentSource,
         *,
         workspace: str,
-        handler: ClientHandler,
+        handler: LinkHandler,
         owner: LinkOwner,
         init_timeout_s: float,
         restore_timeout_s: float,
@@ -350,6 +354,13 @@ class AgentLink:
         """Whether the bound agent advertises ``sessionCapabilities.fork`` (None: none bound)."""
         info = self.conn.info if self.connected and self.conn is not None else None
         return None if info is None else info.supports_fork
+
+    @property
+    def agent_name(self) -> str | None:
+        """The agent's ``agentInfo.name`` (grants by agent), None before ``initialize``."""
+        info = self.conn.info if self.conn is not None else None
+        name = info.agent_info.name if info is not None and info.agent_info is not None else None
+        return name if isinstance(name, str) and name else None
 
     @property
     def child_id(self) -> str | None:
@@ -441,7 +452,7 @@ class AgentLink:
             restored = await self.owner.restore_history() if action == "load" else False
             # After a restart, or when the journal already holds the history, the agent's
             # replay of it would duplicate events: drop it.
-            self.owner.drop_updates = action == "restart" or restored
+            self.handler.drop_updates = action == "restart" or restored
             try:
                 return await conn.load_session(
                     session_id,
@@ -451,7 +462,7 @@ class AgentLink:
                     additional_directories=dirs,
                 )
             finally:
-                self.owner.drop_updates = False
+                self.handler.drop_updates = False
         if action == "resume":
             await self.owner.restore_history()
         return await conn.resume_session(

@@ -45,6 +45,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import msgspec
 import trio
 
 from acp.process import ExitInfo
@@ -414,7 +415,9 @@ class BindingConn:
     def __init__(self, binding: AgentBinding) -> None:
         self.binding = binding
 
-    async def request(self, method: str, params: object, timeout_s: float | None) -> object:
+    async def request(
+        self, method: str, params: dict[str, Any], timeout_s: float | None
+    ) -> msgspec.Raw:
         await self.binding.bound_now("extension")
         conn = self.binding.link.conn
         if conn is None:

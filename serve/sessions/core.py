@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    import msgspec
     import trio
 
     from acp.schema import SessionSetup
@@ -24,6 +23,7 @@ if TYPE_CHECKING:
     from serve.permissions.mediator import PermissionMediator
     from serve.permissions.modes import AgentModes
     from serve.sessions.agent_link import AgentLink
+    from serve.sessions.agent_side import AgentSide
     from serve.sessions.binding import AgentBinding
     from serve.sessions.budget import BudgetMeter
     from serve.sessions.clients import ClientTable
@@ -42,6 +42,8 @@ class SessionCore(Protocol):
     mediator: PermissionMediator
     link: AgentLink
     binding: AgentBinding
+    #: The connection's ClientHandler (its relay writes agent updates into the log).
+    side: AgentSide
     prompts: PromptQueue
     budget: BudgetMeter
     steering: Steering
@@ -90,8 +92,6 @@ class SessionCore(Protocol):
     def finish(self, job: Job, event_type: str, data: dict[str, Any]) -> None: ...
 
     def publish_terminal(self, terminal: Terminal | None) -> None: ...
-
-    def relay(self, kind: str, update: msgspec.Raw) -> None: ...
 
     def spawn[*Ts](self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None: ...
 

@@ -54,6 +54,7 @@ from serve.sessions.prompt_queue import MAX_REMEMBERED_PROMPTS, Job, PromptQueue
 
 if TYPE_CHECKING:
     from serve.sessions.agent_link import AgentLink
+    from serve.sessions.agent_side import AgentSide
     from serve.settings import Settings
 
 #: ACP's de-facto steering method (codex-acp, claude-agent-acp).
@@ -101,11 +102,10 @@ class _Session(Protocol):  # the part of the SessionActor a steer uses
     link: AgentLink
     settings: Settings
     closing: bool
-    agent_updates: int
+    side: AgentSide  # its update count: a steered turn is over once it stops growing
 
     def _admit(self, msg: PromptRequest, *, front: bool = False) -> Admission: ...
     def spawn[*Ts](self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None: ...
-    def relay(self, kind: str, update: msgspec.Raw) -> None: ...
     async def _cancel_permissions(self, *, forget: bool = False) -> None: ...
     async def _send_cancel(self) -> None: ...
     async def _escalate_cancel(self, job: Job) -> None: ...
@@ -237,7 +237,7 @@ class Steering:
             else:  # injected, startedNewTurn, or an answer we do not know: the agent has it
                 if s.prompts.running is job:
                     for block in turns.text_blocks(request.prompt):
-                        s.relay("user_message_chunk", turns.user_chunk(block))
+                        s.side.relay("user_message_chunk", turns.user_chunk(block))
                 self._joined = job
                 self._published(job.prompt_id, "native", request, outcome=outcome)
                 reply.set(self._remember(request, Steered("native", job.token, outcome=outcome)))
@@ -269,9 +269,9 @@ class Steering:
             while True:
                 while self._in_flight:
                     await self._answered.wait()
-                seen = self.s.agent_updates
+                seen = self.s.side.agent_updates
                 await trio.sleep(self.settle_s)
-                if not self._in_flight and self.s.agent_updates == seen:
+                if not self._in_flight and self.s.side.agent_updates == seen:
                     return
         finally:
             if self._steered is job:

@@ -70,7 +70,7 @@ async def run_turn(session: SessionCore, job: Job) -> None:
         session.finish(job, "turn_error", turns.budget_exhausted(sid, data))
         return
     for block in turns.text_blocks(job.prompt):  # echo the prompt, as the reference does
-        session.relay("user_message_chunk", turns.user_chunk(block))
+        session.side.relay("user_message_chunk", turns.user_chunk(block))
     session.budget.turn_started()
     try:
         await _run_prompt(session, job, conn, sid)

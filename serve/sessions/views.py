@@ -11,10 +11,12 @@ from typing import Any, Protocol
 import msgspec
 
 from acp.schema import SessionSetup
+from serve.events import EventLog
 from serve.permissions.mediator import PermissionMediator
 from serve.sessions.agent_link import AgentLink, JournalLink
 from serve.sessions.budget import BudgetMeter
 from serve.sessions.clients import ClientTable
+from serve.sessions.messages import SessionView
 from serve.sessions.prompt_queue import PromptQueue
 
 
@@ -50,6 +52,34 @@ class SessionState(Protocol):
 
     @property
     def subscribers(self) -> int: ...
+
+    @property
+    def current_model(self) -> str | None: ...
+
+    @property
+    def current_mode(self) -> str | None: ...
+
+    @property
+    def log(self) -> EventLog: ...
+
+    @property
+    def setup(self) -> SessionSetup | None: ...
+
+
+def session_view(session: SessionState) -> SessionView:
+    """What ``Describe`` answers: a snapshot, never live state."""
+    return SessionView(
+        session_id=session.session_id,
+        workspace=session.workspace,
+        created_at=session.created_at,
+        has_active_prompt=session.has_active_prompt,
+        state=setup_state(session.setup),
+        last_event_id=session.log.last_id,
+        epoch=session.log.epoch,
+        current_model=session.current_model,
+        current_mode=session.current_mode,
+        forks=session.link.forks,
+    )
 
 
 def setup_state(setup: SessionSetup | None) -> dict[str, Any]:
