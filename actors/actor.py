@@ -13,11 +13,14 @@ messages) and handles one message at a time in :meth:`Actor.run`. Messages are f
   :class:`InboxFull` when full): the sender learns later, if it wants, that the message was
   handled, without ever waiting on the inbox (an actor telling another from its handler).
 * ``ask(msg, timeout_s=...)`` enqueues with a reply slot and waits for the answer. The
-  handler's return value is the answer. An exception raised by the handler is re-raised
-  in the caller (the same object, so callers catch their own domain types) and the actor
-  keeps running. If the handler raises :class:`Crash` (or a ``BaseException`` other than
-  cancellation), the actor stops: the asking caller gets :class:`ActorCrashed` and the
-  exception propagates out of ``run()`` for the supervisor to classify.
+  handler's return value is the answer. A message that declares its reply type (a
+  :class:`Request` ``[R]``: ``class Describe(msgspec.Struct, Request[SessionView])``) is
+  answered, for the type checker, with an ``R``; other messages with an untyped answer.
+  An exception raised by the handler is re-raised in the caller (the same object, so
+  callers catch their own domain types) and the actor keeps running. If the handler raises
+  :class:`Crash` (or a ``BaseException`` other than cancellation), the actor stops: the
+  asking caller gets :class:`ActorCrashed` and the exception propagates out of ``run()``
+  for the supervisor to classify.
 * The inbox outlives a single ``run()``: when a supervisor restarts the actor, messages
   queued during the crash are handled by the new incarnation, and references held by
   callers stay valid. :meth:`close` ends the actor for good; queued and later asks then
@@ -34,13 +37,20 @@ caller that is cancelled (or times out) simply abandons its slot; a late answer 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast, overload
 
 import trio
 
 from actors.errors import ActorCrashed, ActorStopped, AskTimeout, Crash, InboxFull
 
 log = logging.getLogger(__name__)
+
+
+class Request[R]:
+    """A mixin for a message that declares the type ``R`` of its answer: ``await
+    actor.ask(msg)`` is an ``R`` to the type checker (the handler must answer one)."""
+
+    __slots__ = ()
 
 
 class Reply[T]:
@@ -51,9 +61,10 @@ class Reply[T]:
 
     __slots__ = ("_error", "_event", "_value")
 
+    _value: T  # set before the event fires, unless it failed
+
     def __init__(self) -> None:
         self._event = trio.Event()
-        self._value: Any = None
         self._error: BaseException | None = None
 
     @property
@@ -74,13 +85,13 @@ class Reply[T]:
         await self._event.wait()
         if self._error is not None:
             raise self._error
-        return self._value  # type: ignore[no-any-return]
+        return self._value
 
 
-class _Envelope:
+class _Envelope[M]:
     __slots__ = ("msg", "reply")
 
-    def __init__(self, msg: Any, reply: Reply[Any] | None) -> None:
+    def __init__(self, msg: M, reply: Reply[Any] | None) -> None:
         self.msg = msg
         self.reply = reply
 
@@ -96,7 +107,7 @@ class Actor[M]:
     def __init__(self, name: str, *, inbox_size: int = 64) -> None:
         self.name = name
         self.inbox_size = inbox_size
-        self._send, self._recv = trio.open_memory_channel[_Envelope](inbox_size)
+        self._send, self._recv = trio.open_memory_channel[_Envelope[M]](inbox_size)
         self._closed = False
         self.handled = 0
 
@@ -105,8 +116,9 @@ class Actor[M]:
     async def on_start(self) -> None:
         """Prepare state for a new incarnation."""
 
-    async def handle(self, msg: M) -> Any:
-        """Handle one message; the return value answers an ask."""
+    async def handle(self, msg: M) -> object:
+        """Handle one message; the return value answers an ask (for a :class:`Request`
+        ``[R]``, an ``R``)."""
         raise NotImplementedError
 
     async def on_stop(self) -> None:
@@ -118,7 +130,7 @@ class Actor[M]:
         self, *, task_status: trio.TaskStatus[Actor[M]] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Serve the inbox until :meth:`close` is called or a handler crashes."""
-        current: _Envelope | None = None
+        current: _Envelope[M] | None = None
         try:
             await self.on_start()
             task_status.started(self)
@@ -141,7 +153,7 @@ class Actor[M]:
             if self._closed:
                 self._fail_queued()
 
-    async def _dispatch(self, envelope: _Envelope) -> None:
+    async def _dispatch(self, envelope: _Envelope[M]) -> None:
         self.handled += 1
         reply = envelope.reply
         if reply is None:
@@ -200,7 +212,13 @@ class Actor[M]:
             raise ActorStopped(self.name) from None
         return reply
 
-    async def ask(self, msg: M, *, timeout_s: float = 30.0) -> Any:
+    @overload
+    async def ask[R](self, msg: Request[R], *, timeout_s: float = 30.0) -> R: ...
+
+    @overload
+    async def ask(self, msg: M, *, timeout_s: float = 30.0) -> Any: ...
+
+    async def ask(self, msg: M | Request[Any], *, timeout_s: float = 30.0) -> Any:
         """Send ``msg`` and wait for the handler's answer (or its exception).
 
         ``timeout_s`` bounds the whole exchange, queueing included; ``math.inf`` waits
@@ -210,7 +228,8 @@ class Actor[M]:
         reply: Reply[Any] = Reply()
         with trio.move_on_after(timeout_s) as scope:
             try:
-                await self._send.send(_Envelope(msg, reply))
+                # A Request is one of the actor's messages: M names them all.
+                await self._send.send(_Envelope(cast(M, msg), reply))
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 raise ActorStopped(self.name) from None
             return await reply.wait()
@@ -230,7 +249,7 @@ class Actor[M]:
         if not self._closed:
             return
         self._recv.close()
-        self._send, self._recv = trio.open_memory_channel[_Envelope](self.inbox_size)
+        self._send, self._recv = trio.open_memory_channel[_Envelope[M]](self.inbox_size)
         self._closed = False
 
     @property

@@ -62,42 +62,15 @@ close) never inherits entries; entries of sessions that are no longer live are d
 the next gate call. ``secret.bind`` decisions are never cached (``approval.decide`` marks
 them non-cacheable, and ``ApprovalCache`` refuses them). Entries expire after 8 hours.
 
-Not asking twice (agent approvals)
-----------------------------------
-Agents such as qwen-code ask their own ``session/request_permission`` before an edit and
-then call ``fs/write_text_file``. When a client *allowed* such a request (an option of
-kind ``allow_once``/``allow_always``), the session actor calls
-:meth:`EffectGate.note_agent_permission`. The rule: for
-:data:`AGENT_APPROVAL_WINDOW_MS` (60 s) and at most :data:`AGENT_APPROVAL_USES` (8)
-effects, within the same session incarnation and the same running prompt, a ``prompt``
-verdict is satisfied without asking again when the effect matches the approved tool call:
+Not asking twice: an allowed agent ``session/request_permission`` covers the matching Host
+effects of its prompt (:mod:`serve.permissions.agent_approvals`). The request clients vote
+on, and the agent's error codes: :mod:`serve.permissions.host_request`.
 
-* its capability is one the tool call's ``kind`` implies (``read`` → ``fs.read``;
-  ``edit``/``delete``/``move`` → ``fs.write`` and ``fs.read``; ``execute`` →
-  ``terminal.exec``; any other kind → all three), and
-* for file effects, its path (as the agent spelled it, normalised, or canonical) is one of
-  the tool call's ``locations[].path``, ``diff`` content blocks' ``path`` (kimi names a
-  write's target only there) or ``rawInput`` paths (``path``, ``file_path``,
-  ``filePath``, ``absolute_path``, ``absolutePath``, ``paths``); for terminals, the
-  command text (``command``, ``command args…``, or the script of ``sh -c SCRIPT``)
-  equals ``rawInput.command``. The tool call counts as what the permission request
-  carries *plus* what the agent's earlier ``tool_call`` / ``tool_call_update``
-  notifications with the same ``toolCallId`` named (kind, locations, diffs, rawInput;
-  the session actor hands each to :meth:`EffectGate.note_tool_call`, kept in a bounded
-  :class:`ToolCallLog`), so a request that names only the id is linked too.
-
-It never overrides ``deny`` (grants, hardline commands, ``plan`` mode are checked first).
-An agent-level ``allow_always`` additionally seeds the Host cache with the decisions of the
-tool call's own file targets / command (same binding rules as above), so an agent that
-stops asking after "always allow" is not prompted by the Host either.
-
-Ownership and errors
---------------------
-All state (cache, in-flight table, agent approvals, counters) is touched only from the trio
-thread and never across an ``await``, so the handler tasks of every session can share one
-gate. Blocking work (``realpath``, file I/O) runs in worker threads. If the mediator is
-unavailable the request resolves ``cancelled`` (refused), never hanging the agent. Workspace
-errors map to JSON-RPC codes in :func:`fs_error`.
+Ownership and errors: all state (cache, in-flight table, agent approvals, counters) is
+touched only from the trio thread and never across an ``await``, so the handler tasks of
+every session can share one gate. Blocking work (``realpath``, file I/O) runs in worker
+threads. If the mediator is unavailable the request resolves ``cancelled`` (refused), never
+hanging the agent. The session is read through :class:`~serve.permissions.context.EffectSession`.
 """
 
 from __future__ import annotations
@@ -106,18 +79,16 @@ import functools
 import logging
 import os
 import posixpath
-import shlex
 import time
 import uuid
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import msgspec
 import trio
 
-from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, RESOURCE_NOT_FOUND, HandlerError
+from acp.errors import INVALID_PARAMS, HandlerError
 from acp.handler import read_text as plain_read_text
 from acp.handler import write_text as plain_write_text
 from acp.schema import (
@@ -129,15 +100,24 @@ from acp.schema import (
     SelectedPermissionOutcome,
     WriteTextFileParams,
 )
-from actors import ActorError
 from serve import threads
 from serve.events.messages import PublishEvent
+from serve.permissions.agent_approvals import (
+    AGENT_APPROVAL_USES,
+    AGENT_APPROVAL_WINDOW_MS,
+    AGENT_KIND_CAPABILITY,
+    AgentApproval,
+    AgentApprovals,
+    ToolCallLog,
+    agent_approval_from,
+    agent_effect,
+    option_of,
+    terminal_texts,
+)
 from serve.permissions.approval import (
     Decision,
     Effect,
-    classify_acp_request,
     classify_read,
-    classify_terminal,
     classify_write,
     decide,
     describe_policy,
@@ -156,12 +136,13 @@ from serve.permissions.cache import (
     cache_key,
 )
 from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
+from serve.permissions.context import EffectSession
 from serve.permissions.grants import EffectiveGrants, resolve_grants
-from serve.permissions.mediator import OpenPermission, request_decision
+from serve.permissions.host_request import EFFECT_DENIED, Outcome, ask_clients, fs_error
 from serve.permissions.modes import qwen_equivalent
-from serve.permissions.voting import PermissionOption
+from serve.permissions.terminal_guard import classify_acp_request, classify_terminal
 from serve.threads import agent_fs_limiter
-from serve.workspace import WorkspaceFsError, overwrite_text
+from serve.workspace import Workspace, WorkspaceFsError, overwrite_text
 from serve.workspace import read_text as ws_read_text
 from serve.workspace.set import WorkspaceSet
 
@@ -172,400 +153,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "AGENT_APPROVAL_USES",
-    "AGENT_APPROVAL_WINDOW_MS",
-    "EFFECT_DENIED",
-    "OPTION_ALLOW_ALWAYS",
-    "OPTION_ALLOW_ONCE",
-    "OPTION_REJECT_ONCE",
-    "AgentApproval",
-    "AgentApprovals",
-    "EffectGate",
-    "ToolCallLog",
-    "ToolCallTargets",
-    "agent_approval_from",
-    "fs_error",
-    "host_options",
-    "host_tool_call",
-    "terminal_texts",
-]
+__all__ = ["EffectGate"]
 
-#: JSON-RPC error code for an effect the Host refused (policy, a client's reject, cancel).
-EFFECT_DENIED: Final = -32003
-
-OPTION_ALLOW_ONCE: Final = "allow_once"
-OPTION_ALLOW_ALWAYS: Final = "allow_always"
-OPTION_REJECT_ONCE: Final = "reject_once"
-
-#: How long an allowed agent permission request covers the matching Host effects.
-AGENT_APPROVAL_WINDOW_MS: Final = 60_000
-#: How many Host effects one allowed agent permission request covers at most.
-AGENT_APPROVAL_USES: Final = 8
-#: Allowed agent permission requests remembered per session (oldest dropped first).
-MAX_AGENT_APPROVALS_PER_SESSION: Final = 64
-#: Sessions with remembered agent approvals (oldest dropped first).
-MAX_AGENT_APPROVAL_SESSIONS: Final = 4096
-#: Agent tool calls whose targets are remembered per session (oldest dropped first).
-MAX_TOOL_CALLS_PER_SESSION: Final = 256
-#: Paths or commands remembered per agent tool call.
-MAX_TARGETS_PER_TOOL_CALL: Final = 16
-#: Bound on handing a request to the mediator (its inbox, not the vote).
-OPEN_PERMISSION_TIMEOUT_S: Final = 10.0
 #: Bound on handing an event to the session actor (its inbox; the event is kept queued).
 PUBLISH_TIMEOUT_S: Final = 5.0
-#: A write's new text is shown in the permission request up to this many characters.
-MAX_PREVIEW_CHARS: Final = 16_384
-
-_RAW_INPUT_PATH_KEYS = ("path", "file_path", "filePath", "absolute_path", "absolutePath")
-_KIND_CAPABILITIES: Mapping[str, frozenset[str]] = {
-    "read": frozenset({"fs.read"}),
-    "edit": frozenset({"fs.write", "fs.read"}),
-    "delete": frozenset({"fs.write", "fs.read"}),
-    "move": frozenset({"fs.write", "fs.read"}),
-    "execute": frozenset({"terminal.exec"}),
-}
-_ALL_CAPABILITIES = frozenset({"fs.read", "fs.write", "terminal.exec"})
-_ALLOW_KINDS = frozenset({"allow_once", "allow_always"})
 _encoder = msgspec.json.Encoder()
-
-Outcome = Literal["allow_once", "allow_always", "rejected", "cancelled"]
 
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-# -- agent approvals (pure) -----------------------------------------------------------------
-
-
-class AgentApproval(msgspec.Struct, frozen=True):
-    """One allowed agent permission request, as the Host effects it may cover."""
-
-    tool_call_id: str
-    prompt_id: str | None
-    capabilities: frozenset[str]
-    paths: frozenset[str]  # normalised absolute paths
-    commands: frozenset[str]  # command texts
-    always: bool  # the client chose an allow_always option
-
-
-def _norm_path(path: str, cwd: str) -> str:
-    return posixpath.normpath(path if path.startswith("/") else posixpath.join(cwd, path))
-
-
-def _diff_paths(content: Any) -> list[str]:
-    """The ``path`` of each ``diff`` content block (kimi names a write's target only there)."""
-    out: list[str] = []
-    for block in content if isinstance(content, list) else ():
-        if isinstance(block, dict) and block.get("type") == "diff":
-            p = block.get("path")
-            if isinstance(p, str) and p:
-                out.append(p)
-    return out
-
-
-def agent_approval_from(
-    params: RequestPermissionParams,
-    option_id: str,
-    *,
-    cwd: str,
-    prompt_id: str | None,
-    earlier: ToolCallTargets | None = None,
-) -> AgentApproval | None:
-    """The approval an answered agent request grants, or None when it was not an allow.
-
-    ``earlier``: what the agent's own ``tool_call``/``tool_call_update`` notifications with
-    the same ``toolCallId`` named (kind, paths, commands), merged in."""
-    option = next((o for o in params.options if o.option_id == option_id), None)
-    if option is None or option.kind not in _ALLOW_KINDS:
-        return None
-    call = params.tool_call
-    kind = call.kind or (earlier.kind if earlier is not None else None)
-    caps = _KIND_CAPABILITIES.get(kind or "", _ALL_CAPABILITIES)
-    paths: set[str] = set()
-    for loc in call.locations or ():
-        p = loc.get("path") if isinstance(loc, dict) else None
-        if isinstance(p, str) and p:
-            paths.add(_norm_path(p, cwd))
-    paths.update(_norm_path(p, cwd) for p in _diff_paths(call.content))
-    commands: set[str] = set()
-    if earlier is not None:
-        paths.update(_norm_path(p, cwd) for p in earlier.paths)
-        commands.update(earlier.commands)
-    raw = call.raw_input
-    if isinstance(raw, dict):
-        for key in _RAW_INPUT_PATH_KEYS:
-            p = raw.get(key)
-            if isinstance(p, str) and p:
-                paths.add(_norm_path(p, cwd))
-        many = raw.get("paths")
-        if isinstance(many, list):
-            paths.update(_norm_path(p, cwd) for p in many if isinstance(p, str) and p)
-        for key in ("command", "cmd"):
-            c = raw.get(key)
-            if isinstance(c, str) and c.strip():
-                commands.add(c.strip())
-    return AgentApproval(
-        tool_call_id=call.tool_call_id,
-        prompt_id=prompt_id,
-        capabilities=caps,
-        paths=frozenset(paths),
-        commands=frozenset(commands),
-        always=option.kind == "allow_always",
-    )
-
-
-class ToolCallTargets(msgspec.Struct, frozen=True):
-    """What an agent's ``tool_call``/``tool_call_update`` notifications named for one id."""
-
-    kind: str | None = None
-    paths: tuple[str, ...] = ()  # as the agent spelled them
-    commands: tuple[str, ...] = ()
-
-
-class _ToolCallHead(msgspec.Struct, rename="camel"):
-    tool_call_id: str
-    kind: str | None = None
-    content: Any = None
-    locations: Any = None
-    raw_input: Any = None
-
-
-_tool_call_head = msgspec.json.Decoder(_ToolCallHead)
-
-
-class ToolCallLog:
-    """The targets of recent agent tool calls, per session incarnation (pure, bounded).
-
-    A permission request may name only the ``toolCallId`` of a tool call the agent announced
-    earlier with its locations or diff; :meth:`note` keeps, per id, the kind, the paths
-    (``locations``, ``diff`` blocks, ``rawInput`` path keys) and commands it named, so the
-    approval covers them (see "Not asking twice"). At most :data:`MAX_TOOL_CALLS_PER_SESSION`
-    ids per session (oldest dropped first), :data:`MAX_TARGETS_PER_TOOL_CALL` paths or commands
-    per id, and :data:`MAX_AGENT_APPROVAL_SESSIONS` sessions.
-    """
-
-    def __init__(
-        self,
-        *,
-        max_per_session: int = 0,
-        max_sessions: int = MAX_AGENT_APPROVAL_SESSIONS,
-    ) -> None:
-        self._max_per_session = max_per_session or MAX_TOOL_CALLS_PER_SESSION
-        self._max_sessions = max_sessions
-        self._by_session: OrderedDict[str, OrderedDict[str, ToolCallTargets]] = OrderedDict()
-
-    def note(self, session_key: str, update: bytes) -> None:
-        try:
-            head = _tool_call_head.decode(update)
-        except msgspec.DecodeError:
-            return
-        paths = _diff_paths(head.content)
-        for loc in head.locations if isinstance(head.locations, list) else ():
-            p = loc.get("path") if isinstance(loc, dict) else None
-            if isinstance(p, str) and p:
-                paths.append(p)
-        commands: list[str] = []
-        raw = head.raw_input
-        if isinstance(raw, dict):
-            paths.extend(p for k in _RAW_INPUT_PATH_KEYS if isinstance(p := raw.get(k), str) and p)
-            for key in ("command", "cmd"):
-                c = raw.get(key)
-                if isinstance(c, str) and c.strip():
-                    commands.append(c.strip())
-        calls = self._by_session.pop(session_key, None) or OrderedDict()
-        self._by_session[session_key] = calls
-        while len(self._by_session) > self._max_sessions:
-            self._by_session.popitem(last=False)
-        known = calls.pop(head.tool_call_id, None) or ToolCallTargets()
-        if not paths and not commands and head.kind is None and known == ToolCallTargets():
-            return
-        cap = MAX_TARGETS_PER_TOOL_CALL
-        calls[head.tool_call_id] = ToolCallTargets(
-            kind=head.kind or known.kind,
-            paths=tuple(dict.fromkeys([*known.paths, *paths]))[:cap],
-            commands=tuple(dict.fromkeys([*known.commands, *commands]))[:cap],
-        )
-        while len(calls) > self._max_per_session:
-            calls.popitem(last=False)
-
-    def get(self, session_key: str, tool_call_id: str) -> ToolCallTargets | None:
-        calls = self._by_session.get(session_key)
-        return calls.get(tool_call_id) if calls else None
-
-    def forget(self, session_key: str) -> None:
-        self._by_session.pop(session_key, None)
-
-    def sessions(self) -> list[str]:
-        return list(self._by_session)
-
-
-def terminal_texts(command: str, args: Sequence[str]) -> frozenset[str]:
-    """The spellings of a ``terminal/create`` an agent's ``rawInput.command`` may use."""
-    out = {command.strip(), shlex.join([command, *args]).strip()}
-    if args:
-        out.add(" ".join([command, *args]).strip())
-    if posixpath.basename(command) in ("sh", "bash", "zsh", "dash") and "-c" in args:
-        k = list(args).index("-c")
-        if k + 1 < len(args):
-            out.add(args[k + 1].strip())
-    return frozenset(t for t in out if t)
-
-
-class _Entry:
-    __slots__ = ("approval", "expires_at_ms", "uses_left")
-
-    def __init__(self, approval: AgentApproval, expires_at_ms: int, uses: int) -> None:
-        self.approval = approval
-        self.expires_at_ms = expires_at_ms
-        self.uses_left = uses
-
-
-class AgentApprovals:
-    """Recently allowed agent permission requests per session incarnation (pure, bounded).
-
-    ``match`` consumes one use of the first live entry that covers the effect and returns
-    its tool call id (see the module docstring for the rule).
-    """
-
-    def __init__(
-        self,
-        *,
-        window_ms: int = AGENT_APPROVAL_WINDOW_MS,
-        uses: int = AGENT_APPROVAL_USES,
-        max_per_session: int = MAX_AGENT_APPROVALS_PER_SESSION,
-        max_sessions: int = MAX_AGENT_APPROVAL_SESSIONS,
-    ) -> None:
-        if window_ms <= 0 or uses <= 0 or max_per_session <= 0 or max_sessions <= 0:
-            raise ValueError("AgentApprovals bounds must be positive")
-        self._window_ms = window_ms
-        self._uses = uses
-        self._max_per_session = max_per_session
-        self._max_sessions = max_sessions
-        self._by_session: OrderedDict[str, list[_Entry]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return sum(len(v) for v in self._by_session.values())
-
-    def note(self, session_key: str, approval: AgentApproval, *, now_ms: int) -> None:
-        entries = self._by_session.pop(session_key, [])
-        entries = [e for e in entries if e.expires_at_ms > now_ms]
-        entries.append(_Entry(approval, now_ms + self._window_ms, self._uses))
-        del entries[: max(0, len(entries) - self._max_per_session)]
-        self._by_session[session_key] = entries
-        while len(self._by_session) > self._max_sessions:
-            self._by_session.popitem(last=False)
-
-    def match(
-        self,
-        session_key: str,
-        prompt_id: str | None,
-        capability: str,
-        *,
-        paths: Iterable[str] = (),
-        commands: Iterable[str] = (),
-        now_ms: int,
-    ) -> str | None:
-        entries = self._by_session.get(session_key)
-        if not entries:
-            return None
-        wanted_paths = set(paths)
-        wanted_commands = set(commands)
-        for entry in entries:
-            a = entry.approval
-            if entry.expires_at_ms <= now_ms or entry.uses_left <= 0:
-                continue
-            if a.prompt_id != prompt_id or capability not in a.capabilities:
-                continue
-            if capability == "terminal.exec":
-                hit = bool(wanted_commands & a.commands)
-            else:
-                hit = bool(wanted_paths & a.paths)
-            if hit:
-                entry.uses_left -= 1
-                return a.tool_call_id
-        return None
-
-    def forget(self, session_key: str) -> None:
-        self._by_session.pop(session_key, None)
-
-    def sessions(self) -> list[str]:
-        return list(self._by_session)
-
-
-# -- the synthetic permission request (pure) -----------------------------------------------
-
-_KIND_OF = {"fs.read": "read", "fs.write": "edit", "terminal.exec": "execute"}
-_VERB_OF = {"fs.read": "Read", "fs.write": "Write", "terminal.exec": "Run"}
-
-
-def host_tool_call(
-    effect: Effect,
-    decision: Decision,
-    *,
-    cwd: str | None = None,
-    content: str | None = None,
-    tool_call_id: str | None = None,
-) -> dict[str, Any]:
-    """The ``toolCall`` of a Host permission request describing ``effect``."""
-    target = effect.target or ""
-    call: dict[str, Any] = {
-        "toolCallId": tool_call_id or f"host_{uuid.uuid4().hex}",
-        "title": f"{_VERB_OF.get(effect.capability, effect.capability)} {target}".strip(),
-        "kind": _KIND_OF.get(effect.capability, "other"),
-        "status": "pending",
-    }
-    if effect.capability == "terminal.exec":
-        raw: dict[str, Any] = {"command": target}
-        if cwd is not None:
-            raw["cwd"] = cwd
-        call["rawInput"] = raw
-    else:
-        call["locations"] = [{"path": target}]
-        raw = {"path": target}
-        if content is not None:
-            raw["bytes"] = len(content.encode("utf-8", "surrogatepass"))
-            if len(content) <= MAX_PREVIEW_CHARS:
-                call["content"] = [{"type": "diff", "path": target, "newText": content}]
-        call["rawInput"] = raw
-    call["_meta"] = {
-        "qwen.daemon.effect": {
-            "source": "host",
-            "capability": effect.capability,
-            "risk": effect.risk,
-            "rule": decision.rule,
-            "reason": decision.reason,
-            "inWorkspace": effect.in_workspace,
-        }
-    }
-    return call
-
-
-def host_options(*, offer_always: bool) -> list[dict[str, str]]:
-    """The options of a Host permission request (``allow_always`` only when cacheable)."""
-    opts = [{"optionId": OPTION_ALLOW_ONCE, "name": "Allow once", "kind": "allow_once"}]
-    if offer_always:
-        opts.append(
-            {"optionId": OPTION_ALLOW_ALWAYS, "name": "Always allow", "kind": "allow_always"}
-        )
-    opts.append({"optionId": OPTION_REJECT_ONCE, "name": "Reject", "kind": "reject_once"})
-    return opts
-
-
-def fs_error(err: WorkspaceFsError, path: str) -> HandlerError:
-    """Map a workspace boundary error to the agent's JSON-RPC error."""
-    data: dict[str, Any] = {"path": path, "errorKind": err.kind}
-    if err.hint:
-        data["hint"] = err.hint
-    if err.kind == "path_not_found":
-        return HandlerError(RESOURCE_NOT_FOUND, "Resource not found", data)
-    if err.kind in ("path_outside_workspace", "symlink_escape", "untrusted_workspace"):
-        data["reason"] = err.message
-        return HandlerError(EFFECT_DENIED, err.message, data)
-    if err.kind in ("parse_error", "binary_file", "file_too_large"):
-        return HandlerError(INVALID_PARAMS, err.message, data)
-    return HandlerError(INTERNAL_ERROR, err.message, data)
 
 
 # -- the gate -------------------------------------------------------------------------------
@@ -595,7 +191,7 @@ class EffectGate:
         *,
         settings: Settings,
         mediator: PermissionMediator,
-        live_sessions: Callable[[], Sequence[Any]] = tuple,
+        live_sessions: Callable[[], Sequence[EffectSession]] = tuple,
         clock_ms: Callable[[], int] = _wall_ms,
         agent_approvals: AgentApprovals | None = None,
         cache: ApprovalCache | None = None,
@@ -612,7 +208,7 @@ class EffectGate:
         self.agent_approvals = agent_approvals or AgentApprovals()
         self.tool_calls = ToolCallLog()
         self._inflight: InflightTable[DecisionKey, _Shared] = InflightTable()
-        self._tokens: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._tokens: weakref.WeakKeyDictionary[EffectSession, str] = weakref.WeakKeyDictionary()
         self._cached_sessions: set[str] = set()
         self.counters: dict[str, int] = {
             "auto": 0,
@@ -626,7 +222,7 @@ class EffectGate:
 
     # ---- per-session policy ------------------------------------------------------------
 
-    def session_key(self, session: Any) -> str:
+    def session_key(self, session: EffectSession) -> str:
         """The session incarnation's token (a session replaced under its id gets a new one)."""
         key = self._tokens.get(session)
         if key is None:
@@ -635,19 +231,15 @@ class EffectGate:
         return key
 
     @staticmethod
-    def agent_name(session: Any) -> str | None:
-        conn = getattr(session, "conn", None)
-        info = getattr(conn, "info", None)
-        agent_info = getattr(info, "agent_info", None)
-        name = getattr(agent_info, "name", None)
-        return name if isinstance(name, str) and name else None
+    def agent_name(session: EffectSession) -> str | None:
+        return session.agent_name
 
     @staticmethod
-    def approval_mode(session: Any) -> ApprovalMode:
-        mode = qwen_equivalent(getattr(session, "current_mode", None))  # acceptEdits → auto-edit
+    def approval_mode(session: EffectSession) -> ApprovalMode:
+        mode = qwen_equivalent(session.current_mode)  # acceptEdits → auto-edit
         return mode if mode in APPROVAL_MODES else "default"
 
-    def grants_for(self, session: Any) -> EffectiveGrants:
+    def grants_for(self, session: EffectSession) -> EffectiveGrants:
         return resolve_grants(
             self.config.capabilities,
             agent=self.agent_name(session),
@@ -657,7 +249,7 @@ class EffectGate:
     def _workspace_trusted(self, root: str) -> bool:
         return root not in self._settings.untrusted_workspaces
 
-    def _workspace(self, session: Any) -> Any:
+    def _workspace(self, session: EffectSession) -> Workspace:
         try:
             return self._workspaces.get(
                 session.workspace, trusted=self._workspace_trusted(session.workspace)
@@ -667,7 +259,7 @@ class EffectGate:
 
     # ---- the ClientHandler entry points ------------------------------------------------
 
-    async def read_text_file(self, session: Any, params: ReadTextFileParams) -> str:
+    async def read_text_file(self, session: EffectSession, params: ReadTextFileParams) -> str:
         path = _absolute(params.path)
         real = await threads.run_sync(agent_fs_limiter(), os.path.realpath, path)
         ws = self._workspace(session)
@@ -688,7 +280,7 @@ class EffectGate:
             agent_fs_limiter(), plain_read_text, real, params.line, params.limit
         )
 
-    async def write_text_file(self, session: Any, params: WriteTextFileParams) -> None:
+    async def write_text_file(self, session: EffectSession, params: WriteTextFileParams) -> None:
         path = _absolute(params.path)
         real = await threads.run_sync(agent_fs_limiter(), os.path.realpath, path)
         ws = self._workspace(session)
@@ -706,7 +298,7 @@ class EffectGate:
             return
         await threads.run_sync(agent_fs_limiter(), plain_write_text, real, params.content)
 
-    async def check_terminal(self, session: Any, params: CreateTerminalParams) -> None:
+    async def check_terminal(self, session: EffectSession, params: CreateTerminalParams) -> None:
         """Admit a ``terminal/create`` (raises :class:`HandlerError` to refuse)."""
         ws = self._workspace(session)
         cwd = params.cwd
@@ -733,17 +325,17 @@ class EffectGate:
 
     # ---- agent approvals (the session actor's hook) ------------------------------------
 
-    def note_tool_call(self, session: Any, update: bytes | msgspec.Raw) -> None:
+    def note_tool_call(self, session: EffectSession, update: bytes | msgspec.Raw) -> None:
         """The agent announced or updated a tool call: remember what it targets by id."""
         self.tool_calls.note(self.session_key(session), bytes(update))
 
     def note_agent_permission(
-        self, session: Any, params: RequestPermissionParams, outcome: PermissionOutcome
+        self, session: EffectSession, params: RequestPermissionParams, outcome: PermissionOutcome
     ) -> None:
         """A client answered the agent's own permission request; remember an allow."""
         if not isinstance(outcome, SelectedPermissionOutcome):
             return
-        active = getattr(session, "active", None)
+        active = session.active
         prompt_id = active.prompt_id if active is not None else None
         skey = self.session_key(session)
         try:
@@ -764,7 +356,7 @@ class EffectGate:
             self._seed_cache_from_agent(session, skey, approval, now)
 
     def _seed_cache_from_agent(
-        self, session: Any, skey: str, approval: AgentApproval, now: int
+        self, session: EffectSession, skey: str, approval: AgentApproval, now: int
     ) -> None:
         principal = _originator(session)
         if principal is None:
@@ -796,7 +388,7 @@ class EffectGate:
 
     async def _admit(
         self,
-        session: Any,
+        session: EffectSession,
         effect: Effect,
         *,
         paths: Iterable[str] = (),
@@ -818,7 +410,7 @@ class EffectGate:
         now = self._clock()
         self._sweep(now)
         skey = self.session_key(session)
-        active = getattr(session, "active", None)
+        active = session.active
         prompt_id = active.prompt_id if active is not None else None
         if (
             self.agent_approvals.match(
@@ -861,7 +453,7 @@ class EffectGate:
 
     async def _shared_decision(
         self,
-        session: Any,
+        session: EffectSession,
         dkey: DecisionKey,
         effect: Effect,
         decision: Decision,
@@ -898,7 +490,7 @@ class EffectGate:
 
     async def _ask_clients(
         self,
-        session: Any,
+        session: EffectSession,
         effect: Effect,
         decision: Decision,
         key: CacheKey | None,
@@ -907,41 +499,23 @@ class EffectGate:
         cwd: str | None,
     ) -> Outcome:
         self.counters["prompted"] += 1
-        tool_call = host_tool_call(effect, decision, cwd=cwd, content=content)
-        options = host_options(offer_always=key is not None)
-        active = getattr(session, "active", None)
-        mediator = self._mediator
-        msg = OpenPermission(
-            session_id=session.session_id,
-            session=session,
-            tool_call=msgspec.Raw(_encoder.encode(tool_call)),
-            options=msgspec.Raw(_encoder.encode(options)),
-            option_list=tuple(
-                PermissionOption(option_id=o["optionId"], kind=o["kind"], name=o["name"])
-                for o in options
-            ),
-            prompt_id=active.prompt_id if active is not None else None,
-            originator=active.client_id if active is not None else None,
-            session_clients=frozenset(getattr(session, "clients", ())),
+        outcome = await ask_clients(
+            self._mediator,
+            session,
+            effect,
+            decision,
+            offer_always=key is not None,
+            content=content,
+            cwd=cwd,
         )
-        try:  # withdrawn (our caller cancelled: the agent withdrew its request) at once
-            response = await request_decision(mediator, msg, timeout_s=OPEN_PERMISSION_TIMEOUT_S)
-        except ActorError:
-            log.warning("permission mediator unavailable: refusing %s", effect.capability)
-            return "cancelled"
-        outcome = response.get("outcome") or {}
-        if outcome.get("outcome") != "selected":
-            return "cancelled"
-        option = outcome.get("optionId")
-        if option == OPTION_ALLOW_ALWAYS:
+        if outcome == "allow_always":
             if self.cache.remember(key, now_ms=self._clock()) and key is not None:
                 self._cached_sessions.add(key.session_id)
-            return "allow_always"
-        if option == OPTION_ALLOW_ONCE:
-            return "allow_once"
-        return "rejected"
+        return outcome
 
-    async def _refuse(self, session: Any, effect: Effect, rule: str, reason: str) -> NoReturn:
+    async def _refuse(
+        self, session: EffectSession, effect: Effect, rule: str, reason: str
+    ) -> NoReturn:
         target = effect.target or ""
         await self._announce_denied(session, effect, rule, reason)
         raise HandlerError(
@@ -950,11 +524,13 @@ class EffectGate:
             {"reason": reason, "capability": effect.capability, "rule": rule, "target": target},
         )
 
-    async def _announce_denied(self, session: Any, effect: Effect, rule: str, reason: str) -> None:
+    async def _announce_denied(
+        self, session: EffectSession, effect: Effect, rule: str, reason: str
+    ) -> None:
         """``effect_denied`` on the session's log, written by the session actor: we run in
         its agent-request task, so we wait (bounded) until it is in the log and the agent's
         next updates come after it."""
-        active = getattr(session, "active", None)
+        active = session.active
         event = PublishEvent(
             "effect_denied",
             {
@@ -969,14 +545,14 @@ class EffectGate:
             originator=active.client_id if active is not None else None,
         )
         try:
-            await session.ask(event, timeout_s=PUBLISH_TIMEOUT_S)
+            await session.publish_event(event, timeout_s=PUBLISH_TIMEOUT_S)
         except Exception as exc:  # gone, closing or wedged: the agent is refused anyway
             log.warning("effect_denied not published on session %s: %r", session.session_id, exc)
 
     # ---- the agent's own permission requests (approval policy first) -------------------
 
     async def screen_agent_permission(
-        self, session: Any, params: RequestPermissionParams
+        self, session: EffectSession, params: RequestPermissionParams
     ) -> PermissionOutcome | None:
         """Apply the approval policy to the agent's own ``session/request_permission``
         before anyone is asked (issue 16.15).
@@ -1001,12 +577,12 @@ class EffectGate:
         if decision.verdict == "deny":
             self.counters["denied"] += 1
             await self._announce_denied(session, effect, decision.rule, decision.reason)
-            option = _option_of(params, ("reject_once", "reject_always"))
+            option = option_of(params, ("reject_once", "reject_always"))
             if option is None:
                 return CancelledPermissionOutcome()
             return SelectedPermissionOutcome(option_id=option)
         if decision.verdict == "auto":
-            option = _option_of(params, ("allow_once", "allow_always"))
+            option = option_of(params, ("allow_once", "allow_always"))
             if option is None:
                 return None
             self.counters["auto"] += 1
@@ -1015,41 +591,20 @@ class EffectGate:
             return selected
         return None
 
-    async def _agent_effect(self, session: Any, params: RequestPermissionParams) -> Effect | None:
+    async def _agent_effect(
+        self, session: EffectSession, params: RequestPermissionParams
+    ) -> Effect | None:
         call = params.tool_call
         # What the agent's earlier tool_call with this id named fills in the request's gaps.
         earlier = self.tool_calls.get(self.session_key(session), call.tool_call_id)
         kind = call.kind or (earlier.kind if earlier is not None else None)
-        capability = _AGENT_KIND_CAPABILITY.get(kind or "")
-        if capability is None:
+        if AGENT_KIND_CAPABILITY.get(kind or "") is None:
             return None
         try:
             root = self._workspace(session).root
         except HandlerError:
             return None
-        raw = call.raw_input if isinstance(call.raw_input, dict) else {}
-        if capability == "terminal.exec":
-            command = raw.get("command")
-            if not isinstance(command, str) and earlier is not None and earlier.commands:
-                command = earlier.commands[0]
-            if not isinstance(command, str) or not command.strip():
-                return None
-            cwd = raw.get("cwd")
-            return classify_terminal(
-                command,
-                cwd=cwd if isinstance(cwd, str) and cwd.startswith("/") else None,
-                workspace_roots=[root],
-            )
-        path = _tool_call_path(call, raw)
-        if not path and earlier is not None and earlier.paths:
-            path = earlier.paths[0]
-        if not path:
-            return None  # no path to classify: the clients are asked (not a write to "")
-        absolute = _norm_path(path, session.workspace)
-        real = await threads.run_sync(agent_fs_limiter(), os.path.realpath, absolute)
-        if capability == "fs.read":
-            return classify_read(real, [root])
-        return classify_write(real, [root])
+        return await agent_effect(call, earlier, root=root, cwd=session.workspace)
 
     def _sweep(self, now: int) -> None:
         """Drop cache entries and agent approvals of sessions that are no longer live."""
@@ -1065,7 +620,7 @@ class EffectGate:
             if skey not in live:
                 self.tool_calls.forget(skey)
 
-    def _live_sessions(self) -> list[Any]:
+    def _live_sessions(self) -> list[EffectSession]:
         return list(self._live())
 
     @property
@@ -1129,41 +684,8 @@ class EffectGate:
         }
 
 
-_AGENT_KIND_CAPABILITY: Mapping[str, str] = {
-    "read": "fs.read",
-    "edit": "fs.write",
-    "delete": "fs.write",
-    "move": "fs.write",
-    "execute": "terminal.exec",
-}
-
-
-def _option_of(params: RequestPermissionParams, kinds: Sequence[str]) -> str | None:
-    """The first offered option of the first of ``kinds`` that is offered."""
-    for kind in kinds:
-        for option in params.options:
-            if option.kind == kind:
-                return option.option_id
-    return None
-
-
-def _tool_call_path(call: Any, raw: Mapping[str, Any]) -> str | None:
-    for loc in call.locations or ():
-        p = loc.get("path") if isinstance(loc, dict) else getattr(loc, "path", None)
-        if isinstance(p, str) and p:
-            return p
-    diffs = _diff_paths(call.content)  # kimi names a write's target only in its diff
-    if diffs:
-        return diffs[0]
-    for key in _RAW_INPUT_PATH_KEYS:
-        p = raw.get(key)
-        if isinstance(p, str) and p:
-            return p
-    return None
-
-
-def _originator(session: Any) -> str | None:
-    active = getattr(session, "active", None)
+def _originator(session: EffectSession) -> str | None:
+    active = session.active
     cid = active.client_id if active is not None else None
     return cid if isinstance(cid, str) and cid else None
 

@@ -111,7 +111,7 @@ class Waiter(Reply[dict[str, Any]]):
 
 class OpenPermission(msgspec.Struct, frozen=True):
     session_id: str
-    session: Any  # the session actor (receives PublishEvent); messages within one process
+    session: object  # the session actor (receives PublishEvent); messages within one process
     tool_call: msgspec.Raw
     options: msgspec.Raw
     option_list: tuple[PermissionOption, ...]
@@ -133,7 +133,7 @@ class OpenElicitation(msgspec.Struct, frozen=True):
     """An agent's ``elicitation/create`` (validated): held and voted like a permission."""
 
     session_id: str
-    session: Any
+    session: object  # as OpenPermission's
     spec: elicitation.Spec
     prompt_id: str | None
     originator: str | None
@@ -203,7 +203,7 @@ class PermissionMediator(Actor[MediatorMsg]):
         self.response_timeout_ms = response_timeout_ms
         self.state = self._fresh()
         self._waiters: dict[str, Waiter] = {}
-        self._sessions: dict[str, Any] = {}  # session id -> its actor (PublishEvent)
+        self._sessions: dict[str, Actor[Any]] = {}  # session id -> its actor (PublishEvent)
         self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
         #: Open elicitations (a subset of the state's pending requests), by request id, and
         #: the last resolved ones (as many as the state remembers resolved requests).
@@ -260,7 +260,7 @@ class PermissionMediator(Actor[MediatorMsg]):
 
     # ---- handling ----------------------------------------------------------------------
 
-    async def handle(self, msg: MediatorMsg) -> Any:
+    async def handle(self, msg: MediatorMsg) -> object:
         match msg:
             case OpenPermission():
                 return self._open(msg)
@@ -344,7 +344,8 @@ class PermissionMediator(Actor[MediatorMsg]):
             log.warning("%s request refused: %s", what, opened.reason)
             waiter.set(refused)
             return waiter, False
-        self._sessions[msg.session_id] = msg.session
+        if isinstance(msg.session, Actor):
+            self._sessions[msg.session_id] = msg.session
         self._waiters[request_id] = waiter
         self._rearm.set()
         return waiter, True
@@ -363,8 +364,8 @@ class PermissionMediator(Actor[MediatorMsg]):
                     bytes(msg.options),
                 )
             )
-            self.outbox.post(
-                msg.session,
+            self._post(
+                msg.session_id,
                 PublishEvent(
                     "permission_request", data, prompt_id=msg.prompt_id, originator=msg.originator
                 ),
@@ -381,8 +382,8 @@ class PermissionMediator(Actor[MediatorMsg]):
         )
         if pending:
             self._elicitations[waiter.request_id] = elicitation.Pending(msg.spec)
-            self.outbox.post(
-                msg.session,
+            self._post(
+                msg.session_id,
                 PublishEvent(
                     "elicitation_request",
                     msg.spec.event_data(waiter.request_id),
@@ -428,6 +429,11 @@ class PermissionMediator(Actor[MediatorMsg]):
             pending.contents.setdefault(outcome.option_id, answer.content)
         self._apply(result)
         return elicitation.http_response(result)
+
+    def _post(self, session_id: str, event: PublishEvent) -> None:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            self.outbox.post(session, event)
 
     def _publish(self, session_id: str, events: tuple[PermissionEvent, ...]) -> Reply[Any] | None:
         """Post ``events`` to the session in order; the last one's delivery Reply."""

@@ -27,38 +27,31 @@ the lease forgets the connection at once (``conn`` None: no pid shown, no cancel
 child the session left), and :meth:`~AgentLink.wait_exit` then returns None instead of
 waiting for that child's exit.
 
-:class:`JournalLink` is the session's durable journal: open a writer (fresh or appending),
-rebuild an :class:`~serve.events.EventLog` from a journal after a daemon restart, close.
-``--no-journal`` or an I/O error: the session runs without one.
+:class:`~serve.sessions.journal_link.JournalLink` (its own module) is the session's
+durable journal.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import msgspec
 import trio
 
 from acp.client import AgentConnection
 from acp.errors import AcpError, RemoteError
 from acp.handler import ClientHandler
 from acp.process import ExitInfo, scrub_env
-from acp.schema import ClientCapabilities, FileSystemCapability, SessionSetup
-from actors import RestartWindow
-from serve.events import EventLog
-from serve.isolation import ChildLimits, Isolation, OomReport, sandbox
-from serve.journal import (
-    Journal,
-    JournalError,
-    JournalMeta,
-    JournalNotFound,
-    Replay,
-    SessionJournal,
+from acp.schema import (
+    ClientCapabilities,
+    FileSystemCapability,
+    InitializeResult,
+    SessionSetup,
 )
+from actors import RestartWindow
+from serve.isolation import ChildLimits, Isolation, OomReport, sandbox
 from serve.permissions.elicitation import CLIENT_CAPABILITY as ELICITATION_CAPABILITY
 from serve.sessions.errors import NotSupportedByAgent
 
@@ -296,20 +289,24 @@ class SpawnAgentSource:
 # ---- the link -----------------------------------------------------------------------------
 
 
-class LinkOwner(Protocol):
-    """What the link needs from the session it serves (the session actor)."""
+class LinkHandler(ClientHandler, Protocol):
+    """The session's handler of the connection (serve/sessions/agent_side.py)."""
 
     #: True while the agent replays history the session's log already holds.
     drop_updates: bool
 
-    async def mcp_servers(self, info: Any) -> list[Any]: ...
+
+class LinkOwner(Protocol):
+    """What the link needs from the session it serves (the session actor)."""
+
+    async def mcp_servers(self, info: InitializeResult | None) -> list[dict[str, Any]]: ...
 
     async def adopt_session_id(self, session_id: str) -> None: ...
 
     async def restore_history(self) -> bool: ...
 
 
-def can_resume(info: Any) -> bool:
+def can_resume(info: object) -> bool:
     return info is not None and bool(getattr(info, "supports_resume", False))
 
 
@@ -319,7 +316,7 @@ class AgentLink:
         source: AgentSource,
         *,
         workspace: str,
-        handler: ClientHandler,
+        handler: LinkHandler,
         owner: LinkOwner,
         init_timeout_s: float,
         restore_timeout_s: float,
@@ -357,6 +354,13 @@ class AgentLink:
         """Whether the bound agent advertises ``sessionCapabilities.fork`` (None: none bound)."""
         info = self.conn.info if self.connected and self.conn is not None else None
         return None if info is None else info.supports_fork
+
+    @property
+    def agent_name(self) -> str | None:
+        """The agent's ``agentInfo.name`` (grants by agent), None before ``initialize``."""
+        info = self.conn.info if self.conn is not None else None
+        name = info.agent_info.name if info is not None and info.agent_info is not None else None
+        return name if isinstance(name, str) and name else None
 
     @property
     def child_id(self) -> str | None:
@@ -450,7 +454,7 @@ class AgentLink:
             restored = await self.owner.restore_history() if action == "load" else False
             # After a restart, or when the journal already holds the history, the agent's
             # replay of it would duplicate events: drop it.
-            self.owner.drop_updates = action == "restart" or restored
+            self.handler.drop_updates = action == "restart" or restored
             try:
                 return await conn.load_session(
                     session_id,
@@ -460,7 +464,7 @@ class AgentLink:
                     additional_directories=dirs,
                 )
             finally:
-                self.owner.drop_updates = False
+                self.handler.drop_updates = False
         if action == "resume":
             await self.owner.restore_history()
         return await conn.resume_session(
@@ -568,129 +572,15 @@ class AgentLink:
             await self.conn.aclose(grace_s=0.0)
 
 
-# ---- the journal --------------------------------------------------------------------------
-
-
-def log_from_replay(
-    session_id: str, replay: Replay, ring_size: int, ring_bytes: int, *, epoch: str | None = None
-) -> EventLog:
-    """An EventLog rebuilt from a journal's replay (same ids; the same epoch when the
-    journal was closed cleanly, else ``epoch``, else a new one)."""
-    epoch = replay.meta.epoch if replay.clean else epoch
-    first = replay.records[0].event_id if replay.records else replay.next_id
-    restored = EventLog(
-        session_id, ring_size=ring_size, ring_bytes=ring_bytes, epoch=epoch, next_id=first
-    )
-    for event_id, _type, frame in replay:
-        restored.restore(event_id, frame)
-    return restored
-
-
-class JournalLink:
-    """One session's journal writer (``journal`` None: ``--no-journal``)."""
-
-    def __init__(self, journal: Journal | None) -> None:
-        self.journal = journal
-        self.writer: SessionJournal | None = None
-        #: The meta's free-form attributes (serve/sessions/journal_load.py), kept when the
-        #: journal is opened again.
-        self.attrs: dict[str, str] = {}
-        self._kept: tuple[EventLog, bool] | None = None
-
-    async def open(
-        self,
-        nursery: trio.Nursery,
-        log_: EventLog,
-        *,
-        workspace: str,
-        origin: Literal["new", "load", "resume"],
-        fresh: bool,
-    ) -> None:
-        """Journal ``log_``'s events (an I/O error: the session runs without a journal)."""
-        if self.journal is None or self.writer is not None:
-            return
-        meta = JournalMeta(
-            session_id=log_.session_id,
-            epoch=log_.epoch,
-            workspace=workspace,
-            acp_session_id=log_.session_id,
-            origin=origin,
-            created_at_ms=int(time.time() * 1000),
-            attrs=dict(self.attrs),
-        )
-        try:
-            writer = await self.journal.open_writer(meta, fresh=fresh)
-        except JournalError as exc:
-            log.warning("session %s runs without a journal: %s", log_.session_id, exc)
-            return
-        await self.adopt(nursery, log_, writer)
-
-    async def adopt(self, nursery: trio.Nursery, log_: EventLog, writer: SessionJournal) -> None:
-        """Journal ``log_``'s events with ``writer`` (opened by the caller: a reopen)."""
-        self.writer = writer
-        self.attrs = dict(writer.meta.attrs)
-        log_.sink = writer.sink
-        await nursery.start(writer.run)
-
-    async def restore(
-        self, session_id: str, ring_size: int, ring_bytes: int
-    ) -> tuple[EventLog, bool] | None:
-        """The log rebuilt from the journal (same ids; the same epoch when it was closed
-        cleanly) and whether it held records; None when there is none to read. A read
-        already made for this open (:meth:`keep`) is used instead of a second one."""
-        kept, self._kept = self._kept, None
-        if kept is not None:
-            return kept
-        if self.journal is None:
-            return None
-        try:
-            replay = await self.journal.read(session_id, tail=ring_size)
-        except JournalNotFound:
-            return None
-        except JournalError as exc:
-            log.warning("journal of session %s unreadable: %s", session_id, exc)
-            return None
-        self.attrs = dict(replay.meta.attrs)
-        return log_from_replay(session_id, replay, ring_size, ring_bytes), bool(replay.records)
-
-    def keep(self, restored: EventLog, had_records: bool) -> None:
-        """A journal read made before the agent was asked, for :meth:`restore` to use."""
-        self._kept = (restored, had_records)
-
-    async def remember(self, attrs: dict[str, str]) -> None:
-        """Keep ``attrs`` in the journal's meta (written only when they changed)."""
-        merged = {**self.attrs, **attrs}
-        if merged == self.attrs:
-            return
-        self.attrs = merged
-        writer = self.writer
-        if writer is None or writer.closed:
-            return
-        try:
-            await writer.update_meta(msgspec.structs.replace(writer.meta, attrs=merged))
-        except JournalError as exc:
-            log.warning("session %s: journal meta not updated: %s", writer.session_id, exc)
-
-    async def aclose(self, timeout_s: float = 5.0) -> None:
-        if self.writer is not None:
-            with trio.CancelScope(shield=True), trio.move_on_after(timeout_s):
-                await self.writer.aclose()
-
-    def statistics(self) -> dict[str, Any] | None:
-        return self.writer.statistics() if self.writer is not None else None
-
-
 __all__ = [
     "AgentLease",
     "AgentLink",
     "AgentSource",
-    "JournalLink",
     "LinkOwner",
     "OwnAgent",
     "SpawnAgentSource",
     "agent_env",
     "can_resume",
-    "log_from_replay",
     "oom_report",
     "spawn_limited",
 ]

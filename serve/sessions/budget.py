@@ -65,7 +65,7 @@ class Signal(msgspec.Struct, frozen=True):
     limit: float
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
     return value
@@ -109,7 +109,7 @@ class BudgetMeter:
         self.turn_estimate = 0
         self._turn_base = self.context_used
 
-    def on_usage_update(self, update: Any) -> list[Signal]:
+    def on_usage_update(self, update: object) -> list[Signal]:
         """A ``usage_update`` session update (decoded JSON object)."""
         if not isinstance(update, dict):
             return []
@@ -140,7 +140,7 @@ class BudgetMeter:
                 self.cost_currency = currency
         return self.check()
 
-    def turn_ended(self, usage: Any) -> list[Signal]:
+    def turn_ended(self, usage: object) -> list[Signal]:
         """The prompt response's ``usage`` (decoded JSON, or None when absent)."""
         total = _int(usage.get("totalTokens")) if isinstance(usage, dict) else None
         if total is not None:

@@ -26,7 +26,7 @@ callers route them there.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -35,20 +35,21 @@ from actors import Reply
 from serve.sessions.errors import AgentRefusedError, SessionRequestError
 from serve.sessions.messages import SetConfigOption
 
-#: The SessionActor (typed loosely: it imports this module).
-SessionActor = Any
+if TYPE_CHECKING:
+    from acp.schema import SessionConfigOption
+    from serve.sessions.core import SessionCore
 
 
-def _options(session: SessionActor) -> list[Any]:
+def _options(session: SessionCore) -> list[SessionConfigOption]:
     conn = session.link.conn
     live = conn.config_options(session.session_id) if conn is not None else None
     if live is not None:
         return list(live)
     setup = session.setup
-    return list(getattr(setup, "config_options", None) or ())
+    return list(setup.config_options or ()) if setup is not None else []
 
 
-def check(session: SessionActor, msg: SetConfigOption) -> None:
+def check(session: SessionCore, msg: SetConfigOption) -> None:
     """Refuse (before anything is sent) what the agent's advertised options cannot take."""
     options = _options(session)
     option = next((o for o in options if o.id == msg.config_id), None)
@@ -84,19 +85,20 @@ def check(session: SessionActor, msg: SetConfigOption) -> None:
         )
 
 
-def start(session: SessionActor, msg: SetConfigOption) -> Reply[Any]:
+def start(session: SessionCore, msg: SetConfigOption) -> Reply[list[object]]:
     """The inbox's part: check, then run the switch (see the module docstring)."""
     check(session, msg)
-    reply: Reply[Any] = session.calls.start_switch(
+    return session.calls.start_switch(
         "config option change",
         msg.timeout_s,
-        functools.partial(session._bound_then, "config", functools.partial(_apply, session), msg),
-        connected=lambda: session.link.connected or session.agent_released,
+        functools.partial(
+            session.binding.bound_then, "config", functools.partial(_apply, session), msg
+        ),
+        connected=lambda: session.link.connected or session.binding.released,
     )
-    return reply
 
 
-async def _apply(session: SessionActor, msg: SetConfigOption, timeout_s: float) -> list[Any]:
+async def _apply(session: SessionCore, msg: SetConfigOption, timeout_s: float) -> list[object]:
     conn = session.link.conn
     assert conn is not None
     try:
@@ -110,7 +112,7 @@ async def _apply(session: SessionActor, msg: SetConfigOption, timeout_s: float) 
             "config_option_failed",
             configId=msg.config_id,
         ) from None
-    listed = [msgspec.to_builtins(o) for o in options or _options(session)]
+    listed: list[object] = [msgspec.to_builtins(o) for o in options or _options(session)]
     session.log.publish(
         "session_update",
         {

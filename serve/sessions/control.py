@@ -22,8 +22,9 @@ When the session closes, its nursery is cancelled: every unanswered reply fails 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
+import msgspec
 import trio
 
 from actors import Reply
@@ -34,6 +35,14 @@ from serve.sessions.messages import (
     SessionBusy,
     SessionGone,
 )
+
+
+class VendorConn(Protocol):
+    """What a vendor call talks to: the agent connection, or one that binds an agent first."""
+
+    async def request(
+        self, method: str, params: dict[str, Any], timeout_s: float | None
+    ) -> msgspec.Raw: ...
 
 
 class AgentCalls:
@@ -48,34 +57,34 @@ class AgentCalls:
     def _gone(self) -> SessionGone:
         return SessionGone(self._session_id())
 
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    def spawn[*Ts](self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None:
         if self.nursery is None:
             raise self._gone()
         self.nursery.start_soon(fn, *args)
 
     # ---- switches ----------------------------------------------------------------------
 
-    def start_switch(
+    def start_switch[R](
         self,
         what: str,
         timeout_s: float,
-        fn: Callable[[float], Awaitable[Any]],
+        fn: Callable[[float], Awaitable[R]],
         *,
         connected: Callable[[], bool],
-    ) -> Reply[Any]:
+    ) -> Reply[R]:
         """Run ``fn(remaining_s)`` after earlier switches, within ``timeout_s`` in all."""
-        reply: Reply[Any] = Reply()
+        reply: Reply[R] = Reply()
         deadline = trio.current_time() + timeout_s
         self.spawn(self._run_switch, reply, deadline, what, timeout_s, fn, connected)
         return reply
 
-    async def _run_switch(
+    async def _run_switch[R](
         self,
-        reply: Reply[Any],
+        reply: Reply[R],
         deadline: float,
         what: str,
         timeout_s: float,
-        fn: Callable[[float], Awaitable[Any]],
+        fn: Callable[[float], Awaitable[R]],
         connected: Callable[[], bool],
     ) -> None:
         try:
@@ -101,7 +110,7 @@ class AgentCalls:
 
     # ---- vendor calls ------------------------------------------------------------------
 
-    def start_vendor(self, msg: AgentCall, conn: Any, *, busy: bool) -> Reply[bytes]:
+    def start_vendor(self, msg: AgentCall, conn: VendorConn, *, busy: bool) -> Reply[bytes]:
         """Call ``msg.method`` on ``conn``; ``busy``: a prompt runs or waits."""
         if msg.exclusive is not None:
             if busy or self.exclusive is not None:
@@ -116,7 +125,7 @@ class AgentCalls:
             raise
         return reply
 
-    async def _run_vendor(self, msg: AgentCall, conn: Any, reply: Reply[bytes]) -> None:
+    async def _run_vendor(self, msg: AgentCall, conn: VendorConn, reply: Reply[bytes]) -> None:
         try:
             params = {"sessionId": self._session_id(), **msg.params}
             reply.set(bytes(await conn.request(msg.method, params, msg.timeout_s)))

@@ -18,7 +18,7 @@ unknown id is dropped, as ACP asks of clients.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -26,6 +26,12 @@ from acp.errors import INVALID_PARAMS, HandlerError
 from actors import ActorError
 from serve.permissions import elicitation
 from serve.permissions.mediator import OpenElicitation, request_decision
+
+if TYPE_CHECKING:
+    from serve.events import EventLog
+    from serve.permissions.mediator import PermissionMediator
+    from serve.sessions.clients import ClientTable
+    from serve.sessions.prompt_queue import PromptQueue
 
 METHOD = "elicitation/create"
 COMPLETE = "elicitation/complete"
@@ -39,14 +45,15 @@ class Side(Protocol):
 
     session_id: str
     closing: bool
-    prompts: Any
-    mediator: Any
-    clients: Any
-    log: Any
-    _elicitation_url_ids: OrderedDict[str, None]
+    prompts: PromptQueue
+    mediator: PermissionMediator
+    clients: ClientTable
+    log: EventLog
 
 
-async def broker(side: Side, params: msgspec.Raw) -> dict[str, Any]:
+async def broker(
+    side: Side, url_ids: OrderedDict[str, None], params: msgspec.Raw
+) -> dict[str, Any]:
     """Answer one ``elicitation/create`` of the agent (see the module docstring)."""
     try:
         decoded = msgspec.json.decode(bytes(params)) if params else None
@@ -58,7 +65,7 @@ async def broker(side: Side, params: msgspec.Raw) -> dict[str, Any]:
     if spec.session_id is None or spec.session_id != side.session_id or side.closing:
         return dict(CANCEL)
     if spec.mode == "url" and spec.elicitation_id is not None:
-        ids = side._elicitation_url_ids
+        ids = url_ids
         ids[spec.elicitation_id] = None
         while len(ids) > MAX_URL_IDS:
             ids.popitem(last=False)
@@ -80,16 +87,16 @@ async def broker(side: Side, params: msgspec.Raw) -> dict[str, Any]:
         return dict(CANCEL)
 
 
-def on_complete(side: Side, params: msgspec.Raw) -> None:
+def on_complete(side: Side, url_ids: OrderedDict[str, None], params: msgspec.Raw) -> None:
     """The agent's ``elicitation/complete``: published when it names one of ours."""
     try:
         decoded = msgspec.json.decode(bytes(params)) if params else None
     except msgspec.DecodeError:
         return
     eid = decoded.get("elicitationId") if isinstance(decoded, dict) else None
-    if not isinstance(eid, str) or eid not in side._elicitation_url_ids:
+    if not isinstance(eid, str) or eid not in url_ids:
         return
-    del side._elicitation_url_ids[eid]
+    del url_ids[eid]
     active = side.prompts.running
     side.log.publish(
         "elicitation_complete",

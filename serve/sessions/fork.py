@@ -77,7 +77,7 @@ CLOSE_TIMEOUT_S: Final = 10.0
 class Forked(msgspec.Struct, frozen=True):
     """A fork made: its session, its parent's id, and what it was given to match."""
 
-    session: Any  # SessionActor
+    session: SessionActor
     parent_id: str
     #: ``{"model": id, "mode": id}`` of the parent, where it had one (what the fork now has).
     inherited: dict[str, str]
@@ -115,8 +115,10 @@ def current_state(state: dict[str, Any], view: SessionView) -> dict[str, Any]:
     return out
 
 
-def _with_current(option: Any, current: dict[str, str | None]) -> Any:
-    category = option.get("category") if isinstance(option, dict) else None
+def _with_current(option: object, current: dict[str, str | None]) -> object:
+    if not isinstance(option, dict):
+        return option
+    category = option.get("category")
     value = current.get(category) if isinstance(category, str) else None
     return option if value is None else {**option, "currentValue": value}
 
@@ -177,7 +179,9 @@ async def _inherit(
     return inherited, tuple(applied)
 
 
-async def _switch(fork: SessionActor, what: str, value: str, msg: Any) -> None:
+async def _switch(
+    fork: SessionActor, what: str, value: str, msg: SetModel | SetApprovalMode
+) -> None:
     try:
         await fork.call(msg, timeout_s=SWITCH_TIMEOUT_S)
     except SessionError as exc:

@@ -47,7 +47,8 @@ import trio
 from acp.schema import SessionSetup, decode_session_setup
 from serve.events import EventLog
 from serve.journal import JournalError, JournalMeta, JournalNotFound, Replay
-from serve.sessions.agent_link import AgentLink, JournalLink, log_from_replay
+from serve.sessions.agent_link import AgentLink
+from serve.sessions.journal_link import JournalLink, log_from_replay
 
 if TYPE_CHECKING:
     from serve.settings import Settings

@@ -12,7 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import trio
 
+from actors.actor import Request
+from serve.events import Subscriber
 from serve.events.messages import PublishEvent
 from serve.permissions.modes import APPROVAL_MODES  # qwen serve's five names
 from serve.sessions.errors import (  # re-exported: the errors a session call raises
@@ -41,7 +44,7 @@ class ListPending(msgspec.Struct, frozen=True):
     pass
 
 
-class RemovePending(msgspec.Struct, frozen=True):
+class RemovePending(msgspec.Struct, Request[bool], frozen=True):
     prompt_id: str
     client_id: str | None
 
@@ -97,7 +100,7 @@ class SetConfigOption(msgspec.Struct, frozen=True):
     timeout_s: float = 30.0
 
 
-class UpdateMetadata(msgspec.Struct, frozen=True):
+class UpdateMetadata(msgspec.Struct, Request["MetadataSet"], frozen=True):
     display_name: str
     client_id: str | None
 
@@ -112,27 +115,27 @@ class SetBudget(msgspec.Struct, frozen=True):
     client_id: str | None
 
 
-class Attach(msgspec.Struct, frozen=True):
+class Attach(msgspec.Struct, Request["Attached"], frozen=True):
     client_id: str | None
     #: The attaching peer's address (bounds the clients one peer holds), None if unknown.
     peer: str | None = None
 
 
-class Detach(msgspec.Struct, frozen=True):
+class Detach(msgspec.Struct, Request["Detached"], frozen=True):
     """A client leaves; the last one to leave an idle session closes it."""
 
     client_id: str | None
 
 
-class KnowsClient(msgspec.Struct, frozen=True):
+class KnowsClient(msgspec.Struct, Request[bool], frozen=True):
     client_id: str
 
 
-class Heartbeat(msgspec.Struct, frozen=True):
+class Heartbeat(msgspec.Struct, Request[int], frozen=True):
     client_id: str | None
 
 
-class Subscribe(msgspec.Struct, frozen=True):
+class Subscribe(msgspec.Struct, Request["Subscription"], frozen=True):
     """Open an SSE subscription on the session's log (``snapshot``: lead with the state)."""
 
     last_event_id: int | None
@@ -146,11 +149,11 @@ class StreamEnded(msgspec.Struct, frozen=True):
     """An SSE stream of this session ended (counts as the session being seen)."""
 
 
-class Describe(msgspec.Struct, frozen=True):
+class Describe(msgspec.Struct, Request["SessionView"], frozen=True):
     """The session's :class:`SessionView`."""
 
 
-class Summarize(msgspec.Struct, frozen=True):
+class Summarize(msgspec.Struct, Request["dict[str, Any]"], frozen=True):
     """The session's list entry (``GET /workspace/:ws/sessions``)."""
 
 
@@ -166,7 +169,7 @@ class AgentCall(msgspec.Struct, frozen=True):
     exclusive: str | None = None
 
 
-class ReapIfIdle(msgspec.Struct, frozen=True):
+class ReapIfIdle(msgspec.Struct, Request[bool], frozen=True):
     """From the registry's reaper: close with ``idle_timeout`` if idle that long."""
 
     idle_timeout_ms: int
@@ -217,8 +220,8 @@ class Admission(msgspec.Struct, frozen=True):
     prompt_id: str
     last_event_id: int
     epoch: str
-    job: Any  # serve.sessions.prompt_queue.Job
-    done: Any  # trio.Event, set once the job's terminal is published
+    job: Any  # serve.sessions.prompt_queue.Job (the fronts read it loosely)
+    done: trio.Event  # set once the job's terminal is published
 
 
 class Steered(msgspec.Struct, frozen=True):
@@ -266,7 +269,7 @@ class Detached(msgspec.Struct, frozen=True):
 
 
 class Subscription(msgspec.Struct, frozen=True):
-    subscriber: Any  # serve.events.Subscriber
+    subscriber: Subscriber
     epoch: str
 
 

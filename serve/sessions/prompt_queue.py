@@ -68,7 +68,7 @@ class Terminal(msgspec.Struct, frozen=True):
     ``started`` says whether the job ever ran (a queued job's ``pending_prompt_completed``
     state is ``completed`` or ``removed``)."""
 
-    job: Any  # Job
+    job: Job
     kind: str
     data: dict[str, Any]
     started: bool
@@ -128,7 +128,7 @@ class Job:
 
 
 class Admitted(msgspec.Struct, frozen=True):
-    job: Any  # Job
+    job: Job
     fresh: bool  # False: an earlier admission of the same promptId
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 import trio
@@ -52,13 +52,18 @@ from serve.sessions import turns
 from serve.sessions.messages import Admission, SessionGone, Steered, SteerPrompt
 from serve.sessions.prompt_queue import MAX_REMEMBERED_PROMPTS, Job, PromptQueue, PromptRequest
 
+if TYPE_CHECKING:
+    from serve.sessions.agent_link import AgentLink
+    from serve.sessions.agent_side import AgentSide
+    from serve.settings import Settings
+
 #: ACP's de-facto steering method (codex-acp, claude-agent-acp).
 STEERING_METHOD: Final = "_session/steering"
 #: Answers meaning the running turn took the message.
 JOINED: Final = frozenset({"injected", "startedNewTurn"})
 
 
-def advertises_steering(conn: Any) -> bool:
+def advertises_steering(conn: object) -> bool:
     """Whether the agent behind ``conn`` advertised ``_meta.steering.supported: true``."""
     info = getattr(conn, "info", None)
     raw = bytes(getattr(info, "meta", b"") or b"")
@@ -94,14 +99,13 @@ class _Session(Protocol):  # the part of the SessionActor a steer uses
     session_id: str
     prompts: PromptQueue
     log: EventLog
-    link: Any
-    settings: Any
+    link: AgentLink
+    settings: Settings
     closing: bool
-    agent_updates: int
+    side: AgentSide  # its update count: a steered turn is over once it stops growing
 
     def _admit(self, msg: PromptRequest, *, front: bool = False) -> Admission: ...
-    def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None: ...
-    def _relay(self, kind: str, update: msgspec.Raw) -> None: ...
+    def spawn[*Ts](self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None: ...
     async def _cancel_permissions(self, *, forget: bool = False) -> None: ...
     async def _send_cancel(self) -> None: ...
     async def _escalate_cancel(self, job: Job) -> None: ...
@@ -143,7 +147,7 @@ class Steering:
             reply: Reply[Steered] = Reply()
             self._in_flight += 1
             self._steered = job
-            self.s._spawn(self._native, reply, job, msg)
+            self.s.spawn(self._native, reply, job, msg)
             return reply
         return self._cancel_and_reprompt(job, msg.request, "not_supported_by_agent")
 
@@ -170,7 +174,7 @@ class Steering:
             prompt_id=job.prompt_id,
             originator=request.client_id,
         )
-        self.s._spawn(self._cancel, job)
+        self.s.spawn(self._cancel, job)
         steered = Steered("cancel", admission, reason=reason, cancelled_prompt_id=job.prompt_id)
         return self._remember(request, steered)
 
@@ -233,7 +237,7 @@ class Steering:
             else:  # injected, startedNewTurn, or an answer we do not know: the agent has it
                 if s.prompts.running is job:
                     for block in turns.text_blocks(request.prompt):
-                        s._relay("user_message_chunk", turns.user_chunk(block))
+                        s.side.relay("user_message_chunk", turns.user_chunk(block))
                 self._joined = job
                 self._published(job.prompt_id, "native", request, outcome=outcome)
                 reply.set(self._remember(request, Steered("native", job.token, outcome=outcome)))
@@ -265,9 +269,9 @@ class Steering:
             while True:
                 while self._in_flight:
                     await self._answered.wait()
-                seen = self.s.agent_updates
+                seen = self.s.side.agent_updates
                 await trio.sleep(self.settle_s)
-                if not self._in_flight and self.s.agent_updates == seen:
+                if not self._in_flight and self.s.side.agent_updates == seen:
                     return
         finally:
             if self._steered is job:

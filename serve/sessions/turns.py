@@ -17,6 +17,7 @@ import msgspec
 
 from acp.client import PROMPT_EXTRA_KEYS
 from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
+from serve.sessions.errors import MemoryBudgetExceeded
 from serve.sessions.prompt_queue import Job
 
 
@@ -147,11 +148,9 @@ def session_unknown(exc: BaseException) -> bool:
 def rebind_failed(session_id: str, exc: BaseException) -> dict[str, Any]:
     """The terminal of the prompts a released session could not bind an agent for (the
     session stays released; retryable): ``memory_budget_exceeded`` or ``agent_unavailable``."""
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict) and body.get("code") == "memory_budget_exceeded":
-        code = "memory_budget_exceeded"
-    else:
-        code = "agent_unavailable"
+    code = (
+        "memory_budget_exceeded" if isinstance(exc, MemoryBudgetExceeded) else "agent_unavailable"
+    )
     message = str(exc) or type(exc).__name__
     if code == "agent_unavailable":
         message = f"no agent could be bound for the session ({type(exc).__name__}: {message})"

@@ -11,10 +11,13 @@ from typing import Any, Protocol
 import msgspec
 
 from acp.schema import SessionSetup
+from serve.events import EventLog
 from serve.permissions.mediator import PermissionMediator
-from serve.sessions.agent_link import AgentLink, JournalLink
+from serve.sessions.agent_link import AgentLink
 from serve.sessions.budget import BudgetMeter
 from serve.sessions.clients import ClientTable
+from serve.sessions.journal_link import JournalLink
+from serve.sessions.messages import SessionView
 from serve.sessions.prompt_queue import PromptQueue
 
 
@@ -31,9 +34,13 @@ class SessionState(Protocol):
     link: AgentLink
     prompts: PromptQueue
     journal_link: JournalLink
-    agent_released: bool
-    release_count: int
     budget: BudgetMeter
+
+    @property
+    def agent_released(self) -> bool: ...
+
+    @property
+    def release_count(self) -> int: ...
 
     @property
     def has_active_prompt(self) -> bool: ...
@@ -46,6 +53,34 @@ class SessionState(Protocol):
 
     @property
     def subscribers(self) -> int: ...
+
+    @property
+    def current_model(self) -> str | None: ...
+
+    @property
+    def current_mode(self) -> str | None: ...
+
+    @property
+    def log(self) -> EventLog: ...
+
+    @property
+    def setup(self) -> SessionSetup | None: ...
+
+
+def session_view(session: SessionState) -> SessionView:
+    """What ``Describe`` answers: a snapshot, never live state."""
+    return SessionView(
+        session_id=session.session_id,
+        workspace=session.workspace,
+        created_at=session.created_at,
+        has_active_prompt=session.has_active_prompt,
+        state=setup_state(session.setup),
+        last_event_id=session.log.last_id,
+        epoch=session.log.epoch,
+        current_model=session.current_model,
+        current_mode=session.current_mode,
+        forks=session.link.forks,
+    )
 
 
 def setup_state(setup: SessionSetup | None) -> dict[str, Any]:

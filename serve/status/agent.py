@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Everything here reads state a :class:`~serve.sessions.actor.SessionActor` already holds
+Everything here reads state a :class:`~serve.sessions.actor.AgentAdvert` already holds
 (``session.setup``: the ``session/new`` result with ``models``/``modes``/
 ``configOptions``; ``session.conn.info``: the ``initialize`` result with auth methods
 and capabilities; ``session.available_commands``: the last ``available_commands_update``)
@@ -12,25 +12,26 @@ cheap and never start or wake an agent; with no session the routes answer
 
 Model ids of the form ``base(authType)`` (qwen-code's spelling) are split into
 ``baseModelId`` and the ``authType`` they are grouped under; other ids are grouped under
-``authType: "default"``. Attributes are read defensively (``getattr``) because the
-session object's shape belongs to another module.
+``authType: "default"``. What is read of the session is the :class:`AgentAdvert` port
+(the session actor implements it); the agent's own values are checked as they are read.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 
 from serve.status.preflight import PreflightCell
 
 if TYPE_CHECKING:
-    from serve.sessions.actor import SessionActor
+    from acp.client import AgentConnection
 
 __all__ = [
     "ACP_CELL_KINDS",
     "MAX_COMMANDS",
+    "AgentAdvert",
     "acp_cells",
     "context_state",
     "providers_snapshot",
@@ -47,25 +48,49 @@ DEFAULT_AUTH_TYPE: Final = "default"
 _MODEL_ID = re.compile(r"^(?P<base>.+)\((?P<auth>[^()]+)\)$")
 
 
-def _state(session: SessionActor) -> dict[str, Any]:
-    snapshot = getattr(session, "state_snapshot", None)
-    state = snapshot() if callable(snapshot) else {}
-    return state if isinstance(state, dict) else {}
+class AgentAdvert(Protocol):
+    """What these snapshots read of a session (live values; no agent request)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def current_model(self) -> str | None: ...
+
+    @property
+    def current_mode(self) -> str | None: ...
+
+    @property
+    def available_commands(self) -> msgspec.Raw | None:
+        """The last ``available_commands_update``, undecoded."""
+        ...
+
+    @property
+    def conn(self) -> AgentConnection | None:
+        """The agent connection: its ``initialize`` result and live config options."""
+        ...
+
+    def state_snapshot(self) -> dict[str, Any]:
+        """``models``, ``modes``, ``configOptions`` and ``_meta`` of the session's setup."""
+        ...
 
 
-def _live_options(session: SessionActor, state: dict[str, Any]) -> list[Any]:
+def _state(session: AgentAdvert) -> dict[str, Any]:
+    return session.state_snapshot()
+
+
+def _live_options(session: AgentAdvert, state: dict[str, Any]) -> list[object]:
     """The agent's config options: the connection's live list (updated by
     ``config_option_update`` and ``set_config_option`` answers), else the set-up result's."""
-    conn = getattr(session, "conn", None)
-    getter = getattr(conn, "config_options", None)
-    live = getter(getattr(session, "session_id", "")) if callable(getter) else None
-    if isinstance(live, list):
+    conn = session.conn
+    live = conn.config_options(session.session_id) if conn is not None else None
+    if live is not None:
         return [msgspec.to_builtins(o) for o in live]
     options = state.get("configOptions")
     return options if isinstance(options, list) else []
 
 
-def context_state(session: SessionActor) -> dict[str, Any]:
+def context_state(session: AgentAdvert) -> dict[str, Any]:
     """``state`` of ``GET /session/:id/context``: models, modes, configOptions (current).
 
     An agent that offers models or modes only as config options (``category: model`` /
@@ -87,8 +112,8 @@ def context_state(session: SessionActor) -> dict[str, Any]:
             }
     if not modes or _has_mode_option(options):
         modes = _option_modes(options) or modes
-    current_model = getattr(session, "current_model", None)
-    current_mode = getattr(session, "current_mode", None)
+    current_model = session.current_model
+    current_mode = session.current_mode
     if models and isinstance(current_model, str):
         models["currentModelId"] = current_model
     if modes and isinstance(current_mode, str):
@@ -96,11 +121,11 @@ def context_state(session: SessionActor) -> dict[str, Any]:
     return {"models": models, "modes": modes, "configOptions": options}
 
 
-def _has_mode_option(options: list[Any]) -> bool:
+def _has_mode_option(options: list[object]) -> bool:
     return any(isinstance(o, dict) and o.get("category") == "mode" for o in options)
 
 
-def _option_modes(options: list[Any]) -> dict[str, Any]:
+def _option_modes(options: list[object]) -> dict[str, Any]:
     """ACP's ``modes`` shape from a ``category: mode`` select option (``{}`` when none)."""
     for option in options:
         if not isinstance(option, dict) or option.get("category") != "mode":
@@ -168,11 +193,11 @@ def _advertised_models(state: dict[str, Any]) -> tuple[list[dict[str, Any]], str
     return [], None
 
 
-def providers_snapshot(session: SessionActor) -> dict[str, Any]:
+def providers_snapshot(session: AgentAdvert) -> dict[str, Any]:
     """``current`` and ``providers`` of ``GET /workspace/providers`` (models grouped)."""
     models, current = _advertised_models(_state(session))
     models = models[:MAX_MODELS]
-    live_current = getattr(session, "current_model", None)
+    live_current = session.current_model
     if isinstance(live_current, str):
         current = live_current
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -206,9 +231,9 @@ def providers_snapshot(session: SessionActor) -> dict[str, Any]:
     }
 
 
-def supported_commands(session: SessionActor) -> list[dict[str, Any]]:
+def supported_commands(session: AgentAdvert) -> list[dict[str, Any]]:
     """The commands of the agent's last ``available_commands_update`` (``[]`` if none)."""
-    raw = getattr(session, "available_commands", None)
+    raw = session.available_commands
     if raw is None:
         return []
     try:
@@ -243,15 +268,17 @@ def _not_started(kind: str) -> PreflightCell:
     return PreflightCell(kind, "not_started", "acp", hint=hint)
 
 
-def acp_cells(session: SessionActor | None, skill_count: int | None) -> list[PreflightCell]:
+def acp_cells(session: AgentAdvert | None, skill_count: int | None) -> list[PreflightCell]:
     """The agent-local preflight cells; ``not_started`` placeholders without a session."""
     if session is None:
         return [_not_started(kind) for kind in ACP_CELL_KINDS]
-    conn = getattr(session, "conn", None)
-    info = getattr(conn, "info", None)
-    methods = [m.id for m in getattr(info, "auth_methods", None) or () if isinstance(m.id, str)]
+    conn = session.conn
+    info = conn.info if conn is not None else None
+    methods = [
+        m.id for m in (info.auth_methods if info is not None else ()) if isinstance(m.id, str)
+    ]
     models, current = _advertised_models(_state(session))
-    agent = getattr(info, "agent_info", None)
+    agent = info.agent_info if info is not None else None
     auth_detail: dict[str, Any] = {"methods": methods}
     if agent is not None:
         auth_detail["agent"] = {"name": agent.name, "version": agent.version}

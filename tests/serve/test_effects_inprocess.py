@@ -16,7 +16,8 @@ import trio
 from acp.errors import HandlerError
 from acp.schema import CreateTerminalParams, ReadTextFileParams
 from serve.permissions.cache import ALWAYS_ALLOW_TTL_MS
-from serve.permissions.effects import EFFECT_DENIED, EffectGate
+from serve.permissions.effects import EffectGate
+from serve.permissions.host_request import EFFECT_DENIED
 from serve.runtime.daemon import Daemon
 from serve.settings import parse_settings
 from tests.support.sse import iter_events

@@ -187,7 +187,8 @@ def test_mcp_idle_and_broken_settings() -> None:
 
 
 def fake_session(state: dict[str, Any], **attrs: Any) -> Any:
-    session = types.SimpleNamespace(**{"current_model": None, "current_mode": None, **attrs})
+    base = {"session_id": "s", "conn": None, "current_model": None, "current_mode": None}
+    session = types.SimpleNamespace(**{**base, **attrs})
     session.state_snapshot = lambda: state
     return session
 
@@ -260,7 +261,7 @@ def test_supported_commands_decoding(raw: bytes | None, names: list[str]) -> Non
     session = types.SimpleNamespace(
         available_commands=msgspec.Raw(raw) if raw is not None else None
     )
-    out = supported_commands(session)  # type: ignore[arg-type]
+    out = supported_commands(session)
     assert [c["name"] for c in out] == names
     if names:
         assert out[0] == {"name": "a", "description": "A", "input": None}

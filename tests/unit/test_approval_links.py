@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from acp.schema import RequestPermissionParams
-from serve.permissions.effects import (
+from serve.permissions.agent_approvals import (
     MAX_TOOL_CALLS_PER_SESSION,
     AgentApprovals,
     ToolCallLog,

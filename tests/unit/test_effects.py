@@ -9,22 +9,25 @@ import pytest
 
 from acp.errors import INTERNAL_ERROR, INVALID_PARAMS, RESOURCE_NOT_FOUND
 from acp.schema import RequestPermissionParams
-from serve.permissions.approval import classify_read, classify_terminal, classify_write, decide
-from serve.permissions.config import ApprovalConfig, CapabilitiesConfig
-from serve.permissions.effects import (
+from serve.permissions.agent_approvals import (
     AGENT_APPROVAL_USES,
     AGENT_APPROVAL_WINDOW_MS,
-    EFFECT_DENIED,
-    MAX_PREVIEW_CHARS,
     AgentApproval,
     AgentApprovals,
     agent_approval_from,
+    terminal_texts,
+)
+from serve.permissions.approval import classify_read, classify_write, decide
+from serve.permissions.config import ApprovalConfig, CapabilitiesConfig
+from serve.permissions.grants import resolve_grants
+from serve.permissions.host_request import (
+    EFFECT_DENIED,
+    MAX_PREVIEW_CHARS,
     fs_error,
     host_options,
     host_tool_call,
-    terminal_texts,
 )
-from serve.permissions.grants import resolve_grants
+from serve.permissions.terminal_guard import classify_terminal
 from serve.workspace.errors import make_error
 
 WS = "/w"

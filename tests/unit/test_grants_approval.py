@@ -9,9 +9,7 @@ import pytest
 
 from serve.permissions.approval import (
     Effect,
-    classify_acp_request,
     classify_read,
-    classify_terminal,
     classify_write,
     decide,
     describe_policy,
@@ -34,6 +32,7 @@ from serve.permissions.config import (
     load_permissions_config,
 )
 from serve.permissions.grants import EffectiveGrants, resolve_grants
+from serve.permissions.terminal_guard import classify_acp_request, classify_terminal
 
 WS = "/work/proj"
 ROOTS = [WS]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from serve.permissions.approval import (
-    classify_terminal,
     classify_write,
     decide,
     effect_fingerprint,
@@ -24,6 +23,7 @@ from serve.permissions.cache import (
 )
 from serve.permissions.config import ApprovalConfig, CapabilitiesConfig, load_permissions_config
 from serve.permissions.grants import resolve_grants
+from serve.permissions.terminal_guard import classify_terminal
 
 WS = "/w"
 GRANTS = resolve_grants(CapabilitiesConfig())

@@ -1,0 +1,58 @@
+"""What the effect gate and the permission mediator read of a session: :class:`EffectSession`.
+
+The gate (serve/permissions/effects.py) decides on the session's live state at the moment
+it decides (the approval mode a client may have changed meanwhile, the prompt running now),
+so this is a Protocol of live values rather than a snapshot; the session actor implements
+it. Nothing else of the session is reachable from here: no attribute probing.
+
+* ``session_id``, ``workspace``: who asks and where its boundary is;
+* ``current_mode``: the approval mode in force (agent id or qwen name);
+* ``agent_name``: the agent's ``agentInfo.name`` (grants by agent), None before initialize;
+* ``active``: the running prompt (its id scopes agent approvals; its client is the
+  principal of an ``allow_always``), None between turns;
+* ``client_ids``: the session's registered clients (who may vote);
+* ``publish_event``: hand an event to the session's log writer (the actor's inbox).
+
+A session is hashable and weakly referenceable: the gate keys its per-incarnation token on
+the object itself. The mediator's events go to the session's inbox by the ``session``
+field of its requests, an opaque value it narrows to an actor.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from serve.events.messages import PublishEvent
+
+
+class RunningPrompt(Protocol):
+    @property
+    def prompt_id(self) -> str: ...
+
+    @property
+    def client_id(self) -> str | None: ...
+
+
+class EffectSession(Protocol):
+    """A session, as the effect gate reads it (live values; see the module docstring)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def workspace(self) -> str: ...
+
+    @property
+    def current_mode(self) -> str | None: ...
+
+    @property
+    def agent_name(self) -> str | None: ...
+
+    @property
+    def active(self) -> RunningPrompt | None: ...
+
+    @property
+    def client_ids(self) -> frozenset[str]: ...
+
+    async def publish_event(self, event: PublishEvent, *, timeout_s: float) -> None: ...

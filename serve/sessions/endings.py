@@ -1,0 +1,60 @@
+"""How a session ends: every unfinished prompt gets its terminal, then one final event.
+
+:func:`abort_everything` runs once (``ended`` guards it): the running turn's request is
+abandoned, every admitted prompt ends (``turns.aborted``: ``turn_complete {promptCancelled}``
+on a close, ``turn_error`` with the reason when the session died), the session's permission
+requests are withdrawn and forgotten, ``session/cancel`` is sent on a close (best effort;
+the child is stopped next), the inbox is drained (the mediator's ``permission_resolved``
+events for that withdrawal must precede the final event), then ``session_closed
+{reason, closedBy?}`` or ``session_died {reason, exitCode?, signalCode?}`` is published and
+the log closed (SSE streams drain and end).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from serve.sessions import cancelling, turns
+from serve.sessions.binding import signal_name
+
+if TYPE_CHECKING:
+    from acp.process import ExitInfo
+    from serve.sessions.core import SessionCore
+
+
+async def abort_everything(
+    session: SessionCore,
+    reason: str,
+    *,
+    died: bool,
+    exit_info: ExitInfo | None = None,
+    closed_by: str | None = None,
+) -> None:
+    """Terminal events for every unfinished prompt, cancel permissions, final event."""
+    if session.ended.is_set():
+        return
+    session.closing = True
+    if session.turn_scope is not None:
+        session.turn_scope.cancel()
+    sid = session.session_id
+    kind, data = turns.aborted(sid, reason, died=died)
+    for terminal in session.prompts.abort_all(kind, data):
+        session.publish_terminal(terminal)
+    await cancelling.cancel_permissions(session, forget=True)
+    nursery = session.calls.nursery
+    if not died and nursery is not None:
+        nursery.start_soon(cancelling.send_cancel, session)  # the child is stopped next
+    await session.drain_inbox()
+    if died:
+        final: dict[str, Any] = {"sessionId": sid, "reason": reason}
+        if exit_info is not None:
+            final["exitCode"] = exit_info.exit_code
+            final["signalCode"] = signal_name(exit_info.signal)
+        session.log.publish("session_died", final)
+    else:
+        final = {"sessionId": sid, "reason": reason}
+        if closed_by is not None:
+            final["closedBy"] = closed_by
+        session.log.publish("session_closed", final, originator=closed_by)
+    session.log.close()
+    session.ended.set()

@@ -1,0 +1,181 @@
+"""The turn: one admitted prompt, from the queue to its one terminal, and its budget.
+
+:func:`prompt_worker` is a task of the session's nursery: it waits for the agent (a restart
+or a rebind in progress: ``link.ready``) and for no exclusive extension call (rewind,
+branch), takes the next admitted prompt in FIFO order (expired ones end with
+``turn_error {code:"deadline_exceeded"}`` first) and runs it (:func:`run_turn`):
+``pending_prompt_started`` for a queued one, the prompt echoed as ``user_message_chunk``,
+``session/prompt`` inside the turn's cancel scope (its deadline, a cancel and the budget end
+it), a steered turn settled (serve/sessions/steering.py), then exactly one terminal
+(``turn_complete`` or ``turn_error``; serve/sessions/turns.py shapes them).
+
+The budget (serve/sessions/budget.py, sans-IO) hears of ``usage_update``\\ s and of each
+turn's ``usage``; its signals publish ``budget_warning`` / ``budget_exhausted``, and an
+exhausted budget ends the running turn and asks the agent to stop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from acp.errors import AcpError, ChannelClosed, RemoteError
+from serve.sessions import turns
+from serve.sessions.budget import Limits
+from serve.sessions.cancelling import cancel_permissions
+from serve.sessions.errors import BudgetExhausted
+
+if TYPE_CHECKING:
+    from acp.client import AgentConnection
+    from serve.sessions.budget import Signal
+    from serve.sessions.core import SessionCore
+    from serve.sessions.messages import SetBudget
+    from serve.sessions.prompt_queue import Job
+
+
+async def prompt_worker(session: SessionCore) -> None:
+    while True:
+        await session.link.ready.wait()  # an agent restart in progress
+        await session.calls.wait_not_exclusive()  # a rewind/branch runs: no turn now
+        job, expired = session.prompts.take(trio.current_time())
+        for terminal in expired:
+            session.publish_terminal(terminal)
+            await after_deadline(session)
+        if job is None:
+            if not expired:
+                session.work = trio.Event()
+                await session.work.wait()
+            continue
+        try:
+            await run_turn(session, job)
+        finally:
+            session.publish_terminal(session.prompts.release(job))
+
+
+async def run_turn(session: SessionCore, job: Job) -> None:
+    conn = session.link.conn
+    assert conn is not None
+    sid = session.session_id
+    if job.queued:
+        session.log.publish(
+            "pending_prompt_started",
+            {"sessionId": sid, "promptId": job.prompt_id, "text": job.text},
+            prompt_id=job.prompt_id,
+            originator=job.client_id,
+        )
+    if (dim := session.budget.exhausted) is not None:  # spent while this prompt waited
+        data = {"sessionId": sid, "dimension": dim}
+        session.finish(job, "turn_error", turns.budget_exhausted(sid, data))
+        return
+    for block in turns.text_blocks(job.prompt):  # echo the prompt, as the reference does
+        session.side.relay("user_message_chunk", turns.user_chunk(block))
+    session.budget.turn_started()
+    try:
+        await _run_prompt(session, job, conn, sid)
+    finally:
+        usage = session.turn_usage
+        session.turn_usage = None
+        budget_signals(session, session.budget.turn_ended(usage))
+
+
+async def _run_prompt(session: SessionCore, job: Job, conn: AgentConnection, sid: str) -> None:
+    try:
+        with trio.CancelScope() as scope:
+            session.turn_scope = scope
+            if job.deadline is not None:
+                scope.deadline = job.deadline
+            result = await conn.prompt(sid, job.prompt, extra=turns.prompt_extra(job, sid))
+            await session.steering.settle(job)  # a steered turn: until the agent is quiet
+        session.turn_scope = None
+    except RemoteError as exc:
+        session.finish(job, "turn_error", turns.remote_error(sid, exc))
+    except ChannelClosed:
+        # The child died: the supervising task ends this prompt (agent_restarted or,
+        # when the session dies, channel_closed); wait for its decision.
+        with trio.move_on_after(30):
+            await job.token.done.wait()
+        session.finish(job, "turn_error", turns.channel_closed(sid))
+    except AcpError as exc:
+        session.finish(job, "turn_error", turns.protocol_error(sid, exc))
+    else:
+        if not scope.cancelled_caught:
+            session.turn_usage = _decoded_usage(result.usage)
+            session.finish(
+                job, "turn_complete", turns.completed(sid, result.stop_reason, result.meta)
+            )
+        elif job.deadline is not None and trio.current_time() >= job.deadline:
+            # The FIFO moves on even if the agent is wedged; ask the agent to stop.
+            session.finish(job, "turn_error", turns.deadline_exceeded(sid))
+            await after_deadline(session)
+
+
+async def after_deadline(session: SessionCore) -> None:
+    await cancel_permissions(session)
+    conn = session.link.conn
+    if conn is not None and not conn.closed:
+        try:
+            with trio.move_on_after(1):
+                await conn.cancel(session.session_id)
+        except AcpError:
+            pass
+
+
+def _decoded_usage(raw: msgspec.Raw) -> object:
+    """The prompt response's ``usage`` (ACP ``Usage``), decoded, or None."""
+    data = bytes(raw) if raw else b""
+    try:
+        return msgspec.json.decode(data) if data else None
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+# ---- budget (serve/sessions/budget.py) ----------------------------------------------------
+
+
+def refuse_if_exhausted(session: SessionCore) -> None:
+    budget = session.budget
+    dim = budget.exhausted
+    if dim is not None:
+        limits = budget.limits
+        spent = budget.tokens if dim == "tokens" else budget.cost or 0.0
+        limit = limits.max_tokens if dim == "tokens" else limits.max_cost
+        raise BudgetExhausted(session.session_id, dim, spent, float(limit or 0))
+
+
+def on_usage(session: SessionCore, update: msgspec.Raw) -> None:
+    try:
+        decoded = msgspec.json.decode(bytes(update))
+    except (msgspec.DecodeError, RecursionError):
+        return
+    budget_signals(session, session.budget.on_usage_update(decoded))
+
+
+def budget_signals(session: SessionCore, signals: list[Signal]) -> None:
+    for signal in signals:
+        data: dict[str, Any] = {
+            "sessionId": session.session_id,
+            "dimension": signal.dimension,
+            "spent": signal.spent,
+            "limit": signal.limit,
+        }
+        if signal.kind == "warn":
+            data["fraction"] = signal.spent / signal.limit if signal.limit else 1.0
+            session.log.publish("budget_warning", data)
+            continue
+        session.log.publish("budget_exhausted", data)
+        job = session.prompts.running
+        if job is not None and not job.done:
+            session.finish(job, "turn_error", turns.budget_exhausted(session.session_id, data))
+            if session.turn_scope is not None:
+                session.turn_scope.cancel()  # the FIFO moves on; the agent is asked to stop
+            session.spawn(after_deadline, session)
+
+
+def set_budget(session: SessionCore, msg: SetBudget) -> dict[str, Any]:
+    signals = session.budget.set_limits(Limits(msg.max_tokens, msg.max_cost, msg.currency))
+    snapshot = {"sessionId": session.session_id, **session.budget.snapshot()}
+    session.log.publish("budget_updated", snapshot, originator=msg.client_id)
+    budget_signals(session, signals)
+    return snapshot
