@@ -7,6 +7,7 @@ connection and refuse new ones for a while: the bridge's streams drop, it reconn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -266,6 +267,12 @@ class FakeAcp:
         await trio.serve_listeners(self._handle, listeners)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        # The bridge may reset its connections as it exits (its stdin closed): that ends
+        # this connection, not the test.
+        with contextlib.suppress(trio.BrokenResourceError):
+            await self._serve(stream)
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
         async with stream:
             buffer = b""
             while True:
