@@ -25,12 +25,12 @@ if TYPE_CHECKING:
     from serve.binding import Binding
     from serve.config import ConfigCell, DaemonConfig
     from serve.deviceflow.poller import DeviceFlowPoller
-    from serve.http.security.ratelimit import RateLimiter
     from serve.isolation import Isolation
     from serve.journal import Journal
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
     from serve.permissions.mediator import PermissionMediator
+    from serve.ratelimit import RateLimiter
     from serve.sessions.chaos import ChaosMonkey
     from serve.settings import Settings
     from serve.workspace.hub import WorkspaceHub

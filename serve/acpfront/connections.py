@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import trio
@@ -36,7 +36,6 @@ from serve.acpfront.errors import draining, not_running
 from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
 from serve.acpfront.outbox import Outbox
 from serve.host import Host
-from serve.http.capabilities import Feature
 from serve.sessions.actor import SessionActor
 from serve.sessions.messages import (
     CloseSession,
@@ -217,11 +216,12 @@ class Connections:
         max_messages: int = 2048,
         max_bytes: int = 8 * 1024 * 1024,
         version: str = "0",
-        all_features: Sequence[Feature] = (),
+        daemon_status: Callable[[Literal["summary", "full"]], dict[str, Any]] | None = None,
     ) -> None:
         self.host = host
-        #: Every feature the app serves (``_qwen/status`` reports the advertised ones).
-        self.all_features = tuple(all_features)
+        #: ``_qwen/status``'s body at a detail level: the daemon's status read model, given
+        #: by whoever builds the front (``serve/http/routes/acp.py``; None: not offered).
+        self.daemon_status = daemon_status
         self.policy = policy
         self.idle_timeout_s = idle_timeout_s
         self.unused_timeout_s = min(unused_timeout_s, idle_timeout_s)

@@ -27,11 +27,10 @@ from actors import ActorStopped, InboxFull
 from serve.acpfront import steering, v121
 from serve.acpfront.connections import ASK_TIMEOUT_S, Connection, Connections, SessionLink
 from serve.acpfront.errors import draining, not_found, params_error, to_rpc
-from serve.acpfront.jsonrpc import INTERNAL_ERROR, SERVER_ERROR, RpcError
+from serve.acpfront.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, SERVER_ERROR, RpcError
 from serve.acpfront.links import Replied, own_made, owned, reserve
 from serve.api import SessionService, parse_prompt, prompt_content
 from serve.errors import RETRYABLE_TURN_CODES
-from serve.http.daemon_status import daemon_status
 from serve.sessions.actor import SessionActor
 from serve.sessions.messages import (
     CancelTurn,
@@ -404,7 +403,9 @@ async def status(front: Connections, conn: Connection, params: dict[str, Any]) -
     detail = params.get("detail", "summary")
     if detail not in ("summary", "full"):
         raise params_error("`detail` must be one of: summary, full")
-    return daemon_status(front.host, detail, front.all_features)
+    if front.daemon_status is None:
+        raise RpcError(METHOD_NOT_FOUND, "_qwen/status is not offered by this front")
+    return front.daemon_status(detail)
 
 
 async def health(front: Connections, conn: Connection, params: dict[str, Any]) -> dict[str, str]:

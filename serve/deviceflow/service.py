@@ -14,15 +14,19 @@ poller as ``host.device_flow``.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from actors import ActorError, ChildSpec, Restart
 from serve.deviceflow.poller import DeviceFlowPoller
-from serve.deviceflow.providers import QWEN_OAUTH, ProviderConfigError, load_providers
+from serve.deviceflow.providers import (
+    QWEN_OAUTH,
+    DeviceFlowSection,
+    ProviderConfigError,
+    load_providers,
+)
 from serve.workspace.hub import Broadcast, WorkspaceHub
 
 if TYPE_CHECKING:
-    from serve.config import DaemonConfig
     from serve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -30,12 +34,19 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "device-flow-poller"
 
 
+class DeviceFlowConfig(Protocol):
+    """What the service reads of the daemon config (``serve.config.DaemonConfig`` has it;
+    this package never imports that module): the ``deviceFlow:`` section."""
+
+    @property
+    def device_flow(self) -> DeviceFlowSection: ...
+
+
 def build(
-    settings: Settings, config: DaemonConfig, hub: WorkspaceHub
+    settings: Settings, config: DeviceFlowConfig, hub: WorkspaceHub
 ) -> tuple[DeviceFlowPoller, ChildSpec]:
-    section = getattr(config, "device_flow", None)
     try:
-        providers = load_providers(settings, config_providers=getattr(section, "providers", None))
+        providers = load_providers(settings, config_providers=config.device_flow.providers)
     except ProviderConfigError as exc:
         log.error("device-flow providers ignored: %s", exc)
         providers = {QWEN_OAUTH.id: QWEN_OAUTH}

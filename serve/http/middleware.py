@@ -100,8 +100,8 @@ from serve.http.security import (
 )
 from serve.http.security.cors import self_origins
 from serve.http.security.peers import parse_trusted_proxies, scope_client_address
-from serve.http.security.ratelimit import classify, limiter_for
 from serve.logs import install_redaction
+from serve.ratelimit import classify, limiter_for
 from serve.settings import Settings
 
 if TYPE_CHECKING:

@@ -13,6 +13,10 @@ it. Nothing else of the session is reachable from here: no attribute probing.
 * ``client_ids``: the session's registered clients (who may vote);
 * ``publish_event``: hand an event to the session's log writer (the actor's inbox).
 
+And what the gate reads of the daemon config: :class:`ConfigSource` (``serve.config``'s
+``ConfigCell``; a reload swaps ``current``) of :class:`PermissionSections`, so this package
+never imports ``serve.config`` (which imports it).
+
 A session is hashable and weakly referenceable: the gate keys its per-incarnation token on
 the object itself. The mediator's events go to the session's inbox by the ``session``
 field of its requests, an opaque value it narrows to an actor.
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from serve.events.messages import PublishEvent
+    from serve.permissions.config import ApprovalConfig, CapabilitiesConfig, PolicyConfig
 
 
 class RunningPrompt(Protocol):
@@ -56,3 +61,24 @@ class EffectSession(Protocol):
     def client_ids(self) -> frozenset[str]: ...
 
     async def publish_event(self, event: PublishEvent, *, timeout_s: float) -> None: ...
+
+
+class PermissionSections(Protocol):
+    """What the effect gate reads of the daemon config: its three permission sections
+    (``serve.config.DaemonConfig`` has them; this package never imports that module)."""
+
+    @property
+    def policy(self) -> PolicyConfig: ...
+
+    @property
+    def capabilities(self) -> CapabilitiesConfig: ...
+
+    @property
+    def approval(self) -> ApprovalConfig: ...
+
+
+class ConfigSource(Protocol):
+    """The config in force (``serve.config.ConfigCell``: a reload swaps ``current``)."""
+
+    @property
+    def current(self) -> PermissionSections: ...

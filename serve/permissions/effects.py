@@ -136,7 +136,7 @@ from serve.permissions.cache import (
     cache_key,
 )
 from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
-from serve.permissions.context import EffectSession
+from serve.permissions.context import ConfigSource, EffectSession, PermissionSections
 from serve.permissions.grants import EffectiveGrants, resolve_grants
 from serve.permissions.host_request import EFFECT_DENIED, Outcome, ask_clients, fs_error
 from serve.permissions.modes import qwen_equivalent
@@ -147,7 +147,6 @@ from serve.workspace import read_text as ws_read_text
 from serve.workspace.set import WorkspaceSet
 
 if TYPE_CHECKING:
-    from serve.config import ConfigCell, DaemonConfig
     from serve.permissions.mediator import PermissionMediator
     from serve.settings import Settings
 
@@ -187,7 +186,7 @@ class EffectGate:
 
     def __init__(
         self,
-        config: ConfigCell,
+        config: ConfigSource,
         *,
         settings: Settings,
         mediator: PermissionMediator,
@@ -624,7 +623,7 @@ class EffectGate:
         return list(self._live())
 
     @property
-    def config(self) -> DaemonConfig:
+    def config(self) -> PermissionSections:
         """The config in force (the cell's current value)."""
         return self._config.current
 

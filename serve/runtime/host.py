@@ -54,12 +54,12 @@ from serve.deviceflow import service as device_flow_service
 from serve.host import FrontStats, Host, Lifecycle
 from serve.http.app import collect_features
 from serve.http.routes import acp as acp_route
-from serve.http.security.ratelimit import limiter_for
 from serve.isolation import Isolation, IsolationError
 from serve.journal import Journal, JournalLimits
 from serve.mcp import service as mcp_service
 from serve.permissions.effects import EffectGate
 from serve.permissions.mediator import PermissionMediator
+from serve.ratelimit import limiter_for
 from serve.sessions.actor import SessionActor
 from serve.sessions.chaos import ChaosMonkey
 from serve.settings import Settings, SettingsError

@@ -24,8 +24,8 @@ from serve.http import middleware
 from serve.http.middleware import install_middleware, malformed_path, rate_limit_hits, rate_limiter
 from serve.http.security import STRICT_ROUTES, RateLimiter
 from serve.http.security.cors import is_self_origin, self_origins
-from serve.http.security.ratelimit import limiter_for
 from serve.logs import install_redaction
+from serve.ratelimit import limiter_for
 from serve.settings import RateLimitSettings, Settings
 
 TOKEN = "inproc-TOKEN-3"

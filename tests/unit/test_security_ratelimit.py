@@ -9,7 +9,7 @@ from fractions import Fraction
 import msgspec
 import pytest
 
-from serve.http.security.ratelimit import (
+from serve.ratelimit import (
     LOG_EVERY_REJECTIONS,
     SWEEP_EVERY_REQUESTS,
     InvalidRateLimitConfig,

@@ -50,6 +50,7 @@ from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
 from serve.host import Host
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
+from serve.http.daemon_status import daemon_status
 from serve.http.security import (
     TOKEN_REQUIRED_BODY,
     Tier,
@@ -242,7 +243,7 @@ def build_front(host: Host, all_features: Sequence[Feature]) -> AcpFront | None:
         idle_timeout_s=_idle_timeout_s(),
         unused_timeout_s=_unused_timeout_s(),
         version=ver,
-        all_features=all_features,
+        daemon_status=lambda detail: daemon_status(host, detail, all_features),
     )
 
 

@@ -71,7 +71,14 @@ from serve.http.security.hosts import (
     is_loopback_address,
     is_loopback_host,
 )
-from serve.http.security.ratelimit import (
+from serve.http.security.strict import (
+    STRICT_ROUTES,
+    TOKEN_REQUIRED_BODY,
+    StrictRoute,
+    is_strict,
+    strict_gate_allows,
+)
+from serve.ratelimit import (
     Decision,
     InvalidRateLimitConfig,
     RateLimitBody,
@@ -82,13 +89,6 @@ from serve.http.security.ratelimit import (
     classify,
     client_key,
     rate_limit_config_from,
-)
-from serve.http.security.strict import (
-    STRICT_ROUTES,
-    TOKEN_REQUIRED_BODY,
-    StrictRoute,
-    is_strict,
-    strict_gate_allows,
 )
 
 __all__ = [
