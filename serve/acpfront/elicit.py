@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from serve.errors.votes import elicitation_wire
 from serve.permissions.elicitation import client_modes
 from serve.permissions.mediator import CastElicitation, PermissionMediator
 
@@ -92,9 +93,11 @@ async def answer(
     """An ACP client's reply to our ``elicitation/create``: a vote (see the module docstring)."""
     body = result if isinstance(result, dict) and "action" in result else {"action": "cancel"}
     try:
-        status, out = await mediator.ask(
-            CastElicitation(request_id, session_id, body, client_id, loopback),
-            timeout_s=timeout_s,
+        status, out = elicitation_wire(
+            await mediator.ask(
+                CastElicitation(request_id, session_id, body, client_id, loopback),
+                timeout_s=timeout_s,
+            )
         )
         if status == 400:
             log.info("ACP elicitation answer refused (%s); counted as cancel", out.get("error"))

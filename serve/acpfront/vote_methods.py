@@ -27,6 +27,7 @@ from serve.acpfront.jsonrpc import (
 )
 from serve.acpfront.links import owned
 from serve.acpfront.translate import PERMISSION_ID_PREFIX
+from serve.errors.votes import vote_wire
 from serve.permissions.mediator import CastVote
 
 __all__ = ["answer", "session_permission"]
@@ -48,7 +49,7 @@ async def session_permission(
                 link = conn.sessions.get(s)
                 break
     body = {k: v for k, v in params.items() if k not in ("sessionId", "requestId")}
-    status, out = await front.host.mediator.ask(
+    counted = await front.host.mediator.ask(
         CastVote(
             request_id,
             sid if isinstance(sid, str) else None,
@@ -58,6 +59,7 @@ async def session_permission(
         ),
         timeout_s=ASK_TIMEOUT_S,
     )
+    status, out = vote_wire(counted, legacy=not isinstance(sid, str))
     if status != 200:
         raise RpcError(
             INVALID_PARAMS

@@ -38,6 +38,7 @@ from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from actors import ActorError, ActorStopped
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
 from serve.errors import wire_error
+from serve.errors.votes import vote_wire
 from serve.permissions.mediator import CastVote, SessionOf
 from serve.sessions.errors import (
     AgentStartFailed,
@@ -375,7 +376,7 @@ class SessionService:
     ) -> Vote:
         """A client's answer to a permission request, counted by the mediator."""
         try:
-            status, out = await self.host.mediator.ask(
+            result = await self.host.mediator.ask(
                 CastVote(request_id, session_id, body, client_id, loopback),
                 timeout_s=ASK_TIMEOUT_S,
             )
@@ -383,7 +384,7 @@ class SessionService:
             raise SessionsUnavailable(
                 "Permission mediator unavailable", "mediator_unavailable"
             ) from None
-        return Vote(status, out)
+        return Vote(*vote_wire(result, legacy=session_id is None))
 
     async def vote_owner(self, request_id: str) -> SessionActor | None:
         """The live session a permission request belongs to (None: unknown or gone)."""

@@ -13,6 +13,9 @@ framework, no JSON-RPC); :func:`rest` renders it for the REST front (``serve.htt
 turns it into its ``ApiError``); :func:`jsonrpc` renders it for the ``/acp`` front
 (:mod:`.jsonrpc`: ``code``, ``message``, ``data`` with ``httpStatus``), and
 :func:`rpc_error` is the ``/acp`` front's one entry from an exception to that rendering.
+A counted vote is not an exception: the mediator answers its domain result and
+:mod:`.votes` renders it (``vote_wire``, ``elicitation_wire``), so no domain package builds
+a status.
 
 Dependency position: it imports the domain's exception modules and ``acp.errors``; the
 fronts import it; no domain package does (``tests/test_architecture.py``).

@@ -37,12 +37,7 @@ import msgspec
 
 from serve.permissions.voting import (
     Cancelled,
-    Forbidden,
-    InvalidOption,
-    MalformedOutcome,
-    NotPending,
     Outcome,
-    PartialVote,
     PermissionEvent,
     PermissionOption,
     Resolved,
@@ -394,32 +389,3 @@ def vote_events(result: VoteResult) -> VoteResult:
             PermissionEvent(_RENAMED.get(event.type, event.type), data, event.originator_client_id)
         )
     return msgspec.structs.replace(result, events=tuple(renamed))
-
-
-def http_response(result: VoteResult | str) -> tuple[int, dict[str, Any]]:
-    """A vote result (or a refused answer's message) as the HTTP status and body."""
-    match result:
-        case str():
-            return 400, {"error": result, "code": "invalid_elicitation_response"}
-        case Resolved() | PartialVote():
-            return 200, {}
-        case NotPending(request_id=rid, session_id=sid):
-            body: dict[str, Any] = {"error": "No pending elicitation request", "requestId": rid}
-            if sid is not None:
-                body = {
-                    "error": "No pending elicitation request for session",
-                    "sessionId": sid,
-                    "requestId": rid,
-                }
-            return 404, body
-        case Forbidden(request_id=rid, session_id=sid, reason=reason):
-            return 403, {
-                "error": f"Elicitation answer rejected by the mediation policy ({reason})",
-                "code": "elicitation_forbidden",
-                "requestId": rid,
-                "sessionId": sid,
-                "reason": reason,
-            }
-        case InvalidOption() | MalformedOutcome():  # parse_answer refuses these first
-            return 400, {"error": "invalid answer", "code": "invalid_elicitation_response"}
-    raise TypeError(f"not a vote result: {result!r}")  # pragma: no cover

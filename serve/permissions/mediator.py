@@ -51,6 +51,7 @@ import msgspec
 import trio
 
 from actors import Actor, ActorError, Reply
+from actors.actor import Request
 from actors.outbox import Outbox
 from serve.events.messages import PublishEvent
 from serve.permissions import elicitation
@@ -65,7 +66,6 @@ from serve.permissions.voting import (
     Selected,
     Vote,
     VoteResult,
-    vote_http_response,
 )
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class OpenPermission(msgspec.Struct, frozen=True):
     request_id: str | None = None  # chosen by the requester, so it can withdraw it early
 
 
-class CastVote(msgspec.Struct, frozen=True):
+class CastVote(msgspec.Struct, Request[VoteResult], frozen=True):
     request_id: str
     session_id: str | None  # None: the legacy POST /permission/:requestId route
     body: Any
@@ -141,7 +141,7 @@ class OpenElicitation(msgspec.Struct, frozen=True):
     request_id: str | None = None
 
 
-class CastElicitation(msgspec.Struct, frozen=True):
+class CastElicitation(msgspec.Struct, Request[VoteResult | str], frozen=True):
     """A client's answer ``{action, content?, _meta?}`` to an elicitation (a vote)."""
 
     request_id: str
@@ -271,10 +271,7 @@ class PermissionMediator(Actor[MediatorMsg]):
             case CastVote():
                 if msg.request_id in self._elicitations or msg.request_id in self._elicited:
                     # an elicitation is answered by its own route only
-                    return vote_http_response(
-                        NotPending(msg.request_id, msg.session_id, "unknown"),
-                        legacy=msg.session_id is None,
-                    )
+                    return NotPending(msg.request_id, msg.session_id, "unknown")
                 result = self.state.vote_body(
                     msg.request_id,
                     msg.body,
@@ -283,7 +280,7 @@ class PermissionMediator(Actor[MediatorMsg]):
                     session_id=msg.session_id,
                 )
                 self._apply(result)
-                return vote_http_response(result, legacy=msg.session_id is None)
+                return result
             case CancelSessionPermissions(session_id=sid, reason=reason, forget=forget):
                 for resolved in self.state.cancel_session(sid, reason):  # type: ignore[arg-type]
                     self._apply(resolved)
@@ -393,7 +390,9 @@ class PermissionMediator(Actor[MediatorMsg]):
             )
         return waiter
 
-    def _cast_elicitation(self, msg: CastElicitation) -> tuple[int, dict[str, Any]]:
+    def _cast_elicitation(self, msg: CastElicitation) -> VoteResult | str:
+        """The answer counted: its vote result, or why the answer was refused (a message);
+        the fronts render either (``serve/errors/votes.py``)."""
         pending = self._elicitations.get(msg.request_id)
         owner = self.state.session_of(msg.request_id) if pending is not None else None
         if pending is None or (msg.session_id is not None and owner != msg.session_id):
@@ -409,11 +408,11 @@ class PermissionMediator(Actor[MediatorMsg]):
                     )
                 )
                 self._apply(result)
-                return elicitation.http_response(result)
-            return elicitation.http_response(NotPending(msg.request_id, msg.session_id, "unknown"))
+                return result
+            return NotPending(msg.request_id, msg.session_id, "unknown")
         answer = elicitation.parse_answer(pending.spec, msg.body)
         if isinstance(answer, str):
-            return elicitation.http_response(answer)
+            return answer
         outcome = elicitation.outcome_of(answer)
         result = elicitation.vote_events(
             self.state.vote(
@@ -428,7 +427,7 @@ class PermissionMediator(Actor[MediatorMsg]):
         if counted and isinstance(outcome, Selected):  # one per voter: bounded
             pending.contents.setdefault(outcome.option_id, answer.content)
         self._apply(result)
-        return elicitation.http_response(result)
+        return result
 
     def _post(self, session_id: str, event: PublishEvent) -> None:
         session = self._sessions.get(session_id)

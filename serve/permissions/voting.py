@@ -76,7 +76,6 @@ __all__ = [
     "VoteResult",
     "consensus_quorum",
     "parse_vote_body",
-    "vote_http_response",
 ]
 
 CANCEL_SENTINEL = "__cancelled__"
@@ -601,42 +600,3 @@ class Mediator:
         ]
         due.sort(key=lambda e: (e.request.deadline_ms or 0, e.request.created_at_ms))
         return [self._resolve(e, Cancelled(), None, "timeout") for e in due]
-
-
-# -- wire mapping --------------------------------------------------------------------------
-
-
-def vote_http_response(result: VoteResult, *, legacy: bool = False) -> tuple[int, dict[str, Any]]:
-    """Map a vote result to the HTTP status and JSON body of spec §4.3.
-
-    ``legacy``: the ``POST /permission/:requestId`` route (its 404 body has no sessionId).
-    """
-    match result:
-        case Resolved() | PartialVote():
-            return 200, {}
-        case NotPending(request_id=rid, session_id=sid):
-            if legacy or sid is None:
-                return 404, {"error": "No pending permission request", "requestId": rid}
-            return 404, {
-                "error": "No pending permission request for session",
-                "sessionId": sid,
-                "requestId": rid,
-            }
-        case MalformedOutcome():
-            return 400, {"error": OUTCOME_ERROR}
-        case InvalidOption(request_id=rid, option_id=oid):
-            return 400, {
-                "error": f"Option id {oid!r} is not one of the request's options",
-                "code": "invalid_option_id",
-                "requestId": rid,
-                "optionId": oid,
-            }
-        case Forbidden(request_id=rid, session_id=sid, reason=reason):
-            return 403, {
-                "error": f"Permission vote rejected by the mediation policy ({reason})",
-                "code": "permission_forbidden",
-                "requestId": rid,
-                "sessionId": sid,
-                "reason": reason,
-            }
-    raise TypeError(f"not a vote result: {result!r}")  # pragma: no cover

@@ -16,6 +16,7 @@ import pytest
 from acp.errors import INTERNAL_ERROR, RESOURCE_NOT_FOUND, RemoteError, RequestTimeout
 from actors import ActorStopped
 from serve.api import SessionService, parse_prompt
+from serve.permissions.voting import NotPending
 from serve.sessions.errors import (
     AgentStartFailed,
     ModelSwitchFailed,
@@ -76,7 +77,7 @@ class FakeRegistry:
 
 @dataclass
 class FakeMediator:
-    outcome: object = (200, {"ok": True})
+    outcome: object = NotPending("r1", None, "unknown")
 
     async def ask(self, msg: object, *, timeout_s: float = 30.0) -> object:
         if isinstance(self.outcome, BaseException):
@@ -179,8 +180,13 @@ async def test_a_full_queue_is_a_domain_refusal() -> None:
 
 async def test_votes() -> None:
     api, host = service()
+    # The mediator answers with its domain result; the service renders it (the legacy
+    # route's body without a sessionId when the vote named no session).
     vote = await api.vote("r1", None, {}, None, True)
-    assert (vote.status, vote.body) == (200, {"ok": True})
+    assert (vote.status, vote.body) == (
+        404,
+        {"error": "No pending permission request", "requestId": "r1"},
+    )
     host.mediator.outcome = ActorStopped("mediator")
     with pytest.raises(SessionsUnavailable, match="mediator"):
         await api.vote("r1", None, {}, None, True)

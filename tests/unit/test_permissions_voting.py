@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from serve.errors.votes import vote_wire
 from serve.permissions.voting import (
     CANCEL_SENTINEL,
     OUTCOME_ERROR,
@@ -25,7 +26,6 @@ from serve.permissions.voting import (
     Vote,
     consensus_quorum,
     parse_vote_body,
-    vote_http_response,
 )
 
 OPTIONS = (
@@ -639,19 +639,21 @@ def test_vote_body_checks_malformed_before_anything_else() -> None:
         (MalformedOutcome(), False, 400, {"error": OUTCOME_ERROR}),
     ],
 )
-def test_vote_http_response(result: Any, legacy: bool, status: int, body: dict[str, Any]) -> None:
-    assert vote_http_response(result, legacy=legacy) == (status, body)
+def test_vote_wire_renders_each_result(
+    result: Any, legacy: bool, status: int, body: dict[str, Any]
+) -> None:
+    assert vote_wire(result, legacy=legacy) == (status, body)
 
 
 def test_vote_http_response_codes_for_invalid_and_forbidden() -> None:
-    status, body = vote_http_response(InvalidOption("r", "s", "zz"))
+    status, body = vote_wire(InvalidOption("r", "s", "zz"))
     assert status == 400
     assert {k: body[k] for k in ("code", "requestId", "optionId")} == {
         "code": "invalid_option_id",
         "requestId": "r",
         "optionId": "zz",
     }
-    status, body = vote_http_response(Forbidden("r", "s", "c", "remote_not_allowed"))
+    status, body = vote_wire(Forbidden("r", "s", "c", "remote_not_allowed"))
     assert status == 403
     assert {k: body[k] for k in ("code", "requestId", "sessionId", "reason")} == {
         "code": "permission_forbidden",
@@ -660,4 +662,4 @@ def test_vote_http_response_codes_for_invalid_and_forbidden() -> None:
         "reason": "remote_not_allowed",
     }
     med, _ = mk()
-    assert vote_http_response(med.vote("r1", vote(None, True, Cancelled())))[0] == 200
+    assert vote_wire(med.vote("r1", vote(None, True, Cancelled())))[0] == 200

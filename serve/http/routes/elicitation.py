@@ -25,6 +25,7 @@ from __future__ import annotations
 from quart import Blueprint, Response, request
 
 from actors import ActorStopped
+from serve.errors.votes import elicitation_wire
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import service_unavailable
@@ -47,7 +48,7 @@ async def answer_elicitation(session_id: str, request_id: str) -> Response:
     session = find_session(session_id)
     client_id = await session_client(session)
     try:
-        status, out = await daemon().mediator.ask(
+        result = await daemon().mediator.ask(
             CastElicitation(
                 request_id,
                 session_id,
@@ -61,4 +62,5 @@ async def answer_elicitation(session_id: str, request_id: str) -> Response:
         raise service_unavailable(
             "Permission mediator unavailable", "mediator_unavailable"
         ) from None
+    status, out = elicitation_wire(result)
     return json_response(out, status)
