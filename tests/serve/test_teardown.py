@@ -122,9 +122,12 @@ def test_orphaned_grandchildren_that_left_the_group_die_and_leave_no_zombie(
     """Three grandchildren setsid() out of the agent's group and are orphaned (re-parented to
     the daemon, a child subreaper). Closing the session kills them; the daemon reaps them."""
     pids_file = tmp_path / "orphans"
-    # In the workspace: the agent's file sandbox lets it write there.
+    # In the workspace: the agent's file sandbox lets it write there. No spare: a refill
+    # opens its first session ahead of need (serve/agents/primed.py), whose orphans would
+    # join this session's in the file.
     daemon = spawn_daemon(
-        agent_flag("--orphans", "3", "--pids", str(pids_file)), workspace=tmp_path
+        [*agent_flag("--orphans", "3", "--pids", str(pids_file)), "--warm-agents", "0"],
+        workspace=tmp_path,
     )
     try:
         with httpx.Client(base_url=daemon.url, timeout=30) as client:

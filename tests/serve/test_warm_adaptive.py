@@ -7,6 +7,7 @@ and assert on what it reports (no timed assertions).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import httpx
@@ -22,8 +23,13 @@ CG = Path("/sys/fs/cgroup")
 
 
 async def test_a_burst_of_creates_grows_the_warm_pool_and_it_shrinks_back_when_they_stop() -> None:
+    # An agent whose start takes at least 0.5 s: with four arrivals, whatever their pace,
+    # rate x spawn time stays above 1, so the pool wants its maximum on any machine (the
+    # scripted agent alone starts in ~0.2 s on a quiet one, which wanted only 2).
+    slow_start = f"sh -c 'sleep 0.5; exec {sys.executable} -m acp.agents.scripted'"
     daemon = spawn_daemon(
-        ["--warm-agents", "1", "--warm-agents-max", "3"], env={"QWEN_SERVER_TOKEN": TOKEN}
+        ["--warm-agents", "1", "--warm-agents-max", "3", "--agent", slow_start],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
     )
     try:
         async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=60) as client:
