@@ -13,7 +13,8 @@ the child's :class:`~acp.mux.SessionMux` until the session binds (bounded there)
 
 A prime is no staler than the spare itself: the agent read its settings when it started,
 before the prime. A prime nobody can use (the session wants MCP servers) is closed again
-when the agent can close sessions (``session/close``), else left inside the agent, whose
+when the agent can close sessions (``session/close``, the pool's one bounded close:
+``slots.close_inside``), else left inside the agent, whose
 child is the session's own (isolation) or recycled with its other dead slots (packed).
 Priming failures are not failures of the child: it stays a spare without a prime.
 """
@@ -21,20 +22,13 @@ Priming failures are not failures of the child: it stays a spare without a prime
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
-from typing import Final
-
-import trio
 
 from acp.client import AgentConnection
 from acp.errors import AcpError, RemoteError
 from acp.schema import SessionSetup
 
 log = logging.getLogger(__name__)
-
-#: Bound on closing a prime nobody can use (seconds).
-DISCARD_TIMEOUT_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +37,6 @@ class PrimedSession:
 
     cwd: str
     setup: SessionSetup
-    opened_at: float  # time.time() of the agent's reply
 
     def fits(self, cwd: str, mcp_servers: object, additional_directories: object) -> bool:
         """Would ``session/new`` with these parameters have been the same request?"""
@@ -57,16 +50,4 @@ async def prime(conn: AgentConnection, cwd: str, timeout_s: float) -> PrimedSess
     except (AcpError, RemoteError) as exc:
         log.info("agent pid %s: no primed session (%s)", conn.process.pid, exc)
         return None
-    return PrimedSession(cwd, setup, time.time())
-
-
-async def discard(conn: AgentConnection, primed: PrimedSession) -> None:
-    """Close a prime nobody will use, when the agent can close sessions (bounded)."""
-    info = conn.info
-    if conn.closed or info is None or not info.supports_close:
-        return
-    with trio.move_on_after(DISCARD_TIMEOUT_S):
-        try:
-            await conn.close_session(primed.setup.session_id, timeout_s=DISCARD_TIMEOUT_S)
-        except (AcpError, RemoteError):
-            pass
+    return PrimedSession(cwd, setup)

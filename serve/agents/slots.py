@@ -40,7 +40,6 @@ from acp.handler import ClientHandler
 from acp.schema import SessionSetup
 from actors import Reply
 from serve.agents.child import AgentChild
-from serve.agents.primed import discard
 
 #: Bound on ``session/close`` when a session leaves a shared child (seconds).
 CLOSE_SESSION_TIMEOUT_S: Final = 2.0
@@ -99,7 +98,7 @@ class AgentLease:
             return None
         if primed.fits(cwd, mcp_servers, additional_directories):
             return primed.setup
-        await discard(self.conn, primed)
+        await close_inside(self.conn, primed.setup.session_id)
         return None
 
     def bind(self, session_id: str, handler: ClientHandler) -> None:
@@ -122,18 +121,24 @@ class AgentLease:
             if self.exclusive:
                 await self.conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
             elif self.session_id is not None and not self.conn.closed:
-                info = self.conn.info
-                left_behind = True
-                if info is not None and info.supports_close:
-                    with trio.move_on_after(CLOSE_SESSION_TIMEOUT_S):
-                        try:
-                            await self.conn.close_session(
-                                self.session_id, timeout_s=CLOSE_SESSION_TIMEOUT_S
-                            )
-                            left_behind = False
-                        except (AcpError, RemoteError):
-                            pass
+                left_behind = not await close_inside(self.conn, self.session_id)
         self.owner.slot_released(self.child.id, self.lease_id, left_behind)
+
+
+async def close_inside(conn: AgentConnection, session_id: str) -> bool:
+    """``session/close`` a session on a child that lives on, bounded by
+    :data:`CLOSE_SESSION_TIMEOUT_S`; False when the agent cannot close sessions, refused, or
+    did not answer in time (the session stays inside the agent)."""
+    info = conn.info
+    if conn.closed or info is None or not info.supports_close:
+        return False
+    with trio.move_on_after(CLOSE_SESSION_TIMEOUT_S):
+        try:
+            await conn.close_session(session_id, timeout_s=CLOSE_SESSION_TIMEOUT_S)
+            return True
+        except (AcpError, RemoteError):
+            pass
+    return False
 
 
 async def give_back(reply: Reply[AgentLease]) -> None:

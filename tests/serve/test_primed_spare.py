@@ -134,7 +134,7 @@ async def test_a_create_the_prime_does_not_fit_opens_its_own_session(tmp_path: P
 def test_a_prime_fits_only_the_request_it_stands_for() -> None:
     from acp.schema import SessionSetup
 
-    primed = PrimedSession("/ws", SessionSetup(session_id="s"), 0.0)
+    primed = PrimedSession("/ws", SessionSetup(session_id="s"))
     assert primed.fits("/ws", [], ())
     assert not primed.fits("/other", [], ())
     assert not primed.fits("/ws", [{"name": "tools"}], ())
