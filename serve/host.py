@@ -1,6 +1,6 @@
 """The Host: every long-lived part of one daemon, typed, built once.
 
-:func:`serve.runtime.host.build_host` builds it (and the ordered list of the root
+:func:`serve.runtime.build.build_host` builds it (and the ordered list of the root
 supervisor's children that run its actors); :class:`serve.runtime.daemon.Daemon` runs it;
 the HTTP layer reads it (``serve.http.context.daemon()`` returns it). Nothing sets an
 attribute of the Host after it is built except through the parts it names here: the
@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from actors import Supervisor, SupervisorEvent
-from serve.workspace.set import WorkspaceSet
+from serve.workspaces.files.set import WorkspaceSet
 
 if TYPE_CHECKING:
-    from serve.binding import Binding
     from serve.config import ConfigCell, DaemonConfig
     from serve.deviceflow.poller import DeviceFlowPoller
     from serve.isolation import Isolation
@@ -33,9 +32,10 @@ if TYPE_CHECKING:
     from serve.ratelimit import RateLimiter
     from serve.sessions.chaos import ChaosMonkey
     from serve.settings import Settings
-    from serve.workspace.hub import WorkspaceHub
-    from serve.workspace_runtimes import WorkspaceRuntimes
-    from serve.workspace_state.reload import WorkspaceState
+    from serve.tenant_claim import Binding
+    from serve.workspaces.hub import WorkspaceHub
+    from serve.workspaces.runtimes import WorkspaceRuntimes
+    from serve.workspaces.state.reload import WorkspaceState
 
 
 @dataclass(eq=False)
@@ -101,7 +101,7 @@ class Host:
     chaos: ChaosMonkey | None
     lifecycle: Lifecycle
     front: FrontStats
-    #: The accepted token's digest and the late-binding state (``serve.binding``);
+    #: The accepted token's digest and the late-binding state (``serve.tenant_claim``);
     #: ``POST /daemon/bind`` completes it. ``None`` only in hand-built test hosts.
     binding: Binding | None = None
     #: Per-agent-child limits and the agents' ceiling (serve/isolation).

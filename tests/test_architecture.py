@@ -21,14 +21,14 @@ DOMAIN = (
     "serve.events",
     "serve.journal",
     "serve.permissions",
-    "serve.workspace",
-    "serve.workspace_state",
+    "serve.workspaces.files",
+    "serve.workspaces.state",
     "serve.mcp",
     "serve.deviceflow",
     "serve.status",
     "serve.agents",
     "serve.isolation",
-    "serve.workspace_runtimes",
+    "serve.workspaces.runtimes",
 )
 WEB = ("quart", "quart_trio", "werkzeug", "hypercorn")
 UPPER = ("serve.http", "serve.runtime", "serve.host")
@@ -250,11 +250,21 @@ def test_the_checker_sees_a_cycle_and_a_violation() -> None:
 # ---- package level ------------------------------------------------------------------------
 
 
+#: Packages that only group packages: each of their children counts as a package of its own
+#: (``serve.workspaces.files`` sits below the sessions, ``serve.workspaces.runtimes`` above).
+GROUPS = ("serve.workspaces",)
+
+
 def package_of(module: str) -> str:
     """``serve.sessions.actor`` → ``serve.sessions``; a top-level module (``serve.settings``)
-    is its own package; ``acp.*`` → ``acp``, ``actors.*`` → ``actors``."""
+    is its own package; ``acp.*`` → ``acp``, ``actors.*`` → ``actors``; under a group
+    (:data:`GROUPS`) one level deeper: ``serve.workspaces.files.paths`` →
+    ``serve.workspaces.files``."""
     parts = module.split(".")
-    return ".".join(parts[:2]) if parts[0] == "serve" and len(parts) > 1 else parts[0]
+    if parts[0] != "serve" or len(parts) == 1:
+        return parts[0]
+    depth = 3 if ".".join(parts[:2]) in GROUPS else 2
+    return ".".join(parts[:depth])
 
 
 def package_graph() -> dict[str, dict[str, list[str]]]:
@@ -288,6 +298,50 @@ def test_known_back_edges_still_exist() -> None:
     graph = package_graph()
     stale = [f"{a} -> {b}" for a, b in KNOWN_BACK_EDGES if b not in graph.get(a, {})]
     assert not stale, "gone, remove from KNOWN_BACK_EDGES: " + ", ".join(stale)
+
+
+# ---- names --------------------------------------------------------------------------------
+
+#: Module base names under ``serve/`` shared by more than one module, each because the
+#: modules are the same kind of thing in parallel packages. Any other shared name fails (a
+#: reader who knows the job must find the file without grep); an entry no longer shared
+#: must be removed.
+PARALLEL_NAMES: dict[str, str] = {
+    "__main__": "the entry point of each program (the daemon, the client)",
+    "budget": "each package's budget: agent memory, MCP clients, session tokens, its route",
+    "config": "each package's own settings (daemon, MCP, permissions)",
+    "context": "what the code of a package reads of its caller (a request, a session)",
+    "elicitation": "the domain mediator and its HTTP route",
+    "errors": "each package's own error types",
+    "fork": "the fork use case and its /acp method",
+    "jsonrpc": "the /acp front's JSON-RPC codec and the error table's JSON-RPC rendering",
+    "mcp": "the MCP status read model and its HTTP route",
+    "messages": "each actor package's messages",
+    "pool": "each package's pool (agent children, MCP clients)",
+    "service": "each package's service facade",
+    "sessions": "the session use cases and their HTTP routes",
+    "steering": "the steering use case and its /acp method",
+    "store": "each package's persistent store",
+    "types": "each package's wire types",
+}
+
+
+def shared_module_names() -> dict[str, list[str]]:
+    """Base name → the modules under ``serve/`` that have it (``__init__`` left out)."""
+    names: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if module.startswith("serve.") and path.name != "__init__.py":
+            names.setdefault(path.stem, []).append(str(path.relative_to(ROOT)))
+    return {name: sorted(paths) for name, paths in names.items() if len(paths) > 1}
+
+
+def test_no_two_modules_share_a_name_unless_parallel() -> None:
+    shared = shared_module_names()
+    bad = [f"{name}: {', '.join(paths)}" for name, paths in sorted(shared.items())]
+    bad = [line for line in bad if line.split(":")[0] not in PARALLEL_NAMES]
+    assert not bad, "modules that share a name (rename one):\n" + "\n".join(bad)
+    stale = [name for name in PARALLEL_NAMES if name not in shared]
+    assert not stale, "no longer shared, remove from PARALLEL_NAMES: " + ", ".join(stale)
 
 
 # ---- module size --------------------------------------------------------------------------
@@ -385,6 +439,8 @@ def test_the_counters_classify() -> None:
     assert package_of("serve.sessions.actor") == "serve.sessions"
     assert package_of("serve.settings") == "serve.settings"
     assert package_of("acp.rpc") == "acp"
+    assert package_of("serve.workspaces.files.paths") == "serve.workspaces.files"
+    assert package_of("serve.workspaces.runtimes") == "serve.workspaces.runtimes"
     source = (
         "def f(a: Any, b: dict[str, Any], c: 'list[Mapping[str, Any]]') -> tuple[Any, int]:\n"
         "    x: typing.Any = 1\n"

@@ -2,7 +2,7 @@
 
 Each runs on the connection's workspace (trusted unless ``--untrusted-workspace`` names
 it) in a worker thread under the file routes' thread budget (:func:`run`; not abandoned on
-cancel). A :class:`~serve.workspace.WorkspaceFsError` is answered with the file routes'
+cancel). A :class:`~serve.workspaces.files.WorkspaceFsError` is answered with the file routes'
 envelope as ``data`` (:func:`serve.errors.jsonrpc_file`). A write or an edit publishes
 ``workspace_file_changed`` on every live session of the workspace through the workspace
 hub (the session actors stay their logs' only writers).
@@ -20,7 +20,7 @@ from serve.acpfront.errors import params_error
 from serve.acpfront.jsonrpc import RpcError
 from serve.errors import jsonrpc_file
 from serve.threads import file_routes_limiter
-from serve.workspace import (
+from serve.workspaces.files import (
     EditResult,
     GlobResult,
     ListResult,
@@ -38,13 +38,13 @@ from serve.workspace import (
     stat,
     write_text,
 )
-from serve.workspace.files import (
+from serve.workspaces.files.contents import (
     DEFAULT_BYTES_WINDOW,
     MAX_BYTES_WINDOW,
     MAX_READ_LINES,
     MAX_TEXT_READ_BYTES,
 )
-from serve.workspace.listing import DEFAULT_GLOB_RESULTS, MAX_GLOB_RESULTS
+from serve.workspaces.files.listing import DEFAULT_GLOB_RESULTS, MAX_GLOB_RESULTS
 
 __all__ = [
     "file_edit",

@@ -38,7 +38,7 @@ Bounds (units named): at most :data:`MAX_CONNECTIONS` connections
 flight per connection; every outbox holds at most ``max_messages`` messages and
 ``max_bytes`` bytes (:mod:`.routing` says what overflow does).
 
-Supervision: the front is built by :func:`serve.runtime.host.build_host` and runs as the
+Supervision: the front is built by :func:`serve.runtime.build.build_host` and runs as the
 ``acp-front`` child of the root supervisor, beside ``http``; :meth:`AcpFront.run` is its
 target. The front knows nothing of HTTP: the transports (``serve/http/routes/acp.py``)
 hand it connections and messages through :meth:`AcpFront.initialize`,

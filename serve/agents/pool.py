@@ -14,7 +14,7 @@ pool owns every child, and stopping the pool stops them all (drain). The parts:
   pack tightly) as an :class:`~serve.agents.slots.AgentLease`;
 * :mod:`serve.agents.budget` — each child's PSS, sampled, against
   ``--agent-memory-budget-mb``;
-* :mod:`serve.agents.health` — consecutive failures, the refill's backoff, ``failing``;
+* :mod:`serve.agents.spawn_health` — consecutive failures, the refill's backoff, ``failing``;
 * :mod:`serve.agents.adaptive` and :mod:`serve.agents.priority` — how many spares to keep,
   and their low CPU weight until taken;
 * :mod:`serve.agents.messages` — what the actor receives; this module — the actor: it
@@ -46,7 +46,7 @@ holds the warm refill until :class:`~serve.agents.messages.InstallAgentEnv` (its
 the tenant's environment, which every child spawned afterwards gets on top of
 :func:`~serve.sessions.agent_link.agent_env`.
 
-Failure (:mod:`serve.agents.health`): while the pool is ``failing`` the refill only
+Failure (:mod:`serve.agents.spawn_health`): while the pool is ``failing`` the refill only
 *probes*, one child at a time after the capped backoff, so the pool recovers by itself once
 the agent works again (a probe child that becomes stable ends ``failing``; one not needed
 as warm capacity is then stopped). Session creates still try their own spawn at once (so
@@ -97,7 +97,6 @@ from serve.agents.child import (
     stop_child,
     watch_child,
 )
-from serve.agents.health import STABLE_AFTER_S, SpawnHealth
 from serve.agents.messages import (
     Abandon,
     Acquire,
@@ -120,6 +119,7 @@ from serve.agents.messages import (
 from serve.agents.primed import prime
 from serve.agents.priority import RefillPriority
 from serve.agents.slots import AgentLease, Slots, give_back
+from serve.agents.spawn_health import STABLE_AFTER_S, SpawnHealth
 from serve.isolation import ChildLimits, Isolation
 from serve.sessions.agent_link import agent_env
 from serve.sessions.errors import SessionsUnavailable

@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from serve.sessions.messages import SessionMsg
     from serve.sessions.registry import Ticket
     from serve.settings import Settings
-    from serve.workspace_runtimes import WorkspaceRuntimes
+    from serve.workspaces.runtimes import WorkspaceRuntimes
 
 __all__ = [
     "ASK_TIMEOUT_S",

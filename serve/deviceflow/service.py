@@ -5,9 +5,9 @@ Providers come from :func:`serve.deviceflow.providers.load_providers` (built-in
 ``deviceFlow.providers`` when that section exists, and ``settings.device_flow_providers``).
 A malformed entry is logged and the daemon runs with the built-in provider only.
 Credentials go to ``<state-dir>/credentials/``; events go to every live session's log through
-the :class:`~serve.workspace.hub.WorkspaceHub` (a ``Broadcast`` message; the poller never
+the :class:`~serve.workspaces.hub.WorkspaceHub` (a ``Broadcast`` message; the poller never
 waits: when the hub's inbox is full or the hub is down the event is dropped with a log line).
-The Host builder (:mod:`serve.runtime.host`) calls :func:`build`; routes reach the running
+The Host builder (:mod:`serve.runtime.build`) calls :func:`build`; routes reach the running
 poller as ``host.device_flow``.
 """
 
@@ -24,7 +24,7 @@ from serve.deviceflow.providers import (
     ProviderConfigError,
     load_providers,
 )
-from serve.workspace.hub import Broadcast, WorkspaceHub
+from serve.workspaces.hub import Broadcast, WorkspaceHub
 
 if TYPE_CHECKING:
     from serve.settings import Settings

@@ -6,8 +6,8 @@ Domain packages raise their own exceptions and know no transport: who failed is 
 exception's class, what the client reads is its ``message``/``code``/fields. This package
 is the only place that decides the wire *status*, *body* and *headers* of each family
 (:mod:`.table`): session errors (``serve.sessions.errors``), workspace file-system errors
-(``serve.workspace.errors``, the spec §4.5 errorKind table), settings-file errors
-(``serve.workspace_state.settings_file``) and the ACP client's errors (``acp.errors``),
+(``serve.workspaces.files.errors``, the spec §4.5 errorKind table), settings-file errors
+(``serve.workspaces.state.settings_file``) and the ACP client's errors (``acp.errors``),
 and which codes of a failed turn are retryable. A :class:`WireError` is neutral (no HTTP
 framework, no JSON-RPC); :func:`rest` renders it for the REST front (``serve.http.errors``
 turns it into its ``ApiError``); :func:`jsonrpc` renders it for the ``/acp`` front

@@ -24,7 +24,7 @@ from serve.errors.table import WireError, fs_error, wire_error
 from serve.events.log import SubscriberLimitExceeded
 from serve.sessions.messages import SessionGone
 from serve.sessions.prompt_queue import PromptQueueFull
-from serve.workspace.errors import WorkspaceFsError
+from serve.workspaces.files.errors import WorkspaceFsError
 
 __all__ = [
     "INTERNAL_ERROR",

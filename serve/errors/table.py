@@ -32,8 +32,8 @@ from serve.sessions.errors import (
     TurnRetryable,
     TurnSessionLost,
 )
-from serve.workspace.errors import ErrorKind, WorkspaceFsError
-from serve.workspace_state.settings_file import SETTINGS_PATH, SettingsFileError
+from serve.workspaces.files.errors import ErrorKind, WorkspaceFsError
+from serve.workspaces.state.settings_file import SETTINGS_PATH, SettingsFileError
 
 __all__ = [
     "FS_STATUS",

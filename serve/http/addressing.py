@@ -5,7 +5,7 @@ route (id or URL-encoded path; ``404 workspace_not_found`` when unknown), else t
 workspace. :func:`agent_session` picks the live session whose agent answers status
 questions (the most recently created one in the addressed workspace that finished its
 handshake); status snapshots never start one. :func:`publish_workspace_event` sends a
-workspace-scoped event to the :class:`~serve.workspace.hub.WorkspaceHub` actor, which has
+workspace-scoped event to the :class:`~serve.workspaces.hub.WorkspaceHub` actor, which has
 every live session of the workspace append it to its log by message (the reference's
 "workspace-wide" fan-out); it returns once the sessions have it (bounded). With no live
 session there is nobody to tell and nothing is stored. An unregistered client id is
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from quart import has_request_context, request
 
 from serve.http.errors import ApiError
-from serve.workspace import Workspace
+from serve.workspaces.files import Workspace
 
 if TYPE_CHECKING:
     from serve.host import Host

@@ -34,8 +34,8 @@ from serve.deviceflow.service import SERVICE_NAME as DEVICE_FLOW
 from serve.http import capabilities
 from serve.isolation import sandbox
 from serve.mcp.service import SERVICE_NAME as MCP_POOL
-from serve.workspace.hub import HUB_SERVICE
-from serve.workspace_state.reload import SERVICE_NAME as WORKSPACE_STATE
+from serve.workspaces.hub import HUB_SERVICE
+from serve.workspaces.state.reload import SERVICE_NAME as WORKSPACE_STATE
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -15,7 +15,7 @@ from typing import Any
 
 from acp.schema import InitializeResult
 from serve.sessions.fork import fork_path
-from serve.workspace_state import agent_ext
+from serve.workspaces.state import agent_ext
 
 
 def _kind(info: InitializeResult) -> str | None:

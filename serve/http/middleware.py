@@ -107,9 +107,9 @@ from serve.settings import Settings
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from serve.binding import Binding
     from serve.host import Host
     from serve.http.metrics import DaemonMetrics
+    from serve.tenant_claim import Binding
 
 __all__ = [
     "DRAIN_LIMIT_BYTES",

@@ -2,7 +2,7 @@
 
 ``build(settings, sessions_for)`` reads ``--mcp-client-budget`` / ``--mcp-budget-mode`` from the
 settings and ``QWEN_SERVE_NO_MCP_POOL`` from the environment; the pool's sockets live under
-``<state-dir>/mcp-<pid>/``. The Host builder (:mod:`serve.runtime.host`) calls it; routes
+``<state-dir>/mcp-<pid>/``. The Host builder (:mod:`serve.runtime.build`) calls it; routes
 reach the running pool as ``host.mcp_pool``.
 """
 

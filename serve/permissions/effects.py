@@ -46,10 +46,11 @@ request goes through the same pipeline:
       one request (:class:`~serve.permissions.cache.InflightTable`); if the leader is
       cancelled (the agent withdrew its request) the next waiter asks again.
 5. **auto** (or approved) → run. Targets inside the workspace go through the shared
-   :mod:`serve.workspace` boundary (the same :class:`~serve.workspace.Workspace` as the
-   HTTP file routes, so writes serialise with clients' writes and a symlink swapped in
-   after the check fails with ``symlink_escape``); targets outside the workspace, which
-   only an ``any``-scoped grant allows, use plain file I/O in a worker thread.
+   :mod:`serve.workspaces.files` boundary (the same
+   :class:`~serve.workspaces.files.Workspace` as the HTTP file routes, so writes serialise
+   with clients' writes and a symlink swapped in after the check fails with
+   ``symlink_escape``); targets outside the workspace, which only an ``any``-scoped grant
+   allows, use plain file I/O in a worker thread.
 
 The principal
 -------------
@@ -142,9 +143,9 @@ from serve.permissions.host_request import EFFECT_DENIED, Outcome, ask_clients, 
 from serve.permissions.modes import qwen_equivalent
 from serve.permissions.terminal_guard import classify_acp_request, classify_terminal
 from serve.threads import agent_fs_limiter
-from serve.workspace import Workspace, WorkspaceFsError, overwrite_text
-from serve.workspace import read_text as ws_read_text
-from serve.workspace.set import WorkspaceSet
+from serve.workspaces.files import Workspace, WorkspaceFsError, overwrite_text
+from serve.workspaces.files import read_text as ws_read_text
+from serve.workspaces.files.set import WorkspaceSet
 
 if TYPE_CHECKING:
     from serve.permissions.mediator import PermissionMediator

@@ -21,7 +21,7 @@ from actors import ActorError
 from serve.permissions.approval import Decision, Effect
 from serve.permissions.mediator import OpenPermission, request_decision
 from serve.permissions.voting import PermissionOption
-from serve.workspace import WorkspaceFsError
+from serve.workspaces.files import WorkspaceFsError
 
 if TYPE_CHECKING:
     from serve.permissions.context import EffectSession

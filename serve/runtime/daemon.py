@@ -5,7 +5,7 @@ Tree (see docs/architecture.md)::
     Daemon.run (trio)
     ├── signal watcher                     first SIGINT/SIGTERM drains, a second forces exit
     └── root Supervisor
-        ├── ... the Host's children         (serve/runtime/host.py, in start order; the
+        ├── ... the Host's children         (serve/runtime/build.py, in start order; the
         │                                    optional services under their own supervisor)
         └── http      hypercorn + the app   (permanent; started last, stopped first)
 
@@ -47,9 +47,9 @@ from actors import ChildSpec, Restart
 from serve.config import DaemonConfig
 from serve.host import Host
 from serve.http.app import create_app
-from serve.runtime.host import build_host
+from serve.runtime.build import build_host
 from serve.settings import Settings
-from serve.workspace_runtimes import workspace_id
+from serve.workspaces.runtimes import workspace_id
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ LEFTOVER_GRACE_S = 0.1
 class Daemon:
     """Runs one Host: the root supervisor and its children, signals, drain, the HTTP front.
 
-    The Host (what the daemon is made of) comes from :func:`serve.runtime.host.build_host`;
+    The Host (what the daemon is made of) comes from :func:`serve.runtime.build.build_host`;
     the daemon only runs it. ``Daemon(settings)`` builds one (tests); the entry point passes
     the config it already parsed.
     """

@@ -50,7 +50,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     token_generated: bool = False
     #: ``--bootstrap-token`` (late binding): ``token`` is a pool-scoped bootstrap token
     #: that only ``POST /daemon/bind`` accepts; the bind installs the tenant's token and
-    #: revokes it (``serve.binding``). Until then only the probes and the bind are served.
+    #: revokes it (``serve.tenant_claim``). Until then only the probes and the bind are served.
     bootstrap: bool = False
     #: ``--token-header NAME``: a header that may carry the token instead of
     #: ``Authorization`` (lower case; e.g. behind agent-sandbox's router, which strips

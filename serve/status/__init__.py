@@ -3,7 +3,7 @@
 Sans-HTTP where it can be (the routes in :mod:`serve.http.routes.files`,
 :mod:`serve.http.routes.workspace` and :mod:`serve.http.routes.status` parse, call, encode):
 
-* :mod:`.shared`        the daemon's shared :class:`~serve.workspace.Workspace` objects
+* :mod:`.shared`        the daemon's shared :class:`~serve.workspaces.files.Workspace` objects
                         (one per canonical root, also for the ACP ``fs/*`` handlers), the
                         live-session picker, and workspace-wide event fan-out;
 * :mod:`.env`           ``GET /workspace/env`` cells from an environment mapping (pure;
@@ -15,7 +15,7 @@ Sans-HTTP where it can be (the routes in :mod:`serve.http.routes.files`,
 * :mod:`.skills`        project skills under ``.qwen/skills`` (names and descriptions);
 * :mod:`.init`          ``POST /workspace/init`` (the memory file);
 
-Nothing here writes the settings file (that is :mod:`serve.workspace_state.settings_file`),
+Nothing here writes the settings file (that is :mod:`serve.workspaces.state.settings_file`),
 and nothing here spawns an agent: with no live session the agent-derived parts say
 ``initialized: false`` / ``not_started``.
 """

@@ -33,7 +33,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from serve.workspace import (
+from serve.workspaces.files import (
     Workspace,
     WorkspaceFsError,
     read_bytes,

@@ -16,7 +16,7 @@ import importlib
 from types import ModuleType
 from typing import Any, Final
 
-from serve.workspace import Workspace, WorkspaceFsError, list_dir, read_text
+from serve.workspaces.files import Workspace, WorkspaceFsError, list_dir, read_text
 
 __all__ = ["MAX_FRONT_MATTER_CHARS", "MAX_SKILLS", "SKILLS_DIR", "project_skills"]
 

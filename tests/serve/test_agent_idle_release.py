@@ -19,7 +19,7 @@ import trio
 from serve.http import capabilities
 from serve.http.app import collect_features, create_app
 from serve.http.openapi import build_document, registered_routes
-from serve.runtime.host import build_host
+from serve.runtime.build import build_host
 from serve.settings import parse_settings
 from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import DaemonProcess, spawn_daemon

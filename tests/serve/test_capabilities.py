@@ -14,7 +14,7 @@ import pytest
 from serve.host import Host
 from serve.http import capabilities
 from serve.http.app import collect_features, create_app
-from serve.runtime.host import build_host
+from serve.runtime.build import build_host
 from serve.settings import parse_settings
 from tests.conftest import AUTH
 from tests.support.daemon import DaemonProcess

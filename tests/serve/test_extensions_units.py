@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from serve.workspace_state import agent_ext
-from serve.workspace_state.agent_ext import ExtSupport, agent_kind, any_live_supports
+from serve.workspaces.state import agent_ext
+from serve.workspaces.state.agent_ext import ExtSupport, agent_kind, any_live_supports
 
 QWEN = "qwen-code@0.24.4"
 

@@ -10,7 +10,7 @@ import msgspec
 from actors import ChildSpec
 from serve.acpfront import AcpFront
 from serve.config import load_config_text
-from serve.runtime.host import build_host
+from serve.runtime.build import build_host
 from serve.settings import Settings, parse_settings
 
 

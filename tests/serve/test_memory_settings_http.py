@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from serve.workspace_state.memory import MEMORY_SECTION_HEADER
+from serve.workspaces.state.memory_file import MEMORY_SECTION_HEADER
 from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import DaemonProcess, running_daemon
 from tests.support.sse import iter_events

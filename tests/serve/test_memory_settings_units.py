@@ -8,10 +8,10 @@ import msgspec
 import pytest
 
 from serve.config import load_config_text
-from serve.workspace_state.memory import MEMORY_SECTION_HEADER as H
-from serve.workspace_state.memory import compose_appended
-from serve.workspace_state.reload import plan_config_reload
-from serve.workspace_state.settings_edit import (
+from serve.workspaces.state.memory_file import MEMORY_SECTION_HEADER as H
+from serve.workspaces.state.memory_file import compose_appended
+from serve.workspaces.state.reload import plan_config_reload
+from serve.workspaces.state.settings_edit import (
     REDACTED,
     SettingError,
     apply_update,

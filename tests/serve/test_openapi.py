@@ -20,7 +20,7 @@ from serve.http.app import collect_features, create_app
 from serve.http.openapi import build_document, path_template, registered_routes
 from serve.http.openapi.catalog import CATALOG
 from serve.http.openapi.types import APPROVAL_MODES
-from serve.runtime.host import build_host
+from serve.runtime.build import build_host
 from serve.sessions.actor import APPROVAL_MODES as ACTOR_APPROVAL_MODES
 from serve.settings import parse_settings
 from tests.conftest import AUTH

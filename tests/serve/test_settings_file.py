@@ -1,4 +1,4 @@
-"""The settings file's one read-modify-write (serve/workspace_state/settings_file.py), on
+"""The settings file's one read-modify-write (serve/workspaces/state/settings_file.py), on
 real files in a temporary workspace: the tool toggle and the dotted-key edits share one
 lock and one conflict loop."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from serve.workspace import Workspace
-from serve.workspace_state import settings_edit, settings_file
-from serve.workspace_state.settings_file import (
+from serve.workspaces.files import Workspace
+from serve.workspaces.state import settings_edit, settings_file
+from serve.workspaces.state.settings_file import (
     MAX_UPDATE_ATTEMPTS,
     SettingsFileError,
     read_settings,

@@ -12,7 +12,7 @@ import trio
 
 from serve.http import capabilities
 from serve.http.app import collect_features
-from serve.runtime.host import build_host
+from serve.runtime.build import build_host
 from serve.settings import parse_settings
 from tests.conftest import AUTH, TOKEN
 from tests.serve.test_shell_run import group_gone

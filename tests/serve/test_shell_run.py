@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from acp.process import live_group_members
-from serve.workspace_state.shell_run import run_shell, signal_name
+from serve.workspaces.state.shell_run import run_shell, signal_name
 
 
 async def group_gone(pgid: int) -> bool:

@@ -24,7 +24,7 @@ import trio
 from actors import ChildSpec, Restart
 from serve.__main__ import main
 from serve.permissions.mediator import PermissionMediator
-from serve.runtime import daemon, host
+from serve.runtime import build, daemon
 
 
 async def _wait_for(trigger: str) -> None:
@@ -40,7 +40,7 @@ def _flaky_service(trigger: str) -> None:
         raise RuntimeError("injected fault in an optional service")
 
     flaky = ChildSpec("flaky", run, Restart.PERMANENT)
-    daemon.build_host = functools.partial(host.build_host, extra_services=[flaky])
+    daemon.build_host = functools.partial(build.build_host, extra_services=[flaky])
 
 
 def _crashing_mediator(trigger: str) -> None:

@@ -1,10 +1,10 @@
-"""serve.binding.Binding: one bind at a time, never a second, the digest it accepts."""
+"""serve.tenant_claim.Binding: one bind at a time, never a second, the digest it accepts."""
 
 from __future__ import annotations
 
 import hashlib
 
-from serve.binding import Binding, BindPlan
+from serve.tenant_claim import Binding, BindPlan
 
 
 def _plan(token: str) -> BindPlan:

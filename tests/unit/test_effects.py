@@ -28,7 +28,7 @@ from serve.permissions.host_request import (
     host_tool_call,
 )
 from serve.permissions.terminal_guard import classify_terminal
-from serve.workspace.errors import make_error
+from serve.workspaces.files.errors import make_error
 
 WS = "/w"
 OPTIONS = [

@@ -47,8 +47,8 @@ from serve.sessions.errors import (
     TurnFailed,
     UnknownClient,
 )
-from serve.workspace.errors import ERROR_KINDS, make_error
-from serve.workspace_state.settings_file import SettingsFileError
+from serve.workspaces.files.errors import ERROR_KINDS, make_error
+from serve.workspaces.state.settings_file import SettingsFileError
 
 RETRY = {"Retry-After": "5"}
 

@@ -17,7 +17,7 @@ from serve.events import SubscriberLimitExceeded
 from serve.sessions.errors import NotSupportedByAgent, SessionLimitError, SessionRequestError
 from serve.sessions.messages import SessionGone
 from serve.sessions.prompt_queue import PromptQueueFull
-from serve.workspace.errors import make_error
+from serve.workspaces.files.errors import make_error
 
 
 def _bytes(exc: BaseException, sid: str | None = None) -> bytes:

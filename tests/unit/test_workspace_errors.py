@@ -7,7 +7,7 @@ import errno
 import pytest
 
 from serve.errors import FS_STATUS, fs_error
-from serve.workspace.errors import (
+from serve.workspaces.files.errors import (
     ERROR_KINDS,
     FsConflictError,
     FsDeniedError,

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from serve.errors import FS_STATUS
-from serve.workspace import (
+from serve.workspaces.files import (
     Workspace,
     WorkspaceFsError,
     edit_text,
@@ -31,8 +31,8 @@ from serve.workspace import (
     stat,
     write_text,
 )
-from serve.workspace.files import MAX_BYTES_WINDOW, MAX_TEXT_READ_BYTES, MAX_WRITE_BYTES
-from serve.workspace.results import ReadTextResult
+from serve.workspaces.files.contents import MAX_BYTES_WINDOW, MAX_TEXT_READ_BYTES, MAX_WRITE_BYTES
+from serve.workspaces.files.results import ReadTextResult
 
 
 @pytest.fixture

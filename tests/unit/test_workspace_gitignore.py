@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from serve.workspace import Workspace
-from serve.workspace.gitignore import expand_braces, parse_gitignore, translate_glob
+from serve.workspaces.files import Workspace
+from serve.workspaces.files.gitignore import expand_braces, parse_gitignore, translate_glob
 
 # (ignore file text, path, is_dir, ignored?) — one rules file at the root, no nesting.
 PATTERN_CASES: list[tuple[str, str, bool, bool]] = [

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from serve.errors import fs_error
-from serve.workspace import (
+from serve.workspaces.files import (
     StatResult,
     Workspace,
     WorkspaceFsError,
@@ -29,7 +29,7 @@ from serve.workspace import (
     stat,
     write_text,
 )
-from serve.workspace.paths import MAX_NAME_BYTES, MAX_PATH_CHARS, suspicious_reason
+from serve.workspaces.files.paths import MAX_NAME_BYTES, MAX_PATH_CHARS, suspicious_reason
 
 SECRET = "TOP-SECRET-7f3a9c"
 SECRET_HASH_INPUT = f"{SECRET}\n"

@@ -7,8 +7,8 @@ import codecs
 import pytest
 
 from serve.errors import FS_STATUS
-from serve.workspace import WorkspaceFsError
-from serve.workspace.textio import (
+from serve.workspaces.files import WorkspaceFsError
+from serve.workspaces.files.textio import (
     BINARY_PROBE_BYTES,
     apply_line_ending,
     decode_text,

@@ -24,12 +24,12 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from serve.binding import BindRequest
 from serve.http.openapi import types as t
 from serve.http.security._wire import ErrorBody
 from serve.status.env import EnvCell
 from serve.status.preflight import PreflightCell
-from serve.workspace.results import (
+from serve.tenant_claim import BindRequest
+from serve.workspaces.files.results import (
     EditResult,
     GlobResult,
     ListResult,

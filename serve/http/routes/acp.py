@@ -2,7 +2,7 @@
 
 The glue between the wire and :class:`serve.acpfront.AcpFront` (which holds connections,
 their sessions and outboxes, and all routing). The front is not started here: it is built
-by :func:`serve.runtime.host.build_host` (with this transport's policy, :func:`build_front`)
+by :func:`serve.runtime.build.build_host` (with this transport's policy, :func:`build_front`)
 and runs as the supervised ``acp-front`` child beside ``http``; these routes find it on the
 Host and only hand it connections and messages (503 while it is not running):
 
@@ -230,7 +230,7 @@ def _rate_limit(d: Host, key: str, method: str) -> RpcError | None:
 def build_front(host: Host, all_features: Sequence[Feature]) -> AcpFront | None:
     """The /acp front over ``host`` with this transport's policy (strict gate, WebSocket
     rate limit) and expiry settings, or None when ``QWEN_SERVE_ACP_HTTP=0``. Called by
-    :func:`serve.runtime.host.build_host`, which supervises it (``acp-front``)."""
+    :func:`serve.runtime.build.build_host`, which supervises it (``acp-front``)."""
     if not acp_enabled():
         return None
     try:

@@ -1,6 +1,6 @@
 """``POST /daemon/bind``: late binding of a warm daemon to its tenant (``--bootstrap-token``).
 
-The body is :class:`serve.binding.BindRequest`::
+The body is :class:`serve.tenant_claim.BindRequest`::
 
     {"token": "<the tenant's token>",
      "workspace": {"path": "/workspace"} | {"repository": "https://...", "ref": "main"},
@@ -34,13 +34,13 @@ import msgspec
 from quart import Blueprint, Response
 
 from serve import threads
-from serve.binding import BindFailed, BindRefused, BindRequest, apply_files, plan_bind
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request, invalid_json
 from serve.http.security import redact
 from serve.http.wire import body_bytes, json_response
 from serve.logs import install_redaction
+from serve.tenant_claim import BindFailed, BindRefused, BindRequest, apply_files, plan_bind
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ persisted, as in the reference). Rewind and branch refuse while a prompt runs or
 (``409 session_busy``); the session decides that in its inbox and starts no prompt until
 the call returns (a prompt admitted meanwhile waits its turn).
 
-Support and tags (:mod:`serve.workspace_state.agent_ext`): a tag is advertised only when
+Support and tags (:mod:`serve.workspaces.state.agent_ext`): a tag is advertised only when
 some live session's agent is known (qwen-code) or was seen to answer the method; no live
 session → no tag. A call to an agent kind that answered ``-32601`` before is refused at
 once; a call answered ``-32601`` is remembered. Both are ``501 {code:
@@ -70,7 +70,7 @@ from serve.sessions.fork import NATIVE as NATIVE_FORK
 from serve.sessions.fork import current_state, fork_path, fork_session
 from serve.sessions.messages import AgentCall, Attach, Attached, SessionGone
 from serve.sessions.registry import RestoreSession
-from serve.workspace_state import agent_ext
+from serve.workspaces.state import agent_ext
 
 if TYPE_CHECKING:
     from serve.host import Host

@@ -1,12 +1,12 @@
 """Workspace file routes: ``GET /file``, ``/file/bytes``, ``/stat``, ``/list``, ``/glob``,
 ``POST /file/write``, ``/file/edit`` (spec §4.5, seed "工作区文件路由").
 
-Each handler parses its query or body, runs one :mod:`serve.workspace` function in a
+Each handler parses its query or body, runs one :mod:`serve.workspaces.files` function in a
 worker thread (``trio.to_thread.run_sync``; not abandoned on cancel, so a write that has
 started finishes and its temp file is cleaned up) against the daemon's shared primary
-:class:`~serve.workspace.Workspace`, and encodes the result Struct as the body.
+:class:`~serve.workspaces.files.Workspace`, and encodes the result Struct as the body.
 
-Errors: a :class:`~serve.workspace.WorkspaceFsError` becomes the file-route envelope
+Errors: a :class:`~serve.workspaces.files.WorkspaceFsError` becomes the file-route envelope
 ``{"errorKind","error","hint"?,"status"}`` with the kind's status; a bug becomes
 ``internal_error`` (500, logged). Malformed JSON and an unregistered client id keep the
 daemon-wide envelopes. Every response of this blueprint, errors included, carries
@@ -38,7 +38,7 @@ from serve.http.errors import ApiError
 from serve.http.routes.sessions import header_client_id
 from serve.http.wire import json_body, json_response
 from serve.threads import file_routes_limiter
-from serve.workspace import (
+from serve.workspaces.files import (
     EditResult,
     WorkspaceFsError,
     WriteResult,
@@ -50,14 +50,14 @@ from serve.workspace import (
     stat,
     write_text,
 )
-from serve.workspace.errors import make_error
-from serve.workspace.files import (
+from serve.workspaces.files.contents import (
     DEFAULT_BYTES_WINDOW,
     MAX_BYTES_WINDOW,
     MAX_READ_LINES,
     MAX_TEXT_READ_BYTES,
 )
-from serve.workspace.listing import DEFAULT_GLOB_RESULTS, MAX_GLOB_RESULTS
+from serve.workspaces.files.errors import make_error
+from serve.workspaces.files.listing import DEFAULT_GLOB_RESULTS, MAX_GLOB_RESULTS
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ refuses them on a daemon without a bearer token; each checks a present
   (``files``, ``totalBytes``, ``fileCount``, ``ruleCount``).
 * ``POST /workspace/memory`` ``{content, mode?: "append"|"replace", scope?: "workspace"}``
   → ``{ok, filePath, bytesWritten, mode, changed}``; event ``memory_changed {scope,
-  filePath, mode, bytesWritten}`` when the file changed (:mod:`serve.workspace_state.
+  filePath, mode, bytesWritten}`` when the file changed (:mod:`serve.workspaces.state.
   memory`).
 * ``GET /workspace/settings`` (tag ``workspace_settings``): the known settings described
   with their values (``settings[]``, the reference's shape) and the whole document
@@ -20,11 +20,11 @@ refuses them on a daemon without a bearer token; each checks a present
   persisted to ``<workspace>/.qwen/settings.json`` without losing other keys; known keys
   type-checked (``400 invalid_setting`` naming the key); event ``settings_changed {key,
   value?, scope: "workspace", mutation}`` when the file changed
-  (:mod:`serve.workspace_state.settings_edit`).
+  (:mod:`serve.workspaces.state.settings_edit`).
 * ``POST /workspace/reload`` (tag ``workspace_reload``): re-read the settings file and the
   daemon config's grants and approval policy without a restart; event
   ``settings_reloaded {env, changedKeys, childReloaded: false, sessionsRefreshed,
-  restartRequired, grantsReloaded}`` (:mod:`serve.workspace_state.reload`). Nothing is
+  restartRequired, grantsReloaded}`` (:mod:`serve.workspaces.state.reload`). Nothing is
   applied when the settings file or the config file cannot be decoded.
 
 File work runs in worker threads through the shared workspace boundary.
@@ -48,9 +48,9 @@ from serve.http.wire import encode, json_body, json_response
 from serve.settings import SettingsError
 from serve.status.init import memory_file_name
 from serve.threads import file_routes_limiter
-from serve.workspace import Workspace, WorkspaceFsError
-from serve.workspace_state import reload as reload_state
-from serve.workspace_state.memory import (
+from serve.workspaces.files import Workspace, WorkspaceFsError
+from serve.workspaces.state import reload as reload_state
+from serve.workspaces.state.memory_file import (
     MAX_CONTENT_BYTES,
     MAX_MEMORY_FILE_BYTES,
     MemoryBusy,
@@ -61,7 +61,7 @@ from serve.workspace_state.memory import (
     read_memory,
     write_memory,
 )
-from serve.workspace_state.settings_edit import (
+from serve.workspaces.state.settings_edit import (
     KNOWN_SETTINGS,
     MAX_VALUE_BYTES,
     SettingError,
@@ -72,7 +72,7 @@ from serve.workspace_state.settings_edit import (
     redact,
     update_setting,
 )
-from serve.workspace_state.settings_file import SETTINGS_PATH, SettingsFileError, read_settings
+from serve.workspaces.state.settings_file import SETTINGS_PATH, SettingsFileError, read_settings
 
 blueprint = Blueprint("workspace_memory_settings", __name__)
 

@@ -17,7 +17,7 @@ Order of work:
    A refusal is ``403 {code:"effect_denied", reason, capability, rule}`` (the gate has
    already published ``effect_denied``). No gate installed: the command runs directly.
 2. ``user_shell_command {sessionId, command, cwd}`` on the session log.
-3. The command runs (:func:`serve.workspace_state.shell_run.run_shell`): own process
+3. The command runs (:func:`serve.workspaces.state.shell_run.run_shell`): own process
    group, 120 s timeout, group SIGKILLed on timeout, when the shell exits (leftover
    background jobs) and when the HTTP client goes away (handler cancelled). Output is
    streamed as ``session_update {sessionId, update:{sessionUpdate:"shell_output", output,
@@ -62,8 +62,8 @@ from serve.http.routes.sessions import (
 from serve.http.wire import json_body, json_response
 from serve.isolation import sandbox
 from serve.sessions.messages import AgentCall, PublishEvent
-from serve.workspace_state import agent_ext
-from serve.workspace_state.shell_run import DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT_S, run_shell
+from serve.workspaces.state import agent_ext
+from serve.workspaces.state.shell_run import DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT_S, run_shell
 
 if TYPE_CHECKING:
     from serve.host import Host

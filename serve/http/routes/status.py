@@ -31,7 +31,7 @@ from serve.http.routes.sessions import find_session, session_client
 from serve.http.wire import json_response
 from serve.status.agent import context_state, supported_commands
 from serve.status.skills import project_skills
-from serve.workspace import WorkspaceFsError
+from serve.workspaces.files import WorkspaceFsError
 
 log = logging.getLogger(__name__)
 

@@ -66,8 +66,8 @@ from serve.status.mcp import mcp_snapshot
 from serve.status.preflight import daemon_cells
 from serve.status.skills import project_skills
 from serve.threads import file_routes_limiter
-from serve.workspace import Workspace, WorkspaceFsError
-from serve.workspace_state.settings_file import SettingsFileError, read_settings, set_tool_enabled
+from serve.workspaces.files import Workspace, WorkspaceFsError
+from serve.workspaces.state.settings_file import SettingsFileError, read_settings, set_tool_enabled
 
 blueprint = Blueprint("workspace_status", __name__)
 PLURAL_ROUTES = plural.PluralRoutes(blueprint)

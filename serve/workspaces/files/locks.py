@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-from serve.workspace.errors import make_error
+from serve.workspaces.files.errors import make_error
 
 __all__ = ["LOCK_TIMEOUT_SECONDS", "PathLocks"]
 

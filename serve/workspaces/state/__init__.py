@@ -1,9 +1,9 @@
-"""Workspace-level state behind the issue-11 routes (no HTTP here).
+"""Workspace-level state: vendor extensions, the memory file, settings, reload, shell (no HTTP).
 
 * :mod:`.agent_ext`     which vendor extension methods (``qwen/status/...``,
                         ``qwen/control/...``) an agent kind answers: a known-agent table
                         corrected by observed ``-32601`` answers (pure);
-* :mod:`.memory`        the workspace memory file (``QWEN.md``): the append composition
+* :mod:`.memory_file`   the workspace memory file (``QWEN.md``): the append composition
                         (pure) and the read / write through the workspace boundary;
 * :mod:`.settings_file` ``<workspace>/.qwen/settings.json``: the strict-JSON read and the
                         one read-modify-write (one lock table, one retry loop), used by

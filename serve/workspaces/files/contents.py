@@ -2,14 +2,15 @@
 
 Theory of operation
 -------------------
-Synchronous functions over a :class:`~serve.workspace.paths.Workspace`; the HTTP routes
+Synchronous functions over a :class:`~serve.workspaces.files.paths.Workspace`; the HTTP routes
 and the ACP ``fs/*`` handlers call them through ``trio.to_thread.run_sync`` (they block on
 disk). Each one resolves its path through :meth:`Workspace.resolve`, then acts through
-descriptors opened *beneath the root without following symlinks* (:mod:`serve.workspace.leaf`:
-:meth:`Workspace.open_dir` + ``openat``-style calls with ``dir_fd``), so a symlink swapped
-in after resolution fails the operation instead of escaping. Results are frozen
+descriptors opened *beneath the root without following symlinks*
+(:mod:`serve.workspaces.files.leaf`: :meth:`Workspace.open_dir` + ``openat``-style calls
+with ``dir_fd``), so a symlink swapped in after resolution fails the operation instead of
+escaping. Results are frozen
 ``msgspec`` Structs whose encoded form is the spec's response body (``kind`` included,
-camelCase names); failures raise :class:`~serve.workspace.errors.WorkspaceFsError`.
+camelCase names); failures raise :class:`~serve.workspaces.files.errors.WorkspaceFsError`.
 
 Reads are snapshots: the file is read through one descriptor and ``fstat``-ed before and
 after; a change in between (an in-place write by another process) is ``hash_mismatch``.
@@ -18,7 +19,7 @@ binary files (``binary_file``) and files over :data:`MAX_TEXT_READ_BYTES`, or ov
 :data:`MAX_TEXT_SCAN_BYTES` when a line ``limit`` asks for a window (``file_too_large``).
 
 Writes (:func:`write_text`, :func:`overwrite_text`, :func:`edit_text`) run under the
-workspace's per-path ``threading.Lock`` (:class:`~serve.workspace.locks.PathLocks`), so the
+workspace's per-path ``threading.Lock`` (:class:`~serve.workspaces.files.locks.PathLocks`), so the
 daemon's writers of one file are serialised; each one:
 
 1. re-reads the current file through the parent-directory descriptor and checks the
@@ -55,8 +56,8 @@ from typing import Final
 
 import msgspec
 
-from serve.workspace.errors import WorkspaceFsError, from_os_error, make_error
-from serve.workspace.leaf import (
+from serve.workspaces.files.errors import WorkspaceFsError, from_os_error, make_error
+from serve.workspaces.files.leaf import (
     changed,
     hash_leaf,
     lstat_leaf,
@@ -66,9 +67,9 @@ from serve.workspace.leaf import (
     swapped,
     too_large,
 )
-from serve.workspace.listing import glob, list_dir, stat
-from serve.workspace.paths import ResolvedPath, Workspace
-from serve.workspace.results import (
+from serve.workspaces.files.listing import glob, list_dir, stat
+from serve.workspaces.files.paths import ResolvedPath, Workspace
+from serve.workspaces.files.results import (
     EditResult,
     ReadBytesResult,
     ReadTextResult,
@@ -79,7 +80,7 @@ from serve.workspace.results import (
     is_content_hash,
     str_arg,
 )
-from serve.workspace.textio import (
+from serve.workspaces.files.textio import (
     LineEnding,
     apply_line_ending,
     decode_text,

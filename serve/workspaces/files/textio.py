@@ -1,6 +1,6 @@
 """Text decoding and encoding for workspace files: BOM, encoding, line endings, binary.
 
-Pure functions over ``bytes``/``str``; no I/O. Used by :mod:`serve.workspace.files` to
+Pure functions over ``bytes``/``str``; no I/O. Used by :mod:`serve.workspaces.files.contents` to
 turn a file's raw bytes into the text a client sees, and to turn the text a client sends
 back into bytes with the file's own profile (encoding, BOM, line endings) preserved.
 
@@ -41,7 +41,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from serve.workspace.errors import make_error
+from serve.workspaces.files.errors import make_error
 
 __all__ = [
     "BINARY_CONTROL_RATIO",

@@ -8,7 +8,7 @@ it when they start. What *can* be stale is what the running agents and the daemo
 loaded. :class:`WorkspaceState` (the ``workspace-state`` root-supervised service) keeps,
 per configured workspace, the settings document as it was when the daemon started or
 last reloaded; a reload re-reads the file and reports the dotted keys that changed since
-(:func:`~serve.workspace_state.settings_edit.changed_keys`), then makes the new document
+(:func:`~serve.workspaces.state.settings_edit.changed_keys`), then makes the new document
 the baseline. Writes through ``POST /workspace/settings`` do not move the baseline (the
 running agents have not loaded them), so a reload reports them too.
 
@@ -39,9 +39,9 @@ import trio
 
 from actors import ChildSpec, Restart
 from serve.config import DaemonConfig, load_daemon_config
-from serve.workspace import WorkspaceFsError
-from serve.workspace.set import WorkspaceSet
-from serve.workspace_state.settings_file import SettingsFileError, read_settings
+from serve.workspaces.files import WorkspaceFsError
+from serve.workspaces.files.set import WorkspaceSet
+from serve.workspaces.state.settings_file import SettingsFileError, read_settings
 
 if TYPE_CHECKING:
     from serve.config import ConfigCell

@@ -3,12 +3,12 @@
 Theory of operation
 -------------------
 Synchronous functions (run them in a worker thread), resolving through
-:meth:`~serve.workspace.paths.Workspace.resolve` and reading directories through
+:meth:`~serve.workspaces.files.paths.Workspace.resolve` and reading directories through
 descriptors opened beneath the root without following symlinks. ``stat`` has ``lstat``
 semantics: the last component is reported as ``symlink`` and never followed (so a link to
 outside reveals only that it exists, which ``list_dir`` shows anyway). ``list_dir`` and
 ``glob`` never follow symlinked directories; entries carry the ``.gitignore`` verdict of
-:mod:`serve.workspace.gitignore`, and ignored entries are left out unless asked for.
+:mod:`serve.workspaces.files.gitignore`, and ignored entries are left out unless asked for.
 
 Bounds: ``list_dir`` returns at most :data:`MAX_LIST_ENTRIES` entries and scans at most
 :data:`MAX_LIST_SCAN_ENTRIES`; ``glob`` returns at most ``maxResults`` (≤
@@ -25,10 +25,10 @@ import stat as stat_mod
 import time
 from typing import Final
 
-from serve.workspace.errors import WorkspaceFsError, from_os_error, make_error
-from serve.workspace.gitignore import MAX_PATTERN_BYTES, expand_braces, translate_glob
-from serve.workspace.paths import ResolvedPath, Workspace
-from serve.workspace.results import (
+from serve.workspaces.files.errors import WorkspaceFsError, from_os_error, make_error
+from serve.workspaces.files.gitignore import MAX_PATTERN_BYTES, expand_braces, translate_glob
+from serve.workspaces.files.paths import ResolvedPath, Workspace
+from serve.workspaces.files.results import (
     EntryKind,
     GlobResult,
     ListEntry,

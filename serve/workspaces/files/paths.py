@@ -5,7 +5,7 @@ Theory of operation
 A :class:`Workspace` is bound once, at daemon start, to a canonical root (``realpath`` of
 the configured directory). Every file operation, from the HTTP file routes and from the
 ACP ``fs/*`` handlers alike, first calls :meth:`Workspace.resolve`, which returns a
-:class:`ResolvedPath` or raises a :class:`~serve.workspace.errors.WorkspaceFsError`:
+:class:`ResolvedPath` or raises a :class:`~serve.workspaces.files.errors.WorkspaceFsError`:
 
 1. **Syntax.** A non-string or empty path, one over :data:`MAX_PATH_CHARS` characters, or
    one with a name over :data:`MAX_NAME_BYTES` UTF-8 bytes is a ``parse_error``.
@@ -69,9 +69,9 @@ from typing import Final
 
 import msgspec
 
-from serve.workspace.errors import WorkspaceFsError, from_os_error, make_error
-from serve.workspace.gitignore import IgnoreRules, IgnoreVerdict
-from serve.workspace.locks import PathLocks
+from serve.workspaces.files.errors import WorkspaceFsError, from_os_error, make_error
+from serve.workspaces.files.gitignore import IgnoreRules, IgnoreVerdict
+from serve.workspaces.files.locks import PathLocks
 
 __all__ = [
     "MAX_NAME_BYTES",

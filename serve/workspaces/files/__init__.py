@@ -1,8 +1,8 @@
 """The workspace file system boundary shared by the HTTP file routes and ACP ``fs/*``.
 
 Layering (no HTTP, no ACP, no trio here; callers run the file functions in worker threads
-with ``trio.to_thread.run_sync``). :mod:`.hub` (the WorkspaceHub actor that fans
-workspace-wide events out to sessions) lives beside it and is not imported by the package:
+with ``trio.to_thread.run_sync``). :mod:`serve.workspaces.hub` (the WorkspaceHub actor that
+fans workspace-wide events out to sessions) lives beside this package:
 
 * :mod:`.errors`    ``WorkspaceFsError`` and its kinds (their wire status: ``serve.errors``);
 * :mod:`.textio`    pure text decoding/encoding (BOM, encoding, line endings, binary);
@@ -11,22 +11,22 @@ workspace-wide events out to sessions) lives beside it and is not imported by th
 * :mod:`.paths`     ``Workspace``: canonical root, ``resolve``, safe opens beneath the root;
 * :mod:`.results`   the wire response Structs, hashes and argument checks;
 * :mod:`.listing`   stat, list_dir, glob;
-* :mod:`.files`     read_text, read_bytes, write_text, overwrite_text, edit_text;
+* :mod:`.contents`  read_text, read_bytes, write_text, overwrite_text, edit_text;
 * :mod:`.set`       ``WorkspaceSet``: the Host's one ``Workspace`` per root (imported as
-                    ``serve.workspace.set``).
+                    ``serve.workspaces.files.set``).
 """
 
-from serve.workspace.errors import ErrorKind, WorkspaceFsError
-from serve.workspace.files import (
+from serve.workspaces.files.contents import (
     edit_text,
     overwrite_text,
     read_bytes,
     read_text,
     write_text,
 )
-from serve.workspace.listing import glob, list_dir, stat
-from serve.workspace.paths import ResolvedPath, Workspace
-from serve.workspace.results import (
+from serve.workspaces.files.errors import ErrorKind, WorkspaceFsError
+from serve.workspaces.files.listing import glob, list_dir, stat
+from serve.workspaces.files.paths import ResolvedPath, Workspace
+from serve.workspaces.files.results import (
     EditResult,
     GlobResult,
     ListEntry,

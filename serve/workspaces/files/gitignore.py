@@ -17,7 +17,7 @@ its user's home directory).
 
 I/O part: :class:`IgnoreRules` is bound to a workspace through an ``opener`` callable that
 opens a workspace-relative file *beneath the root without following symlinks* and returns
-a descriptor (see :meth:`serve.workspace.paths.Workspace.open_file`). Sources, lowest
+a descriptor (see :meth:`serve.workspaces.files.paths.Workspace.open_file`). Sources, lowest
 precedence first: ``.git/info/exclude``, the root ``.gitignore``, the root
 ``.qwenignore``, then each nested directory's ``.gitignore`` (deeper overrides
 shallower); within the sources, the last matching rule wins. As in git, a path inside an
@@ -47,7 +47,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from serve.workspace.errors import WorkspaceFsError
+from serve.workspaces.files.errors import WorkspaceFsError
 
 __all__ = [
     "MAX_BRACE_EXPANSIONS",

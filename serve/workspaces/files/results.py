@@ -14,9 +14,9 @@ from typing import Final, Literal
 
 import msgspec
 
-from serve.workspace.errors import make_error
-from serve.workspace.gitignore import IgnoreVerdict
-from serve.workspace.textio import LineEnding
+from serve.workspaces.files.errors import make_error
+from serve.workspaces.files.gitignore import IgnoreVerdict
+from serve.workspaces.files.textio import LineEnding
 
 __all__ = [
     "EditResult",

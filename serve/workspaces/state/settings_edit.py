@@ -30,9 +30,9 @@ can read, edit and write back an object without learning or losing its secrets.
 documents, for ``settings_reloaded``.
 
 I/O: :func:`update_setting` is blocking (run it in a worker thread): the change above
-applied through :func:`serve.workspace_state.settings_file.update_settings`, the file's one
+applied through :func:`serve.workspaces.state.settings_file.update_settings`, the file's one
 read-modify-write (its lock, its conflict retries). A file that is not strict JSON is never
-rewritten (:class:`~serve.workspace_state.settings_file.SettingsFileError`).
+rewritten (:class:`~serve.workspaces.state.settings_file.SettingsFileError`).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from serve.workspace import Workspace
-from serve.workspace_state.settings_file import update_settings
+from serve.workspaces.files import Workspace
+from serve.workspaces.state.settings_file import update_settings
 
 __all__ = [
     "APPROVAL_MODES",
@@ -450,7 +450,7 @@ def update_setting(
     """Set (or remove) the setting at ``path`` in the workspace settings file.
 
     Raises :class:`SettingError` (the update is invalid), :class:`SettingsFileError` (the
-    file is unusable or kept changing) or :class:`~serve.workspace.WorkspaceFsError` (the
+    file is unusable or kept changing) or :class:`~serve.workspaces.files.WorkspaceFsError` (the
     boundary refused the write).
     """
     public: object = None

@@ -48,7 +48,6 @@ import trio
 
 from acp.children import run_reaper
 from actors import Actor, ChildSpec, Restart, Supervisor, SupervisorGaveUp
-from serve.binding import Binding
 from serve.config import ConfigCell, DaemonConfig, load_daemon_config
 from serve.deviceflow import service as device_flow_service
 from serve.host import FrontStats, Host, Lifecycle
@@ -63,10 +62,11 @@ from serve.ratelimit import limiter_for
 from serve.sessions.actor import SessionActor
 from serve.sessions.chaos import ChaosMonkey
 from serve.settings import Settings, SettingsError
-from serve.workspace.hub import HUB_SERVICE, WorkspaceHub
-from serve.workspace.set import WorkspaceSet
-from serve.workspace_runtimes import WorkspaceRuntimes
-from serve.workspace_state import reload as workspace_state
+from serve.tenant_claim import Binding
+from serve.workspaces.files.set import WorkspaceSet
+from serve.workspaces.hub import HUB_SERVICE, WorkspaceHub
+from serve.workspaces.runtimes import WorkspaceRuntimes
+from serve.workspaces.state import reload as workspace_state
 
 __all__ = ["SERVICES_INTENSITY", "SERVICES_PERIOD_S", "build_host"]
 

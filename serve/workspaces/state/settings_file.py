@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Synchronous (run in a worker thread). All access goes through the shared
-:class:`~serve.workspace.Workspace`, so a settings file (or ``.qwen`` directory) that is
+:class:`~serve.workspaces.files.Workspace`, so a settings file (or ``.qwen`` directory) that is
 a symlink out of the workspace is refused like any other escape, and writes are the
 workspace module's atomic temp-file + rename with a hash check.
 
@@ -14,7 +14,7 @@ comments is not destroyed by an update).
 
 :func:`update_settings` is the one read-modify-write of the file, used by the tool toggle
 (:func:`set_tool_enabled`, ``tools.disabled``) and the dotted-key edits
-(:func:`serve.workspace_state.settings_edit.update_setting`). Updates from this process
+(:func:`serve.workspaces.state.settings_edit.update_setting`). Updates from this process
 are serialised by one per-workspace ``threading.Lock`` (one table, keyed by the workspace
 root, so at most one entry per configured workspace; one thread waits while another
 updates). Against writers outside the daemon (an editor) it is optimistic: read with hash,
@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import msgspec
 
-from serve.workspace import Workspace, WorkspaceFsError, read_text, write_text
+from serve.workspaces.files import Workspace, WorkspaceFsError, read_text, write_text
 
 __all__ = [
     "MAX_UPDATE_ATTEMPTS",
@@ -123,7 +123,7 @@ def update_settings(
     ``change`` gets the current document (``{}`` when absent) and returns the new one, or
     ``None`` to leave the file alone; it may raise to abort, and is called again on a
     conflict. Raises :class:`SettingsFileError` for an unusable file or one that kept
-    changing, and :class:`~serve.workspace.WorkspaceFsError` for a write refused by the
+    changing, and :class:`~serve.workspaces.files.WorkspaceFsError` for a write refused by the
     workspace boundary.
     """
     with _update_lock(ws):

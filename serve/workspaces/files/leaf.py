@@ -1,8 +1,8 @@
 r"""Descriptors beneath a workspace root, and snapshot reads of one file through them.
 
-Every file operation of :mod:`serve.workspace.files` opens the *parent directory* of its
+Every file operation of :mod:`serve.workspaces.files.contents` opens the *parent directory* of its
 path beneath the root without following symlinks (:func:`parent_dir`, through
-:meth:`~serve.workspace.paths.Workspace.open_dir`) and then acts on the leaf name relative
+:meth:`~serve.workspaces.files.paths.Workspace.open_dir`) and then acts on the leaf name relative
 to that descriptor (``dir_fd``, ``O_NOFOLLOW``): a symlink swapped in after resolution makes
 the operation fail (``symlink_escape``) instead of escaping the root.
 
@@ -11,7 +11,7 @@ A snapshot read (:func:`read_leaf`) reads an open regular file through one descr
 process) is ``hash_mismatch`` (:func:`changed`); past its cap, ``file_too_large``.
 :func:`hash_leaf` is the streamed ``sha256:<hex>`` of the leaf as it is now (the writers'
 re-check before they publish). Blocking; failures raise
-:class:`~serve.workspace.errors.WorkspaceFsError`.
+:class:`~serve.workspaces.files.errors.WorkspaceFsError`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-from serve.workspace.errors import WorkspaceFsError, from_os_error, make_error
-from serve.workspace.paths import ResolvedPath, Workspace
+from serve.workspaces.files.errors import WorkspaceFsError, from_os_error, make_error
+from serve.workspaces.files.paths import ResolvedPath, Workspace
 
 #: Bytes read per ``os.read`` of a snapshot or a hash.
 READ_CHUNK_BYTES: Final = 1024 * 1024

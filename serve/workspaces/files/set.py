@@ -1,8 +1,8 @@
-"""The daemon's workspace objects: one :class:`~serve.workspace.Workspace` per root.
+"""The daemon's workspace objects: one :class:`~serve.workspaces.files.Workspace` per root.
 
 Ownership
 ---------
-The Host owns one :class:`WorkspaceSet` (built in ``serve/runtime/host.py`` and handed to
+The Host owns one :class:`WorkspaceSet` (built in ``serve/runtime/build.py`` and handed to
 the effect gate and the workspace-state service; the fronts reach it as
 ``host.workspaces``). It keeps one :class:`Workspace` per canonical root, so the HTTP file
 routes and the ACP ``fs/*`` handlers (which know a session's workspace path, not the
@@ -12,7 +12,7 @@ The table is guarded by a ``threading.Lock`` (it is reached from worker threads)
 bounded by :data:`MAX_SHARED_WORKSPACES` roots (one per configured workspace in practice).
 
 Errors: a workspace root that has vanished raises ``io_error`` (a
-:class:`~serve.workspace.WorkspaceFsError`), never a bare ``ValueError``.
+:class:`~serve.workspaces.files.WorkspaceFsError`), never a bare ``ValueError``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import os
 import threading
 from typing import Final
 
-from serve.workspace.errors import make_error
-from serve.workspace.paths import Workspace
+from serve.workspaces.files.errors import make_error
+from serve.workspaces.files.paths import Workspace
 
 __all__ = ["MAX_SHARED_WORKSPACES", "WorkspaceSet"]
 

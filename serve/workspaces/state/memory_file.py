@@ -5,7 +5,7 @@ Theory of operation
 The file lives at the workspace root; its name is ``--memory-file-name`` when set, else
 ``context.fileName`` from the workspace settings, else ``QWEN.md``
 (:func:`serve.status.init.memory_file_name`). Everything goes through the shared
-:class:`~serve.workspace.Workspace` boundary, so a memory file that is a symlink out of
+:class:`~serve.workspaces.files.Workspace` boundary, so a memory file that is a symlink out of
 the workspace is refused like any other escape and writes are atomic (temp file +
 rename) and serialised with the file routes' and agents' writes of the same path.
 
@@ -25,7 +25,7 @@ text (``truncated``).
 
 Blocking: :func:`read_memory` and :func:`write_memory` do file I/O (worker thread).
 Errors: :class:`MemoryFileTooLarge`, :class:`MemoryBusy`, and
-:class:`~serve.workspace.WorkspaceFsError` from the boundary (escape, binary file...).
+:class:`~serve.workspaces.files.WorkspaceFsError` from the boundary (escape, binary file...).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from typing import Final, Literal
 
 import msgspec
 
-from serve.workspace import Workspace, WorkspaceFsError, hash_bytes, read_bytes, write_text
-from serve.workspace.errors import make_error
-from serve.workspace.textio import decode_text, looks_binary
+from serve.workspaces.files import Workspace, WorkspaceFsError, hash_bytes, read_bytes, write_text
+from serve.workspaces.files.errors import make_error
+from serve.workspaces.files.textio import decode_text, looks_binary
 
 __all__ = [
     "MAX_CONTENT_BYTES",
