@@ -555,7 +555,7 @@ class EffectGate:
         self, session: EffectSession, params: RequestPermissionParams
     ) -> PermissionOutcome | None:
         """Apply the approval policy to the agent's own ``session/request_permission``
-        before anyone is asked (issue 16.15).
+        before anyone is asked.
 
         The tool call's ``kind`` names the capability (``read`` → ``fs.read``;
         ``edit``/``delete``/``move`` → ``fs.write``; ``execute`` → ``terminal.exec``), its

@@ -24,7 +24,7 @@ An agent that advertises no modes at all gets qwen's five names forwarded with
 ``session/set_mode`` (it may still know them); anything else is refused with ``allowed``
 listing the five names.
 
-The table (what each qwen name becomes for the agents tried in issue 18; "-" = no clear
+The table (what each qwen name becomes for the published agents we run; "-" = no clear
 equivalent, 400):
 
 =========  ======  ==========  ===========  ===========  ========

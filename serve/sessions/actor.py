@@ -666,7 +666,7 @@ class SessionActor(Actor[SessionMsg]):
             self._turn_ended(job)
 
     def _turn_ended(self, job: Job) -> None:
-        """Withdraw the permission requests the finished turn left open (issue 16.2)."""
+        """Withdraw the permission requests the finished turn left open."""
         try:
             self.mediator.tell_nowait(CancelPromptPermissions(self.session_id, job.prompt_id))
         except ActorError:  # full or stopped: the response timeout still applies

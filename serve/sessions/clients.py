@@ -1,4 +1,4 @@
-"""The clients registered on one session, and their expiry (issue 16 item 11).
+"""The clients registered on one session, and their expiry.
 
 Theory of operation
 -------------------

@@ -1,4 +1,4 @@
-"""Editing the prompt queue before a prompt starts (issue 27.2).
+"""Editing the prompt queue before a prompt starts.
 
 ``GET /session/:id/pending-prompts`` lists it and ``DELETE .../pending-prompts/:promptId``
 withdraws a queued prompt (``serve/sessions/actor.py``); :func:`replace_pending` is ``PUT

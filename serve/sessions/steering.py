@@ -1,4 +1,4 @@
-"""Steering a running turn, and when a turn is over (issue 27.2).
+"""Steering a running turn, and when a turn is over.
 
 Theory of operation
 -------------------

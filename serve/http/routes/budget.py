@@ -1,4 +1,4 @@
-"""A session's token and cost budget (issue 27 item 3; logic in serve/sessions/budget.py).
+"""A session's token and cost budget over HTTP (the logic is in serve/sessions/budget.py).
 
 ===========================================  =========================
 route                                        answer

@@ -1,6 +1,6 @@
 """The strict mutation gate: the declared list of routes that need a configured token.
 
-Spec §3.5 and issue 5 item 3; the seed's semantics, which are stricter than qwen serve
+Spec §3.5; the seed's semantics, which are stricter than qwen serve
 0.24.4: there is no "trusted loopback" exception.
 
 Theory of operation
