@@ -8,7 +8,7 @@
 REST; without one the bodies say ``initialized: false`` (``acpChannelLive: false``).
 ``providers`` lists the agent's auth methods without the terminal ones (see :mod:`.v121`).
 
-Out of scope, answered -32601 (see README "ACP itself over HTTP and WebSocket"): the
+Out of scope, answered -32601 (see docs/reference/acp.md): the
 mutations (``init``, ``setup``, ``set_tool_enabled``, MCP server add/remove/reload/restart,
 permissions/trust changes, memory writes, agents and session groups, the device flow) each
 need the strict gate and a rate tier of their own, and several have no REST twin in this

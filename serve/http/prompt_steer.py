@@ -2,7 +2,7 @@
 checked with the rest of the body by :func:`serve.api.parse_prompt`).
 
 A steer is admitted by the session's :class:`~serve.sessions.steering.Steering` (the wire
-contract is in README.md "Steering and the editable queue"). The answer is the prompt
+contract is in docs/reference/steering.md). The answer is the prompt
 route's, for the turn the steer went into, plus ``steer: {via, outcome?, reason?,
 cancelledPromptId?}``. A steer that joined another caller's running turn (``via:
 "native"``) does not own it: a blocking steer whose POST goes away leaves that turn alone.

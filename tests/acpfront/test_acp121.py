@@ -349,7 +349,7 @@ async def test_workspace_reads_answer_their_rest_twins_bodies(
                     assert [c["kind"] for c in got["cells"]] == [c["kind"] for c in want["cells"]]
                 else:
                     assert got == want, name
-            # The mutations stay out of scope (README): method not found.
+            # The mutations stay out of scope (docs/reference/acp.md): method not found.
             reply = await _call(acp, conn, "_qwen/workspace/init", {})
             assert reply.message["error"]["code"] == -32601
         await client.delete("/acp", headers=acp.headers())

@@ -113,7 +113,7 @@ async def test_capabilities_advertise_acp_tags_and_rest_transport(
 ) -> None:
     caps = (await client.get("/capabilities")).json()
     assert {"acp_http_transport", "acp_websocket_transport"} <= set(caps["features"])
-    # Deliberately REST only: see the README (negotiateTransport would pick acp-ws first).
+    # Deliberately REST only (docs/reference/acp.md): negotiateTransport would pick acp-ws first.
     assert caps["transports"] == ["rest"]
 
 
