@@ -16,7 +16,7 @@ Measures, each as the median of several runs:
 * ``client decode``: 10000 pre-encoded ``session/update`` lines piped by ``cat`` into an
   AgentConnection; updates/s from first to last delivery: the client side alone.
 
-Targets (issue 3): client decode >= 50k updates/s; request round trip adds < 0.2 ms over the
+Targets: client decode >= 50k updates/s; request round trip adds < 0.2 ms over the
 raw pipe echo.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Session density: create latency, first-prompt latency and process-tree RSS with the real
 ``qwen --acp`` behind a fake model, acp-serve's agent-pool modes side by side with
-``qwen serve`` measured in the same run (issue 17).
+``qwen serve`` measured in the same run.
 
     .venv/bin/python scripts/bench_density.py [--sessions 32] [--gap-s 1.5]
         [--modes qwen,packed,m8,iso,burst] [--iso-sessions N] [--settle-s 8] [--runs 1]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Isolation benchmark (issue 16 items 1 and 8): one session misbehaves, do the others notice?
+"""Isolation benchmark: one session misbehaves, do the others notice?
 
 Starts a real daemon whose agent is the rogue fake agent (tests/support/rogue_agent.py), opens
 a *noisy* session and a *quiet* one, and while the noisy one works, probes ``GET /health`` and

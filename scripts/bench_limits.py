@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the per-agent-child limits (issue 23): real daemons, the hostile test agent.
+"""Benchmark of the per-agent-child limits: real daemons, the hostile test agent.
 
     .venv/bin/python scripts/bench_limits.py [--prompts N] [--oom-runs N] [--idle-s S]
 

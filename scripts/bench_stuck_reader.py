@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A reader that stops reading (issue 22 item 14): how long until its --max-connections slot
+"""A reader that stops reading: how long until its --max-connections slot
 is free for a new reader, and until its socket is gone on the daemon's side.
 
     .venv/bin/python scripts/bench_stuck_reader.py [--flood]

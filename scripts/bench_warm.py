@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What an idle warm spare costs a live session (issue 26 item 1): the prompt round trip
+"""What an idle warm spare costs a live session: the prompt round trip
 and ``GET /health`` p50 of one live session with the real ``qwen --acp`` behind a fake
 model, acp-serve with its default warm spare, with ``--warm-agents 0``, and ``qwen serve``,
 the modes interleaved run by run on the same workspace and model.

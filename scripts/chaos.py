@@ -24,7 +24,7 @@ Invariants checked at the end, written to a JSON report and printed:
 A session whose auditor's stream broke and which was gone (closed) when the auditor came
 back has a cut history: it is counted (``unauditedCount``) and left out of check 2.
 
-The agent pool (issue 17) is configurable: ``--warm-agents``, ``--sessions-per-agent`` (a
+The agent pool is configurable: ``--warm-agents``, ``--sessions-per-agent`` (a
 kill of a shared child must then be visible in *every* session on it),
 ``--agent-idle-release-ms`` (idle sessions let their agents go and bind again on their next
 prompt), and ``--kill-warm-share`` (the share of kills aimed at warm children, which no

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Reproduce the figures of issue 16 items 2, 11, 14 and 15 against a checkout.
+"""Four hardening figures against a checkout: requests abandoned turns leave pending,
+anonymous clients that never heartbeat, a bad ``deviceFlow.providers`` config at start, and
+a ``deny`` policy applied to the agent's own write request.
 
     .venv/bin/python scripts/probe_hardening.py [--root CHECKOUT]
 

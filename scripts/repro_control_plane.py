@@ -1,4 +1,4 @@
-"""Reproduce issue 16 items 3 and 7 against a real daemon and print what happened.
+"""A hung agent against the control plane of a real daemon: print what happened.
 
     .venv/bin/python scripts/repro_control_plane.py [--cancel-grace-ms N]
 

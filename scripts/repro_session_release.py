@@ -1,4 +1,4 @@
-"""Issue 16 item 13: is a closed session (actor, event log, ring) released once it is gone?
+"""Is a closed session (actor, event log, ring) released once it is gone?
 
     .venv/bin/python scripts/repro_session_release.py
 
