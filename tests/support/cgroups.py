@@ -26,7 +26,7 @@ def own_dir(controller: str, pid: int | str = "self") -> Path:
 
 def instance_groups(base_pid: int | str = "self") -> list[Path]:
     """Every instance group (``acp-serve.d-<id>``) below ``base_pid``'s own cgroups."""
-    out = []
+    out: list[Path] = []
     for controller in CONTROLLERS:
         base = own_dir(controller, base_pid)
         out.extend(p for p in sorted(base.iterdir()) if owners.is_instance(p.name))
@@ -59,4 +59,6 @@ def remove(groups: Iterable[Path]) -> None:
 
 
 def record(group: Path) -> dict[str, Any]:
-    return json.loads(os.getxattr(group, owners.OWNER_XATTR))
+    value = json.loads(os.getxattr(group, owners.OWNER_XATTR))
+    assert isinstance(value, dict)
+    return value
