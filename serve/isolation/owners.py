@@ -219,7 +219,6 @@ class Sweep:
     live: int = 0
     removed_total: int = 0
     left_alone_total: int = 0
-    errors: list[str] = field(default_factory=list)
 
     def remove(self, path: Path, why: str, killed: int) -> None:
         self.removed_total += 1
@@ -282,11 +281,15 @@ def _judge_instance(group: Path, out: Sweep) -> None:
             return  # replaced meanwhile: judged at the next start
         killed = cgroups.count_members(group)
         errors = cgroups.remove_group([group], kill=True)
+        unseen = bool(errors) and cgroups.count_members(group) == 0
     finally:
         os.close(fd)
-    if errors:
-        out.errors.extend(errors)
-        out.leave(group, "its owner is gone but it cannot be removed: " + "; ".join(errors))
+    if unseen:
+        # (a daemon in a pid namespace of its own: the members are outside it)
+        why = "its owner is gone but processes this daemon cannot see are still in it"
+        out.leave(group, f"{why} ({errors[0]})")
+    elif errors:
+        out.leave(group, "its owner is gone but it cannot be removed: " + errors[0])
     else:
         out.remove(group, "its owner is gone (its lock was free)", killed)
 
@@ -365,7 +368,6 @@ def _judge_legacy(group: Path, pid: int, judge: _LegacyJudge, out: Sweep) -> Non
         return
     errors = cgroups.remove_group([group], kill=False)
     if errors:
-        out.errors.extend(errors)
         out.leave(group, "an older daemon's group, empty, cannot be removed: " + errors[0])
     else:
         out.remove(group, f"an older daemon's empty group: pid {pid} is in use by nobody", 0)

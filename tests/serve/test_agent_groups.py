@@ -242,7 +242,16 @@ def test_a_sigkilled_daemons_groups_are_removed_by_the_next_daemon_in_any_namesp
     wait_for(lambda: len(cgroups.members(memory)) == 1, "only the tool is left")
     (tool,) = cgroups.members(memory)
 
-    # The next daemon (a host one: it sees the tool) kills it and removes the groups.
+    # A PID-1 daemon proves the owner gone too, but cannot see the tool: it says so and
+    # leaves the groups (the tool cannot be signalled from there, nor is it).
+    blind = rig.start(pid1=True)
+    left = {e["path"]: e["why"] for e in blind.isolation()["groups"]["leftAlone"]}
+    unseen = "its owner is gone but processes this daemon cannot see are still in it"
+    assert all(left[str(g)].startswith(unseen) for g in host_groups), left
+    assert exists(host_groups) and not process_gone(tool)
+    assert blind.answers(blind.new_session())
+
+    # The next host daemon (it sees the tool) kills it and removes the groups.
     second = rig.start(pid1=False)
     assert gone(host_groups)
     entries = {e["path"]: e for e in second.isolation()["groups"]["removedAtStart"]}
