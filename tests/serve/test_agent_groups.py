@@ -57,8 +57,9 @@ class Daemon:
     def groups(self) -> list[Path]:
         return status_groups(self.isolation())
 
-    def agents(self) -> list[tuple[str, int]]:
-        return sorted((c["name"], c["pid"]) for c in self.isolation()["children"])
+    def agents(self) -> set[tuple[str, int]]:
+        """Its agent children (name, pid as the daemon sees it); a refill may add some."""
+        return {(c["name"], c["pid"]) for c in self.isolation()["children"]}
 
     def new_session(self) -> str:
         r = self.client.post("/session", json={"sessionScope": "thread"})
@@ -118,7 +119,7 @@ class Rig:
         for daemon in self.daemons:
             daemon.stop()
         remove(self.groups)
-        remove(self.made)
+        remove(self.made, kill=False)  # (an older daemon may have taken one meanwhile)
 
 
 @pytest.fixture
@@ -198,7 +199,8 @@ def test_daemons_in_and_out_of_a_pid_namespace_leave_each_others_groups_and_agen
         other.stop()
         assert gone(other_groups)
         assert exists(host_groups) and exists(pid1_groups)
-        assert host.agents() == host_agents and pid1.agents() == pid1_agents
+        assert host.agents() >= host_agents and pid1.agents() >= pid1_agents  # none lost
+        assert not any(process_gone(pid) for _, pid in host_agents)
         assert host.answers(host_sid) and pid1.answers(pid1_sid)
 
     # Either one stops: the other's groups and agents are untouched.
@@ -207,7 +209,7 @@ def test_daemons_in_and_out_of_a_pid_namespace_leave_each_others_groups_and_agen
     assert gone(host_groups)
     assert all(process_gone(pid) for pid in host_pids)  # its own agents: stopped with it
     assert exists(pid1_groups)
-    assert pid1.agents() == pid1_agents and pid1.answers(pid1_sid)
+    assert pid1.agents() >= pid1_agents and pid1.answers(pid1_sid)
     # ... and a host daemon started after it leaves the PID-1 daemon's alone too.
     again = rig.start(pid1=False)
     assert touched(again.isolation(), pid1_groups) == []

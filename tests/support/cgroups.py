@@ -50,12 +50,12 @@ def status_groups(isolation: dict[str, Any]) -> list[Path]:
     return [Path(p) for p in isolation["groups"]["paths"].values()]
 
 
-def remove(groups: Iterable[Path]) -> None:
-    """A test's clean-up: remove each group that is still there (SIGKILLing what is in it:
-    the groups of the test's own daemons, nothing else)."""
+def remove(groups: Iterable[Path], *, kill: bool = True) -> None:
+    """A test's clean-up: remove each group that is still there; ``kill``: SIGKILL what is
+    in it first (only for the groups of the test's own daemons)."""
     for group in groups:
         if group.exists():
-            cgroups.remove_group([group], kill=True)
+            cgroups.remove_group([group], kill=kill)
 
 
 def record(group: Path) -> dict[str, Any]:
