@@ -43,6 +43,9 @@ V2_HIGH_FRACTION: Final = 0.9
 #: rmdir attempts while the killed tasks of a cgroup are still exiting (and their delay, s).
 REMOVE_TRIES: Final = 50
 REMOVE_DELAY_S: Final = 0.02
+#: Tries in a row with no process in sight after which a busy cgroup is given up (its
+#: members are in a pid namespace this daemon cannot see: nothing to wait for).
+REMOVE_UNSEEN_TRIES: Final = 5
 
 Version = Literal["v1", "v2"]
 
@@ -459,9 +462,10 @@ def _remove_tree(group: Path, kill: bool) -> list[str]:
     for sub in sorted((p for p in group.iterdir() if p.is_dir()), reverse=True):
         errors.extend(_remove_tree(sub, kill))
     plain = _is_plain_tree(group)
+    unseen = 0
     for attempt in range(REMOVE_TRIES):
         if kill and not plain:
-            kill_members(group)
+            unseen = 0 if kill_members(group) else unseen + 1
         try:
             if plain:  # a unit test's tree: its "interface files" are plain files
                 for f in group.iterdir():
@@ -472,7 +476,9 @@ def _remove_tree(group: Path, kill: bool) -> list[str]:
         except FileNotFoundError:
             return errors
         except OSError as exc:
-            if attempt == REMOVE_TRIES - 1 or not kill:
+            # (a child left behind keeps it busy for ever: no point waiting)
+            hopeless = errors or not kill or unseen >= REMOVE_UNSEEN_TRIES
+            if attempt == REMOVE_TRIES - 1 or hopeless:
                 errors.append(f"cannot remove {group}: {exc.strerror}")
                 return errors
             time.sleep(REMOVE_DELAY_S)
