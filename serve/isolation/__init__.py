@@ -11,12 +11,13 @@ One :class:`Isolation` per daemon (built by the Host, ``--agent-limits``):
   the userspace watchdog (:mod:`serve.isolation.watchdog`). ``cgroup`` refuses to start
   without a kernel backend; ``off`` does nothing.
 * **run** (an actor-less service task under the root supervisor, started before the agent
-  pools and stopped after them): removes stale ``acp-serve.<pid>`` cgroups of crashed
-  daemons, creates the agents' parent ``<own cgroup>/acp-serve.<pid>`` with the ceiling (the
-  daemon's own memory limit, the tightest of its cgroup and their ancestors, minus
-  ``--agent-memory-headroom-mb``), lowers the daemon's own ``oom_score_adj``; with the
-  watchdog backend it samples every child's tree (and the ceiling); on exit it removes
-  every cgroup it made.
+  pools and stopped after them): removes the cgroups of daemons proven gone and leaves every
+  other daemon's alone (:mod:`serve.isolation.owners`: a random instance id per start, a
+  lock held on the group for the daemon's lifetime), claims the agents' parent
+  ``<own cgroup>/acp-serve.d-<id>`` with the ceiling (the daemon's own memory limit, the
+  tightest of its cgroup and their ancestors, minus ``--agent-memory-headroom-mb``), lowers
+  the daemon's own ``oom_score_adj``; with the watchdog backend it samples every child's
+  tree (and the ceiling); on exit it removes every cgroup it made, in every hierarchy.
 * **per child** (:meth:`Isolation.child`, by each spawn point): a leaf cgroup with the
   child's limits and a :class:`~acp.confine.Confinement` that puts the child in it before
   its ``exec`` (race-free: nothing of the child runs outside), ``oom_score_adj``
@@ -35,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import signal
 import time
 from collections.abc import Mapping
@@ -47,7 +47,7 @@ import trio
 
 from acp.confine import Confinement
 from acp.process import ExitInfo
-from serve.isolation import cgroups, watchdog
+from serve.isolation import cgroups, owners, watchdog
 from serve.isolation.cgroups import Limits
 
 if TYPE_CHECKING:
@@ -64,9 +64,8 @@ MIB: Final = 1024 * 1024
 MIN_CEILING_BYTES: Final = 64 * MIB
 #: Children remembered by the watchdog / status at most (one per live agent child).
 MAX_CHILDREN: Final = 4096
-
-
-_INSTANCES = itertools.count(1)
+#: Child cgroup names tried per spawn past leftovers with processes in them.
+CHILD_NAME_TRIES: Final = 8
 
 
 class IsolationError(Exception):
@@ -305,9 +304,12 @@ class Isolation:
         )
         self.limits = self._limits(settings)
         self.parents: dict[str, Path] = {}
-        # ``acp-serve.<pid>``; a second daemon in one process (tests) ``acp-serve.<pid>.<n>``.
-        n = next(_INSTANCES)
-        self.parent_name = f"{cgroups.PREFIX}{os.getpid()}" + (f".{n}" if n > 1 else "")
+        #: The agents' parent's name (``acp-serve.d-<id>``) once claimed, and its locks.
+        self.claim: owners.Claim | None = None
+        #: What the start-up sweep removed and left alone (the sweep is once per run).
+        self.sweep: owners.Sweep | None = None
+        #: Where ``pids_in_use`` and the pid namespaces are read (a unit test: elsewhere).
+        self.procfs = "/proc"
         self.oom_total = 0
         self.ready = False
         self.setup_error: str | None = None
@@ -342,21 +344,26 @@ class Isolation:
         if self.version is None:
             return
         bases = dict(self.detected.bases)
-        for base in bases.values():
-            for stale in cgroups.stale_groups(base, own_pid=os.getpid()):
-                log.info("removing the stale agent cgroup %s", stale)
-                for error in cgroups.remove_group([stale]):
-                    log.warning("stale agent cgroup: %s", error)
+        self.sweep = owners.sweep(bases.values(), proc=self.procfs)
+        _log_sweep(self.sweep)
         if self.version == "v2":
             cgroups.v2_prepare_base(bases[""])
             bases = {"memory": bases[""]}  # one tree: its groups are listed once
-        self.parents = cgroups.make_parent(
-            self.version, bases, self.parent_name, self.ceiling_bytes
-        )
+        self.claim = owners.claim(bases, proc=self.procfs)
+        self.parents = {c: base / self.claim.name for c, base in bases.items()}
+        cgroups.make_parent(self.version, bases, self.claim.name, self.ceiling_bytes)
+
+    @property
+    def parent_name(self) -> str | None:
+        return self.claim.name if self.claim is not None else None
 
     def teardown(self) -> list[str]:
+        """Every hierarchy's agents' parent removed (what is left in them killed: this
+        daemon's), then the locks released."""
         errors = cgroups.remove_group(self.parents.values()) if self.parents else []
         self.parents = {}
+        if self.claim is not None:
+            self.claim.release()
         return errors
 
     async def run(self, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
@@ -424,9 +431,17 @@ class Isolation:
             limits = self.limits
             if cpu_weight is not None and limits.cpu_weight:
                 limits = dataclasses.replace(limits, cpu_weight=cpu_weight)
-            groups = await trio.to_thread.run_sync(
-                cgroups.make_child, version, self.parents, name, limits
-            )
+            for attempt in range(CHILD_NAME_TRIES):
+                try:
+                    groups = await trio.to_thread.run_sync(
+                        cgroups.make_child, version, self.parents, name, limits
+                    )
+                    break
+                except cgroups.GroupBusy as exc:
+                    log.warning("agent cgroup: %s: the child takes another name", exc)
+                    if attempt == CHILD_NAME_TRIES - 1:
+                        raise
+                    name = f"agent-{next(self._ids)}"
         child = ChildLimits(self, name, groups)
         self._children[name] = child
         return child
@@ -527,7 +542,32 @@ class Isolation:
         }
         if self.setup_error is not None:
             out["setupError"] = self.setup_error
+        if self.version is not None:
+            out["groups"] = self.groups_status()
         return out
+
+    def groups_status(self) -> dict[str, Any]:
+        """The agents' parent (name, paths, how ownership is proven) and what the start-up
+        sweep removed and left alone, with why."""
+        out: dict[str, Any] = {
+            "name": self.parent_name,
+            "paths": {c: str(p) for c, p in self.parents.items()},
+            "ownership": "flock held on each group directory for the daemon's lifetime",
+        }
+        if self.sweep is not None:
+            out.update(self.sweep.status())
+        return out
+
+
+def _log_sweep(sweep: owners.Sweep) -> None:
+    """Once per start: each group removed or left alone, and why."""
+    for entry in sweep.removed:
+        log.info("agent cgroup %s removed (%s)", entry["path"], entry["why"])
+    for entry in sweep.left_alone:
+        log.warning("agent cgroup %s left alone: %s", entry["path"], entry["why"])
+    if sweep.left_alone_total > len(sweep.left_alone):
+        more = sweep.left_alone_total - len(sweep.left_alone)
+        log.warning("%d more agent cgroups left alone", more)
 
 
 def _write_quietly(path: str, value: int) -> None:

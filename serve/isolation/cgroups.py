@@ -6,16 +6,19 @@ unit tests, a directory tree of plain files), blocking: callers run them in a wo
 Layout (each hierarchy of v1, or the one v2 tree), below the daemon's *own* cgroup ``BASE``
 (a container's or a systemd unit's; never the root of a host):
 
-* ``BASE/acp-serve.<pid>/`` the agents' parent: its memory limit is the aggregate ceiling;
-* ``BASE/acp-serve.<pid>/agent-<n>/`` one leaf per agent child, with the child's limits.
+* ``BASE/acp-serve.d-<id>/`` the agents' parent: its memory limit is the aggregate ceiling;
+* ``BASE/acp-serve.d-<id>/agent-<n>/`` one leaf per agent child, with the child's limits.
 
 cgroup v2 has the "no internal processes" rule (a cgroup that delegates controllers to its
 children holds no process), so the daemon first moves every process of ``BASE`` into the
 leaf ``BASE/acp-serve.daemon`` and then enables ``memory pids cpu`` in
 ``BASE/cgroup.subtree_control`` (and in the agents' parent's).
 
-A directory named ``acp-serve.<pid>`` whose pid is not alive is a crashed daemon's: removed
-at start (:func:`stale_groups`, :func:`remove_group`).
+``<id>`` is a random instance id per daemon start, and the daemon holds a lock on its
+parent for its lifetime: which groups are whose, and which a daemon may remove at start, is
+:mod:`serve.isolation.owners`'s business. A leaf that exists already when a child's is made
+(never expected: the names are not reused) is adopted when empty, else skipped
+(:class:`GroupBusy`): a spawn never fails on a leftover.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ V2_HIGH_FRACTION: Final = 0.9
 #: rmdir attempts while the killed tasks of a cgroup are still exiting (and their delay, s).
 REMOVE_TRIES: Final = 50
 REMOVE_DELAY_S: Final = 0.02
+#: Tries in a row with no process in sight after which a busy cgroup is given up (its
+#: members are in a pid namespace this daemon cannot see: nothing to wait for).
+REMOVE_UNSEEN_TRIES: Final = 5
 
 Version = Literal["v1", "v2"]
 
@@ -284,15 +290,26 @@ def make_parent(
     return out
 
 
+class GroupBusy(FileExistsError):
+    """A child's cgroup exists already and has processes in it: the caller takes another
+    name (nothing in it is touched)."""
+
+
 def make_child(
     version: Version, parents: Mapping[str, Path], name: str, limits: Limits
 ) -> dict[str, Path]:
-    """One agent child's cgroup in every hierarchy, its limits written; controller → dir."""
+    """One agent child's cgroup in every hierarchy, its limits written; controller → dir.
+    An existing empty one is adopted (its limits rewritten); :class:`GroupBusy` when one
+    has processes."""
     out: dict[str, Path] = {}
     try:
         for controller, parent in parents.items():
             group = parent / name
-            group.mkdir()
+            try:
+                group.mkdir()
+            except FileExistsError:
+                if count_members(group):
+                    raise GroupBusy(f"{group} exists and has processes in it") from None
             out[controller] = group
             if version == "v1":
                 _limit_v1(controller, group, limits)
@@ -392,6 +409,27 @@ def oom_kills(version: Version, group: Path) -> int:
 # ---- removing ---------------------------------------------------------------------------
 
 
+def members(group: Path) -> list[int]:
+    """The processes in ``group`` and below, as this daemon's pid namespace sees them (a
+    process of another namespace is not listed)."""
+    out: list[int] = []
+    try:
+        out.extend(int(p) for p in (group / "cgroup.procs").read_text().split())
+    except (OSError, ValueError):
+        pass
+    try:
+        subs = [p for p in group.iterdir() if p.is_dir()]
+    except OSError:
+        return out
+    for sub in subs:
+        out.extend(members(sub))
+    return out
+
+
+def count_members(group: Path) -> int:
+    return len(members(group))
+
+
 def kill_members(group: Path) -> int:
     """SIGKILL every process left in ``group`` (a child's tools outliving it); how many."""
     killed = 0
@@ -408,24 +446,26 @@ def kill_members(group: Path) -> int:
     return killed
 
 
-def remove_group(groups: Iterable[Path]) -> list[str]:
-    """Kill what is left in each group and remove it (children first); the errors."""
+def remove_group(groups: Iterable[Path], *, kill: bool = True) -> list[str]:
+    """Remove each group (children first); the errors. ``kill``: SIGKILL what is left in
+    it first (only ever for groups this daemon made, or proven abandoned)."""
     errors: list[str] = []
     for group in groups:
-        errors.extend(_remove_tree(group))
+        errors.extend(_remove_tree(group, kill))
     return errors
 
 
-def _remove_tree(group: Path) -> list[str]:
+def _remove_tree(group: Path, kill: bool) -> list[str]:
     if not group.is_dir():
         return []
     errors: list[str] = []
     for sub in sorted((p for p in group.iterdir() if p.is_dir()), reverse=True):
-        errors.extend(_remove_tree(sub))
+        errors.extend(_remove_tree(sub, kill))
     plain = _is_plain_tree(group)
+    unseen = 0
     for attempt in range(REMOVE_TRIES):
-        if not plain:
-            kill_members(group)
+        if kill and not plain:
+            unseen = 0 if kill_members(group) else unseen + 1
         try:
             if plain:  # a unit test's tree: its "interface files" are plain files
                 for f in group.iterdir():
@@ -436,40 +476,10 @@ def _remove_tree(group: Path) -> list[str]:
         except FileNotFoundError:
             return errors
         except OSError as exc:
-            if attempt == REMOVE_TRIES - 1:
+            # (a child left behind keeps it busy for ever: no point waiting)
+            hopeless = errors or not kill or unseen >= REMOVE_UNSEEN_TRIES
+            if attempt == REMOVE_TRIES - 1 or hopeless:
                 errors.append(f"cannot remove {group}: {exc.strerror}")
-            else:
-                time.sleep(REMOVE_DELAY_S)
+                return errors
+            time.sleep(REMOVE_DELAY_S)
     return errors
-
-
-def pid_of(name: str) -> int | None:
-    """The daemon pid in an ``acp-serve.<pid>`` directory name (None: not one of ours)."""
-    if not name.startswith(PREFIX):
-        return None
-    tail = name[len(PREFIX) :].split(".", 1)[0]  # acp-serve.<pid>[.<n>]
-    return int(tail) if tail.isdigit() else None
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stale_groups(base: Path, *, own_pid: int) -> list[Path]:
-    """Agents' parents under ``base`` left by daemons that are no longer running."""
-    try:
-        entries = list(base.iterdir())
-    except OSError:
-        return []
-    out = []
-    for entry in entries:
-        pid = pid_of(entry.name)
-        if pid is not None and pid != own_pid and entry.is_dir() and not alive(pid):
-            out.append(entry)
-    return out

@@ -23,6 +23,7 @@ import pytest
 import trio
 
 from tests.conftest import AUTH, TOKEN
+from tests.support.cgroups import groups_of, own_dir, status_groups
 from tests.support.daemon import DaemonProcess, spawn_daemon
 from tests.support.sse import collect_until
 
@@ -34,23 +35,6 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.access(CG / "memory", os.W_OK),
     reason="needs root and writable cgroup v1 memory/pids/cpu hierarchies",
 )
-
-
-def own_dir(controller: str, pid: int | str = "self") -> Path:
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, names, path = line.split(":", 2)
-        if controller in names.split(","):
-            return CG / controller / path.lstrip("/")
-    raise AssertionError(f"no {controller} cgroup")
-
-
-def agents_dirs(daemon_pid: int, base_pid: int | str = "self") -> list[Path]:
-    """The agents' parent of daemon ``daemon_pid`` in each hierarchy (where it exists)."""
-    return [
-        d
-        for c in ("memory", "pids", "cpu")
-        if (d := own_dir(c, base_pid) / f"acp-serve.{daemon_pid}").exists()
-    ]
 
 
 def hostile_daemon(*args: str, **kwargs: Any) -> DaemonProcess:
@@ -150,10 +134,11 @@ def test_a_memory_hog_is_killed_at_its_cap_named_and_restored(
         metrics = client.get("/metrics").text
         assert "acp_serve_agent_oom_total 1.0" in metrics
         assert metrics.count("acp_serve_agent_memory_bytes{") == 2
-    pid = daemon.proc.pid
-    assert agents_dirs(pid)
+        mine = status_groups(status(client))
+    assert sorted(mine) == sorted(groups_of(daemon.proc.pid))
+    assert len(mine) == 3  # memory, pids, cpu
     daemon.stop()
-    assert agents_dirs(pid) == []
+    assert not any(g.exists() for g in mine)
 
 
 def test_an_oom_hog_that_keeps_hitting_its_cap_dies_with_reason_agent_oom(
@@ -217,8 +202,9 @@ def test_a_spinning_agent_gets_its_cpu_weight_and_the_quiet_session_answers(
             headers={"Prefer": "respond-async"},
         )
         assert r.status_code == 202
+        parent = Path(status(client)["groups"]["paths"]["cpu"])
         for child in status(client)["children"]:
-            shares = own_dir("cpu") / f"acp-serve.{daemon.proc.pid}" / child["name"]
+            shares = parent / child["name"]
             assert (shares / "cpu.shares").read_text().strip() == "512"
         assert reply_text(client, quiet, "beside a spinner") == "ok beside a spinner"
 
@@ -241,7 +227,8 @@ def test_the_watchdog_backend_kills_a_tree_over_its_cap(cleanup: list[DaemonProc
         assert oom["backend"] == "watchdog" and oom["scope"] == "agent"
         assert oom["peakBytes"] > 64 * MIB
         assert reply_text(client, quiet, "ok?") == "ok ok?"
-    assert agents_dirs(daemon.proc.pid) == []  # the watchdog makes no cgroup
+        assert "groups" not in status(client)
+    assert groups_of(daemon.proc.pid) == []  # the watchdog makes no cgroup
 
 
 def test_a_daemon_in_a_memory_limited_cgroup_keeps_its_agents_below_it(
@@ -285,10 +272,10 @@ def test_a_daemon_in_a_memory_limited_cgroup_keeps_its_agents_below_it(
             # The container's own limit never fired: its usage stayed below it.
             peak = int((container / "memory.max_usage_in_bytes").read_text())
             assert peak < 512 * MIB
-        pid = daemon.proc.pid
-        assert (container / f"acp-serve.{pid}").exists()
+            parent = Path(status(client)["groups"]["paths"]["memory"])
+        assert parent.parent == container and parent.exists()
         daemon.stop()
-        assert not (container / f"acp-serve.{pid}").exists()
+        assert not parent.exists()
     finally:
         for _ in range(100):
             try:
@@ -305,18 +292,22 @@ def test_a_crashed_daemons_cgroups_are_removed_at_the_next_start(
     cleanup.append(first)
     with httpx.Client(base_url=first.url, headers=AUTH, timeout=60) as client:
         new_session(client)
-    crashed = first.proc.pid
-    assert len(agents_dirs(crashed)) == 3
-    os.killpg(crashed, signal.SIGKILL)  # the daemon and anything of its group
+        crashed = status_groups(status(client))
+    assert len(crashed) == 3
+    os.killpg(first.proc.pid, signal.SIGKILL)  # the daemon and anything of its group
     first.proc.wait()
     second = hostile_daemon()
     cleanup.append(second)
     with httpx.Client(base_url=second.url, headers=AUTH, timeout=60) as client:
-        assert status(client)["backend"] == "cgroup-v1"
+        iso = status(client)
+        assert iso["backend"] == "cgroup-v1"
+        mine = status_groups(iso)
     # Its agents got stdin EOF and the second daemon's start removed what was left.
-    assert agents_dirs(crashed) == []
+    assert not any(g.exists() for g in crashed)
+    removed = {e["path"]: e["why"] for e in iso["groups"]["removedAtStart"]}
+    assert all(removed[str(g)] == "its owner is gone (its lock was free)" for g in crashed)
     second.stop()
-    assert agents_dirs(second.proc.pid) == []
+    assert not any(g.exists() for g in mine)
 
 
 def test_every_session_on_a_shared_child_killed_for_memory_gets_agent_oom(

@@ -55,9 +55,11 @@ def spawn_daemon(
     env: dict[str, str] | None = None,
     ready_timeout_s: float = 20.0,
     launcher: Sequence[str] = ("-m", "serve"),
+    wrapper: Sequence[str] = (),
 ) -> DaemonProcess:
     """``launcher``: what follows the interpreter instead of ``-m serve`` (e.g. a script
-    that injects a fault, then runs ``serve.__main__.main``)."""
+    that injects a fault, then runs ``serve.__main__.main``); ``wrapper``: what runs the
+    interpreter (e.g. ``unshare --pid --fork``: then ``proc`` is the wrapper's)."""
     tmp = Path(tempfile.mkdtemp(prefix="acp-serve-test-"))
     # Removed when the test run ends (a test may read a stopped daemon's files): a suite
     # otherwise leaves a thousand of these in /tmp.
@@ -69,6 +71,7 @@ def spawn_daemon(
     full_env = {k: v for k, v in os.environ.items() if k != "QWEN_SERVER_TOKEN"}
     full_env.update(env or {})
     argv = [
+        *wrapper,
         sys.executable,
         *launcher,
         "--port",

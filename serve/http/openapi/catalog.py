@@ -194,7 +194,9 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         description="`isolation`: the agent children's resource limits (`backend` "
         "cgroup-v2 | cgroup-v1 | watchdog | off, `reason`, `limits`, `ceiling`, "
         "`agentOomTotal`, `children[]` with `memoryCurrentBytes`, `memoryPeakBytes`, "
-        "`pidsCurrent`).",
+        "`pidsCurrent`). `isolation.groups` (cgroup backends): the agents' parent (`name`, "
+        "`paths`) and what the start-up sweep did to other daemons' groups "
+        "(`removedAtStart[]`, `leftAlone[]` with `path`, `why`, `owner`; `liveOthers`).",
     ),
     ("POST", "/daemon/bind"): Operation(
         "Late binding: install the tenant's token, workspace, agent variables and credentials",
