@@ -104,7 +104,7 @@ def started(spec: AgentSpec, install_error: str | None, *extra: str) -> Iterator
                     "-f",
                     "-qq",
                     "-e",
-                    "trace=%file",
+                    "trace=%file,bind",
                     "-o",
                     str(run.home / ".strace"),
                     *argv,
