@@ -12,7 +12,7 @@ import trio
 
 from acp.children import become_subreaper, become_undumpable
 from actors import SupervisorGaveUp
-from serve.config import config_warnings, load_daemon_config
+from serve.config import config_warnings, load_daemon_config, with_config_grants
 from serve.logs import setup_logging, stop_logging
 from serve.settings import SettingsError, parse_settings
 
@@ -37,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = parse_settings(argv)
         config = load_daemon_config(settings)  # a bad --config file stops start-up here
+        settings = with_config_grants(settings, config)  # sandbox.allowWrite
     except SettingsError as exc:
         print(f"acp-serve: {exc}", file=sys.stderr)
         return 1

@@ -16,6 +16,9 @@ Sections (more are added here as features need them, e.g. restart policies):
                   ``consensusQuorum``);
 ``capabilities``  Host capability grants (``defaults``, ``agents``, ``sessions``);
 ``approval``      approval policy (``default``, ``tools``, ``capabilities``, ``risks``);
+``sandbox``       the agents' file sandbox: ``allowWrite`` (directories every agent may
+                  write, as ``--agent-allow-write``; merged into the settings by
+                  :func:`with_config_grants`, validated the same way);
 ``deviceFlow``    device-flow providers (``providers.NAME``: ``deviceAuthorizationEndpoint``,
                   ``tokenEndpoint``, ``clientId``, ``scope``, ``pkce``), see
                   :mod:`serve.deviceflow.providers`.
@@ -44,6 +47,7 @@ from serve.permissions.config import (
 )
 from serve.permissions.config import config_warnings as _permission_warnings
 from serve.settings import Settings, SettingsError
+from serve.settings.values import parse_allow_write
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -52,6 +56,7 @@ __all__ = [
     "config_warnings",
     "load_config_text",
     "load_daemon_config",
+    "with_config_grants",
 ]
 
 #: A config file larger than this is refused (it is a few hundred bytes in practice).
@@ -81,6 +86,13 @@ class RestartConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     root: RestartIntensity = RestartIntensity(intensity=5, period_s=30.0, backoff_ms=0)
 
 
+class SandboxConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    """``sandbox:``: ``allowWrite``, directories every agent child may write (each as one
+    ``--agent-allow-write``)."""
+
+    allow_write: Annotated[tuple[str, ...], msgspec.Meta(max_length=256)] = ()
+
+
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The whole config file. Absent sections take their defaults."""
 
@@ -88,6 +100,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     capabilities: CapabilitiesConfig = CapabilitiesConfig()
     approval: ApprovalConfig = ApprovalConfig()
     restart: RestartConfig = RestartConfig()
+    sandbox: SandboxConfig = SandboxConfig()
     device_flow: DeviceFlowSection = msgspec.field(default=DeviceFlowSection(), name="deviceFlow")
 
     def permissions(self) -> PermissionsConfig:
@@ -136,6 +149,24 @@ def load_daemon_config(settings: Settings) -> DaemonConfig:
         return load_config_text(data, source=path)
     except ConfigError as exc:
         raise SettingsError(str(exc)) from None
+
+
+def with_config_grants(settings: Settings, config: DaemonConfig) -> Settings:
+    """``settings`` with the config file's ``sandbox.allowWrite`` added to the agents' write
+    grants (after ``--agent-allow-write``'s), validated like the flag: a bad entry is a
+    :class:`SettingsError` naming the file and the key."""
+    raws = config.sandbox.allow_write
+    if not raws:
+        return settings
+    grants = parse_allow_write(
+        f"config {settings.config_file} at sandbox.allowWrite",
+        raws,
+        state_dir=settings.state_dir,
+        workspaces=(*settings.workspaces, *settings.untrusted_workspaces),
+        config_file=settings.config_file,
+    )
+    merged = tuple(dict.fromkeys((*settings.agent_allow_write, *grants)))
+    return msgspec.structs.replace(settings, agent_allow_write=merged)
 
 
 def config_warnings(config: DaemonConfig) -> list[str]:

@@ -168,6 +168,23 @@ class Host:
         """The workspaces whose agent pool is failing (for the ``/readyz`` body)."""
         return [rt.path for rt in self.registry.agents_failing()]
 
+    def sandbox_denials(self) -> list[dict[str, Any]]:
+        """The workspaces whose agent the file sandbox refused a path at start-up: the
+        path, the flag that grants it and the message (``/readyz``, ``/daemon/status``)."""
+        out = []
+        for rt in self.registry.agents_failing():
+            denied = rt.agents.health.denied
+            if denied is not None:
+                out.append(
+                    {
+                        "workspaceCwd": rt.path,
+                        "path": denied.path,
+                        "grantFlag": denied.flag,
+                        "error": denied.message,
+                    }
+                )
+        return out
+
     def readiness(self) -> tuple[bool, str]:
         """For ``/readyz``: (ready, reason).
 
@@ -182,6 +199,8 @@ class Host:
         if not self.root.running or any(state != "running" for state in states.values()):
             return False, "supervisor_not_running"
         if self.registry.primary.agents.failing:
+            if self.registry.primary.agents.health.denied is not None:
+                return False, "agent_sandbox_denied"  # deterministic: see sandbox_denials
             return False, "agent_unavailable"
         limit = self.settings.max_sessions
         if limit and len(self.registry.live()) >= limit * len(self.settings.workspaces):

@@ -32,7 +32,7 @@ from acp.mux import SessionMux
 from acp.process import ExitInfo
 from serve.agents.primed import PrimedSession
 from serve.isolation import ChildLimits, Isolation
-from serve.sessions.agent_link import spawn_limited
+from serve.sessions.agent_link import spawn_limited, start_failure
 
 if TYPE_CHECKING:
     from serve.settings import Settings
@@ -132,7 +132,7 @@ async def start_child(
                 await limits.aclose()
         if not isinstance(exc, Exception):
             raise
-        return exc
+        return start_failure(conn, exc)  # the sandbox's refusal, when it killed the child
     return AgentChild(child_id, conn, mux, limits)
 
 

@@ -393,6 +393,10 @@ class AgentPool(Actor[PoolMsg]):
                 if self.draining:
                     reply.fail(SessionsUnavailable("Agent pool is draining", "daemon_draining"))
                     return reply
+                if (denied := self.health.refusal()) is not None:  # deterministic: at once
+                    reply.fail(denied)
+                    self._plan()  # the probes go on
+                    return reply
                 self.sizer.arrival(trio.current_time())
                 waiters.append(reply)
                 self._serve_waiters()

@@ -12,6 +12,12 @@ primary workspace's pool, see ``serve/host.py``): the pool's refill then only *p
 child at a time after the capped backoff (``AgentPool._plan``), so it recovers by itself
 once the agent works again.
 
+A failure that is the file sandbox's refusal (:class:`AgentSandboxDenied`: the child died
+because the sandbox refused it a path) is deterministic: the pool is ``failing`` at once
+(:attr:`SpawnHealth.denied`), a create is answered with it at once (``AgentPool``, no spawn,
+no backoff to wait out), ``/readyz`` and ``/daemon/status`` name it; the probes go on, and
+a child that becomes stable (the operator fixed the agent) ends it.
+
 Pure bookkeeping (no I/O but a log line), owned by one pool actor; times on the trio
 clock except ``last_error_at`` (epoch seconds, for status pages).
 """
@@ -23,6 +29,8 @@ import time
 from typing import Final
 
 import trio
+
+from serve.sessions.errors import AgentSandboxDenied
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +54,22 @@ class SpawnHealth:
         self.last_error_at: float | None = None
         #: The warm refill waits until then (trio clock).
         self.backoff_until = 0.0
+        #: The last failure, when it was the sandbox's refusal (deterministic).
+        self.denied: AgentSandboxDenied | None = None
 
     @property
     def failing(self) -> bool:
-        return self.failures >= FAILING_AFTER
+        return self.failures >= FAILING_AFTER or self.denied is not None
+
+    def refusal(self) -> AgentSandboxDenied | None:
+        """A fresh copy of the sandbox's refusal to answer a caller with (None: none)."""
+        d = self.denied
+        return None if d is None else AgentSandboxDenied(d.message, d.path, d.flag)
 
     def failed(self, error: BaseException) -> None:
         """A failed start (spawn, ``initialize``, an early exit of a warm child)."""
         self.failures += 1
+        self.denied = error if isinstance(error, AgentSandboxDenied) else None
         self.last_error = _truncate(f"{type(error).__name__}: {error}")
         self.last_error_at = time.time()
         backoff = min(MAX_REFILL_BACKOFF_S, REFILL_BACKOFF_S * 2 ** (self.failures - 1))
@@ -72,6 +88,7 @@ class SpawnHealth:
         """A child stayed up :data:`STABLE_AFTER_S`: a successful start."""
         self.failures = 0
         self.backoff_until = 0.0
+        self.denied = None
 
 
 def _truncate(text: str) -> str:

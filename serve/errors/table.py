@@ -15,6 +15,7 @@ from acp.errors import ChannelClosed, RemoteError, RequestTimeout
 from serve.sessions.errors import (
     RETRYABLE_TURN_CODES,
     AgentRefusedError,
+    AgentSandboxDenied,
     BudgetExhausted,
     MemoryBudgetExceeded,
     NotSupportedByAgent,
@@ -87,6 +88,8 @@ SESSION_ERRORS: Final[tuple[tuple[type[SessionError], int, dict[str, str]], ...]
     (BudgetExhausted, 402, {}),
     (SessionConflictError, 409, _RETRY),
     (MemoryBudgetExceeded, 503, {"Retry-After": "10"}),
+    # Deterministic until the operator grants the path: no Retry-After, retryable false.
+    (AgentSandboxDenied, 503, {}),
     (SessionLimitError, 503, _RETRY),
     (SessionsUnavailable, 503, _RETRY),
     (SessionNotFound, 404, {}),

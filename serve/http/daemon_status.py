@@ -201,7 +201,12 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
         else []
     )
     for pool in pools:
-        if pool.failing:
+        denied = getattr(getattr(pool, "health", None), "denied", None)
+        if denied is not None:
+            issues.append(
+                _issue("agent_sandbox_denied", "error", f"{pool.workspace}: {denied}", "agents")
+            )
+        elif pool.failing:
             issues.append(
                 _issue(
                     "agent_command_failing",

@@ -10,16 +10,20 @@ the exec wrapper (``acp/confine.py``) with a Landlock ruleset planned by
 :func:`acp.landlock.plan` (the carving rule is documented there) from:
 
 * **write roots**: the child's workspace (read-only for an ``--untrusted-workspace``: it is
-  then a read root), its private temp directory, its ``HOME``, and for the built-in scripted
-  agent its conversation store (``<state>/scripted``: the agent's own session files, which,
-  like an agent's files under HOME, hold all of its sessions); a few device files
+  then a read root), its private temp directory, its ``HOME``, the operator's grants
+  (``--agent-allow-write DIR``, repeatable, and ``sandbox.allowWrite`` in the config file:
+  validated at start by :func:`serve.settings.values.parse_allow_write`), and for the
+  built-in scripted agent its conversation store (``<state>/scripted``: the agent's own
+  session files, which, like an agent's files under HOME, hold all of its sessions); a few
+  device files
   (``/dev/null``, ``/dev/tty``, ``/dev/pts``, ``/dev/shm`` ...);
 * **read**: everything else;
 * **protected** (carved out of both): the state directory (journals, device-flow
   credentials, MCP sockets' folders, the scripted store of a non-default agent), the config
   file, every other workspace of the daemon, and the other children's temp directories.
 
-The private temp directory (``TMPDIR``, ``TMP``, ``TEMP``) is a fresh ``0700`` directory under
+The private temp directory (``TMPDIR``, ``TMP``, ``TEMP``, and the variables of
+:data:`AGENT_TEMP_ENV` for agents that do not honour ``TMPDIR``) is a fresh ``0700`` directory under
 the daemon's own ``0700`` parent (``<state>/agent-tmp/<pid>-…``: inside the protected state
 directory, granted to its one child by the more specific rule; a dead daemon's are removed at
 the next start), created before the spawn and removed once the child has been reaped
@@ -34,6 +38,12 @@ whose write roots include its additional directories. Packing (``--sessions-per-
 puts the other sessions of one workspace in one child: they share its sandbox (one
 workspace, one HOME, one temp directory), as ``/daemon/status`` ``isolation.sandbox.shared`` says.
 
+Agents that write outside those places: docs/agent-sandbox.md has the table, per agent kind of
+the interop matrix, of what each writes, what the sandbox does about it and why (traced with
+``strace -f -e trace=%file``). A child that dies at start-up because the sandbox refused it a
+path is explained by :mod:`serve.isolation.denials` (:func:`denial`): the create answers
+``agent_sandbox_denied`` naming the path and the flag that grants it.
+
 Everything that lists directories runs in a worker thread (:func:`prepare`).
 """
 
@@ -47,6 +57,7 @@ import os
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -55,6 +66,7 @@ import trio
 
 from acp import landlock
 from acp.confine import Confinement
+from serve.isolation import denials
 
 if TYPE_CHECKING:
     from acp.client import AgentConnection
@@ -76,6 +88,21 @@ DEVICE_WRITES: Final = (
     "/dev/ptmx",
     "/dev/pts",
     "/dev/shm",
+)
+
+
+#: Variables pointing an agent at its private temp directory, beyond ``TMPDIR``/``TMP``/
+#: ``TEMP``, for agents that ignore those: (variable, agent kind, why). Set only when the
+#: agent's environment does not set them already (an operator's own value wins; it then needs
+#: ``--agent-allow-write``). docs/agent-sandbox.md has the whole table.
+AGENT_TEMP_ENV: Final = (
+    (
+        "CLAUDE_CODE_TMPDIR",
+        "claude-agent-acp",
+        "its Bash tool (and its bundled skills) work under $CLAUDE_CODE_TMPDIR/claude-<uid>, "
+        "else /tmp/claude-<uid> whatever TMPDIR says: without it every shell command fails "
+        "with EACCES",
+    ),
 )
 
 
@@ -194,6 +221,7 @@ def _roots(
     home = env.get("HOME")
     if home and os.path.isabs(home) and os.path.isdir(home):
         write.append(home)
+    write.extend(settings.agent_allow_write)  # validated at start (absolute, no protected place)
     scripted = os.path.join(settings.state_dir, "scripted")
     if settings.agent_is_default:
         os.makedirs(scripted, mode=0o700, exist_ok=True)
@@ -240,12 +268,11 @@ def _prepare_sync(
     except BaseException:
         shutil.rmtree(tmpdir, ignore_errors=True)
         raise
-    return ChildSandbox(
-        landlock=spec,
-        tmpdir=tmpdir,
-        env={"TMPDIR": tmpdir, "TMP": tmpdir, "TEMP": tmpdir},
-        roots=roots,
-    )
+    temp_env = {"TMPDIR": tmpdir, "TMP": tmpdir, "TEMP": tmpdir}
+    for name, _, _ in AGENT_TEMP_ENV:
+        if name not in env:
+            temp_env[name] = tmpdir
+    return ChildSandbox(landlock=spec, tmpdir=tmpdir, env=temp_env, roots=roots)
 
 
 async def prepare(
@@ -266,6 +293,29 @@ async def prepare(
         )
     except landlock.PlanError as exc:
         raise OSError(f"cannot sandbox the agent: {exc}") from exc
+
+
+#: The roots of each live (or recently closed) child's sandbox, for :func:`denial`.
+_roots_of: weakref.WeakKeyDictionary[AgentConnection, dict[str, list[str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def register(conn: AgentConnection, box: ChildSandbox) -> None:
+    """Remember ``conn``'s roots (forgotten with the connection) for :func:`denial`."""
+    if box.roots:
+        _roots_of[conn] = box.roots
+
+
+def denial(conn: AgentConnection) -> denials.Denial | None:
+    """When ``conn``'s child has exited: the path its sandbox refused it, as its stderr
+    says (None: no sandbox, still running, or not a refusal of ours)."""
+    roots = _roots_of.get(conn)
+    info = conn.process.exit_info
+    if roots is None or info is None:
+        return None
+    writable = {**roots, "write": [*roots.get("write", ()), *DEVICE_WRITES]}
+    return denials.explain(info.stderr_tail, writable)
 
 
 async def remove_when_closed(conn: AgentConnection, box: ChildSandbox) -> None:
@@ -290,6 +340,8 @@ def status(settings: Settings) -> dict[str, Any]:
     }
     if mode.reason:
         out["reason"] = mode.reason
+    # The operator's grants (--agent-allow-write, sandbox.allowWrite; also in roots.write).
+    out["allowWrite"] = list(settings.agent_allow_write)
     if mode.active:
         home = os.environ.get("HOME")
         write = [*settings.workspaces]
@@ -297,6 +349,7 @@ def status(settings: Settings) -> dict[str, Any]:
             write.append(home)
         if settings.agent_is_default:
             write.append(os.path.join(settings.state_dir, "scripted"))
+        write.extend(settings.agent_allow_write)
         protected = [settings.state_dir]
         if settings.config_file:
             protected.append(os.path.abspath(settings.config_file))
@@ -309,8 +362,12 @@ def status(settings: Settings) -> dict[str, Any]:
             or os.path.join(settings.state_dir, TMP_SUBDIR),
             "protected": protected,
         }
+        out["agentTempEnv"] = [
+            {"variable": name, "agent": agent, "why": why} for name, agent, why in AGENT_TEMP_ENV
+        ]
         out["rule"] = (
-            "each child writes its own workspace, its own TMPDIR and HOME; the other "
+            "each child writes its own workspace, its own TMPDIR and HOME and the granted "
+            "directories; the other "
             "workspaces and TMPDIRs and the protected paths are neither readable nor writable"
         )
     return out

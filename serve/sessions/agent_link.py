@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from acp.client import AgentConnection
-from acp.errors import AcpError, RemoteError
+from acp.errors import AcpError, ChannelClosed, RemoteError
 from acp.handler import ClientHandler
 from acp.process import ExitInfo, scrub_env
 from acp.schema import (
@@ -53,7 +53,7 @@ from acp.schema import (
 from actors import RestartWindow
 from serve.isolation import ChildLimits, Isolation, OomReport, sandbox
 from serve.permissions.elicitation import CLIENT_CAPABILITY as ELICITATION_CAPABILITY
-from serve.sessions.errors import NotSupportedByAgent
+from serve.sessions.errors import AgentSandboxDenied, NotSupportedByAgent
 
 if TYPE_CHECKING:
     from serve.settings import Settings
@@ -221,10 +221,23 @@ async def spawn_limited(
             if limits is not None:
                 await limits.aclose()
         raise
+    sandbox.register(conn, box)
     nursery.start_soon(sandbox.remove_when_closed, conn, box)
     if limits is not None:
         limits.attach(conn.process.pid)
     return conn, limits
+
+
+def start_failure(conn: AgentConnection, exc: Exception) -> Exception:
+    """What a failed ``initialize`` of ``conn`` (already closed) is for the caller:
+    :class:`AgentSandboxDenied` when the child exited because the file sandbox refused it a
+    path (its stderr says which: a deterministic failure, never retryable), else ``exc``."""
+    if not isinstance(exc, ChannelClosed):
+        return exc
+    found = sandbox.denial(conn)
+    if found is None:
+        return exc
+    return AgentSandboxDenied(found.message(), found.path, found.flag)
 
 
 def agent_env(settings: Settings) -> dict[str, str]:
@@ -277,11 +290,13 @@ class SpawnAgentSource:
         )
         try:
             await conn.initialize(timeout_s=timeout_s)
-        except BaseException:
+        except BaseException as exc:
             with trio.CancelScope(shield=True):
                 await conn.aclose(grace_s=1.0)
                 if limits is not None:
                     await limits.aclose()
+            if isinstance(exc, Exception) and (refusal := start_failure(conn, exc)) is not exc:
+                raise refusal from exc
             raise
         return conn if limits is None else OwnAgent(conn, limits)
 

@@ -21,6 +21,7 @@ a wire status and headers. Nothing here knows HTTP.
     ├── SessionsUnavailable   gone        the daemon is draining or the registry restarted
     │   ├── AgentUnavailable              the session's agent is not connected now
     │   ├── AgentStartFailed              the agent of a new or restored session never came up
+    │   ├── AgentSandboxDenied            ... because the file sandbox refused it a path
     │   └── ControlTimeout                a control call never got its turn (not sent)
     └── TurnFailed            the turn    a prompt's turn ended with ``turn_error`` (500)
         ├── TurnBudgetExhausted           the budget ran out (402 until it is raised)
@@ -41,6 +42,7 @@ from typing import Any, Final
 __all__ = [
     "RETRYABLE_TURN_CODES",
     "AgentRefusedError",
+    "AgentSandboxDenied",
     "AgentStartFailed",
     "AgentUnavailable",
     "ApprovalModeRefused",
@@ -246,6 +248,23 @@ class AgentStartFailed(SessionsUnavailable):
             f"Agent failed to start: {cause}", "acp_channel_unavailable", retryable=True
         )
         self.cause = cause
+
+
+class AgentSandboxDenied(SessionsUnavailable):
+    """The agent died at start-up because the daemon's file sandbox refused it ``path``:
+    deterministic (every retry fails the same way until the operator grants the path with
+    ``flag``, None for a protected place no flag grants), so never retryable."""
+
+    def __init__(self, message: str, path: str, flag: str | None) -> None:
+        super().__init__(
+            message,
+            "agent_sandbox_denied",
+            path=path,
+            grantFlag=flag,
+            retryable=False,
+        )
+        self.path = path
+        self.flag = flag
 
 
 #: Codes of a failed turn (``turn_error``) that a client may retry: the agent is restored

@@ -114,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODE",
         help="agent file sandbox: auto (Landlock where available; default), landlock, off",
     )
+    add(
+        "--agent-allow-write",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="a directory every agent may write under the sandbox (repeatable; absolute, "
+        "existing; not in the state directory nor a workspace)",
+    )
     add("--no-journal", action="store_true", help="do not persist session events")
     add("--max-sessions", default="32", help="live sessions per workspace; 0 = unlimited")
     add("--max-total-sessions", default=None, help="daemon-wide session cap; 0 = unlimited")

@@ -27,6 +27,7 @@ from serve.settings.values import (
     canonical_dir,
     env_ms,
     parse_agent_sandbox,
+    parse_allow_write,
     parse_bootstrap_token,
     parse_choice,
     parse_cost_budget,
@@ -119,6 +120,13 @@ def parse_settings(
     )
     if ns.config is not None and not Path(ns.config).is_file():
         raise SettingsError(f'Invalid --config "{ns.config}": file does not exist')
+    allow_write = parse_allow_write(
+        "--agent-allow-write",
+        ns.agent_allow_write or [],
+        state_dir=state_dir,
+        workspaces=(*workspaces, *untrusted),
+        config_file=ns.config,
+    )
 
     max_sessions = parse_nonneg("--max-sessions", ns.max_sessions)
     max_total = (
@@ -285,6 +293,7 @@ def parse_settings(
         agent_is_default=ns.agent is None,
         state_dir=state_dir,
         agent_sandbox=agent_sandbox,
+        agent_allow_write=allow_write,
         config_file=ns.config,
         journal=not ns.no_journal,
         max_sessions=max_sessions,

@@ -152,6 +152,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: The agents' file sandbox: "auto" (Landlock where the kernel has it), "landlock"
     #: (required), "off" (serve/isolation/sandbox.py).
     agent_sandbox: str = "auto"
+    #: Directories every agent child may write besides its workspace, temp and HOME
+    #: (``--agent-allow-write``, ``sandbox.allowWrite``): absolute, canonical, validated.
+    agent_allow_write: tuple[str, ...] = ()
     inert_flags: tuple[str, ...] = ()
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -201,6 +202,52 @@ def parse_agent_sandbox(mode: str) -> str:
                 "landlock in CONFIG_LSM / lsm=); use auto or off"
             )
     return mode
+
+
+def parse_allow_write(
+    source: str,
+    raws: Sequence[str],
+    *,
+    state_dir: str,
+    workspaces: Sequence[str],
+    config_file: str | None = None,
+) -> tuple[str, ...]:
+    """The agents' write grants (``source``: the flag or the config key naming them):
+    each absolute and an existing directory, canonical (symlinks resolved), neither in the
+    state directory (journals, credentials) nor the config file nor a workspace (a grant
+    applies to every agent child: it would let one workspace's agents write another's).
+    A grant *holding* one of those is fine: the sandbox carves them out of it."""
+    out: list[str] = []
+    state = os.path.realpath(state_dir)
+    never = "which agents may never write"
+    guarded = [(state, f"the state directory {state_dir} (journals, credentials), {never}")]
+    guarded += [
+        (
+            os.path.realpath(w),
+            f"the workspace {w}: its own agents write it already, and a grant (for every "
+            "agent) would let the other workspaces' agents write it",
+        )
+        for w in workspaces
+    ]
+    if config_file:
+        guarded.append((os.path.realpath(config_file), f"the config file, {never}"))
+    for raw in raws:
+        if not isinstance(raw, str) or not raw:
+            raise SettingsError(f'Invalid {source} "{raw}": expected a directory path')
+        if not os.path.isabs(raw):
+            raise SettingsError(f'Invalid {source} "{raw}": must be an absolute path')
+        if not os.path.exists(raw):
+            raise SettingsError(f'Invalid {source} "{raw}": directory does not exist')
+        if not os.path.isdir(raw):
+            raise SettingsError(f'Invalid {source} "{raw}": not a directory')
+        real = os.path.realpath(raw)
+        for place, what in guarded:
+            if real == place or real.startswith(place.rstrip("/") + "/"):
+                where = "is" if real == place else "is inside"
+                raise SettingsError(f'Invalid {source} "{raw}": {where} {what}')
+        if real not in out:
+            out.append(real)
+    return tuple(out)
 
 
 def parse_device_flow_providers(values: Sequence[str]) -> list[str]:

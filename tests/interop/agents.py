@@ -71,6 +71,7 @@ STEPS: Final = (
     "streamed_reply",
     "permission",
     "file_on_disk",
+    "shell",
     "cancel",
     "own_mode",
     "fork",
@@ -117,6 +118,9 @@ class AgentSpec:
     #: (it advertises ``sessionCapabilities.fork``), the qwen vendor method, or None (the
     #: branch route answers 501).
     fork_via: str | None = None
+    #: The mode the shell step runs in ("" = the start mode, which asks; an own mode id that
+    #: runs commands without asking, e.g. claude's ``bypassPermissions``, checks that mode).
+    shell_mode: str = ""
     needs: tuple[str, ...] = ()
 
     def missing(self) -> str | None:
@@ -238,6 +242,8 @@ CLAUDE: Final = AgentSpec(
     setup=_claude_setup,
     needs=("node",),
     own_mode="acceptEdits",
+    # "yolo": its Bash tool runs without asking (what a user of bypassPermissions relies on).
+    shell_mode="bypassPermissions",
     fork_via="session/fork",
 )
 
@@ -489,6 +495,7 @@ ECHO: Final = AgentSpec(
         "permission": "agent-client-protocol 0.12.1 examples/echo_agent.py only echoes the "
         "prompt: it calls no tool and never asks permission",
         "file_on_disk": "agent-client-protocol 0.12.1 examples/echo_agent.py never writes a file",
+        "shell": "agent-client-protocol 0.12.1 examples/echo_agent.py has no shell tool",
         "own_mode": "agent-client-protocol 0.12.1 examples/echo_agent.py advertises no modes",
         "cancel": "agent-client-protocol 0.12.1 examples/echo_agent.py answers each prompt at "
         "once and has no cancel handler: no turn stays in flight to cancel",

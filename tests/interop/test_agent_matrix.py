@@ -32,7 +32,7 @@ import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,9 +78,9 @@ def install_error() -> str | None:
     return ensure_installed()
 
 
-@pytest.fixture(scope="class", params=MATRIX, ids=lambda spec: spec.name)
-def flow(request: pytest.FixtureRequest, install_error: str | None) -> Iterator[Flow]:
-    spec: AgentSpec = request.param
+@contextmanager
+def started(spec: AgentSpec, install_error: str | None, *extra: str) -> Iterator[Flow]:
+    """The agent behind its own daemon (``extra``: more daemon flags), its run removed after."""
     if reason := spec.missing():
         if install_error:
             pytest.fail(f"{reason}: {install_error}")
@@ -95,10 +95,24 @@ def flow(request: pytest.FixtureRequest, install_error: str | None) -> Iterator[
             env = base_env(run)
             env.update(spec.setup(run, model.base_url))
             env["QWEN_SERVER_TOKEN"] = TOKEN
+            argv = spec.argv()
+            if trace_dir := os.environ.get("ACP_MATRIX_STRACE"):
+                # Every file call of the agent's tree (docs/agent-sandbox.md: how the
+                # sandbox's per-agent table was made), kept after the run.
+                argv = [
+                    "strace",
+                    "-f",
+                    "-qq",
+                    "-e",
+                    "trace=%file,bind",
+                    "-o",
+                    str(run.home / ".strace"),
+                    *argv,
+                ]
             daemon = spawn_daemon(
                 [
                     "--agent",
-                    shlex.join(spec.argv()),
+                    shlex.join(argv),
                     "--initialize-timeout-ms",
                     "60000",
                     "--session-restore-timeout-ms",
@@ -111,6 +125,7 @@ def flow(request: pytest.FixtureRequest, install_error: str | None) -> Iterator[
                     # (tests/serve/test_compile_cache.py covers it).
                     "--agent-compile-cache-mb",
                     "0",
+                    *extra,
                 ],
                 workspace=run.workspace,
                 state_dir=root / "state",
@@ -120,8 +135,25 @@ def flow(request: pytest.FixtureRequest, install_error: str | None) -> Iterator[
                 yield Flow(spec=spec, daemon=daemon, model=model, workspace=run.workspace)
             finally:
                 daemon.stop()
+                if trace_dir and (run.home / ".strace").exists():
+                    name = f"{spec.name}{'-'.join(('', *extra))}-{root.name}.strace"
+                    shutil.copy(run.home / ".strace", Path(trace_dir) / name)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="class", params=MATRIX, ids=lambda spec: spec.name)
+def flow(request: pytest.FixtureRequest, install_error: str | None) -> Iterator[Flow]:
+    """The agent under the default sandbox (``--agent-sandbox auto``)."""
+    with started(request.param, install_error) as flow:
+        yield flow
+
+
+@pytest.fixture(scope="class", params=MATRIX, ids=lambda spec: spec.name)
+def flow_unsandboxed(request: pytest.FixtureRequest, install_error: str | None) -> Iterator[Flow]:
+    """The agent with ``--agent-sandbox off`` (the shell step's other half)."""
+    with started(request.param, install_error, "--agent-sandbox", "off") as flow:
+        yield flow
 
 
 @pytest.fixture(autouse=True)
@@ -133,7 +165,8 @@ def _step_gate(request: pytest.FixtureRequest) -> None:
     marker = request.node.get_closest_marker("step")
     if marker is None:
         return
-    flow: Flow = request.getfixturevalue("flow")
+    name = "flow_unsandboxed" if "flow_unsandboxed" in request.fixturenames else "flow"
+    flow: Flow = request.getfixturevalue(name)
     step = marker.args[0]
     if reason := flow.spec.skips.get(step):
         pytest.skip(reason)
@@ -242,6 +275,48 @@ async def write_turn(flow: Flow) -> tuple[list[dict[str, Any]], list[dict[str, A
     assert events[-1]["type"] == "turn_complete", f"{events[-1]}\n{diagnostics(flow)}"
     flow.passed.add("write_turn")
     return events, asked
+
+
+async def shell_turn(flow: Flow) -> None:
+    """Ask the agent to write ``matrix-shell-<agent>.txt`` through its shell tool (in
+    ``spec.shell_mode`` when it has one); allow once whatever it asks; the file must be on disk
+    afterwards: the turn's end alone proves nothing (an agent whose command the sandbox
+    refused may still end its turn ``end_turn``)."""
+    target = flow.workspace / f"matrix-shell-{flow.spec.name}.txt"
+    target.unlink(missing_ok=True)
+    async with http(flow) as client:
+        if flow.spec.shell_mode:
+            r = await client.post(
+                f"/session/{flow.session_id}/approval-mode",
+                json={"mode": flow.spec.shell_mode},
+                headers=flow.headers,
+            )
+            assert r.status_code == 200, r.text
+
+        async def vote(event: dict[str, Any]) -> None:
+            if event["type"] != "permission_request":
+                return
+            options = {o["kind"]: o["optionId"] for o in event["data"]["options"]}
+            r = await client.post(
+                f"/session/{flow.session_id}/permission/{event['data']['requestId']}",
+                json={"outcome": {"outcome": "selected", "optionId": options["allow_once"]}},
+                headers=flow.headers,
+            )
+            assert r.status_code == 200, r.text
+
+        prompt_id = await submit(
+            client, flow, f"please run {target.name} shell from {flow.spec.name}"
+        )
+        events = await read_events(client, flow, terminal_of(prompt_id), vote)
+    assert events[-1]["type"] == "turn_complete", f"{events[-1]}\n{diagnostics(flow)}"
+    tools = [
+        e["data"]["update"]
+        for e in events
+        if e["type"] == "session_update"
+        and e["data"]["update"].get("sessionUpdate") in ("tool_call", "tool_call_update")
+    ]
+    assert target.is_file(), f"no {target.name}; tool calls: {tools[-4:]}\n{diagnostics(flow)}"
+    assert target.read_text() == f"shell from {flow.spec.name}"
 
 
 def _stat(pid: int) -> tuple[int, int, str] | None:
@@ -368,6 +443,12 @@ class TestAgentFlow:
         assert target.is_file(), diagnostics(flow)
         assert target.read_text().rstrip("\n") == f"hello from {flow.spec.name}"
         flow.passed.add("file_on_disk")
+
+    @pytest.mark.step("shell", needs=("streamed_reply",))
+    async def test_4b_shell(self, flow: Flow) -> None:
+        """The agent's shell tool has its effect under the default sandbox."""
+        await shell_turn(flow)
+        flow.passed.add("shell")
 
     @pytest.mark.step("cancel", needs=("streamed_reply",))
     async def test_5_cancel(self, flow: Flow) -> None:
@@ -522,3 +603,16 @@ class TestAgentFlow:
             await trio.sleep(0.1)
         assert not session_processes(flow)
         flow.passed.add("no_process_left")
+
+
+class TestShellUnsandboxed:
+    """The shell step again with ``--agent-sandbox off``: the effect does not depend on the
+    sandbox either way."""
+
+    @pytest.mark.step("create")
+    async def test_1_create(self, flow_unsandboxed: Flow) -> None:
+        await TestAgentFlow().test_1_create(flow_unsandboxed)
+
+    @pytest.mark.step("shell", needs=("create",))
+    async def test_2_shell(self, flow_unsandboxed: Flow) -> None:
+        await shell_turn(flow_unsandboxed)

@@ -26,6 +26,10 @@ Replies (:func:`plan`), from the last user text (wrapper blocks such as ``<syste
   picked from the offered names (:data:`WRITE_TOOLS`: qwen/gemini ``write_file``, claude
   ``Write``, opencode / pi ``write``, kimi ``WriteFile``, codex ``shell_command`` / ``shell`` /
   ``exec_command``);
+* ``please run FILE CONTENT`` and a shell tool is offered → a streamed call of the agent's
+  shell tool (:data:`SHELL_TOOLS`: qwen/gemini ``run_shell_command``, claude ``Bash``,
+  opencode / pi ``bash``, kimi ``Shell``, codex ``shell_command`` / ``shell`` /
+  ``exec_command``) running ``printf CONTENT > FILE`` (the effect a test checks on disk);
 * ``please stall`` and tools are offered (a main turn, not a background title call) → one text
   chunk, then the stream is held open until the client goes away, :meth:`FakeModels.stop`, or
   ``stall_s`` seconds (then it finishes normally);
@@ -51,6 +55,7 @@ from types import TracebackType
 from typing import Any, Final
 
 WRITE_TRIGGER: Final = re.compile(r"please write (\S+)[ \t]*([^\n]*)", re.IGNORECASE)
+SHELL_TRIGGER: Final = re.compile(r"please run (\S+)[ \t]*([^\n]*)", re.IGNORECASE)
 STALL_TRIGGER: Final = re.compile(r"please stall", re.IGNORECASE)
 #: Text parts that are wrappers added by agents around (or beside) the user's words.
 _WRAPPER: Final = re.compile(r"^\s*(<[\w-]+[\s>]|# AGENTS\.md|Caveat:)", re.IGNORECASE)
@@ -104,10 +109,43 @@ WRITE_TOOLS: Final = (
 )
 
 
+#: Shell tools by agent, in preference order (the first one offered is used).
+SHELL_TOOLS: Final = (
+    "run_shell_command",
+    "Bash",
+    "bash",
+    "Shell",
+    "shell_command",
+    "shell",
+    "exec_command",
+)
+
+
+def _shell_args(
+    tool: str, params: set[str], path: str, content: str, workdir: str
+) -> dict[str, Any]:
+    script = f"printf '%s' {shlex.quote(content)} > {shlex.quote(path)}"
+    if tool in ("shell", "shell_command", "exec_command"):
+        return _write_args(tool, params, path, content, workdir)
+    args: dict[str, Any] = {"command": script}
+    if tool in ("run_shell_command", "Bash", "bash"):
+        args["description"] = "write a file"
+    if "is_background" in params:  # qwen requires it
+        args["is_background"] = False
+    return args
+
+
 def plan(turn: Turn, workdir: str) -> Reply:
     if turn.after_tool_result:
         return Reply("done")
     text = turn.user_text
+    shell = SHELL_TRIGGER.search(text)
+    shell_tool = next((t for t in SHELL_TOOLS if t in turn.tools), None)
+    if shell and shell_tool is not None:
+        path = os.path.normpath(os.path.join(workdir, shell.group(1)))
+        params = turn.params.get(shell_tool, set())
+        args = _shell_args(shell_tool, params, path, shell.group(2), workdir)
+        return Reply(tool=shell_tool, arguments=args)
     match = WRITE_TRIGGER.search(text)
     tool = next((t for t in WRITE_TOOLS if t in turn.tools), None)
     if match and tool is not None:
@@ -183,7 +221,12 @@ def responses_turn(body: dict[str, Any]) -> Turn:
 
 def anthropic_turn(body: dict[str, Any]) -> Turn:
     messages = body.get("messages") or []
-    tools = [str(t.get("name", "")) for t in body.get("tools") or [] if isinstance(t, dict)]
+    offered = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+    tools = [str(t.get("name", "")) for t in offered]
+    params = {
+        str(t.get("name", "")): set((t.get("input_schema") or {}).get("properties") or {})
+        for t in offered
+    }
     after_tool = False
     if messages and messages[-1].get("role") == "user":
         content = messages[-1].get("content")
@@ -203,19 +246,26 @@ def anthropic_turn(body: dict[str, Any]) -> Turn:
                 if isinstance(b, dict) and b.get("type") == "text"
             ]
         if text := _last_text(texts):
-            return Turn(text, after_tool, tools)
-    return Turn("", after_tool, tools)
+            return Turn(text, after_tool, tools, params)
+    return Turn("", after_tool, tools, params)
 
 
 def gemini_turn(body: dict[str, Any]) -> Turn:
     contents = body.get("contents") or []
-    tools = [
-        str(d.get("name", ""))
+    declared = [
+        d
         for t in body.get("tools") or []
         if isinstance(t, dict)
         for d in t.get("functionDeclarations") or []
         if isinstance(d, dict)
     ]
+    tools = [str(d.get("name", "")) for d in declared]
+    params = {
+        str(d.get("name", "")): set(
+            (d.get("parametersJsonSchema") or d.get("parameters") or {}).get("properties") or {}
+        )
+        for d in declared
+    }
     after_tool = bool(contents) and any(
         isinstance(p, dict) and "functionResponse" in p for p in contents[-1].get("parts") or []
     )
@@ -224,8 +274,8 @@ def gemini_turn(body: dict[str, Any]) -> Turn:
             continue
         texts = [str(p["text"]) for p in content.get("parts") or [] if "text" in p]
         if text := _last_text(texts):
-            return Turn(text, after_tool, tools)
-    return Turn("", after_tool, tools)
+            return Turn(text, after_tool, tools, params)
+    return Turn("", after_tool, tools, params)
 
 
 # -- the server ---------------------------------------------------------------------------------

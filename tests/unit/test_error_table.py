@@ -27,6 +27,7 @@ from serve.http.errors import DOMAIN_ERRORS, ApiError, to_api_error
 from serve.sessions import errors as session_errors
 from serve.sessions.errors import (
     AgentRefusedError,
+    AgentSandboxDenied,
     AgentStartFailed,
     AgentUnavailable,
     ApprovalModeRefused,
@@ -216,6 +217,13 @@ CASES: list[tuple[SessionError, int, dict[str, str], bytes]] = [
         RETRY,
         b'{"error":"Agent failed to start: spawn failed","code":"acp_channel_unavailable",'
         b'"retryable":true}',
+    ),
+    (  # deterministic: no Retry-After, retryable false (serve/isolation/denials.py)
+        AgentSandboxDenied("denied /x/a.log", "/x/a.log", "--agent-allow-write /x"),
+        503,
+        {},
+        b'{"error":"denied /x/a.log","code":"agent_sandbox_denied","path":"/x/a.log",'
+        b'"grantFlag":"--agent-allow-write /x","retryable":false}',
     ),
     # A failed turn (its terminal's data), as the blocking prompt answers it.
     (

@@ -125,6 +125,14 @@ NO_SESSION = err(404, "No such session (`session_not_found`).")
 BAD_REQUEST = err(400, "Invalid input (`code` names the field or rule).")
 BAD_JSON = err(400, "Malformed JSON, or a field of the wrong type.")
 UNAVAILABLE = err(503, "Draining or a limit reached (`code`; `Retry-After` header).")
+#: A create or restore whose agent could not start.
+AGENT_START = err(
+    503,
+    "Draining, a limit reached, or the agent did not start: `acp_channel_unavailable` "
+    "(retryable, `Retry-After`), or `agent_sandbox_denied` (`retryable: false`, no "
+    "`Retry-After`: the file sandbox refused the agent `path`; `grantFlag` is the "
+    "`--agent-allow-write DIR` that allows it, null for a protected place).",
+)
 FILE_ERRORS = (
     file_err(400, "`parse_error`, `path_outside_workspace` or `symlink_escape`."),
     file_err(403, "`permission_denied` or `untrusted_workspace`."),
@@ -151,7 +159,7 @@ _RESTORE = Operation(
         ok(t.RestoreResponse),
         BAD_REQUEST,
         NO_SESSION,
-        UNAVAILABLE,
+        AGENT_START,
         err(504, "The agent did not answer in time (`init_timeout`, `session_restore_timeout`)."),
     ),
     body=t.RestoreRequest,
@@ -226,7 +234,7 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         (
             ok(t.SessionResponse),
             BAD_REQUEST,
-            UNAVAILABLE,
+            AGENT_START,
             err(504, "The agent did not start in time (`init_timeout`)."),
         ),
         body=t.CreateSessionRequest,

@@ -157,14 +157,28 @@ class CapabilitiesEnvelope(_Wire, frozen=True):
     agents: list[WorkspaceAgent]
 
 
+class SandboxDenial(_Wire, frozen=True):
+    """A workspace whose agent died at start-up because the file sandbox refused it
+    ``path``; ``grantFlag``: the ``--agent-allow-write DIR`` that allows it (null: a
+    protected place); ``error``: the create's message."""
+
+    workspace_cwd: str
+    path: str
+    grant_flag: str | None
+    error: str
+
+
 class ReadyResponse(_Wire, frozen=True):
-    """``GET /readyz``: ``ready`` (200) or ``not_ready`` with a ``reason`` (503);
-    ``agentsFailing``: the workspaces whose agent command keeps failing (only the primary's
-    makes the daemon unready)."""
+    """``GET /readyz``: ``ready`` (200) or ``not_ready`` with a ``reason`` (503;
+    ``agent_sandbox_denied`` when the primary workspace's agent was refused a path by the
+    file sandbox); ``agentsFailing``: the workspaces whose agent command keeps failing
+    (only the primary's makes the daemon unready); ``sandboxDenied``: those the sandbox
+    refused, with the path and the flag that grants it."""
 
     status: Literal["ready", "not_ready"]
     reason: str | UnsetType = UNSET
     agents_failing: list[str] | UnsetType = UNSET
+    sandbox_denied: list[SandboxDenial] | UnsetType = UNSET
 
 
 # ---- sessions --------------------------------------------------------------------------------

@@ -25,11 +25,14 @@ async def health() -> Response:
 async def readyz() -> Response:
     """Readiness for orchestrators: 503 while draining, starting, at capacity, or while the
     primary workspace's agent keeps failing; workspaces whose agent is failing are listed
-    (``agentsFailing``) when there are any."""
+    (``agentsFailing``) when there are any, and those whose agent the file sandbox refused a
+    path (``sandboxDenied``: reason ``agent_sandbox_denied`` for the primary)."""
     host = daemon()
     ready, reason = host.readiness()
     failing = host.agents_failing()
-    extra = {"agentsFailing": failing} if failing else {}
+    extra: dict[str, object] = {"agentsFailing": failing} if failing else {}
+    if denied := host.sandbox_denials():
+        extra["sandboxDenied"] = denied  # the path, the flag that grants it, the message
     if ready:
         return json_response({"status": "ready", **extra})
     return json_response(
