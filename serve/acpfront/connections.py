@@ -168,6 +168,8 @@ class Connection:
         self.outbox = Outbox(max_messages=max_messages, max_bytes=max_bytes)
         self.sessions: dict[str, SessionLink] = {}
         self.server_requests: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        #: Its requests are answered in their HTTP POST (the qwen SDK: routing.Inline).
+        self.inline_replies = False
         #: The elicitation modes its client advertised (serve/acpfront/elicit.py).
         self.elicitation_modes: frozenset[str] = frozenset()
         self.inflight = 0

@@ -10,7 +10,8 @@ cancels a running request, anything invalid is answered at once.
 ``sessionId`` that is no string or contradicts the ``Acp-Session-Id`` header), runs the
 transport's policy (strict gate, rate limit), then the handler of :data:`METHODS`. Its
 result, or the error anything under it raised (rendered once, :func:`serve.acpfront.errors.
-to_rpc`), is queued where :mod:`.routing` says; a reply to one of
+to_rpc`), is queued where :mod:`.routing` says (or answered in the request's POST, for
+the qwen SDK: :class:`~serve.acpfront.routing.Inline`); a reply to one of
 :data:`~serve.acpfront.routing.SESSION_REPLIES` waits (bounded) until the pump has queued
 the events its request caused, so it follows them on the stream. A request cancelled by
 ``$/cancel_request`` is answered -32800.
@@ -46,7 +47,7 @@ from serve.acpfront.jsonrpc import (
     RpcError,
 )
 from serve.acpfront.links import Replied, caught_up_now
-from serve.acpfront.routing import SESSION_REPLIES, reply, reply_conn
+from serve.acpfront.routing import SESSION_REPLIES, Inline, reply, reply_conn
 
 __all__ = ["METHODS", "Handler", "handle", "submit"]
 
@@ -92,9 +93,14 @@ METHODS: Final[Mapping[str, Handler]] = {
 
 
 def submit(
-    front: Connections, conn: Connection, message: jsonrpc.Message, header_session: str | None
+    front: Connections,
+    conn: Connection,
+    message: jsonrpc.Message,
+    header_session: str | None,
+    inline: Inline | None = None,
 ) -> None:
-    """Handle one message in the background; its reply lands in an outbox."""
+    """Handle one message in the background; its reply lands in an outbox (or ``inline``,
+    which is then done in every case)."""
     conn.touch()
     match message:
         case Notification(method=v121.CANCEL_REQUEST):
@@ -113,10 +119,13 @@ def submit(
                                 {"httpStatus": 429, "code": "too_many_inflight"},
                             ),
                         ),
+                        inline,
                     )
+                if inline is not None:
+                    inline.done.set()
                 return
             conn.inflight += 1
-            front.spawn(handle, front, conn, message, header_session)
+            front.spawn(handle, front, conn, message, header_session, inline)
         case Response():
             front.spawn(vote_methods.answer, front, conn, message)
         case jsonrpc.Invalid(id=rid, error=error):
@@ -168,8 +177,10 @@ async def handle(
     conn: Connection,
     message: Request | Notification,
     header_session: str | None,
+    inline: Inline | None = None,
 ) -> None:
-    """Run one request or notification (see the module docstring)."""
+    """Run one request or notification (see the module docstring); its reply goes to
+    ``inline`` when given."""
     rid = message.id if isinstance(message, Request) else None
     method = message.method
     params = message.params
@@ -191,33 +202,40 @@ async def handle(
                 result = await handler(front, conn, params)
             except ConnectionLevel as exc:
                 if rid is not None:
-                    reply_conn(front, conn, jsonrpc.error_bytes(rid, exc))
+                    reply_conn(front, conn, jsonrpc.error_bytes(rid, exc), inline)
                 return
             except Exception as exc:
                 if rid is not None:
                     error = to_rpc(exc, sid)  # the one place a failure becomes a reply
                     await _after_events(conn, method, sid)
-                    reply(front, conn, method, sid, jsonrpc.error_bytes(rid, error))
+                    reply(front, conn, method, sid, jsonrpc.error_bytes(rid, error), inline)
                 return
             if rid is None:
                 return
             if isinstance(result, Replied):
-                await result.deliver(rid)
+                await result.deliver(rid, inline)
                 return
             # A reply follows the events its request caused (model_switched,
             # approval_mode_changed, the turn's updates) on the stream.
             await _after_events(conn, method, sid)
-            reply(front, conn, method, sid, jsonrpc.result_bytes(rid, result))
+            reply(front, conn, method, sid, jsonrpc.result_bytes(rid, result), inline)
     finally:
         conn.tasks.discard(scope)
         if rid is not None and conn.running.get(rid) is scope:
             del conn.running[rid]
             if rid in conn.cancelled and scope.cancelled_caught and not conn.closed:
                 reply(
-                    front, conn, method, sid, jsonrpc.error_bytes(rid, v121.cancelled_error(method))
+                    front,
+                    conn,
+                    method,
+                    sid,
+                    jsonrpc.error_bytes(rid, v121.cancelled_error(method)),
+                    inline,
                 )
         if rid is not None:
             conn.cancelled.discard(rid)
+        if inline is not None:
+            inline.done.set()  # no reply (the connection closed): the POST ends anyway
         conn.inflight -= 1
         conn.touch()
 

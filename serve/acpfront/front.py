@@ -15,7 +15,8 @@ The parts, one concept each:
 * :mod:`.connections` — :class:`~.connections.Connection`, the table, per-address caps,
   expiry, release (the state every other part works on, :class:`~.connections.Connections`);
 * :mod:`.dispatch` — the method table and one message from receipt to reply;
-* :mod:`.routing` — which outbox a reply goes to, and eviction on overflow;
+* :mod:`.routing` — which outbox a reply goes to (or the POST itself, for the qwen SDK),
+  and eviction on overflow;
 * :mod:`.links` — session links and their pumps, resume after eviction;
 * :mod:`.session_methods`, :mod:`.file_methods`, :mod:`.vote_methods` (and
   :mod:`.v121`, :mod:`.fork`, :mod:`.steering`, :mod:`.workspace_methods`,
@@ -65,6 +66,7 @@ from serve.acpfront.errors import params_error
 from serve.acpfront.fork import fork_capability
 from serve.acpfront.jsonrpc import Request
 from serve.acpfront.outbox import Outbox
+from serve.acpfront.routing import INLINE_CLIENT, Inline
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",
@@ -117,6 +119,12 @@ class AcpFront(Connections):
             transport, dialect, workspace, loopback=loopback, client=client, owner=owner
         )
         conn.elicitation_modes = elicit.client_modes(params.get("clientCapabilities"))
+        conn.inline_replies = (
+            transport == "http"
+            and dialect == "qwen"
+            and isinstance(client_info, dict)
+            and client_info.get("name") == INLINE_CLIENT
+        )
         result = {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -147,10 +155,15 @@ class AcpFront(Connections):
         return conn, jsonrpc.result_bytes(request.id, result)
 
     def submit(
-        self, conn: Connection, message: jsonrpc.Message, header_session: str | None
+        self,
+        conn: Connection,
+        message: jsonrpc.Message,
+        header_session: str | None,
+        inline: Inline | None = None,
     ) -> None:
-        """Handle one message in the background; its reply lands in an outbox."""
-        dispatch.submit(self, conn, message, header_session)
+        """Handle one message in the background; its reply lands in an outbox, or in
+        ``inline`` (answered in the request's own POST: :class:`~.routing.Inline`)."""
+        dispatch.submit(self, conn, message, header_session, inline)
 
     async def session_outbox(
         self,

@@ -47,7 +47,7 @@ from serve.acpfront.connections import (
 from serve.acpfront.errors import ConnectionLevel, not_found, params_error, session_limit, to_rpc
 from serve.acpfront.jsonrpc import INVALID_PARAMS, RESOURCE_NOT_FOUND, RpcError
 from serve.acpfront.outbox import Outbox
-from serve.acpfront.routing import push_session, reply_conn
+from serve.acpfront.routing import Inline, push_session, reply_conn
 from serve.acpfront.translate import translate_frame
 from serve.events import Subscriber
 from serve.sessions.actor import SessionActor
@@ -334,7 +334,7 @@ class Replied:
         self.link = link
         self.kind = kind
 
-    async def deliver(self, rid: jsonrpc.Id) -> None:
+    async def deliver(self, rid: jsonrpc.Id, inline: Inline | None = None) -> None:
         front, conn, link = self.front, self.conn, self.link
         if conn.dialect == "qwen":
             # The qwen SDK synthesises an HTTP response from the reply, and its
@@ -348,7 +348,9 @@ class Replied:
                     {"httpStatus": 404, "sessionId": link.session_id, "done": self.kind},
                 ),
             )
-            reply_conn(front, conn, payload)
+            reply_conn(front, conn, payload, inline)
+        elif inline is not None:
+            inline(jsonrpc.result_bytes(rid, {}))
         elif conn.transport == "http" and not link.outbox.ended:
             # An ACP client reads the reply on the session stream, before it ends.
             push_session(front, conn, link, None, jsonrpc.result_bytes(rid, {}))

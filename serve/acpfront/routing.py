@@ -5,6 +5,15 @@ WebSocket transport has one socket for everything. Replies to :data:`SESSION_REP
 go to the session's outbox (the qwen SDK accepts them only from there); every other reply,
 and every ownership error, to the connection's (:func:`reply`).
 
+Inline replies (:class:`Inline`): the published qwen SDK's HTTP transport (``clientInfo.name``
+:data:`INLINE_CLIENT`) registers the reply it waits for only once its POST's 202 has
+arrived and silently drops a reply whose id it does not know yet. When the SDK's process
+reads the 202 and an already-open stream in one wake-up (a busy machine, a GC pause), it
+handles the stream first, drops the reply and fails 30 s later with ``TimeoutError`` (or,
+for a prompt, never returns); no order of the daemon's writes prevents that. The SDK also
+accepts the reply as the POST's own answer (200, ``application/json``), which cannot race:
+its connections get every reply that way (:attr:`Connection.inline_replies`).
+
 Overflow (:func:`push_session`): a connection outbox (or a WebSocket's) that overflows
 ends the connection. A session outbox that overflows is *evicted*: its queued events are
 dropped, an id-less ``_qwen/notify client_evicted`` is queued, and its pump stops;
@@ -16,10 +25,12 @@ from __future__ import annotations
 
 import logging
 
+import trio
+
 from serve.acpfront.connections import Connection, Connections, SessionLink
 from serve.acpfront.translate import Deferred, notify
 
-__all__ = ["SESSION_REPLIES", "push_session", "reply", "reply_conn"]
+__all__ = ["INLINE_CLIENT", "SESSION_REPLIES", "Inline", "push_session", "reply", "reply_conn"]
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +46,37 @@ SESSION_REPLIES = frozenset(
 )
 
 
-def reply(front: Connections, conn: Connection, method: str, sid: object, payload: bytes) -> None:
-    """Queue the reply to a ``method`` request about session ``sid`` where it belongs."""
+#: The ``clientInfo.name`` of the published qwen SDK's transports (see Inline replies above).
+INLINE_CLIENT = "qwen-code-sdk"
+
+
+class Inline:
+    """The reply of one request answered in its own HTTP POST: set once (the first reply
+    wins), ``done`` also when the request ended without one (its connection closed)."""
+
+    def __init__(self) -> None:
+        self.payload: bytes | None = None
+        self.done = trio.Event()
+
+    def __call__(self, payload: bytes) -> None:
+        if not self.done.is_set():
+            self.payload = payload
+            self.done.set()
+
+
+def reply(
+    front: Connections,
+    conn: Connection,
+    method: str,
+    sid: object,
+    payload: bytes,
+    inline: Inline | None = None,
+) -> None:
+    """Queue the reply to a ``method`` request about session ``sid`` where it belongs
+    (``inline``: the request's POST answers it)."""
+    if inline is not None:
+        inline(payload)
+        return
     if conn.transport == "http" and method in SESSION_REPLIES and isinstance(sid, str):
         link = conn.sessions.get(sid)
         if link is not None and not link.outbox.ended:
@@ -45,8 +85,14 @@ def reply(front: Connections, conn: Connection, method: str, sid: object, payloa
     reply_conn(front, conn, payload)
 
 
-def reply_conn(front: Connections, conn: Connection, payload: bytes) -> None:
-    """Queue on the connection stream; an overflow ends the connection."""
+def reply_conn(
+    front: Connections, conn: Connection, payload: bytes, inline: Inline | None = None
+) -> None:
+    """Queue on the connection stream (``inline``: the POST answers it instead); an overflow
+    ends the connection."""
+    if inline is not None:
+        inline(payload)
+        return
     if not conn.outbox.push(None, payload):
         log.warning("ACP connection %s: outbox full, closing the connection", conn.id)
         front.evictions += 1

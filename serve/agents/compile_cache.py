@@ -35,6 +35,7 @@ a script whose ``#!`` line names node.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -111,7 +112,9 @@ def _tree_bytes(root: str) -> int:
 
 def prepare(cache: str, *, max_bytes: int, stamp: Mapping[str, object]) -> bool:
     """Make ``cache`` (0700) fit for use and say whether it needs a probe: it is emptied when
-    it is over ``max_bytes`` or was populated for another command (blocking: a thread)."""
+    it is over ``max_bytes`` or was populated for another command (blocking: a thread).
+    Emptied in place, never replaced: sandboxed children already running hold their read
+    grant on this directory (serve/isolation/sandbox.py)."""
     stamp_path = os.path.join(cache, STAMP_NAME)
     if os.path.isdir(cache):
         try:
@@ -121,7 +124,12 @@ def prepare(cache: str, *, max_bytes: int, stamp: Mapping[str, object]) -> bool:
             old = None
         if old == stamp and _tree_bytes(cache) <= max_bytes:
             return False
-        shutil.rmtree(cache, ignore_errors=True)
+        for entry in os.scandir(cache):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
     os.makedirs(cache, mode=0o700, exist_ok=True)
     os.chmod(cache, 0o700)
     return True

@@ -254,8 +254,11 @@ def _prepare_sync(
         # The node compile cache (serve/agents/compile_cache.py) lives in the protected state
         # directory: read-only for agents (code every later child runs; only the daemon's
         # probe writes it). A specific grant inside the carved location.
+        # A child spawned before the probe made it (the warm spare at start-up) gets the
+        # grant too: the directory is made here, empty, and the probe fills it in place.
         cache = settings.node_compile_cache_dir
-        if cache is not None and env.get("NODE_COMPILE_CACHE") == cache and os.path.isdir(cache):
+        if cache is not None and env.get("NODE_COMPILE_CACHE") == cache:
+            os.makedirs(cache, mode=0o700, exist_ok=True)
             spec["read"].append(os.path.realpath(cache))
             roots["readOnly"] = [*roots.get("readOnly", []), cache]
         if len(json.dumps(spec)) > INLINE_SPEC_BYTES:

@@ -407,3 +407,29 @@ def test_attach_warns_about_a_token_in_argv_and_plain_http_to_another_host() -> 
     assert "argv-token" not in loud
     for quiet_url in ("http://127.0.0.1:4170", "http://localhost:4170", "https://192.0.2.7"):
         assert attach(quiet_url) == ""
+
+
+async def test_attach_passes_on_a_reply_answered_in_the_post(daemon_proc: DaemonProcess) -> None:
+    """An editor whose ``clientInfo`` names the qwen SDK gets its replies in the POSTs'
+    answers (``serve/acpfront/routing.py``): the bridge passes those on too."""
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "serve", "attach", daemon_proc.url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env={"QWEN_SERVER_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
+    )
+    editor = Editor(process)
+    try:
+        await editor.request(1, "initialize", {"clientInfo": {"name": "qwen-code-sdk"}})
+        health = await editor.request(2, "_qwen/health", {})
+        assert health["result"] == {"status": "ok"}
+        cwd = str(daemon_proc.workspace.resolve())
+        created = await editor.request(3, "session/new", {"cwd": cwd, "mcpServers": []})
+        assert created["result"]["sessionId"].startswith("sess_")
+    finally:
+        assert process.stdin is not None
+        await process.stdin.aclose()
+        with trio.fail_after(GUARD_S):
+            code = await process.wait()
+    assert code == 0

@@ -44,7 +44,7 @@ import trio
 from tests.conftest import AUTH, TOKEN
 from tests.interop.agents import MATRIX, RUNS, AgentSpec, Run, base_env, ensure_installed
 from tests.support.daemon import DaemonProcess, spawn_daemon
-from tests.support.fake_models import FakeModels
+from tests.support.fake_models import FakeModels, chat_turn
 from tests.support.sse import iter_events
 
 #: A guard against a wedged agent (a failure, not a timed assertion): one turn's events.
@@ -369,7 +369,15 @@ def alive(process: tuple[int, str]) -> bool:
 def diagnostics(flow: Flow) -> str:
     stderr = flow.daemon.stderr()[-3000:]
     calls = [(api, path) for api, path, _ in flow.model.requests][-10:]
-    return f"model calls: {calls}\ndaemon stderr tail:\n{stderr}"
+    # What each chat call asked (the fake model's reply follows from it: fake_models.plan).
+    asked = [
+        (t.user_text[:60], t.after_tool_result, len(t.tools))
+        for t in map(chat_turn, flow.model.requests_of("chat")[-6:])
+    ]
+    return (
+        f"model calls: {calls}\nchat turns (last user text, after a tool result, tools): "
+        f"{asked}\ndaemon stderr tail:\n{stderr}"
+    )
 
 
 # -- the flow ---------------------------------------------------------------------------------
@@ -414,7 +422,8 @@ class TestAgentFlow:
     @pytest.mark.step("permission", needs=("streamed_reply",))
     async def test_3_permission(self, flow: Flow) -> None:
         events, asked = await write_turn(flow)
-        assert len(asked) == 1, f"asked {len(asked)} times\n{diagnostics(flow)}"
+        seen = [(a["id"], a["data"]["toolCall"]) for a in asked]
+        assert len(asked) == 1, f"asked {len(asked)} times: {seen}\n{diagnostics(flow)}"
         resolved = [e for e in events if e["type"] == "permission_resolved"]
         assert resolved and resolved[0]["data"]["requestId"] == asked[0]["data"]["requestId"]
         assert resolved[0]["data"]["outcome"]["outcome"] == "selected"

@@ -8,7 +8,10 @@ Host and only hand it connections and messages (503 while it is not running):
 
 * ``POST`` (``application/json``, else 415): one JSON-RPC message. ``initialize`` needs no
   connection id and answers 200 with the result and ``Acp-Connection-Id``; every other
-  message is 202 with an empty body and its reply comes on a stream. A batch is 501; a body
+  message is 202 with an empty body and its reply comes on a stream, except on a connection
+  of the published qwen SDK (``clientInfo.name`` ``qwen-code-sdk``), whose requests are
+  answered 200 with their JSON-RPC reply (the one way it reads a reply that cannot race the
+  202: :mod:`serve.acpfront.routing`). A batch is 501; a body
   that is not JSON-RPC is 400 with a JSON-RPC error (``id: null``); no connection id is
   400, an unknown one 404.
 * ``GET`` (``Accept: text/event-stream``, else 406, checked first): the connection stream,
@@ -46,6 +49,7 @@ from quart.wrappers.base import ClientDisconnectedError
 from serve.acpfront import AcpFront, Connection, jsonrpc
 from serve.acpfront.connections import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_UNUSED_TIMEOUT_S, Policy
 from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
+from serve.acpfront.routing import Inline
 from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
 from serve.host import Host
 from serve.http.capabilities import Feature
@@ -372,10 +376,18 @@ async def _post(workspace_ref: str | None) -> Response:
         if refusal is not None:
             return _refused(message.id if isinstance(message, jsonrpc.Request) else None, refusal)
     header_session = request.headers.get("Acp-Session-Id")
+    # The qwen SDK's connection gets each reply as its POST's answer (serve/acpfront/routing.py).
+    inline = Inline() if conn.inline_replies and isinstance(message, jsonrpc.Request) else None
     try:
-        the_front().submit(conn, message, header_session.strip() if header_session else None)
+        the_front().submit(
+            conn, message, header_session.strip() if header_session else None, inline
+        )
     except RpcError as exc:
         return _rpc_response(_status_of(exc, 503), None, exc)
+    if inline is not None:
+        await inline.done.wait()
+        if inline.payload is not None:
+            return Response(inline.payload, status=200, content_type=_JSON)
     return Response(b"", status=202)
 
 
