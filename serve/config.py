@@ -18,7 +18,9 @@ Sections (more are added here as features need them, e.g. restart policies):
 ``approval``      approval policy (``default``, ``tools``, ``capabilities``, ``risks``);
 ``deviceFlow``    device-flow providers (``providers.NAME``: ``deviceAuthorizationEndpoint``,
                   ``tokenEndpoint``, ``clientId``, ``scope``, ``pkce``), see
-                  :mod:`serve.deviceflow.providers`.
+                  :mod:`serve.deviceflow.providers`;
+``access``        multi-user access (``adminGroups``, ``sessionGroups``, ``workspaces``),
+                  see :mod:`serve.access.config`.
 
 Who calls it: ``serve/__main__.py`` calls :func:`load_daemon_config` before anything starts
 (so a bad file is a clean exit 1 with the message on stderr), and ``Daemon.__init__``
@@ -33,6 +35,7 @@ from typing import Annotated
 
 import msgspec
 
+from serve.access.config import AccessConfig
 from serve.deviceflow.providers import DeviceFlowSection
 from serve.permissions.config import (
     ApprovalConfig,
@@ -89,6 +92,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     approval: ApprovalConfig = ApprovalConfig()
     restart: RestartConfig = RestartConfig()
     device_flow: DeviceFlowSection = msgspec.field(default=DeviceFlowSection(), name="deviceFlow")
+    access: AccessConfig = AccessConfig()
 
     def permissions(self) -> PermissionsConfig:
         """The permission sections as the ``serve.permissions`` package's own Struct."""

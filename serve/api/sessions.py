@@ -29,6 +29,7 @@ No HTTP, no JSON-RPC, no quart: the fronts parse, call, render.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +37,8 @@ import trio
 
 from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from actors import ActorError, ActorStopped
+from serve.access import OPERATOR, Principal, role_of
+from serve.access.roles import from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
 from serve.errors import wire_error
 from serve.errors.votes import vote_wire
@@ -68,6 +71,8 @@ from serve.sessions.messages import (
 from serve.sessions.registry import CreateSession, RestoreSession
 
 if TYPE_CHECKING:
+    from serve.access.quotas import Quotas
+    from serve.journal import Journal
     from serve.permissions.mediator import PermissionMediator
     from serve.sessions.actor import SessionActor
     from serve.sessions.messages import SessionMsg
@@ -109,6 +114,12 @@ class SessionHost(Protocol):
 
     @property
     def draining(self) -> bool: ...
+
+    @property
+    def journal(self) -> Journal | None: ...
+
+    @property
+    def quotas(self) -> Quotas | None: ...
 
 
 @dataclass(frozen=True)
@@ -238,11 +249,15 @@ class SessionService:
             )
         return runtime.path
 
-    async def summaries(self, workspace: str | None) -> list[dict[str, Any]]:
-        """The list entries of the live sessions (of ``workspace``; None: all), skipping
-        those that close meanwhile."""
+    async def summaries(
+        self, workspace: str | None, visible: Callable[[SessionActor], bool] | None = None
+    ) -> list[dict[str, Any]]:
+        """The list entries of the live sessions (of ``workspace``; None: all; only the
+        ``visible`` ones when given), skipping those that close meanwhile."""
         out = []
         for session in self.host.registry.live(workspace):
+            if visible is not None and not visible(session):
+                continue
             try:
                 out.append(await self.ask(session, Summarize(), dict))
             except (SessionNotFound, ActorError):
@@ -268,24 +283,71 @@ class SessionService:
             raise AgentStartFailed(exc) from None
         return Opened(session, ticket.attached)
 
-    async def open_new(self, workspace: str, scope: str, dirs: tuple[str, ...] = ()) -> Opened:
-        """A session of ``scope`` (``single``: the workspace's shared one) in ``workspace``."""
-        return await self._opened(CreateSession(workspace, scope, dirs))
+    def _quota(self, principal: Principal) -> int:
+        quotas = self.host.quotas
+        return quotas.sessions if quotas is not None and not principal.admin else 0
+
+    async def open_new(
+        self,
+        workspace: str,
+        scope: str,
+        dirs: tuple[str, ...] = (),
+        principal: Principal = OPERATOR,
+    ) -> Opened:
+        """A session of ``scope`` (``single``: the shared one of the workspace and the
+        principal) in ``workspace``, owned by ``principal``."""
+        return await self._opened(
+            CreateSession(workspace, scope, dirs, principal.id, self._quota(principal))
+        )
 
     async def open_restored(
-        self, session_id: str, workspace: str, action: str, dirs: tuple[str, ...] = ()
+        self,
+        session_id: str,
+        workspace: str,
+        action: str,
+        dirs: tuple[str, ...] = (),
+        principal: Principal = OPERATOR,
+        group_roles: Mapping[str, str] | None = None,
     ) -> Opened:
         """The session ``session_id`` live, or loaded / resumed (``action``) from the agent
-        or the journal."""
-        return await self._opened(RestoreSession(session_id, workspace, action, dirs))
+        or the journal. Someone else's (its journaled owner and members give ``principal``
+        no role) is ``SessionNotFound`` before anything is restored."""
+        if principal is not OPERATOR and not principal.admin:
+            await self.check_journaled(session_id, principal, group_roles)
+        return await self._opened(
+            RestoreSession(
+                session_id, workspace, action, dirs, principal.id, self._quota(principal)
+            )
+        )
+
+    async def check_journaled(
+        self, session_id: str, principal: Principal, group_roles: Mapping[str, str] | None
+    ) -> None:
+        live = self.host.registry.get(session_id)
+        access = live.access if live is not None else None
+        journal = self.host.journal
+        if access is None and journal is not None:
+            try:
+                access = from_attr((await journal.read(session_id, tail=1)).meta.attrs)
+            except Exception:  # no journal of it (or unreadable): the agent decides
+                access = None
+            if access is None:
+                return
+        if access is not None and role_of(access, principal, group_roles) is None:
+            raise SessionNotFound(session_id)
 
     async def create(
-        self, workspace: str, scope: str, client_id: str | None, peer: str | None
+        self,
+        workspace: str,
+        scope: str,
+        client_id: str | None,
+        peer: str | None,
+        principal: Principal = OPERATOR,
     ) -> Created:
         """:meth:`open_new`, then the caller attached; a single-scope session that closes
         (its last client detached) before the attach is opened afresh, twice at most."""
         for attempt in range(_ATTACH_ATTEMPTS):
-            opened = await self.open_new(workspace, scope)
+            opened = await self.open_new(workspace, scope, principal=principal)
             try:
                 attached = await opened.session.call(
                     Attach(client_id, peer), timeout_s=ASK_TIMEOUT_S
@@ -299,10 +361,19 @@ class SessionService:
         raise AssertionError("unreachable")
 
     async def restore(
-        self, session_id: str, workspace: str, action: str, client_id: str | None, peer: str | None
+        self,
+        session_id: str,
+        workspace: str,
+        action: str,
+        client_id: str | None,
+        peer: str | None,
+        principal: Principal = OPERATOR,
+        group_roles: Mapping[str, str] | None = None,
     ) -> Created:
         """:meth:`open_restored`, then the caller attached."""
-        opened = await self.open_restored(session_id, workspace, action)
+        opened = await self.open_restored(
+            session_id, workspace, action, principal=principal, group_roles=group_roles
+        )
         attached = await self.ask(opened.session, Attach(client_id, peer), Attached)
         return Created(opened.session, opened.joined, attached)
 
@@ -331,9 +402,16 @@ class SessionService:
     # ---- prompts ---------------------------------------------------------------------------
 
     async def submit(
-        self, session: SessionActor, body: PromptBody, client_id: str | None
+        self,
+        session: SessionActor,
+        body: PromptBody,
+        client_id: str | None,
+        principal: Principal = OPERATOR,
     ) -> Submitted:
-        """Admit the prompt (or the steer) into the session's queue."""
+        """Admit the prompt (or the steer) into the session's queue (after the
+        principal's prompts-per-minute quota)."""
+        if self.host.quotas is not None:
+            self.host.quotas.take_prompt(principal)
         request = body.request(client_id)
         try:
             answer = await self.ask(

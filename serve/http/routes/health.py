@@ -5,6 +5,7 @@ from __future__ import annotations
 from quart import Blueprint, Response, request
 
 from serve.http import capabilities
+from serve.http.access import principal
 from serve.http.context import daemon, features
 from serve.http.wire import json_response, raw_json_response
 
@@ -39,4 +40,9 @@ async def readyz() -> Response:
 
 @blueprint.get("/capabilities")
 async def get_capabilities() -> Response:
-    return json_response(capabilities.envelope(daemon(), features()))
+    host = daemon()
+    body = capabilities.envelope(host, features())
+    if host.multi_user:  # who the caller is, and how principals are made here
+        body["principal"] = principal().describe()
+        body["auth"] = {"modes": list(host.settings.auth.modes())}
+    return json_response(body)
