@@ -13,7 +13,8 @@ signature, unknown token: one answer, so a caller learns nothing from it).
   table and logs why.
 * :class:`JwksCache` — the keys of ``--auth-jwks-url`` (fetched with httpx's async client)
   or ``--auth-jwks-file`` (read in a worker thread), at most :data:`MAX_KEYS` keys. A token
-  naming an unknown ``kid`` refreshes the set, at most once per :data:`REFRESH_MIN_S`; a
+  naming an unknown ``kid`` refreshes the set (key rotation), the same ``kid`` again only
+  after :data:`REFRESH_MIN_S`, any refresh at most once per :data:`REFRESH_GAP_S`; a
   ``kid`` still unknown is a refusal.
 * JWT checks (PyJWT): the header's ``alg`` must be one of ``--auth-algorithms`` (never
   ``none`` or HMAC), signature, ``exp`` (required), ``nbf``, ``iss`` and ``aud`` when
@@ -61,8 +62,10 @@ log = logging.getLogger(__name__)
 PRINCIPAL_KEY = "acp_serve.principal"
 #: Most keys kept from a JWKS.
 MAX_KEYS = 64
-#: An unknown kid refreshes the key set at most this often (seconds).
+#: One unknown kid refreshes the key set at most this often (seconds), and any refresh
+#: waits REFRESH_GAP_S after the last one: a flood of made-up kids costs one fetch a second.
 REFRESH_MIN_S = 10.0
+REFRESH_GAP_S = 1.0
 #: A tokens or JWKS file is looked at for changes at most this often (seconds).
 RELOAD_CHECK_S = 1.0
 #: Most verified JWTs remembered, and for how long at most (seconds).
@@ -188,6 +191,8 @@ class JwksCache:
         self._file = _Watched(path) if path is not None else None
         self.keys: dict[str, jwt.PyJWK] = {}
         self._last_fetch = -REFRESH_MIN_S
+        #: Unknown kids and when a refresh last failed to find them (at most 1024).
+        self._missed: dict[str, float] = {}
         self._lock = trio.Lock()
         self.fetches = 0
 
@@ -201,10 +206,20 @@ class JwksCache:
             return found
         async with self._lock:  # one refresh at a time; the others then look again
             found = self.keys.get(kid)
-            if found is None and time.monotonic() - self._last_fetch >= REFRESH_MIN_S:
-                self._last_fetch = time.monotonic()
+            now = time.monotonic()
+            missed = self._missed.get(kid)
+            if (
+                found is None
+                and (missed is None or now - missed >= REFRESH_MIN_S)
+                and now - self._last_fetch >= REFRESH_GAP_S
+            ):
+                self._last_fetch = now
                 await self._refresh()
                 found = self.keys.get(kid)
+                if found is None:  # asked again for this kid only after REFRESH_MIN_S
+                    self._missed[kid] = now
+                    if len(self._missed) > MAX_KEYS * 16:
+                        self._missed.pop(next(iter(self._missed)))
         return found
 
     async def _refresh(self) -> None:

@@ -1,0 +1,327 @@
+"""Many users on one daemon, end to end: a real JWKS on 127.0.0.1 (keys made here with
+cryptography), a real tokens file, a real daemon with the scripted agent.
+
+User B never sees, reads, prompts, votes on, changes, forks or closes user A's session over
+REST, SSE or /acp; an observer reads the stream and cannot vote; bad JWTs are one uniform
+401; key rotation is picked up; every denial is in the audit log; two users in one working
+directory get two sessions; a ``user`` changes nothing workspace- or daemon-wide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.algorithms import RSAAlgorithm
+
+from tests.acpfront.helpers import Ws
+from tests.support.daemon import DaemonProcess, spawn_daemon
+
+TOKEN = "operator-token-0123456789"
+OP = {"Authorization": f"Bearer {TOKEN}"}
+AUD = "acp-serve-test"
+ISS = "https://idp.test"
+CAROL_TOKEN = "carol-scoped-token-abcdef"
+
+
+class Jwks:
+    """A JWKS served on 127.0.0.1, its keys made here; ``rotate`` adds a new one."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, rsa.RSAPrivateKey] = {}
+        self.add("k1")
+        jwks = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                body = json.dumps(jwks.document()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/jwks.json"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add(self, kid: str) -> None:
+        self.keys[kid] = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    def document(self) -> dict[str, Any]:
+        keys = []
+        for kid, key in list(self.keys.items()):
+            jwk = RSAAlgorithm.to_jwk(key.public_key(), as_dict=True)
+            keys.append({**jwk, "kid": kid, "use": "sig", "alg": "RS256"})
+        return {"keys": keys}
+
+    def token(self, sub: str, *, kid: str = "k1", **claims: Any) -> str:
+        now = int(time.time())
+        payload = {"sub": sub, "aud": AUD, "iss": ISS, "iat": now, "exp": now + 600, **claims}
+        key = self.keys.get(kid) or rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        return jwt.encode(payload, key, algorithm="RS256", headers={"kid": kid})
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module")
+def jwks() -> Iterator[Jwks]:
+    server = Jwks()
+    yield server
+    server.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def daemon(jwks: Jwks, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    tmp = tmp_path_factory.mktemp("mu")
+    tokens = tmp / "tokens.json"
+    digest = hashlib.sha256(CAROL_TOKEN.encode()).hexdigest()
+    tokens.write_text(json.dumps([{"id": "c1", "sha256": digest, "principal": "carol"}]))
+    d = spawn_daemon(
+        [
+            "--auth-jwks-url",
+            jwks.url,
+            "--auth-issuer",
+            ISS,
+            "--auth-audience",
+            AUD,
+            "--auth-algorithms",
+            "RS256",
+            "--auth-tokens-file",
+            str(tokens),
+        ],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    yield d
+    d.stop()
+
+
+def client(d: DaemonProcess, headers: dict[str, str]) -> httpx.Client:
+    return httpx.Client(base_url=d.url, headers=headers, timeout=30)
+
+
+def new_session(http: httpx.Client, d: DaemonProcess) -> str:
+    r = http.post("/session", json={"cwd": str(d.workspace)})
+    assert r.status_code == 200, r.text
+    return str(r.json()["sessionId"])
+
+
+def audit(d: DaemonProcess) -> list[dict[str, Any]]:
+    time.sleep(0.3)  # the audit actor writes in the background
+    r = httpx.get(f"{d.url}/daemon/audit?limit=500", headers=OP)
+    assert r.status_code == 200, r.text
+    return list(r.json()["entries"])
+
+
+def test_bad_jwts_are_one_uniform_401_and_audited(daemon: DaemonProcess, jwks: Jwks) -> None:
+    now = int(time.time())
+    bad = {
+        "expired": jwks.token("alice", exp=now - 3600, iat=now - 7200),
+        "wrong audience": jwks.token("alice", aud="someone-else"),
+        "wrong issuer": jwks.token("alice", iss="https://evil.test"),
+        "unknown kid": jwks.token("alice", kid="nobody"),
+        "operator sub": jwks.token("operator"),
+        "garbage": "not.a.jwt",
+        "unknown token": "some-other-token",
+    }
+    for why, token in bad.items():
+        r = httpx.get(f"{daemon.url}/capabilities", headers=bearer(token))
+        assert (r.status_code, r.json()) == (401, {"error": "Unauthorized"}), why
+    good = httpx.get(f"{daemon.url}/capabilities", headers=bearer(jwks.token("alice")))
+    assert good.status_code == 200
+    body = good.json()
+    assert body["principal"] == {"id": "alice", "kind": "jwt", "roles": ["user"]}
+    assert "multi_user_auth" in body["features"]
+    assert body["auth"] == {"modes": ["jwt", "tokens"]}
+    denied = [e for e in audit(daemon) if e.get("status") == 401]
+    assert len(denied) >= len(bad)
+
+
+def test_key_rotation_is_picked_up(daemon: DaemonProcess, jwks: Jwks) -> None:
+    assert httpx.get(f"{daemon.url}/capabilities", headers=bearer(jwks.token("alice"))).is_success
+    time.sleep(1.1)  # refreshes are at least a second apart
+    jwks.add("k2")
+    r = httpx.get(f"{daemon.url}/capabilities", headers=bearer(jwks.token("alice", kid="k2")))
+    assert r.status_code == 200, r.text
+
+
+def test_scoped_token_from_the_file(daemon: DaemonProcess) -> None:
+    r = httpx.get(f"{daemon.url}/capabilities", headers=bearer(CAROL_TOKEN))
+    assert r.status_code == 200
+    assert r.json()["principal"] == {"id": "carol", "kind": "token", "roles": ["user"]}
+    op = httpx.get(f"{daemon.url}/capabilities", headers=OP).json()
+    assert op["principal"] == {"id": "operator", "kind": "operator", "roles": ["admin"]}
+
+
+def test_b_cannot_reach_a_session_over_rest_and_sse(daemon: DaemonProcess, jwks: Jwks) -> None:
+    a = client(daemon, bearer(jwks.token("alice")))
+    b = client(daemon, bearer(jwks.token("bob")))
+    sid = new_session(a, daemon)
+    # Two users in one working directory: B gets a session of its own, never A's.
+    sid_b = new_session(b, daemon)
+    assert sid_b != sid
+    assert new_session(a, daemon) == sid  # A's single scope still attaches to A's own
+    listed = b.get(f"/workspace/{daemon.workspace}/sessions".replace("//", "/")).json()
+    assert [s["sessionId"] for s in listed["sessions"]] == [sid_b]
+    prompt = {"prompt": [{"type": "text", "text": "hi"}]}
+    refusals = {
+        "events": b.get(f"/session/{sid}/events"),
+        "context": b.get(f"/session/{sid}/context"),
+        "prompt": b.post(f"/session/{sid}/prompt", json=prompt),
+        "model": b.post(f"/session/{sid}/model", json={"modelId": "m"}),
+        "mode": b.post(f"/session/{sid}/approval-mode", json={"mode": "yolo"}),
+        "fork": b.post(f"/session/{sid}/branch", json={}),
+        "load": b.post(f"/session/{sid}/load", json={}),
+        "members": b.put(f"/session/{sid}/members", json={"members": {"bob": "collaborator"}}),
+        "close": b.delete(f"/session/{sid}"),
+    }
+    for what, r in refusals.items():
+        assert r.status_code == 404, (what, r.text)
+        assert r.json()["code"] == "session_not_found", what
+    # Shared as observer: B reads the stream, and may not prompt or change anything.
+    r = a.put(f"/session/{sid}/members", json={"members": {"bob": "observer"}})
+    assert r.status_code == 200 and r.json()["members"] == {"bob": "observer"}
+    with b.stream("GET", f"/session/{sid}/events") as stream:
+        assert stream.status_code == 200
+    r = b.post(f"/session/{sid}/prompt", json=prompt)
+    assert r.status_code == 403
+    assert r.json() == {
+        "error": "This needs the role collaborator",
+        "code": "forbidden",
+        "need": "collaborator",
+        "sessionId": sid,
+    }
+    assert b.delete(f"/session/{sid}").json()["need"] == "owner"
+    denials = [e for e in audit(daemon) if e.get("principal") == "bob"]
+    assert {e["status"] for e in denials if e["outcome"] == "denied"} >= {403, 404}
+    routes = {e["route"] for e in denials if e["outcome"] == "denied"}
+    assert "POST /session/<session_id>/prompt" in routes
+    assert "DELETE /session/<session_id>" in routes
+
+
+def test_an_observer_cannot_vote(daemon: DaemonProcess, jwks: Jwks) -> None:
+    a = client(daemon, bearer(jwks.token("alice2")))
+    b = client(daemon, bearer(jwks.token("bob2")))
+    sid = new_session(a, daemon)
+    assert a.put(f"/session/{sid}/members", json={"members": {"bob2": "observer"}}).is_success
+    r = a.post(
+        f"/session/{sid}/prompt",
+        json={"prompt": [{"type": "text", "text": "[write voted.txt hello]"}]},
+        headers={"Prefer": "respond-async"},
+    )
+    assert r.status_code == 202, r.text
+    request_id = None
+    with b.stream("GET", f"/session/{sid}/events") as stream:  # the observer's stream
+        for line in stream.iter_lines():
+            if line.startswith("data: ") and '"permission_request"' in line:
+                request_id = json.loads(line[6:])["data"]["requestId"]
+                break
+    assert request_id is not None
+    vote = {"outcome": {"outcome": "selected", "optionId": "allow"}}
+    r = b.post(f"/session/{sid}/permission/{request_id}", json=vote)
+    assert (r.status_code, r.json()["need"]) == (403, "collaborator")
+    r = b.post(f"/permission/{request_id}", json=vote)  # by request id alone
+    assert r.status_code == 404
+    r = a.post(f"/session/{sid}/permission/{request_id}", json=vote)
+    assert r.status_code == 200, r.text
+
+
+def test_a_user_changes_nothing_workspace_or_daemon_wide(daemon: DaemonProcess, jwks: Jwks) -> None:
+    b = client(daemon, bearer(jwks.token("bob")))
+    for method, path, body in (
+        ("POST", "/workspace/settings", {"key": "x", "value": 1}),
+        ("POST", "/workspace/memory", {"content": "x"}),
+        ("POST", "/workspace/reload", {}),
+        ("POST", "/workspace/init", {}),
+        ("POST", "/workspace/tools/shell/enable", {"enabled": False}),
+        ("POST", "/workspace/mcp/x/restart", {}),
+        ("POST", "/workspace/auth/device-flow", {"providerId": "x"}),
+        ("POST", "/daemon/drain", {}),
+        ("POST", "/daemon/bind", {}),
+        ("GET", "/daemon/status", None),
+        ("GET", "/daemon/audit", None),
+    ):
+        r = b.request(method, path, json=body)
+        assert (r.status_code, r.json().get("need")) == (403, "admin"), (path, r.text)
+
+
+async def test_acp_websocket_b_never_reaches_a(daemon: DaemonProcess, jwks: Jwks) -> None:
+    a = client(daemon, bearer(jwks.token("alice3")))
+    sid = new_session(a, daemon)
+    ws = await Ws.connect(daemon.port, headers=bearer(jwks.token("bob3")))
+    try:
+        await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+        await ws.until(lambda m: m.get("id") == 1)
+
+        async def call(rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+            await ws.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+            return (await ws.until(lambda m: m.get("id") == rid))[-1]
+
+        listed = await call(2, "session/list", {})
+        assert sid not in [s["sessionId"] for s in listed["result"]["sessions"]]
+        cwd = str(daemon.workspace)
+        for rid, (method, params) in enumerate(
+            (
+                ("session/load", {"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                ("session/resume", {"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                ("session/fork", {"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                ("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "x"}]}),
+                ("session/close", {"sessionId": sid}),
+                ("session/set_mode", {"sessionId": sid, "modeId": "yolo"}),
+            ),
+            start=10,
+        ):
+            reply = await call(rid, method, params)
+            assert reply["error"]["data"]["httpStatus"] == 404, (method, reply)
+        made = await call(30, "session/new", {"cwd": cwd, "mcpServers": []})
+        assert made["result"]["sessionId"] != sid
+        status = await call(31, "_qwen/status", {})
+        assert status["error"]["data"]["need"] == "admin"
+    finally:
+        await ws.abort()
+    assert httpx.get(f"{daemon.url}/session/{sid}/context", headers=OP).status_code == 200
+
+
+def test_workspace_access_rules(jwks: Jwks, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "note.txt").write_text("secret")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"access:\n  workspaces:\n    {ws}: [alice, 'group:team']\n")
+    d = spawn_daemon(
+        ["--auth-jwks-url", jwks.url, "--auth-audience", AUD, "--config", str(config)],
+        workspace=ws,
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        for who, groups, allowed in (
+            ("alice", [], True),
+            ("dan", ["team"], True),
+            ("eve", [], False),
+        ):
+            http = client(d, bearer(jwks.token(who, groups=groups)))
+            file = http.get("/file", params={"path": "note.txt"})
+            session = http.post("/session", json={"cwd": str(ws)})
+            if allowed:
+                assert file.status_code == 200 and session.status_code == 200, who
+            else:
+                for r in (file, session):
+                    assert r.status_code == 404, r.text
+                    assert r.json()["code"] == "workspace_not_found"
+    finally:
+        d.stop()
