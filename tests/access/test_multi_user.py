@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import jwt
 import pytest
+import trio
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
@@ -43,7 +44,7 @@ class Jwks:
         jwks = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 body = json.dumps(jwks.document()).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -262,7 +263,7 @@ def test_a_user_changes_nothing_workspace_or_daemon_wide(daemon: DaemonProcess, 
 
 async def test_acp_websocket_b_never_reaches_a(daemon: DaemonProcess, jwks: Jwks) -> None:
     a = client(daemon, bearer(jwks.token("alice3")))
-    sid = new_session(a, daemon)
+    sid = await trio.to_thread.run_sync(new_session, a, daemon)
     ws = await Ws.connect(daemon.port, headers=bearer(jwks.token("bob3")))
     try:
         await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
@@ -294,7 +295,11 @@ async def test_acp_websocket_b_never_reaches_a(daemon: DaemonProcess, jwks: Jwks
         assert status["error"]["data"]["need"] == "admin"
     finally:
         await ws.abort()
-    assert httpx.get(f"{daemon.url}/session/{sid}/context", headers=OP).status_code == 200
+    # A's session is untouched (the operator, an admin, still reads it).
+    context = await trio.to_thread.run_sync(
+        lambda: a.get(f"/session/{sid}/context", headers=OP).status_code
+    )
+    assert context == 200
 
 
 def test_workspace_access_rules(jwks: Jwks, tmp_path: Path) -> None:
