@@ -30,7 +30,15 @@ if TYPE_CHECKING:
     from serve.host import Host
     from serve.sessions.actor import SessionActor
 
-__all__ = ["check", "check_restore", "check_vote", "check_workspace", "owner_of", "visible"]
+__all__ = [
+    "check",
+    "check_restore",
+    "check_vote",
+    "check_workspace",
+    "may_vote",
+    "owner_of",
+    "visible",
+]
 
 
 def _who(host: Host, conn: Connection) -> Principal | None:
@@ -93,6 +101,12 @@ async def check_vote(host: Host, conn: Connection, request_id: str) -> bool:
         return False
     role = role_of(session.access, who, host.config.access.session_groups)
     return at_least(role, "collaborator") and may_use(host.config.access, who, session.workspace)
+
+
+def may_vote(conn: Connection, session: SessionActor) -> bool:
+    """Whether the connection's votes count on ``session`` (its principal's role)."""
+    who: Principal = getattr(conn, "principal", OPERATOR)
+    return who is OPERATOR or who.admin or at_least(role_of(session.access, who), "collaborator")
 
 
 def visible(host: Host, conn: Connection) -> Callable[[SessionActor], bool] | None:

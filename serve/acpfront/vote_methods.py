@@ -94,6 +94,9 @@ async def answer(front: Connections, conn: Connection, message: Response) -> Non
         return
     sid, request_id = target
     link = conn.sessions.get(sid)
+    if link is not None and not acp_access.may_vote(conn, link.session):
+        log.info("ACP connection %s may not vote on %s (an observer)", conn.id, sid)
+        return
     client_id = link.client_id if link is not None else None
     result = message.result if message.error is None else None
     if rid.startswith(elicit.ID_PREFIX):

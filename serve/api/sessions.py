@@ -37,7 +37,7 @@ import trio
 
 from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from actors import ActorError, ActorStopped
-from serve.access import OPERATOR, Principal, role_of
+from serve.access import COLLABORATOR, OPERATOR, Principal, at_least, role_of
 from serve.access.roles import from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
 from serve.errors import wire_error
@@ -350,7 +350,8 @@ class SessionService:
             opened = await self.open_new(workspace, scope, principal=principal)
             try:
                 attached = await opened.session.call(
-                    Attach(client_id, peer), timeout_s=ASK_TIMEOUT_S
+                    Attach(client_id, peer, _voter(opened.session, principal, None)),
+                    timeout_s=ASK_TIMEOUT_S,
                 )
             except (SessionGone, ActorStopped):
                 if attempt == _ATTACH_ATTEMPTS - 1:
@@ -374,7 +375,8 @@ class SessionService:
         opened = await self.open_restored(
             session_id, workspace, action, principal=principal, group_roles=group_roles
         )
-        attached = await self.ask(opened.session, Attach(client_id, peer), Attached)
+        voter = _voter(opened.session, principal, group_roles)
+        attached = await self.ask(opened.session, Attach(client_id, peer, voter), Attached)
         return Created(opened.session, opened.joined, attached)
 
     async def apply_settings(
@@ -468,6 +470,15 @@ class SessionService:
         """The live session a permission request belongs to (None: unknown or gone)."""
         owner = await self.host.mediator.ask(SessionOf(request_id), timeout_s=ASK_TIMEOUT_S)
         return self.host.registry.get(owner) if isinstance(owner, str) and owner else None
+
+
+def _voter(
+    session: SessionActor, principal: Principal, group_roles: Mapping[str, str] | None
+) -> bool:
+    """Whether the principal's votes count on ``session`` (collaborator or more)."""
+    if principal is OPERATOR or principal.admin:
+        return True
+    return at_least(role_of(session.access, principal, group_roles), COLLABORATOR)
 
 
 def _unknown_session(exc: Exception) -> bool:

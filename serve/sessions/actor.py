@@ -525,8 +525,8 @@ class SessionActor(Actor[SessionMsg]):
                     originator=cid,
                 )
                 return MetadataSet(self.session_id, name)
-            case Attach(client_id=cid, peer=peer):
-                return Attached(attachments.register_client(self, cid, peer), self.view())
+            case Attach(client_id=cid, peer=peer, voter=voter):
+                return Attached(attachments.register_client(self, cid, peer, voter), self.view())
             case Detach(client_id=cid):
                 return await attachments.detach(self, cid)
             case KnowsClient(client_id=cid):

@@ -127,6 +127,9 @@ class Attach(msgspec.Struct, Request["Attached"], frozen=True):
     client_id: str | None
     #: The attaching peer's address (bounds the clients one peer holds), None if unknown.
     peer: str | None = None
+    #: Whether its votes count (multi-user: a principal with at least collaborator; an
+    #: observer's client is no part of a consensus electorate).
+    voter: bool = True
 
 
 class Detach(msgspec.Struct, Request["Detached"], frozen=True):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +28,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
 from tests.acpfront.helpers import Ws
-from tests.support.daemon import DaemonProcess, spawn_daemon
+from tests.acpfront.test_attach import Editor
+from tests.support.daemon import ROOT, DaemonProcess, spawn_daemon
 
 TOKEN = "operator-token-0123456789"
 OP = {"Authorization": f"Bearer {TOKEN}"}
@@ -330,3 +333,114 @@ def test_workspace_access_rules(jwks: Jwks, tmp_path: Path) -> None:
                     assert r.json()["code"] == "workspace_not_found"
     finally:
         d.stop()
+
+
+def _auth_args(jwks: Jwks) -> list[str]:
+    return ["--auth-jwks-url", jwks.url, "--auth-audience", AUD, "--auth-issuer", ISS]
+
+
+def test_ownership_survives_a_daemon_restart(jwks: Jwks, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = {"QWEN_SERVER_TOKEN": TOKEN}
+    d = spawn_daemon(_auth_args(jwks), workspace=tmp_path / "ws", state_dir=state, env=env)
+    try:
+        a = client(d, bearer(jwks.token("alice")))
+        sid = new_session(a, d)
+        r = a.put(f"/session/{sid}/members", json={"members": {"carl": "observer"}})
+        assert r.is_success
+        r = a.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "x"}]})
+        assert r.status_code == 200, r.text
+    finally:
+        d.stop()
+    d = spawn_daemon(_auth_args(jwks), workspace=tmp_path / "ws", state_dir=state, env=env)
+    try:
+        b = client(d, bearer(jwks.token("bob")))
+        r = b.post(f"/session/{sid}/load", json={})
+        assert (r.status_code, r.json()["code"]) == (404, "session_not_found")
+        assert b.get(f"/session/{sid}/context").status_code == 404  # nothing was loaded
+        a = client(d, bearer(jwks.token("alice")))
+        assert a.post(f"/session/{sid}/load", json={}).status_code == 200
+        members = a.get(f"/session/{sid}/members").json()
+        assert members == {"sessionId": sid, "owner": "alice", "members": {"carl": "observer"}}
+        carl = client(d, bearer(jwks.token("carl")))
+        assert carl.get(f"/session/{sid}/context").status_code == 200
+        r = carl.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "y"}]})
+        assert r.status_code == 403
+    finally:
+        d.stop()
+
+
+def test_quotas_per_principal(jwks: Jwks) -> None:
+    d = spawn_daemon(
+        [*_auth_args(jwks), "--quota-sessions", "1", "--quota-prompts-per-minute", "2"],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        b = client(d, bearer(jwks.token("bob")))
+        sid = new_session(b, d)
+        assert new_session(b, d) == sid  # attaching to its own single session is no new one
+        r = b.post("/session", json={"sessionScope": "thread"})
+        assert r.status_code == 429
+        body = r.json()
+        assert (body["code"], body["quota"], body["limit"]) == ("quota_exceeded", "sessions", 1)
+        assert r.headers["Retry-After"] == "5"
+        prompt = {"prompt": [{"type": "text", "text": "x"}]}
+        assert [b.post(f"/session/{sid}/prompt", json=prompt).status_code for _ in range(3)] == [
+            200,
+            200,
+            429,
+        ]
+        # Another principal has its own quota; the operator (an admin) has none.
+        c = client(d, bearer(jwks.token("carol")))
+        assert c.post("/session", json={"sessionScope": "thread"}).status_code == 200
+        op = client(d, OP)
+        assert all(
+            op.post("/session", json={"sessionScope": "thread"}).status_code == 200
+            for _ in range(2)
+        )
+    finally:
+        d.stop()
+
+
+async def test_two_attach_clients_in_one_directory(daemon: DaemonProcess, jwks: Jwks) -> None:
+    tmp = daemon.state_dir.parent
+    token_file = tmp / "alice.jwt"
+    token_file.write_text(jwks.token("attach-alice") + "\n")
+    cwd = str(daemon.workspace.resolve())
+    meta = {"qwen-code/sessionScope": "single"}
+    editors = []
+    for argv_extra, env_token in ((["--token-file", str(token_file)], None), ([], "bob")):
+        env = {"PATH": "/usr/bin:/bin"}
+        if env_token is not None:
+            env["QWEN_SERVER_TOKEN"] = jwks.token("attach-bob")
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "serve", "attach", daemon.url, *argv_extra],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+            env=env,
+        )
+        editors.append(Editor(process))
+    alice, bob = editors
+    try:
+        sids = []
+        for editor in editors:
+            init = await editor.request(1, "initialize", {"protocolVersion": 1})
+            assert "result" in init, init
+            made = await editor.request(
+                2, "session/new", {"cwd": cwd, "mcpServers": [], "_meta": meta}
+            )
+            sids.append(made["result"]["sessionId"])
+        assert sids[0] != sids[1]
+        again = await alice.request(3, "session/new", {"cwd": cwd, "mcpServers": [], "_meta": meta})
+        assert again["result"]["sessionId"] == sids[0]
+        stolen = await bob.request(
+            4, "session/load", {"sessionId": sids[0], "cwd": cwd, "mcpServers": []}
+        )
+        assert stolen["error"]["data"]["httpStatus"] == 404
+    finally:
+        for editor in editors:
+            assert editor.process.stdin is not None
+            await editor.process.stdin.aclose()
+            with trio.fail_after(30):
+                await editor.process.wait()
