@@ -100,7 +100,7 @@ from serve.http.security import (
 )
 from serve.http.security.cors import self_origins
 from serve.http.security.peers import parse_trusted_proxies, scope_client_address
-from serve.http.security.principals import PrincipalResolver
+from serve.http.security.principals import PRINCIPAL_KEY, PrincipalResolver
 from serve.logs import install_redaction
 from serve.ratelimit import classify, limiter_for
 from serve.settings import Settings
@@ -435,22 +435,18 @@ class SecurityFront:
 
         # Fast path for the hottest reads (orchestrator probes, client pre-flights): every
         # check above has run; answering here skips the framework's per-request cost.
-        if (
-            method == "GET"
-            and not scope.get("query_string")
-            and path in _FAST_PATHS
-            and (self._principals is None or path == "/health")  # /capabilities names them
-        ):
-            await self._fast(path, send)
+        if method == "GET" and not scope.get("query_string") and path in _FAST_PATHS:
+            await self._fast(path, send, scope)
             return
 
         await self._app(scope, receive, send)
 
-    async def _fast(self, path: str, send: Send) -> None:
+    async def _fast(self, path: str, send: Send, scope: Scope) -> None:
         if path == "/health":
             body = _HEALTH_OK
         else:
-            body = msgspec.json.encode(capabilities.envelope(self._host, self._features))
+            who = scope.get(PRINCIPAL_KEY)  # multi-user auth: the caller is named
+            body = msgspec.json.encode(capabilities.envelope_for(self._host, self._features, who))
         metrics = self._metrics
         if metrics is not None:
             metrics.requests.labels("GET", path, "200").inc()

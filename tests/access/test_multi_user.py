@@ -230,7 +230,8 @@ def test_an_observer_cannot_vote(daemon: DaemonProcess, jwks: Jwks) -> None:
     )
     assert r.status_code == 202, r.text
     request_id = None
-    with b.stream("GET", f"/session/{sid}/events") as stream:  # the observer's stream
+    since = {"Last-Event-ID": str(r.json()["lastEventId"])}  # the turn's events, all of them
+    with b.stream("GET", f"/session/{sid}/events", headers=since) as stream:  # the observer's
         for line in stream.iter_lines():
             if line.startswith("data: ") and '"permission_request"' in line:
                 request_id = json.loads(line[6:])["data"]["requestId"]

@@ -40,9 +40,4 @@ async def readyz() -> Response:
 
 @blueprint.get("/capabilities")
 async def get_capabilities() -> Response:
-    host = daemon()
-    body = capabilities.envelope(host, features())
-    if host.multi_user:  # who the caller is, and how principals are made here
-        body["principal"] = principal().describe()
-        body["auth"] = {"modes": list(host.settings.auth.modes())}
-    return json_response(body)
+    return json_response(capabilities.envelope_for(daemon(), features(), principal()))
