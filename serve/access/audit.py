@@ -86,31 +86,44 @@ class AuditLog(Actor[dict[str, Any]]):
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
             batch.append(envelope.msg)
-        data = b"".join(msgspec.json.encode(e) + b"\n" for e in batch)
+        lines = [msgspec.json.encode(e) + b"\n" for e in batch]
         async with self._lock:
             try:
-                await trio.to_thread.run_sync(self._append, data)
+                await trio.to_thread.run_sync(self._append, lines)
                 self.written += len(batch)
             except OSError as exc:
                 self.dropped += len(batch)
                 log.warning("audit log %s not written: %s", self.path, exc.strerror)
 
-    def _append(self, data: bytes) -> None:
+    def _append(self, lines: list[bytes]) -> None:
+        """Append ``lines``, rotating before a line would take the file past the bound."""
         try:
             size = os.stat(self.path).st_size
         except FileNotFoundError:
             size = 0
-        if size and size + len(data) > self.max_bytes:
-            for n in range(KEEP_FILES, 0, -1):
-                older = f"{self.path}.{n}"
-                newer = f"{self.path}.{n - 1}" if n > 1 else self.path
-                if os.path.exists(newer):
-                    os.replace(newer, older)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        start = 0
+        while start < len(lines):
+            end, grown = start, size
+            while end < len(lines) and (grown == 0 or grown + len(lines[end]) <= self.max_bytes):
+                grown += len(lines[end])
+                end += 1
+            if end > start:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                try:
+                    os.write(fd, b"".join(lines[start:end]))
+                finally:
+                    os.close(fd)
+            if end < len(lines):
+                self._rotate()
+                grown = 0
+            start, size = end, grown
+
+    def _rotate(self) -> None:
+        for n in range(KEEP_FILES, 0, -1):
+            older = f"{self.path}.{n}"
+            newer = f"{self.path}.{n - 1}" if n > 1 else self.path
+            if os.path.exists(newer):
+                os.replace(newer, older)
 
     async def page(self, limit: int, before: int | None) -> AuditPage:
         """Entries newest first, ``seq < before`` when given (the files in order)."""

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AccessError", "Forbidden", "QuotaExceeded", "WorkspaceDenied"]
+__all__ = [
+    "AccessError",
+    "Forbidden",
+    "PrincipalBudgetExhausted",
+    "QuotaExceeded",
+    "WorkspaceDenied",
+]
 
 
 class AccessError(Exception):
@@ -38,6 +44,21 @@ class QuotaExceeded(AccessError):
             retryAfterMs=retry_after_s * 1000,
         )
         self.retry_after_s = retry_after_s
+
+
+class PrincipalBudgetExhausted(AccessError):
+    """The principal's live sessions spent its token or cost budget (402)."""
+
+    def __init__(self, principal: str, dimension: str, spent: float, limit: float) -> None:
+        super().__init__(
+            f"Your {dimension} budget across your sessions is exhausted ({spent:g} of {limit:g})",
+            "budget_exhausted",
+            scope="principal",
+            principal=principal,
+            dimension=dimension,
+            spent=spent,
+            limit=limit,
+        )
 
 
 class WorkspaceDenied(AccessError):

@@ -2,12 +2,15 @@
 
 :class:`Quotas` is owned by the Host and asked by the fronts before they create a session
 or submit a prompt (``--quota-sessions``, ``--quota-prompts-per-minute``; 0: no limit).
-Admins are exempt. Live sessions are counted from the registries (the sessions' own
-access records), so nothing here can drift; the prompt windows keep at most
-``limit`` timestamps per principal and at most :data:`MAX_PRINCIPALS` principals (the
-least recently seen is forgotten first). A refusal is a :class:`QuotaExceeded`
-(``429 quota_exceeded`` with ``Retry-After``). Token and cost budgets summed over a
-principal's sessions are read from the sessions' budgets the same way.
+Admins are exempt. Live sessions are counted by the registries (``CreateSession.quota``:
+the sessions' own access records and the spawns in flight), so nothing here can drift;
+the prompt windows keep at most ``limit`` timestamps per principal and at most
+:data:`MAX_PRINCIPALS` principals (the least recently seen is forgotten first). A refusal is a :class:`QuotaExceeded`
+(``429 quota_exceeded`` with ``Retry-After``). Token and cost budgets
+(``--quota-token-budget``, ``--quota-cost-budget``) are checked before a prompt against
+what the principal's live sessions spent, summed by the session service
+(:class:`~serve.access.errors.PrincipalBudgetExhausted`: ``402 budget_exhausted`` with
+``scope: "principal"``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import math
 import time
 from collections import OrderedDict, deque
 
-from serve.access.errors import QuotaExceeded
+from serve.access.errors import PrincipalBudgetExhausted, QuotaExceeded
 from serve.access.principal import Principal
 
 __all__ = ["MAX_PRINCIPALS", "QuotaExceeded", "Quotas"]
@@ -26,14 +29,27 @@ WINDOW_S = 60.0
 
 
 class Quotas:
-    def __init__(self, sessions: int, prompts_per_minute: int) -> None:
+    def __init__(
+        self, sessions: int, prompts_per_minute: int, tokens: int = 0, cost: float = 0.0
+    ) -> None:
         self.sessions = sessions
         self.prompts_per_minute = prompts_per_minute
+        self.tokens = tokens
+        self.cost = cost
         self._prompts: OrderedDict[str, deque[float]] = OrderedDict()
 
-    def check_sessions(self, principal: Principal, owned: int) -> None:
-        if self.sessions and not principal.admin and owned >= self.sessions:
-            raise QuotaExceeded("sessions", self.sessions, 5)
+    @property
+    def budgets(self) -> bool:
+        return bool(self.tokens or self.cost)
+
+    def check_budget(self, principal: Principal, tokens: int, cost: float) -> None:
+        """``tokens`` / ``cost``: what the principal's live sessions spent, summed."""
+        if principal.admin:
+            return
+        if self.tokens and tokens >= self.tokens:
+            raise PrincipalBudgetExhausted(principal.id, "token", tokens, self.tokens)
+        if self.cost and cost >= self.cost:
+            raise PrincipalBudgetExhausted(principal.id, "cost", cost, self.cost)
 
     def take_prompt(self, principal: Principal, now: float | None = None) -> None:
         limit = self.prompts_per_minute

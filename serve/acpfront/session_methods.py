@@ -274,6 +274,7 @@ async def session_prompt(
     # One validation for both fronts (serve/api/prompts.py): the content, the `_meta` the
     # agent gets, `promptId` and `deadlineMs` with REST's bounds and codes.
     body = parse_prompt(params, steering=False)
+    SessionService(front.host).check_prompt_quota(conn.principal)  # multi-user quotas
     session = link.session
     admission = await session.call(body.request(link.client_id), timeout_s=ASK_TIMEOUT_S)
     try:

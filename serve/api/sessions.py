@@ -412,8 +412,7 @@ class SessionService:
     ) -> Submitted:
         """Admit the prompt (or the steer) into the session's queue (after the
         principal's prompts-per-minute quota)."""
-        if self.host.quotas is not None:
-            self.host.quotas.take_prompt(principal)
+        self.check_prompt_quota(principal)
         request = body.request(client_id)
         try:
             answer = await self.ask(
@@ -426,6 +425,19 @@ class SessionService:
         if not isinstance(answer, Admission):
             raise TypeError(f"a prompt was answered {type(answer).__name__}")
         return Submitted(answer)
+
+    def check_prompt_quota(self, principal: Principal) -> None:
+        """The principal's budgets (summed over its live sessions) and prompts per minute
+        (multi-user quotas; nothing without them, nothing for the operator or admins)."""
+        quotas = self.host.quotas
+        if quotas is None or principal is OPERATOR:
+            return
+        if quotas.budgets:
+            owned = [s for s in self.host.registry.live() if s.access.owner == principal.id]
+            tokens = sum(s.budget.tokens for s in owned)
+            cost = sum(s.budget.cost or 0.0 for s in owned)
+            quotas.check_budget(principal, tokens, cost)
+        quotas.take_prompt(principal)
 
     async def outcome(
         self, session: SessionActor, submitted: Submitted, client_id: str | None

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from acp.errors import ChannelClosed, RemoteError, RequestTimeout
-from serve.access.errors import AccessError, Forbidden, QuotaExceeded, WorkspaceDenied
+from serve.access.errors import (
+    AccessError,
+    Forbidden,
+    PrincipalBudgetExhausted,
+    QuotaExceeded,
+    WorkspaceDenied,
+)
 from serve.sessions.errors import (
     RETRYABLE_TURN_CODES,
     AgentRefusedError,
@@ -237,6 +243,8 @@ def _access_error(exc: AccessError) -> WireError | None:
     ``Retry-After``."""
     if isinstance(exc, Forbidden):
         return WireError(403, exc.code, exc.body())
+    if isinstance(exc, PrincipalBudgetExhausted):
+        return WireError(402, exc.code, exc.body())
     if isinstance(exc, WorkspaceDenied):
         return WireError(404, exc.code, exc.body())
     if isinstance(exc, QuotaExceeded):

@@ -270,7 +270,12 @@ def build_host(
         isolation=isolation,
         workspaces=workspaces,
         audit=audit,
-        quotas=Quotas(auth.quota_sessions, auth.quota_prompts_per_minute)
+        quotas=Quotas(
+            auth.quota_sessions,
+            auth.quota_prompts_per_minute,
+            auth.quota_token_budget,
+            auth.quota_cost_budget,
+        )
         if auth.configured
         else None,
     )

@@ -39,6 +39,8 @@ def add_auth_flags(p: argparse.ArgumentParser) -> None:
     )
     add("--quota-sessions", default="0", help="live sessions per principal; 0 = no limit")
     add("--quota-prompts-per-minute", default="0", help="prompts per principal and minute")
+    add("--quota-token-budget", default="0", help="tokens a principal's live sessions may spend")
+    add("--quota-cost-budget", default="0", help="cost a principal's live sessions may spend")
     add(
         "--audit-log",
         default=None,
@@ -46,6 +48,16 @@ def add_auth_flags(p: argparse.ArgumentParser) -> None:
         help="audit log (default <state-dir>/audit.jsonl with --auth-*)",
     )
     add("--audit-max-bytes", default=str(10 * MIB), help="audit log size before rotation")
+
+
+def _cost(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e12:
+        raise SettingsError(f'Invalid --quota-cost-budget "{raw}": a number >= 0')
+    return value
 
 
 def parse_auth(
@@ -82,6 +94,10 @@ def parse_auth(
         quota_prompts_per_minute=parse_int(
             "--quota-prompts-per-minute", ns.quota_prompts_per_minute, minimum=0, maximum=100_000
         ),
+        quota_token_budget=parse_int(
+            "--quota-token-budget", ns.quota_token_budget, minimum=0, maximum=10**12
+        ),
+        quota_cost_budget=_cost(ns.quota_cost_budget),
         audit_max_bytes=parse_int(
             "--audit-max-bytes", ns.audit_max_bytes, minimum=4096, maximum=1024 * MIB
         ),

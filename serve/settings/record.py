@@ -57,6 +57,9 @@ class AuthSettings(msgspec.Struct, frozen=True, kw_only=True):
     quota_sessions: int = 0
     #: Prompts one principal may send per sliding minute (0: no limit; admins exempt).
     quota_prompts_per_minute: int = 0
+    #: Tokens / cost one principal's live sessions may have spent, summed (0: no limit).
+    quota_token_budget: int = 0
+    quota_cost_budget: float = 0.0
     #: The audit log file ("": none) and its size before rotation, in bytes.
     audit_log: str = ""
     audit_max_bytes: int = 10 * MIB
