@@ -5,8 +5,8 @@ or submit a prompt (``--quota-sessions``, ``--quota-prompts-per-minute``; 0: no 
 Admins are exempt. Live sessions are counted by the registries (``CreateSession.quota``:
 the sessions' own access records and the spawns in flight), so nothing here can drift;
 the prompt windows keep at most ``limit`` timestamps per principal and at most
-:data:`MAX_PRINCIPALS` principals (the least recently seen is forgotten first). A refusal is a :class:`QuotaExceeded`
-(``429 quota_exceeded`` with ``Retry-After``). Token and cost budgets
+:data:`MAX_PRINCIPALS` principals (the least recently seen is forgotten first). A refusal
+is a :class:`QuotaExceeded` (``429 quota_exceeded`` with ``Retry-After``). Token and cost budgets
 (``--quota-token-budget``, ``--quota-cost-budget``) are checked before a prompt against
 what the principal's live sessions spent, summed by the session service
 (:class:`~serve.access.errors.PrincipalBudgetExhausted`: ``402 budget_exhausted`` with
