@@ -38,10 +38,12 @@ import trio
 from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from actors import ActorError, ActorStopped
 from serve.access import COLLABORATOR, OPERATOR, Principal, at_least, role_of
+from serve.access.quotas import Quotas
 from serve.access.roles import from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
 from serve.errors import wire_error
 from serve.errors.votes import vote_wire
+from serve.journal import Journal
 from serve.permissions.mediator import CastVote, SessionOf
 from serve.sessions.errors import (
     AgentStartFailed,
@@ -71,8 +73,6 @@ from serve.sessions.messages import (
 from serve.sessions.registry import CreateSession, RestoreSession
 
 if TYPE_CHECKING:
-    from serve.access.quotas import Quotas
-    from serve.journal import Journal
     from serve.permissions.mediator import PermissionMediator
     from serve.sessions.actor import SessionActor
     from serve.sessions.messages import SessionMsg
@@ -115,11 +115,12 @@ class SessionHost(Protocol):
     @property
     def draining(self) -> bool: ...
 
-    @property
-    def journal(self) -> Journal | None: ...
 
-    @property
-    def quotas(self) -> Quotas | None: ...
+def _optional[T](host: SessionHost, name: str, kind: type[T]) -> T | None:
+    """A part of the Host the service uses when it is there (the journal, the quotas of
+    multi-user auth); hosts without it (tests' fakes) run without."""
+    value = getattr(host, name, None)
+    return value if isinstance(value, kind) else None
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,7 @@ class SessionService:
         return Opened(session, ticket.attached)
 
     def _quota(self, principal: Principal) -> int:
-        quotas = self.host.quotas
+        quotas = _optional(self.host, "quotas", Quotas)
         return quotas.sessions if quotas is not None and not principal.admin else 0
 
     async def open_new(
@@ -325,7 +326,7 @@ class SessionService:
     ) -> None:
         live = self.host.registry.get(session_id)
         access = live.access if live is not None else None
-        journal = self.host.journal
+        journal = _optional(self.host, "journal", Journal)
         if access is None and journal is not None:
             try:
                 access = from_attr((await journal.read(session_id, tail=1)).meta.attrs)
@@ -429,7 +430,7 @@ class SessionService:
     def check_prompt_quota(self, principal: Principal) -> None:
         """The principal's budgets (summed over its live sessions) and prompts per minute
         (multi-user quotas; nothing without them, nothing for the operator or admins)."""
-        quotas = self.host.quotas
+        quotas = _optional(self.host, "quotas", Quotas)
         if quotas is None or principal is OPERATOR:
             return
         if quotas.budgets:
