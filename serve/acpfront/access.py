@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from serve.sessions.actor import SessionActor
 
 __all__ = [
+    "audit",
     "check",
     "check_restore",
     "check_vote",
@@ -47,7 +48,32 @@ def _who(host: Host, conn: Connection) -> Principal | None:
     return None if not host.multi_user or who.admin else who
 
 
+def audit(host: Host, conn: Connection, method: str, sid: object, status: int) -> None:
+    """One audit line for an ``/acp`` refusal (the message's method, not a route)."""
+    if host.audit is not None:
+        who: Principal = getattr(conn, "principal", OPERATOR)
+        host.audit.record(
+            principal=who.id,
+            peer=conn.client,
+            method=method,
+            session=sid if isinstance(sid, str) else None,
+            outcome="denied",
+            status=status,
+        )
+
+
 def check(host: Host, conn: Connection, method: str, params: dict[str, Any]) -> None:
+    """The method's rule for the connection's principal (its refusal raised, audited)."""
+    try:
+        _check(host, conn, method, params)
+    except (Forbidden, SessionNotFound, WorkspaceDenied) as exc:
+        audit(
+            host, conn, method, params.get("sessionId"), 403 if isinstance(exc, Forbidden) else 404
+        )
+        raise
+
+
+def _check(host: Host, conn: Connection, method: str, params: dict[str, Any]) -> None:
     who = _who(host, conn)
     if who is None:
         return
@@ -87,7 +113,11 @@ async def check_restore(host: Host, conn: Connection, session_id: str) -> None:
     who = _who(host, conn)
     if who is not None:
         groups = dict(host.config.access.session_groups)
-        await SessionService(host).check_journaled(session_id, who, groups)
+        try:
+            await SessionService(host).check_journaled(session_id, who, groups)
+        except SessionNotFound:
+            audit(host, conn, "session/load", session_id, 404)
+            raise
 
 
 async def check_vote(host: Host, conn: Connection, request_id: str) -> bool:
@@ -97,10 +127,12 @@ async def check_vote(host: Host, conn: Connection, request_id: str) -> bool:
         return True
     owner = await host.mediator.ask(SessionOf(request_id), timeout_s=ASK_TIMEOUT_S)
     session = host.registry.get(owner) if isinstance(owner, str) and owner else None
-    if session is None:
-        return False
-    role = role_of(session.access, who, host.config.access.session_groups)
-    return at_least(role, "collaborator") and may_use(host.config.access, who, session.workspace)
+    role = role_of(session.access, who, host.config.access.session_groups) if session else None
+    if session is not None and at_least(role, "collaborator"):
+        if may_use(host.config.access, who, session.workspace):
+            return True
+    audit(host, conn, "session/permission", owner, 404)
+    return False
 
 
 def may_vote(conn: Connection, session: SessionActor) -> bool:

@@ -6,7 +6,9 @@ The registry owns the table of live sessions and of *in-flight* spawns and resto
 inbox handles :class:`CreateSession` and :class:`RestoreSession` quickly, without waiting
 for an agent to start:
 
-* ``single`` scope (the default): one shared session per workspace. If it is live, the
+* ``single`` scope (the default): one shared session per workspace and owner (the
+  principal the session belongs to: ``operator`` without multi-user auth, so one per
+  workspace as before; two users in one directory never share one). If it is live, the
   caller attaches (``attached: true``). If its spawn is in flight, the caller joins that
   spawn: every coalesced caller gets the same session, exactly one reports
   ``attached: false``, and a failed spawn fails all of them and clears the slot so the

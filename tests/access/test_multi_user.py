@@ -299,6 +299,9 @@ async def test_acp_websocket_b_never_reaches_a(daemon: DaemonProcess, jwks: Jwks
         assert status["error"]["data"]["need"] == "admin"
     finally:
         await ws.abort()
+    refused = await trio.to_thread.run_sync(audit, daemon)
+    methods = {e.get("method") for e in refused if e.get("principal") == "bob3"}
+    assert {"session/load", "session/prompt", "session/close", "_qwen/status"} <= methods
     # A's session is untouched (the operator, an admin, still reads it).
     context = await trio.to_thread.run_sync(
         lambda: a.get(f"/session/{sid}/context", headers=OP).status_code
