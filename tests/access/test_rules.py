@@ -10,7 +10,8 @@ from pathlib import Path
 
 from serve.access.rules import ACP_RULES, ROUTE_RULES, RULES, canonical, markdown
 from serve.acpfront.dispatch import METHODS
-from serve.http.app import create_app
+from serve.http import capabilities
+from serve.http.app import collect_features, create_app
 from serve.runtime.host import build_host
 from serve.settings import parse_settings
 
@@ -54,3 +55,32 @@ def test_the_document_is_the_table() -> None:
     assert (ROOT / "docs" / "access-rules.md").read_text() == markdown(), (
         "docs/access-rules.md is stale: python -m serve.access.rules > docs/access-rules.md"
     )
+
+
+def test_the_tag_is_advertised_only_when_configured(tmp_path: Path) -> None:
+    from serve.http import capabilities
+    from serve.http.app import collect_features
+
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text("[]")
+    features = collect_features()
+    on = build_host(
+        parse_settings(
+            [
+                "--workspace",
+                str(tmp_path),
+                "--token",
+                "t0123456",
+                "--auth-tokens-file",
+                str(tokens),
+            ],
+            {"HOME": str(tmp_path)},
+        )
+    )[0]
+    off = build_host(parse_settings(["--workspace", str(tmp_path)], {"HOME": str(tmp_path)}))[0]
+    shown = {f.tag: f for f in capabilities.advertised(on, features)}
+    assert shown["multi_user_auth"].modes == ("jwt", "tokens")
+    assert capabilities.envelope_for(on, features, None)["auth"] == {"modes": ["tokens"]}
+    assert "multi_user_auth" not in {f.tag for f in capabilities.advertised(off, features)}
+    # Without the flags the envelope is exactly what it was: no principal, no auth block.
+    assert capabilities.envelope_for(off, features, None) == capabilities.envelope(off, features)
