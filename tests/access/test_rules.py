@@ -58,9 +58,6 @@ def test_the_document_is_the_table() -> None:
 
 
 def test_the_tag_is_advertised_only_when_configured(tmp_path: Path) -> None:
-    from serve.http import capabilities
-    from serve.http.app import collect_features
-
     tokens = tmp_path / "tokens.json"
     tokens.write_text("[]")
     features = collect_features()
