@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,12 @@ from serve.access import OPERATOR, Principal, SessionAccess, role_of
 from serve.access.audit import KEEP_FILES, AuditLog
 from serve.access.errors import PrincipalBudgetExhausted, QuotaExceeded
 from serve.access.quotas import Quotas
-from serve.http.security.principals import bearer_credential, parse_tokens
+from serve.http.security.principals import (
+    RELOAD_CHECK_S,
+    TokensFile,
+    bearer_credential,
+    parse_tokens,
+)
 
 ALICE = Principal("alice", "jwt", ("user",), ("dev",))
 BOB = Principal("bob", "jwt", ("user",), ("ops",))
@@ -99,3 +105,27 @@ async def test_audit_log_rotates_within_its_bound_and_pages(tmp_path: Path) -> N
     ]
     assert len(sizes) == KEEP_FILES + 1  # the live file and its rotated ones, no more
     assert all(0 < size <= 4096 for size in sizes)
+
+
+async def test_tokens_file_is_reloaded_when_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.jsonl"
+
+    def write(*names: str, mtime: int) -> None:
+        lines = [
+            json.dumps({"sha256": hashlib.sha256(n.encode()).hexdigest(), "principal": n})
+            for n in names
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        os.utime(path, (mtime, mtime))
+
+    await trio.to_thread.run_sync(lambda: write("ann", mtime=1_000_000))
+    tokens = TokensFile(str(path))
+    assert await tokens.lookup("ann") == Principal("ann", "token")
+    assert await tokens.lookup("ben") is None
+    await trio.to_thread.run_sync(lambda: write("ben", mtime=2_000_000))
+    await trio.sleep(RELOAD_CHECK_S)  # looked at no more often than this
+    assert await tokens.lookup("ben") == Principal("ben", "token")
+    assert await tokens.lookup("ann") is None  # revoked
+    await trio.to_thread.run_sync(lambda: path.write_text("not json"))
+    await trio.sleep(RELOAD_CHECK_S)
+    assert await tokens.lookup("ben") == Principal("ben", "token")  # the last good table
