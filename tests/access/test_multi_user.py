@@ -27,7 +27,7 @@ import trio
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
-from tests.acpfront.helpers import Ws
+from tests.acpfront.helpers import Stream, Ws
 from tests.acpfront.test_attach import Editor
 from tests.support.daemon import ROOT, DaemonProcess, spawn_daemon
 
@@ -448,3 +448,51 @@ async def test_two_attach_clients_in_one_directory(daemon: DaemonProcess, jwks: 
             await editor.process.stdin.aclose()
             with trio.fail_after(30):
                 await editor.process.wait()
+
+
+async def test_acp_over_http_fixes_the_principal_at_initialize(
+    daemon: DaemonProcess, jwks: Jwks
+) -> None:
+    a = client(daemon, bearer(jwks.token("alice4")))
+    sid = await trio.to_thread.run_sync(new_session, a, daemon)
+    bob = bearer(jwks.token("bob4"))
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as http:
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        r = await http.post("/acp", json=init, headers=bob)
+        assert r.status_code == 200, r.text
+        conn = {**bob, "Acp-Connection-Id": r.headers["acp-connection-id"]}
+        # Alice's credentials cannot use Bob's connection (nor the reverse).
+        alice_on_it = {
+            **bearer(jwks.token("alice4")),
+            "Acp-Connection-Id": conn["Acp-Connection-Id"],
+        }
+        probe = {"jsonrpc": "2.0", "id": 2, "method": "session/list", "params": {}}
+        assert (await http.post("/acp", json=probe, headers=alice_on_it)).status_code == 404
+        request = http.build_request(
+            "GET", "/acp", headers={**conn, "Accept": "text/event-stream"}, timeout=None
+        )
+        response = await http.send(request, stream=True)
+        try:
+            stream = Stream(response)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stream.pump)
+                cwd = str(daemon.workspace)
+                for rid, (method, params) in enumerate(
+                    (
+                        ("session/load", {"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                        ("session/fork", {"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                        ("session/permission", {"requestId": "perm-1"}),
+                    ),
+                    start=10,
+                ):
+                    message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+                    assert (await http.post("/acp", json=message, headers=conn)).status_code == 202
+                    reply = (await stream.reply(rid)).message
+                    assert reply["error"]["data"]["httpStatus"] == 404, (method, reply)
+                listed = {"jsonrpc": "2.0", "id": 20, "method": "session/list", "params": {}}
+                assert (await http.post("/acp", json=listed, headers=conn)).status_code == 202
+                sessions = (await stream.reply(20)).message["result"]["sessions"]
+                assert sid not in [s["sessionId"] for s in sessions]
+                nursery.cancel_scope.cancel()
+        finally:
+            await response.aclose()
