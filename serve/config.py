@@ -21,7 +21,9 @@ Sections (more are added here as features need them, e.g. restart policies):
                   :func:`with_config_grants`, validated the same way);
 ``deviceFlow``    device-flow providers (``providers.NAME``: ``deviceAuthorizationEndpoint``,
                   ``tokenEndpoint``, ``clientId``, ``scope``, ``pkce``), see
-                  :mod:`serve.deviceflow.providers`.
+                  :mod:`serve.deviceflow.providers`;
+``access``        multi-user access (``adminGroups``, ``sessionGroups``, ``workspaces``),
+                  see :mod:`serve.access.config`.
 
 Who calls it: ``serve/__main__.py`` calls :func:`load_daemon_config` before anything starts
 (so a bad file is a clean exit 1 with the message on stderr), and ``Daemon.__init__``
@@ -36,6 +38,7 @@ from typing import Annotated
 
 import msgspec
 
+from serve.access.config import AccessConfig
 from serve.deviceflow.providers import DeviceFlowSection
 from serve.permissions.config import (
     ApprovalConfig,
@@ -102,6 +105,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     restart: RestartConfig = RestartConfig()
     sandbox: SandboxConfig = SandboxConfig()
     device_flow: DeviceFlowSection = msgspec.field(default=DeviceFlowSection(), name="deviceFlow")
+    access: AccessConfig = AccessConfig()
 
     def permissions(self) -> PermissionsConfig:
         """The permission sections as the ``serve.permissions`` package's own Struct."""

@@ -22,6 +22,8 @@ from actors import Supervisor, SupervisorEvent
 from serve.workspaces.files.set import WorkspaceSet
 
 if TYPE_CHECKING:
+    from serve.access.audit import AuditLog
+    from serve.access.quotas import Quotas
     from serve.config import ConfigCell, DaemonConfig
     from serve.deviceflow.poller import DeviceFlowPoller
     from serve.isolation import Isolation
@@ -112,6 +114,15 @@ class Host:
     #: The /acp front (a ``serve.acpfront.AcpFront``, opaque here: that package imports this
     #: one), built over this Host by ``build_host`` and supervised as ``acp-front``.
     acp_front: object = None
+    #: Multi-user auth (``--auth-*``, docs/multi-user.md): the audit log actor (also with
+    #: ``--audit-log`` alone) and the per-principal quotas; None without them.
+    audit: AuditLog | None = None
+    quotas: Quotas | None = None
+
+    @property
+    def multi_user(self) -> bool:
+        """Multi-user auth is configured (principals other than the operator exist)."""
+        return self.settings.auth.configured
 
     # ---- views -------------------------------------------------------------------------
 

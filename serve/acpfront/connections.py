@@ -31,6 +31,7 @@ from typing import Any, Literal
 import trio
 
 from actors import ActorError
+from serve.access import OPERATOR, Principal
 from serve.acpfront import jsonrpc
 from serve.acpfront.errors import draining, not_running
 from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
@@ -161,6 +162,8 @@ class Connection:
         #: Who may use it (the transport's address + credential digest): any other
         #: request naming its id is answered as for an unknown connection.
         self.owner = owner
+        #: Who it acts for, fixed when it is opened (serve/acpfront/access.py).
+        self.principal: Principal = OPERATOR
         #: A stream was opened or a request other than initialize was sent.
         self.used = False
         self.max_messages = max_messages

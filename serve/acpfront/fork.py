@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from serve.acpfront import access as acp_access
 from serve.acpfront.connections import ASK_TIMEOUT_S, Connection, Connections
 from serve.acpfront.errors import draining, not_found, params_error
 from serve.acpfront.links import own_made, reserve
@@ -61,7 +62,9 @@ async def session_fork(
         )
     reserved = reserve(conn)
     try:
-        forked = await fork_session(front.host.registry, parent)
+        acp_access.check_workspace(front.host, conn, workspace)
+        owner, quota = acp_access.owner_of(front.host, conn)
+        forked = await fork_session(front.host.registry, parent, owner, quota)
         # A session made for this call: its stream from the start (session_forked first).
         link, view = await own_made(front, conn, forked.session, False, replay=True)
     finally:

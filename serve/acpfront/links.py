@@ -32,6 +32,7 @@ from typing import Any
 import trio
 
 from actors import ActorError, ActorStopped, InboxFull
+from serve.acpfront import access as acp_access
 from serve.acpfront import jsonrpc
 from serve.acpfront.connections import (
     ASK_TIMEOUT_S,
@@ -132,7 +133,8 @@ async def own(
         del conn.sessions[ended.pop(0)]
     if sum(1 for old in conn.sessions.values() if not old.ended) >= MAX_SESSIONS:
         raise session_limit(MAX_SESSIONS)
-    attached: Attached = await session.call(Attach(None), timeout_s=ASK_TIMEOUT_S)
+    voter = acp_access.may_vote(conn, session)
+    attached: Attached = await session.call(Attach(None, None, voter), timeout_s=ASK_TIMEOUT_S)
     outbox = Outbox(max_messages=conn.max_messages, max_bytes=conn.max_bytes)
     link = SessionLink(session, attached.client_id, outbox, attached.view)
     sid = link.session_id

@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from actors import ActorStopped, InboxFull
+from serve.acpfront import access as acp_access
 from serve.acpfront import steering, v121
 from serve.acpfront.connections import ASK_TIMEOUT_S, Connection, Connections, SessionLink
 from serve.acpfront.errors import draining, not_found, params_error, to_rpc
@@ -150,7 +151,11 @@ async def session_new(
         )
     reserved = reserve(conn)
     try:
-        session, attached = await _ticket_session(front, CreateSession(workspace, scope, dirs))
+        acp_access.check_workspace(front.host, conn, workspace)
+        owner, quota = acp_access.owner_of(front.host, conn)
+        session, attached = await _ticket_session(
+            front, CreateSession(workspace, scope, dirs, owner, quota)
+        )
         # A session made for this call: its set-up events (available commands, ...) too.
         link, view = await own_made(front, conn, session, attached, replay=not attached)
     finally:
@@ -180,11 +185,14 @@ async def _restore(
         raise params_error("`sessionId` must be a non-empty string")
     workspace = workspace_of(front, conn, params)
     dirs = await v121.additional_directories(front, params, workspace)
+    acp_access.check_workspace(front.host, conn, workspace)
+    await acp_access.check_restore(front.host, conn, sid)
+    owner, quota = acp_access.owner_of(front.host, conn)
     reserved = reserve(conn, sid)
     try:
         try:
             session, attached = await _ticket_session(
-                front, RestoreSession(sid, workspace, action, dirs)
+                front, RestoreSession(sid, workspace, action, dirs, owner, quota)
             )
         except RpcError as exc:
             # The agent's own "no such session" (a remote error) is the daemon's 404.
@@ -223,7 +231,8 @@ async def session_list(
         else None
     )
     sessions = []
-    for found in await SessionService(front.host).summaries(workspace):  # serve/api
+    shown = acp_access.visible(front.host, conn)  # multi-user: only what it may see
+    for found in await SessionService(front.host).summaries(workspace, shown):  # serve/api
         summary = dict(found)
         summary["cwd"] = summary.get("workspaceCwd")
         summary["title"] = summary.get("displayName")
@@ -265,6 +274,7 @@ async def session_prompt(
     # One validation for both fronts (serve/api/prompts.py): the content, the `_meta` the
     # agent gets, `promptId` and `deadlineMs` with REST's bounds and codes.
     body = parse_prompt(params, steering=False)
+    SessionService(front.host).check_prompt_quota(conn.principal)  # multi-user quotas
     session = link.session
     admission = await session.call(body.request(link.client_id), timeout_s=ASK_TIMEOUT_S)
     try:

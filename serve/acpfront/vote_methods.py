@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from serve.acpfront import access as acp_access
 from serve.acpfront import elicit
 from serve.acpfront.connections import ASK_TIMEOUT_S, Connection, Connections, SessionLink
 from serve.acpfront.errors import params_error
@@ -48,6 +49,12 @@ async def session_permission(
             if r == request_id:
                 link = conn.sessions.get(s)
                 break
+    if sid is None and not await acp_access.check_vote(front.host, conn, request_id):
+        raise RpcError(  # as for an unknown request: nothing is disclosed
+            RESOURCE_NOT_FOUND,
+            "No pending permission request",
+            {"httpStatus": 404, "error": "No pending permission request", "requestId": request_id},
+        )
     body = {k: v for k, v in params.items() if k not in ("sessionId", "requestId")}
     counted = await front.host.mediator.ask(
         CastVote(
@@ -87,6 +94,9 @@ async def answer(front: Connections, conn: Connection, message: Response) -> Non
         return
     sid, request_id = target
     link = conn.sessions.get(sid)
+    if link is not None and not acp_access.may_vote(conn, link.session):
+        log.info("ACP connection %s may not vote on %s (an observer)", conn.id, sid)
+        return
     client_id = link.client_id if link is not None else None
     result = message.result if message.error is None else None
     if rid.startswith(elicit.ID_PREFIX):

@@ -29,6 +29,7 @@ No HTTP, no JSON-RPC, no quart: the fronts parse, call, render.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,9 +37,13 @@ import trio
 
 from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from actors import ActorError, ActorStopped
+from serve.access import COLLABORATOR, OPERATOR, Principal, at_least, role_of
+from serve.access.quotas import Quotas
+from serve.access.roles import from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
 from serve.errors import wire_error
 from serve.errors.votes import vote_wire
+from serve.journal import Journal
 from serve.permissions.mediator import CastVote, SessionOf
 from serve.sessions.errors import (
     AgentStartFailed,
@@ -109,6 +114,13 @@ class SessionHost(Protocol):
 
     @property
     def draining(self) -> bool: ...
+
+
+def _optional[T](host: SessionHost, name: str, kind: type[T]) -> T | None:
+    """A part of the Host the service uses when it is there (the journal, the quotas of
+    multi-user auth); hosts without it (tests' fakes) run without."""
+    value = getattr(host, name, None)
+    return value if isinstance(value, kind) else None
 
 
 @dataclass(frozen=True)
@@ -238,11 +250,15 @@ class SessionService:
             )
         return runtime.path
 
-    async def summaries(self, workspace: str | None) -> list[dict[str, Any]]:
-        """The list entries of the live sessions (of ``workspace``; None: all), skipping
-        those that close meanwhile."""
+    async def summaries(
+        self, workspace: str | None, visible: Callable[[SessionActor], bool] | None = None
+    ) -> list[dict[str, Any]]:
+        """The list entries of the live sessions (of ``workspace``; None: all; only the
+        ``visible`` ones when given), skipping those that close meanwhile."""
         out = []
         for session in self.host.registry.live(workspace):
+            if visible is not None and not visible(session):
+                continue
             try:
                 out.append(await self.ask(session, Summarize(), dict))
             except (SessionNotFound, ActorError):
@@ -268,27 +284,75 @@ class SessionService:
             raise AgentStartFailed(exc) from None
         return Opened(session, ticket.attached)
 
-    async def open_new(self, workspace: str, scope: str, dirs: tuple[str, ...] = ()) -> Opened:
-        """A session of ``scope`` (``single``: the workspace's shared one) in ``workspace``."""
-        return await self._opened(CreateSession(workspace, scope, dirs))
+    def _quota(self, principal: Principal) -> int:
+        quotas = _optional(self.host, "quotas", Quotas)
+        return quotas.sessions if quotas is not None and not principal.admin else 0
+
+    async def open_new(
+        self,
+        workspace: str,
+        scope: str,
+        dirs: tuple[str, ...] = (),
+        principal: Principal = OPERATOR,
+    ) -> Opened:
+        """A session of ``scope`` (``single``: the shared one of the workspace and the
+        principal) in ``workspace``, owned by ``principal``."""
+        return await self._opened(
+            CreateSession(workspace, scope, dirs, principal.id, self._quota(principal))
+        )
 
     async def open_restored(
-        self, session_id: str, workspace: str, action: str, dirs: tuple[str, ...] = ()
+        self,
+        session_id: str,
+        workspace: str,
+        action: str,
+        dirs: tuple[str, ...] = (),
+        principal: Principal = OPERATOR,
+        group_roles: Mapping[str, str] | None = None,
     ) -> Opened:
         """The session ``session_id`` live, or loaded / resumed (``action``) from the agent
-        or the journal."""
-        return await self._opened(RestoreSession(session_id, workspace, action, dirs))
+        or the journal. Someone else's (its journaled owner and members give ``principal``
+        no role) is ``SessionNotFound`` before anything is restored."""
+        if principal is not OPERATOR and not principal.admin:
+            await self.check_journaled(session_id, principal, group_roles)
+        return await self._opened(
+            RestoreSession(
+                session_id, workspace, action, dirs, principal.id, self._quota(principal)
+            )
+        )
+
+    async def check_journaled(
+        self, session_id: str, principal: Principal, group_roles: Mapping[str, str] | None
+    ) -> None:
+        live = self.host.registry.get(session_id)
+        access = live.access if live is not None else None
+        journal = _optional(self.host, "journal", Journal)
+        if access is None and journal is not None:
+            try:
+                access = from_attr((await journal.read(session_id, tail=1)).meta.attrs)
+            except Exception:  # no journal of it (or unreadable): the agent decides
+                access = None
+            if access is None:
+                return
+        if access is not None and role_of(access, principal, group_roles) is None:
+            raise SessionNotFound(session_id)
 
     async def create(
-        self, workspace: str, scope: str, client_id: str | None, peer: str | None
+        self,
+        workspace: str,
+        scope: str,
+        client_id: str | None,
+        peer: str | None,
+        principal: Principal = OPERATOR,
     ) -> Created:
         """:meth:`open_new`, then the caller attached; a single-scope session that closes
         (its last client detached) before the attach is opened afresh, twice at most."""
         for attempt in range(_ATTACH_ATTEMPTS):
-            opened = await self.open_new(workspace, scope)
+            opened = await self.open_new(workspace, scope, principal=principal)
             try:
                 attached = await opened.session.call(
-                    Attach(client_id, peer), timeout_s=ASK_TIMEOUT_S
+                    Attach(client_id, peer, _voter(opened.session, principal, None)),
+                    timeout_s=ASK_TIMEOUT_S,
                 )
             except (SessionGone, ActorStopped):
                 if attempt == _ATTACH_ATTEMPTS - 1:
@@ -299,11 +363,21 @@ class SessionService:
         raise AssertionError("unreachable")
 
     async def restore(
-        self, session_id: str, workspace: str, action: str, client_id: str | None, peer: str | None
+        self,
+        session_id: str,
+        workspace: str,
+        action: str,
+        client_id: str | None,
+        peer: str | None,
+        principal: Principal = OPERATOR,
+        group_roles: Mapping[str, str] | None = None,
     ) -> Created:
         """:meth:`open_restored`, then the caller attached."""
-        opened = await self.open_restored(session_id, workspace, action)
-        attached = await self.ask(opened.session, Attach(client_id, peer), Attached)
+        opened = await self.open_restored(
+            session_id, workspace, action, principal=principal, group_roles=group_roles
+        )
+        voter = _voter(opened.session, principal, group_roles)
+        attached = await self.ask(opened.session, Attach(client_id, peer, voter), Attached)
         return Created(opened.session, opened.joined, attached)
 
     async def apply_settings(
@@ -331,9 +405,15 @@ class SessionService:
     # ---- prompts ---------------------------------------------------------------------------
 
     async def submit(
-        self, session: SessionActor, body: PromptBody, client_id: str | None
+        self,
+        session: SessionActor,
+        body: PromptBody,
+        client_id: str | None,
+        principal: Principal = OPERATOR,
     ) -> Submitted:
-        """Admit the prompt (or the steer) into the session's queue."""
+        """Admit the prompt (or the steer) into the session's queue (after the
+        principal's prompts-per-minute quota)."""
+        self.check_prompt_quota(principal)
         request = body.request(client_id)
         try:
             answer = await self.ask(
@@ -346,6 +426,19 @@ class SessionService:
         if not isinstance(answer, Admission):
             raise TypeError(f"a prompt was answered {type(answer).__name__}")
         return Submitted(answer)
+
+    def check_prompt_quota(self, principal: Principal) -> None:
+        """The principal's budgets (summed over its live sessions) and prompts per minute
+        (multi-user quotas; nothing without them, nothing for the operator or admins)."""
+        quotas = _optional(self.host, "quotas", Quotas)
+        if quotas is None or principal is OPERATOR:
+            return
+        if quotas.budgets:
+            owned = [s for s in self.host.registry.live() if s.access.owner == principal.id]
+            tokens = sum(s.budget.tokens for s in owned)
+            cost = sum(s.budget.cost or 0.0 for s in owned)
+            quotas.check_budget(principal, tokens, cost)
+        quotas.take_prompt(principal)
 
     async def outcome(
         self, session: SessionActor, submitted: Submitted, client_id: str | None
@@ -390,6 +483,15 @@ class SessionService:
         """The live session a permission request belongs to (None: unknown or gone)."""
         owner = await self.host.mediator.ask(SessionOf(request_id), timeout_s=ASK_TIMEOUT_S)
         return self.host.registry.get(owner) if isinstance(owner, str) and owner else None
+
+
+def _voter(
+    session: SessionActor, principal: Principal, group_roles: Mapping[str, str] | None
+) -> bool:
+    """Whether the principal's votes count on ``session`` (collaborator or more)."""
+    if principal is OPERATOR or principal.admin:
+        return True
+    return at_least(role_of(session.access, principal, group_roles), COLLABORATOR)
 
 
 def _unknown_session(exc: Exception) -> bool:

@@ -12,6 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from acp.errors import ChannelClosed, RemoteError, RequestTimeout
+from serve.access.errors import (
+    AccessError,
+    Forbidden,
+    PrincipalBudgetExhausted,
+    QuotaExceeded,
+    WorkspaceDenied,
+)
 from serve.sessions.errors import (
     RETRYABLE_TURN_CODES,
     AgentRefusedError,
@@ -229,4 +236,20 @@ def wire_error(exc: BaseException) -> WireError | None:
         return _request_timeout(exc)
     if isinstance(exc, ChannelClosed):
         return _channel_closed(exc)
+    if isinstance(exc, AccessError):
+        return _access_error(exc)
+    return None
+
+
+def _access_error(exc: AccessError) -> WireError | None:
+    """A role missing: 403 ``forbidden`` with ``need``; a quota spent: 429 with
+    ``Retry-After``."""
+    if isinstance(exc, Forbidden):
+        return WireError(403, exc.code, exc.body())
+    if isinstance(exc, PrincipalBudgetExhausted):
+        return WireError(402, exc.code, exc.body())
+    if isinstance(exc, WorkspaceDenied):
+        return WireError(404, exc.code, exc.body())
+    if isinstance(exc, QuotaExceeded):
+        return WireError(429, exc.code, exc.body(), {"Retry-After": str(exc.retry_after_s)})
     return None

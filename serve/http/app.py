@@ -17,7 +17,7 @@ from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from serve.http import capabilities, metrics, middleware, tracing
+from serve.http import access, capabilities, metrics, middleware, tracing
 from serve.http.capabilities import Feature
 from serve.http.context import FEATURES_KEY, HOST_KEY
 from serve.http.errors import ApiError, to_api_error
@@ -34,6 +34,7 @@ from serve.http.routes import (
     files,
     health,
     mcp,
+    members,
     memory_settings,
     pending,
     permissions,
@@ -71,6 +72,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     budget,
     elicitation,
     pending,
+    members,
 )
 #: The order of the tags in ``GET /capabilities`` (as published: session tags first, the
 #: ACP transport tags last, the others in registration order).
@@ -143,6 +145,7 @@ def create_app(host: Host) -> QuartTrio:
     tracing.install(app)  # a request's W3C traceparent header, into its log records
     instruments = metrics.install_metrics(app, host)
     middleware.install_middleware(app, host, features, instruments)
+    access.install(app, host)  # the route rules, only with multi-user auth
     # Outermost: a keep-alive connection becomes idle again after any response, and the
     # calls in flight are counted for the drain.
     outer = ShieldLastBody(app.asgi_app, host.front)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from serve.access.principal import OPERATOR, Principal
 from serve.http.forks import capabilities_agents
 
 if TYPE_CHECKING:
@@ -59,6 +60,18 @@ def collect(*groups: Iterable[Feature]) -> tuple[Feature, ...]:
 
 def advertised(host: Host, features: Sequence[Feature]) -> list[Feature]:
     return [f for f in features if f.enabled(host)]
+
+
+def envelope_for(
+    host: Host, features: Sequence[Feature], principal: Principal | None
+) -> dict[str, Any]:
+    """:func:`envelope`, and with multi-user auth who the caller is (``principal``: its
+    id, kind and daemon roles) and how principals are made here (``auth.modes``)."""
+    body = envelope(host, features)
+    if host.multi_user:
+        body["principal"] = (principal or OPERATOR).describe()
+        body["auth"] = {"modes": list(host.settings.auth.modes())}
+    return body
 
 
 def envelope(host: Host, features: Sequence[Feature]) -> dict[str, Any]:

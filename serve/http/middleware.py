@@ -100,6 +100,7 @@ from serve.http.security import (
 )
 from serve.http.security.cors import self_origins
 from serve.http.security.peers import parse_trusted_proxies, scope_client_address
+from serve.http.security.principals import PRINCIPAL_KEY, PrincipalResolver
 from serve.logs import install_redaction
 from serve.ratelimit import classify, limiter_for
 from serve.settings import Settings
@@ -267,6 +268,12 @@ class SecurityFront:
         self._limiting = settings.rate_limit.enabled
         self._trusted_proxies = parse_trusted_proxies(settings.trusted_proxies)
         self._last_sweep = time.monotonic()
+        # Multi-user auth (docs/multi-user.md): asked only when the operator token fails.
+        self._principals = (
+            PrincipalResolver(settings, lambda: host.config.access.admin_groups)
+            if settings.auth.configured
+            else None
+        )
         self._port = -1
         self._hosts: frozenset[bytes] = frozenset()
         self._self_origins: frozenset[bytes] = frozenset()
@@ -384,7 +391,9 @@ class SecurityFront:
                 )
             )
         ):
-            if not self._authorized(auths, tokens):
+            if not self._authorized(auths, tokens) and not await self._principal(
+                scope, auths, tokens
+            ):
                 await refuse(401, _UNAUTHORIZED_401)
                 return
             if self._unbound_refused(method, path):
@@ -427,16 +436,17 @@ class SecurityFront:
         # Fast path for the hottest reads (orchestrator probes, client pre-flights): every
         # check above has run; answering here skips the framework's per-request cost.
         if method == "GET" and not scope.get("query_string") and path in _FAST_PATHS:
-            await self._fast(path, send)
+            await self._fast(path, send, scope)
             return
 
         await self._app(scope, receive, send)
 
-    async def _fast(self, path: str, send: Send) -> None:
+    async def _fast(self, path: str, send: Send, scope: Scope) -> None:
         if path == "/health":
             body = _HEALTH_OK
         else:
-            body = msgspec.json.encode(capabilities.envelope(self._host, self._features))
+            who = scope.get(PRINCIPAL_KEY)  # multi-user auth: the caller is named
+            body = msgspec.json.encode(capabilities.envelope_for(self._host, self._features, who))
         metrics = self._metrics
         if metrics is not None:
             metrics.requests.labels("GET", path, "200").inc()
@@ -452,6 +462,13 @@ class SecurityFront:
         if tokens and check_token_header([t.decode("latin-1") for t in tokens], digest):
             return True
         return check_authorization([a.decode("latin-1") for a in auths], digest)
+
+    async def _principal(self, scope: Scope, auths: list[bytes], tokens: list[bytes]) -> bool:
+        """Multi-user auth: a JWT or scoped token's principal, into the scope."""
+        if self._principals is None:
+            return False
+        peer = scope_client_address(scope, self._trusted_proxies)
+        return await self._principals.admit(scope, auths, tokens, peer, self._host.audit)
 
     def _unbound_refused(self, method: str, path: str) -> bool:
         """A daemon awaiting its bind serves only the probes and ``POST /daemon/bind``."""
@@ -520,7 +537,11 @@ class SecurityFront:
             is not CorsAction.ALLOW
         ):
             refusal = (403, _CORS_403)
-        elif self._bearer is not None and not self._authorized(auths, tokens):
+        elif (
+            self._bearer is not None
+            and not self._authorized(auths, tokens)
+            and not await self._principal(scope, auths, tokens)
+        ):
             refusal = (401, _UNAUTHORIZED_401)
         elif self._unbound_refused("GET", scope["path"]):
             refusal = (403, _NOT_BOUND_403)

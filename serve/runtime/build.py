@@ -48,6 +48,8 @@ import trio
 
 from acp.children import run_reaper
 from actors import Actor, ChildSpec, Restart, Supervisor, SupervisorGaveUp
+from serve.access.audit import AuditLog
+from serve.access.quotas import Quotas
 from serve.config import ConfigCell, DaemonConfig, load_daemon_config
 from serve.deviceflow import service as device_flow_service
 from serve.host import FrontStats, Host, Lifecycle
@@ -222,6 +224,14 @@ def build_host(
                 shutdown_grace_s=0,  # nothing to finish: cancelled at once
             )
         )
+    auth = settings.auth
+    audit = AuditLog(auth.audit_log, auth.audit_max_bytes) if auth.audit_log else None
+    if audit is not None:
+        optional.append(
+            _rerunnable(
+                ChildSpec("audit-log", audit.run, Restart.PERMANENT, stop=audit.close), audit
+            )
+        )
     optional.extend(
         [
             _rerunnable(device_flow_spec, device_flow),
@@ -259,6 +269,15 @@ def build_host(
         binding=Binding(settings.token, bootstrap=settings.bootstrap),
         isolation=isolation,
         workspaces=workspaces,
+        audit=audit,
+        quotas=Quotas(
+            auth.quota_sessions,
+            auth.quota_prompts_per_minute,
+            auth.quota_token_budget,
+            auth.quota_cost_budget,
+        )
+        if auth.configured
+        else None,
     )
     # The /acp front is built over the Host (it reads the parts through it), so it is
     # the one part set here, before the Host is handed out.

@@ -50,6 +50,7 @@ import trio
 from acp.process import ExitInfo
 from acp.schema import SessionSetup
 from actors import Actor, ActorError, Reply, RestartWindow, Supervisor
+from serve.access.roles import SessionAccess
 from serve.events import EventLog, Subscriber
 from serve.permissions.mediator import CancelPromptPermissions, PermissionMediator
 from serve.permissions.modes import (
@@ -62,6 +63,7 @@ from serve.sessions import (
     config_options,
     endings,
     journal_load,
+    ownership,
     switches,
     turn_worker,
     views,
@@ -69,12 +71,7 @@ from serve.sessions import (
 from serve.sessions.agent_link import AgentLink, AgentSource, SpawnAgentSource
 from serve.sessions.agent_side import AgentSide
 from serve.sessions.attachments import iso_now, now_ms
-from serve.sessions.binding import (
-    IDLE_EOF_GRACE_S,
-    AgentBinding,
-    AgentExited,
-    BindingConn,
-)
+from serve.sessions.binding import IDLE_EOF_GRACE_S, AgentBinding, AgentExited, BindingConn
 from serve.sessions.binding_port import SessionBindingPort
 from serve.sessions.budget import BudgetMeter, Limits
 from serve.sessions.clients import ClientTable
@@ -104,6 +101,7 @@ from serve.sessions.messages import (
     SessionGone,
     SessionMsg,
     SessionView,
+    SetAccess,
     SetApprovalMode,
     SetBudget,
     SetConfigOption,
@@ -115,13 +113,7 @@ from serve.sessions.messages import (
     Summarize,
     UpdateMetadata,
 )
-from serve.sessions.prompt_queue import (
-    Job,
-    PromptQueue,
-    PromptQueueFull,
-    PromptRunning,
-    Terminal,
-)
+from serve.sessions.prompt_queue import Job, PromptQueue, PromptQueueFull, PromptRunning, Terminal
 from serve.sessions.queue_edits import replace_pending
 from serve.sessions.steering import Steering
 
@@ -184,8 +176,10 @@ class SessionActor(Actor[SessionMsg]):
         mcp_pool: McpPool | None = None,
         fork_from: str | None = None,
         additional_directories: tuple[str, ...] = (),
+        access: SessionAccess | None = None,
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
+        self.access = access or SessionAccess()  # owner and members (ownership.py)
         #: The connection's ClientHandler (serve/sessions/agent_side.py), behind SidePort.
         self.side = AgentSide(self)
         self.settings = settings
@@ -383,11 +377,12 @@ class SessionActor(Actor[SessionMsg]):
             await self.link.open(nursery, self.action, self.session_id)
             self.adopt_setup(self.link.setup)
             await journal_load.remember(self.journal_link, self.settings, self.link)
-            return
-        self.log, self.restored_from_journal = lazy.log, True  # (journaled by now)
-        self.link.setup = lazy.setup
-        self.adopt_setup(lazy.setup)
-        self.binding.start_released()
+        else:
+            self.log, self.restored_from_journal = lazy.log, True  # (journaled by now)
+            self.link.setup = lazy.setup
+            self.adopt_setup(lazy.setup)
+            self.binding.start_released()
+        await ownership.settle(self)
 
     def adopt_setup(self, setup: SessionSetup | None) -> None:
         self.binding.used()
@@ -508,6 +503,8 @@ class SessionActor(Actor[SessionMsg]):
                 return replace_pending(self, msg)
             case SetBudget():
                 return turn_worker.set_budget(self, msg)
+            case SetAccess():
+                return await ownership.set_access(self, msg)
             case CancelTurn(client_id=cid, prompt_id=pid):
                 if pid is not None:
                     return await cancelling.cancel_prompt(self, pid, cid)
@@ -528,8 +525,8 @@ class SessionActor(Actor[SessionMsg]):
                     originator=cid,
                 )
                 return MetadataSet(self.session_id, name)
-            case Attach(client_id=cid, peer=peer):
-                return Attached(attachments.register_client(self, cid, peer), self.view())
+            case Attach(client_id=cid, peer=peer, voter=voter):
+                return Attached(attachments.register_client(self, cid, peer, voter), self.view())
             case Detach(client_id=cid):
                 return await attachments.detach(self, cid)
             case KnowsClient(client_id=cid):

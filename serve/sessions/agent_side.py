@@ -244,7 +244,7 @@ class AgentSide(BaseClientHandler):
                     option_list=options,
                     prompt_id=active.prompt_id if active else None,
                     originator=active.client_id if active else None,
-                    session_clients=frozenset(self.s.clients),
+                    session_clients=self.s.clients.voters(),
                 ),
                 timeout_s=10,
             )

@@ -33,14 +33,16 @@ def iso_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def register_client(session: SessionCore, requested: str | None, peer: str | None) -> str:
+def register_client(
+    session: SessionCore, requested: str | None, peer: str | None, voter: bool = True
+) -> str:
     """Reuse ``requested`` if already registered here, else mint a fresh id."""
     client_id = (
         requested
         if requested is not None and requested in session.clients
         else f"client_{uuid.uuid4()}"
     )
-    session.clients.register(client_id, peer)
+    session.clients.register(client_id, peer, voter)
     return client_id
 
 

@@ -47,9 +47,10 @@ def _wall_ms() -> int:
 
 
 class _Client:
-    __slots__ = ("attaches", "last_seen_ms", "peer", "streams")
+    __slots__ = ("attaches", "last_seen_ms", "peer", "streams", "voter")
 
     def __init__(self, now_ms: int, peer: str | None) -> None:
+        self.voter = True
         self.attaches = 0
         self.streams = 0
         self.last_seen_ms = now_ms
@@ -79,7 +80,7 @@ class ClientTable:
 
     # ---- changes -----------------------------------------------------------------------
 
-    def register(self, client_id: str, peer: str | None = None) -> None:
+    def register(self, client_id: str, peer: str | None = None, voter: bool = True) -> None:
         """One more attach of ``client_id`` (new or known) from ``peer`` (its address, None
         when unknown); it is active now. A new client past a bound drops the idlest client
         without an open stream: the peer's own past its bound, anyone's past the table's."""
@@ -96,6 +97,7 @@ class ClientTable:
                 self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
         entry.attaches += 1
         entry.last_seen_ms = now
+        entry.voter = voter  # the latest attach's role decides
 
     def _drop_idlest(self, peer: str | None) -> None:
         """Drop the idlest client without an open stream (of ``peer`` when given)."""
@@ -155,6 +157,11 @@ class ClientTable:
         """The clients active within the idle timeout (the consensus electorate)."""
         self._expire(self._clock())
         return frozenset(self._clients)
+
+    def voters(self) -> frozenset[str]:
+        """The active clients whose votes count (an observer's do not): the electorate."""
+        self._expire(self._clock())
+        return frozenset(cid for cid, entry in self._clients.items() if entry.voter)
 
     def last_seen_ms(self, client_id: str) -> int | None:
         entry = self._clients.get(client_id)

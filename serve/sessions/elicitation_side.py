@@ -79,7 +79,7 @@ async def broker(
                 spec=spec,
                 prompt_id=active.prompt_id if active else None,
                 originator=active.client_id if active else None,
-                session_clients=frozenset(side.clients),
+                session_clients=side.clients.voters(),
             ),
             timeout_s=10,
         )

@@ -49,7 +49,7 @@ from serve.sessions.messages import (
     SetApprovalMode,
     SetModel,
 )
-from serve.sessions.registry import ForkSession
+from serve.sessions.registry import OWNER, ForkSession
 
 if TYPE_CHECKING:
     from serve.sessions.actor import SessionActor
@@ -123,7 +123,9 @@ def _with_current(option: object, current: dict[str, str | None]) -> object:
     return option if value is None else {**option, "currentValue": value}
 
 
-async def fork_session(runtimes: Any, parent: SessionActor) -> Forked:
+async def fork_session(
+    runtimes: Any, parent: SessionActor, owner: str = OWNER, quota: int = 0
+) -> Forked:
     """Fork ``parent`` (see the module docstring); raises the domain errors of the registry
     (limits, draining), :class:`NotSupportedByAgent` and :class:`AgentRefusedError`
     (``fork_inheritance_failed``)."""
@@ -137,7 +139,7 @@ async def fork_session(runtimes: Any, parent: SessionActor) -> Forked:
             method=NATIVE,
         )
     ticket = await runtimes.ask(
-        ForkSession(view.session_id, view.workspace), timeout_s=ASK_TIMEOUT_S
+        ForkSession(view.session_id, view.workspace, owner, quota), timeout_s=ASK_TIMEOUT_S
     )
     fork: SessionActor = await ticket.pending.wait()
     try:

@@ -15,6 +15,7 @@ import msgspec
 import trio
 
 from actors.actor import Request
+from serve.access.roles import SessionAccess
 from serve.events import Subscriber
 from serve.events.messages import PublishEvent
 from serve.permissions.modes import APPROVAL_MODES  # qwen serve's five names
@@ -115,10 +116,20 @@ class SetBudget(msgspec.Struct, frozen=True):
     client_id: str | None
 
 
+class SetAccess(msgspec.Struct, frozen=True):
+    """Replace the session's access record (``PUT /session/:id/members``, the owner's
+    edit); answers the record (serve/sessions/ownership.py)."""
+
+    access: SessionAccess
+
+
 class Attach(msgspec.Struct, Request["Attached"], frozen=True):
     client_id: str | None
     #: The attaching peer's address (bounds the clients one peer holds), None if unknown.
     peer: str | None = None
+    #: Whether its votes count (multi-user: a principal with at least collaborator; an
+    #: observer's client is no part of a consensus electorate).
+    voter: bool = True
 
 
 class Detach(msgspec.Struct, Request["Detached"], frozen=True):
@@ -211,6 +222,7 @@ SessionMsg = (
     | ReleaseAgent
     | SetBudget
     | SetConfigOption
+    | SetAccess
 )
 
 # ---- typed replies ------------------------------------------------------------------------

@@ -6,7 +6,9 @@ The registry owns the table of live sessions and of *in-flight* spawns and resto
 inbox handles :class:`CreateSession` and :class:`RestoreSession` quickly, without waiting
 for an agent to start:
 
-* ``single`` scope (the default): one shared session per workspace. If it is live, the
+* ``single`` scope (the default): one shared session per workspace and owner (the
+  principal the session belongs to: ``operator`` without multi-user auth, so one per
+  workspace as before; two users in one directory never share one). If it is live, the
   caller attaches (``attached: true``). If its spawn is in flight, the caller joins that
   spawn: every coalesced caller gets the same session, exactly one reports
   ``attached: false``, and a failed spawn fails all of them and clears the slot so the
@@ -42,6 +44,9 @@ import msgspec
 import trio
 
 from actors import Actor, ActorError, ChildSpec, Restart, Supervisor, unwrap_group
+from serve.access.errors import QuotaExceeded
+from serve.access.principal import OPERATOR
+from serve.access.roles import SessionAccess
 from serve.sessions.actor import CloseSession, SessionActor
 from serve.sessions.agent_link import AgentSource, SpawnAgentSource
 from serve.sessions.errors import SessionConflictError, SessionLimitError, SessionsUnavailable
@@ -58,6 +63,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Who a session belongs to when the caller names nobody: the operator (no multi-user auth).
+OWNER = OPERATOR.id
 #: How long a load/resume waits for the previous incarnation of its id to be gone (s).
 CLOSING_WAIT_S = 10.0
 
@@ -65,10 +72,11 @@ CLOSING_WAIT_S = 10.0
 class Pending:
     """An in-flight spawn/restore that several callers may await."""
 
-    __slots__ = ("_event", "action", "error", "joined", "key", "session", "workspace")
+    __slots__ = ("_event", "action", "error", "joined", "key", "owner", "session", "workspace")
 
-    def __init__(self, key: str, action: str, workspace: str = "") -> None:
+    def __init__(self, key: str, action: str, workspace: str = "", owner: str = OWNER) -> None:
         self.key = key
+        self.owner = owner
         self.action = action
         self.workspace = workspace
         self._event = trio.Event()
@@ -94,6 +102,10 @@ class CreateSession(msgspec.Struct, frozen=True):
     scope: str = "single"
     #: ACP additionalDirectories (validated by the caller): a child of its own, see _source.
     additional_directories: tuple[str, ...] = ()
+    #: The principal the session will belong to (single scope: its own shared session).
+    owner: str = OWNER
+    #: Sessions ``owner`` may have daemon-wide (0: no quota).
+    quota: int = 0
 
 
 class RestoreSession(msgspec.Struct, frozen=True):
@@ -101,6 +113,9 @@ class RestoreSession(msgspec.Struct, frozen=True):
     workspace: str
     action: str  # "load" | "resume"
     additional_directories: tuple[str, ...] = ()
+    #: The owner when the journal names none (a journaled owner wins: ownership.py).
+    owner: str = OWNER
+    quota: int = 0
 
 
 class ForkSession(msgspec.Struct, frozen=True):
@@ -108,6 +123,9 @@ class ForkSession(msgspec.Struct, frozen=True):
 
     parent_id: str
     workspace: str
+    #: Who forked it: the fork is theirs.
+    owner: str = OWNER
+    quota: int = 0
 
 
 class Ticket(msgspec.Struct, frozen=True):
@@ -133,6 +151,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         mcp_pool: McpPool | None = None,
         retire_hook: Callable[[SessionActor], None] | None = None,
         total_count: Callable[[], int] | None = None,
+        owned_count: Callable[[str], int] | None = None,
         agent_source: AgentSource | None = None,
         isolation: Isolation | None = None,
     ) -> None:
@@ -142,10 +161,13 @@ class SessionRegistry(Actor[RegistryMsg]):
         self.supervisor_name = name
         #: Sessions daemon-wide (all workspaces); the runtimes facade passes its own.
         self.total_count: Callable[[], int] = total_count or self.local_count
+        #: A principal's sessions daemon-wide (its quota); the runtimes facade passes its own.
+        self.owned_count: Callable[[str], int] = owned_count or self.owned
         self.settings = settings
         self.mediator = mediator
         self.sessions: dict[str, SessionActor] = {}
-        self.single: dict[str, str] = {}  # workspace -> session id (single scope)
+        #: "single:<ws>[:<owner>]" -> session id (single scope: one per workspace and owner)
+        self.single: dict[str, str] = {}
         self.inflight: dict[str, Pending] = {}  # "single:<ws>", "thread:<n>", "restore:<id>"
         self.supervisor = Supervisor(name, intensity=1_000_000, period_s=1.0)
         self._nursery: trio.Nursery | None = None
@@ -217,6 +239,11 @@ class SessionRegistry(Actor[RegistryMsg]):
             if not s.closing and (workspace is None or s.workspace == workspace)
         ]
 
+    def owned(self, owner: str) -> int:
+        """Live sessions and in-flight spawns and restores of ``owner`` (its quota)."""
+        live = sum(1 for s in self.sessions.values() if not s.closing and s.access.owner == owner)
+        return live + sum(1 for p in self.inflight.values() if p.owner == owner)
+
     def _count(self, workspace: str | None) -> int:
         # A session being torn down (closing) no longer counts against --max-sessions.
         live = len(
@@ -237,15 +264,15 @@ class SessionRegistry(Actor[RegistryMsg]):
         if not self.accepting:
             raise SessionsUnavailable("Daemon is draining", "daemon_draining")
         match msg:
-            case CreateSession(workspace=ws, scope=scope, additional_directories=dirs):
+            case CreateSession(workspace=ws, scope=scope, additional_directories=dirs, owner=who):
                 if scope == "single":
-                    existing = self.single.get(ws)
+                    key = _single_key(ws, who)
+                    existing = self.single.get(key)
                     session = self.get(existing) if existing else None
                     if session is not None:
-                        done = Pending(f"single:{ws}", "attach")
+                        done = Pending(key, "attach")
                         done.resolve(session, None)
                         return Ticket(done, True)
-                    key = f"single:{ws}"
                     if key in self.inflight:
                         pending = self.inflight[key]
                         pending.joined += 1
@@ -253,21 +280,21 @@ class SessionRegistry(Actor[RegistryMsg]):
                 else:
                     self._counter += 1
                     key = f"thread:{self._counter}:{ws}"
-                self._check_limits(ws)
-                pending = Pending(key, "new", ws)
+                self._check_limits(ws, msg.owner, msg.quota)
+                pending = Pending(key, "new", ws, who)
                 self.inflight[key] = pending
                 self._spawn(pending, ws, "new", None, dirs=dirs)
                 return Ticket(pending, False)
-            case ForkSession(parent_id=parent, workspace=ws):
+            case ForkSession(parent_id=parent, workspace=ws, owner=who):
                 self._counter += 1
                 key = f"fork:{self._counter}:{ws}"
-                self._check_limits(ws)
-                pending = Pending(key, "fork", ws)
+                self._check_limits(ws, msg.owner, msg.quota)
+                pending = Pending(key, "fork", ws, who)
                 self.inflight[key] = pending
                 self._spawn(pending, ws, "fork", None, fork_from=parent)
                 return Ticket(pending, False)
             case RestoreSession(
-                session_id=sid, workspace=ws, action=action, additional_directories=dirs
+                session_id=sid, workspace=ws, action=action, additional_directories=dirs, owner=who
             ):
                 session = self.get(sid)
                 if session is not None:
@@ -290,8 +317,8 @@ class SessionRegistry(Actor[RegistryMsg]):
                         )
                     pending.joined += 1
                     return Ticket(pending, True)
-                self._check_limits(ws)
-                pending = Pending(key, action, ws)
+                self._check_limits(ws, msg.owner, msg.quota)
+                pending = Pending(key, action, ws, who)
                 self.inflight[key] = pending
                 self._spawn(pending, ws, action, sid, dirs=dirs)
                 return Ticket(pending, False)
@@ -301,7 +328,9 @@ class SessionRegistry(Actor[RegistryMsg]):
         """Live sessions plus in-flight spawns and restores of this registry."""
         return self._count(None)
 
-    def _check_limits(self, workspace: str) -> None:
+    def _check_limits(self, workspace: str, owner: str = OWNER, quota: int = 0) -> None:
+        if quota and self.owned_count(owner) >= quota:
+            raise QuotaExceeded("sessions", quota, 5)
         limit = self.settings.max_sessions
         if limit and self._count(workspace) >= limit:
             raise _limit_error(limit, "workspace")
@@ -354,6 +383,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 mcp_pool=self.mcp_pool,
                 fork_from=fork_from,
                 additional_directories=dirs,
+                access=SessionAccess(owner=pending.owner),
                 **self._restart_kwargs(),
             )
             session.supervisor = self.supervisor
@@ -374,7 +404,7 @@ class SessionRegistry(Actor[RegistryMsg]):
             log.error("agent reused session id %s", sid)
         self.sessions[sid] = session
         if pending.key.startswith("single:"):
-            self.single[workspace] = sid
+            self.single[pending.key] = sid
         self.inflight.pop(pending.key, None)
         pending.resolve(session, None)
 
@@ -407,8 +437,9 @@ class SessionRegistry(Actor[RegistryMsg]):
             del self.sessions[session.session_id]
             if self.retire_hook is not None:
                 self.retire_hook(session)
-        if self.single.get(session.workspace) == session.session_id:
-            del self.single[session.workspace]
+        key = _single_key(session.workspace, session.access.owner)
+        if self.single.get(key) == session.session_id:
+            del self.single[key]
 
     # ---- idle reaping ------------------------------------------------------------------
 
@@ -425,6 +456,11 @@ class SessionRegistry(Actor[RegistryMsg]):
                     session.tell_nowait(ReapIfIdle(timeout_ms, grace_ms))
                 except ActorError:
                     pass  # closing, or its inbox is full (it is not idle then)
+
+
+def _single_key(workspace: str, owner: str) -> str:
+    """The single-scope slot of ``owner`` in ``workspace`` (the operator's: as before)."""
+    return f"single:{workspace}" if owner == OWNER else f"single:{workspace}:{owner}"
 
 
 def _limit_error(limit: int, scope: str) -> SessionLimitError:

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Mapping
 
+from serve.settings.multi_user import add_auth_flags
 from serve.settings.record import (
     BOOTSTRAP_TOKEN_ENV_VAR,
     DEFAULT_EVENT_RING_BYTES,
@@ -319,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-http-bridge", dest="http_bridge", action="store_false", help=argparse.SUPPRESS)
     add("--web", dest="web", action="store_true", default=None, help=argparse.SUPPRESS)
     add("--no-web", dest="web", action="store_false", help=argparse.SUPPRESS)
+    add_auth_flags(p)
     for flag in INERT_FLAGS:
         if flag in ("--channel",):
             add(flag, action="append", default=None, help=argparse.SUPPRESS)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from serve.origins import InvalidAllowOriginPattern, allow_origin_problem, parse_allow_origin
 from serve.settings.flags import INERT_FLAGS, build_parser, default_agent_argv, default_state_dir
+from serve.settings.multi_user import parse_auth
 from serve.settings.record import (
     DEFAULT_WRITER_IDLE_TIMEOUT_MS,
     MAX_BODY_BYTES,
@@ -278,7 +279,9 @@ def parse_settings(
         if value != default
     )
 
+    auth = parse_auth(ns, env, token=token, state_dir=state_dir)
     return Settings(
+        auth=auth,
         hostname=hostname,
         port=port,
         token=token,

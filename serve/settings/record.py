@@ -40,6 +40,42 @@ class RateLimitSettings(msgspec.Struct, frozen=True):
     window_ms: int = 60_000
 
 
+#: The JWT algorithms accepted by default and at all (no ``none``, no HMAC: keys are public).
+ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA")
+DEFAULT_ALGORITHMS = ("RS256", "ES256")
+
+
+class AuthSettings(msgspec.Struct, frozen=True, kw_only=True):
+    jwks_url: str | None = None
+    jwks_file: str | None = None
+    issuer: str | None = None
+    audience: str | None = None
+    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
+    groups_claim: str = "groups"
+    tokens_file: str | None = None
+    #: Live sessions one principal may own (0: no limit; admins exempt).
+    quota_sessions: int = 0
+    #: Prompts one principal may send per sliding minute (0: no limit; admins exempt).
+    quota_prompts_per_minute: int = 0
+    #: Tokens / cost one principal's live sessions may have spent, summed (0: no limit).
+    quota_token_budget: int = 0
+    quota_cost_budget: float = 0.0
+    #: The audit log file ("": none) and its size before rotation, in bytes.
+    audit_log: str = ""
+    audit_max_bytes: int = 10 * MIB
+
+    @property
+    def jwt(self) -> bool:
+        return self.jwks_url is not None or self.jwks_file is not None
+
+    @property
+    def configured(self) -> bool:
+        return self.jwt or self.tokens_file is not None
+
+    def modes(self) -> tuple[str, ...]:
+        return tuple(m for m, on in (("jwt", self.jwt), ("tokens", self.tokens_file)) if on)
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """The daemon's settings; bounds carry their unit in the name."""
 
@@ -156,6 +192,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: (``--agent-allow-write``, ``sandbox.allowWrite``): absolute, canonical, validated.
     agent_allow_write: tuple[str, ...] = ()
     inert_flags: tuple[str, ...] = ()
+    #: Multi-user auth, quotas and audit (serve/settings/multi_user.py; off by default).
+    auth: AuthSettings = AuthSettings()
 
     @property
     def body_too_large_message(self) -> str:

@@ -164,6 +164,7 @@ class WorkspaceRuntimes:
                 mcp_pool=self.mcp_pool,
                 retire_hook=retire_hook,
                 total_count=self.total_count,
+                owned_count=self.owned,
                 agent_source=source,
                 isolation=self.isolation,
             )
@@ -264,6 +265,10 @@ class WorkspaceRuntimes:
 
     def total_count(self) -> int:
         return sum(rt.registry.local_count() for rt in self)
+
+    def owned(self, owner: str) -> int:
+        """Sessions of ``owner`` daemon-wide, in flight included (its quota)."""
+        return sum(rt.registry.owned(owner) for rt in self)
 
     @property
     def supervisor_events(self) -> list[SupervisorEvent]:

@@ -228,6 +228,26 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         body=OPEN_OBJECT,
         description="Body `{timeoutMs?}`; the daemon stays draining until it stops.",
     ),
+    # -- multi-user (docs/multi-user.md; tag `multi_user_auth`) --------------------------------
+    ("GET", "/session/<session_id>/members"): Operation(
+        "The session's owner and members (role observer)",
+        (ok(OPEN_OBJECT, "`{sessionId, owner, members}`."), NO_SESSION),
+    ),
+    ("PUT", "/session/<session_id>/members"): Operation(
+        "Share the session: `{members: {<principal id> | group:<name>: observer | "
+        "collaborator}}` (role owner)",
+        (ok(OPEN_OBJECT, "`{sessionId, owner, members}`."), BAD_REQUEST, NO_SESSION),
+        body=OPEN_OBJECT,
+        body_required=True,
+    ),
+    ("GET", "/daemon/audit"): Operation(
+        "The audit log, newest first (admin; `limit` <= 500, `before` = a `seq`)",
+        (ok(OPEN_OBJECT, "`{entries, nextBefore, dropped}`."), BAD_REQUEST),
+        params=(
+            q("limit", {"type": "integer", "minimum": 1}),
+            q("before", {"type": "integer", "minimum": 0}),
+        ),
+    ),
     # -- sessions -----------------------------------------------------------------------------
     ("POST", "/session"): Operation(
         "Create a session, or attach to the workspace's single-scope session",

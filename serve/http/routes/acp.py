@@ -47,11 +47,13 @@ from quart import Blueprint, Response, make_response, request, websocket
 from quart.wrappers.base import ClientDisconnectedError
 
 from serve.acpfront import AcpFront, Connection, jsonrpc
+from serve.acpfront import access as acp_access
 from serve.acpfront.connections import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_UNUSED_TIMEOUT_S, Policy
 from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
 from serve.acpfront.routing import Inline
 from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
 from serve.host import Host
+from serve.http.access import principal, ws_principal
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.daemon_status import daemon_status
@@ -185,7 +187,10 @@ def _changes_approval_mode(method: str, params: dict[str, Any]) -> bool:
 
 def _policy_for(d: Host) -> Policy:
     def policy(conn: Connection, method: str, params: dict[str, Any]) -> RpcError | None:
-        """The strict gate (and, for WebSocket connections, the rate limit) per method."""
+        """The strict gate (and, for WebSocket connections, the rate limit) per method;
+        with multi-user auth first the method's access rule (its refusal is raised)."""
+        if d.multi_user:
+            acp_access.check(d, conn, method, params)
         token = d.settings.token is not None
         twin = _STRICT_TWINS.get(method)
         # authenticate/logout act on the agent's credentials, shared by every session.
@@ -362,6 +367,7 @@ async def _post(workspace_ref: str | None) -> Response:
                 client=client,
                 owner=_owner(client, request.headers.get("Authorization")),
             )
+            conn.principal = principal()  # fixed for the connection's life
         except RpcError as exc:
             return _rpc_response(_status_of(exc), message.id, exc)
         return Response(
@@ -571,6 +577,7 @@ async def _websocket(workspace_ref: str | None) -> None:
             client=client,
             owner=_owner(client, websocket.headers.get("Authorization")),
         )
+        conn.principal = ws_principal()  # fixed at the handshake
     except RpcError as exc:
         await websocket.send(jsonrpc.error_bytes(message.id, exc).decode())
         await websocket.close(1013)

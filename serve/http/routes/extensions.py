@@ -53,6 +53,7 @@ from quart import Blueprint, Response, request
 
 from acp.errors import METHOD_NOT_FOUND, AcpError, RemoteError
 from actors import ActorStopped
+from serve.http.access import principal
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request, session_not_found, to_api_error
@@ -412,7 +413,10 @@ async def _fork(session: SessionActor, client_id: str | None, name: str | None) 
     """A new daemon session from the parent's context, with its model, mode and MCP servers
     (the use case :func:`serve.sessions.fork.fork_session`, shared with ``/acp``)."""
     try:
-        forked = await fork_session(daemon().registry, session)
+        who = principal()
+        quotas = daemon().quotas
+        quota = quotas.sessions if quotas is not None and not who.admin else 0
+        forked = await fork_session(daemon().registry, session, who.id, quota)
     except (SessionGone, ActorStopped):
         raise session_not_found(session.session_id) from None
     except Exception as exc:

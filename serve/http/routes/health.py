@@ -5,6 +5,7 @@ from __future__ import annotations
 from quart import Blueprint, Response, request
 
 from serve.http import capabilities
+from serve.http.access import principal
 from serve.http.context import daemon, features
 from serve.http.wire import json_response, raw_json_response
 
@@ -42,4 +43,4 @@ async def readyz() -> Response:
 
 @blueprint.get("/capabilities")
 async def get_capabilities() -> Response:
-    return json_response(capabilities.envelope(daemon(), features()))
+    return json_response(capabilities.envelope_for(daemon(), features(), principal()))

@@ -16,8 +16,11 @@ no-store``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from quart import Blueprint, Response
 
+from serve.http.access import usable, visible
 from serve.http.addressing import check_workspace_client
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
@@ -37,5 +40,23 @@ FEATURES: tuple[Feature, ...] = (
 async def workspace_permissions() -> Response:
     d = daemon()
     check_workspace_client(d, header_client_id())
-    body = d.effects.describe(d.settings.primary_workspace)
+    body = d.effects.describe(usable(d.settings.primary_workspace))
+    show = visible()
+    if show is not None:  # multi-user: only what concerns sessions the caller may see
+        allowed = {s.session_id for s in d.registry.live() if show(s)}
+        _only(body, allowed)
     return json_response(body, headers=NO_STORE)
+
+
+def _only(body: dict[str, Any], allowed: set[str]) -> None:
+    """Drop every entry naming a session outside ``allowed`` (lists of objects with a
+    ``sessionId``, at any depth)."""
+    for key, value in list(body.items()):
+        if isinstance(value, dict):
+            _only(value, allowed)
+        elif isinstance(value, list):
+            body[key] = [
+                v
+                for v in value
+                if not (isinstance(v, dict) and "sessionId" in v and v["sessionId"] not in allowed)
+            ]

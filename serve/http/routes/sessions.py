@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from quart import Blueprint, Response, make_response, request
 
 from actors import ActorStopped, InboxFull
+from serve.access.roles import COLLABORATOR
 from serve.api import ASK_TIMEOUT_S, SessionService, parse_prompt
 from serve.events import (
     DEFAULT_MAX_QUEUED,
@@ -28,6 +29,7 @@ from serve.events import (
     SubscriberLimitExceeded,
 )
 from serve.http import plural, prompt_steer
+from serve.http.access import principal, session_role, usable, visible
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request, service_unavailable, to_api_error
@@ -238,8 +240,10 @@ async def create_session() -> Response:
     ):
         # The approval-mode route's gate, before anything is made (strict.py).
         raise ApiError(401, {"error": TOKEN_REQUIRED_BODY.error, "code": TOKEN_REQUIRED_CODE})
-    workspace = api.workspace(body.get("cwd"))
-    created = await api.create(workspace, scope, client_id, request.remote_addr)
+    workspace = usable(api.workspace(body.get("cwd")))
+    created = await api.create(
+        workspace, scope, client_id, request.remote_addr, principal=principal()
+    )
     registered = created.attached.client_id
     out = session_response(created.attached.view, attached=created.joined, client_id=registered)
     model = body.get("modelServiceId")
@@ -256,8 +260,16 @@ async def _restore(session_id: str, action: str) -> Response:
     api.check_accepting()
     body = await json_body()
     client_id = header_client_id()
-    workspace = api.workspace(body.get("cwd"))
-    restored = await api.restore(session_id, workspace, action, client_id, request.remote_addr)
+    workspace = usable(api.workspace(body.get("cwd")))
+    restored = await api.restore(
+        session_id,
+        workspace,
+        action,
+        client_id,
+        request.remote_addr,
+        principal=principal(),
+        group_roles=dict(daemon().config.access.session_groups),
+    )
     view = restored.attached.view
     out = session_response(view, attached=restored.joined, client_id=restored.attached.client_id)
     out["state"] = view.state
@@ -282,7 +294,7 @@ async def resume_session(session_id: str) -> Response:
 @blueprint.get("/workspaces//<path:workspace>/sessions")
 async def list_sessions(workspace: str) -> Response:
     api = sessions_api()
-    return json_response({"sessions": await api.summaries(api.listed(workspace))})
+    return json_response({"sessions": await api.summaries(api.listed(workspace), visible())})
 
 
 # ---- prompts ------------------------------------------------------------------------------
@@ -297,7 +309,7 @@ async def prompt(session_id: str) -> Response:
     parsed = parse_prompt(body)  # serve/api/prompts.py: the one validation
     session = api.find(session_id)
     client_id = await session_client(session)
-    submitted = await api.submit(session, parsed, client_id)
+    submitted = await api.submit(session, parsed, client_id, principal())
     admission = submitted.admission
     _, steered = prompt_steer.unpack(submitted.steered if submitted.steered else admission)
     prefer = request.headers.get("Prefer", "")
@@ -588,8 +600,14 @@ async def vote_session(session_id: str, request_id: str) -> Response:
 @blueprint.post("/permission/<request_id>")
 async def vote_legacy(request_id: str) -> Response:
     client_id = header_client_id()
-    if client_id is not None:
+    guarded = daemon().multi_user and not principal().admin
+    if client_id is not None or guarded:
         session = await sessions_api().vote_owner(request_id)
-        if session is not None:
+        if guarded:  # collaborator on the request's session; else as for an unknown id
+            if session is None or not session_role(session, COLLABORATOR):
+                return json_response(
+                    {"error": "No pending permission request", "requestId": request_id}, 404
+                )
+        if session is not None and client_id is not None:
             await require_registered(session, client_id)
     return await _vote(request_id, None, client_id)

@@ -1,0 +1,155 @@
+"""The ``/acp`` side of the access rules: every method's rule (``serve/access/rules.py``).
+
+Only with multi-user auth (``host.multi_user``). A connection's principal is fixed when it
+is opened (``initialize``: the HTTP POST's or the WebSocket handshake's, as the security
+front resolved it) and every message is checked against :data:`ACP_RULES` by :func:`check`
+(the transport policy, before the handler): ``admin`` methods need the daemon role; the
+connection's workspace must be usable; a method naming a live session needs the role on it
+(none: ``session_not_found``, too weak: ``forbidden`` with ``need``). The handlers add what
+needs more than the params: :func:`owner_of` (whose a new session, restore or fork is),
+:func:`check_workspace` (a ``cwd`` in the params), :func:`check_restore` (the journaled
+owner of a session that is not live), :func:`check_vote` (a vote by request id) and
+:func:`visible` (``session/list``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from serve.access import OPERATOR, Principal, at_least, role_of
+from serve.access.config import may_use
+from serve.access.errors import Forbidden, WorkspaceDenied
+from serve.access.rules import ACP_RULES, ADMIN, SESSION_RULES, VOTE
+from serve.api import ASK_TIMEOUT_S, SessionService
+from serve.permissions.mediator import SessionOf
+from serve.sessions.errors import SessionNotFound
+
+if TYPE_CHECKING:
+    from serve.acpfront.connections import Connection
+    from serve.host import Host
+    from serve.sessions.actor import SessionActor
+
+__all__ = [
+    "audit",
+    "check",
+    "check_restore",
+    "check_vote",
+    "check_workspace",
+    "may_vote",
+    "owner_of",
+    "visible",
+]
+
+
+def _who(host: Host, conn: Connection) -> Principal | None:
+    """The connection's principal when its rules apply (None: operator, admin, no auth)."""
+    who: Principal = getattr(conn, "principal", OPERATOR)
+    return None if not host.multi_user or who.admin else who
+
+
+def audit(host: Host, conn: Connection, method: str, sid: object, status: int) -> None:
+    """One audit line for an ``/acp`` refusal (the message's method, not a route)."""
+    if host.audit is not None:
+        who: Principal = getattr(conn, "principal", OPERATOR)
+        host.audit.record(
+            principal=who.id,
+            peer=conn.client,
+            method=method,
+            session=sid if isinstance(sid, str) else None,
+            outcome="denied",
+            status=status,
+        )
+
+
+def check(host: Host, conn: Connection, method: str, params: dict[str, Any]) -> None:
+    """The method's rule for the connection's principal (its refusal raised, audited)."""
+    try:
+        _check(host, conn, method, params)
+    except (Forbidden, SessionNotFound, WorkspaceDenied) as exc:
+        audit(
+            host, conn, method, params.get("sessionId"), 403 if isinstance(exc, Forbidden) else 404
+        )
+        raise
+
+
+def _check(host: Host, conn: Connection, method: str, params: dict[str, Any]) -> None:
+    who = _who(host, conn)
+    if who is None:
+        return
+    need = ACP_RULES.get(method, ADMIN)
+    if need == ADMIN:
+        raise Forbidden(ADMIN)
+    config = host.config.access
+    if not may_use(config, who, conn.workspace):
+        raise WorkspaceDenied(conn.workspace)
+    sid = params.get("sessionId")
+    if (need in SESSION_RULES or need == VOTE) and isinstance(sid, str):
+        session = host.registry.get(sid)
+        if session is None:
+            return  # the handler's own 404, or a restore (check_restore)
+        role = role_of(session.access, who, config.session_groups)
+        if role is None or not may_use(config, who, session.workspace):
+            raise SessionNotFound(sid)
+        want = "collaborator" if need == VOTE else need
+        if not at_least(role, want):
+            raise Forbidden(want, sessionId=sid)
+
+
+def owner_of(host: Host, conn: Connection) -> tuple[str, int]:
+    """Who a session made by this connection belongs to, and that principal's quota."""
+    who: Principal = getattr(conn, "principal", OPERATOR)
+    quotas = host.quotas
+    return who.id, quotas.sessions if quotas is not None and not who.admin else 0
+
+
+def check_workspace(host: Host, conn: Connection, workspace: str) -> None:
+    who = _who(host, conn)
+    if who is not None and not may_use(host.config.access, who, workspace):
+        raise WorkspaceDenied(workspace)
+
+
+async def check_restore(host: Host, conn: Connection, session_id: str) -> None:
+    who = _who(host, conn)
+    if who is not None:
+        groups = dict(host.config.access.session_groups)
+        try:
+            await SessionService(host).check_journaled(session_id, who, groups)
+        except SessionNotFound:
+            audit(host, conn, "session/load", session_id, 404)
+            raise
+
+
+async def check_vote(host: Host, conn: Connection, request_id: str) -> bool:
+    """Whether the connection may vote on ``request_id`` (collaborator on its session)."""
+    who = _who(host, conn)
+    if who is None:
+        return True
+    owner = await host.mediator.ask(SessionOf(request_id), timeout_s=ASK_TIMEOUT_S)
+    session = host.registry.get(owner) if isinstance(owner, str) and owner else None
+    role = role_of(session.access, who, host.config.access.session_groups) if session else None
+    if session is not None and at_least(role, "collaborator"):
+        if may_use(host.config.access, who, session.workspace):
+            return True
+    audit(host, conn, "session/permission", owner, 404)
+    return False
+
+
+def may_vote(conn: Connection, session: SessionActor) -> bool:
+    """Whether the connection's votes count on ``session`` (its principal's role)."""
+    who: Principal = getattr(conn, "principal", OPERATOR)
+    return who is OPERATOR or who.admin or at_least(role_of(session.access, who), "collaborator")
+
+
+def visible(host: Host, conn: Connection) -> Callable[[SessionActor], bool] | None:
+    who = _who(host, conn)
+    if who is None:
+        return None
+    config = host.config.access
+
+    def shown(session: SessionActor) -> bool:
+        return role_of(session.access, who, config.session_groups) is not None and may_use(
+            config, who, session.workspace
+        )
+
+    return shown

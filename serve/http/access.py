@@ -1,0 +1,206 @@
+"""The REST access gate: every route's rule (``serve/access/rules.py``), enforced once.
+
+Installed by the app only with multi-user auth (``--auth-*``): without it no hook runs and
+every request is the operator's. The principal is what the security front left in the
+ASGI scope (:func:`principal`; absent: the operator token). ``gate`` runs before any
+handler: it looks up the matched ``(METHOD, rule)`` (a route without a rule is refused
+to everyone but admins: fail closed), then
+
+* ``admin`` → 403 ``forbidden`` ``need: admin`` for a ``user``;
+* a ``<workspace>`` in the route, or the primary workspace of a ``workspace`` route →
+  ``404 workspace_not_found`` when the principal may not use it;
+* ``observer`` / ``collaborator`` / ``owner`` → the live session's access record: no role
+  at all (or its workspace not usable) is ``404 session_not_found``, a weaker role ``403
+  forbidden`` with ``need`` (a session that is not live is left to the route: a load or
+  resume checks the journaled owner before restoring it).
+
+``any``, ``listing``, ``vote`` and ``connection`` pass here; their routes filter or check
+what they reach (the service takes the principal). Every denial here and every mutation
+(its status) goes to the audit log (``host.audit``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from quart import Response, g, request, websocket
+from quart_trio import QuartTrio
+
+from serve.access import OPERATOR, Principal, at_least, role_of
+from serve.access.config import may_use
+from serve.access.errors import Forbidden
+from serve.access.rules import ADMIN, PUBLIC, ROUTE_RULES, SESSION_RULES, WORKSPACE, canonical
+from serve.http.context import daemon
+from serve.http.errors import ApiError
+from serve.http.security.principals import PRINCIPAL_KEY
+from serve.sessions.errors import SessionNotFound
+
+if TYPE_CHECKING:
+    from serve.host import Host
+    from serve.sessions.actor import SessionActor
+
+__all__ = [
+    "audit",
+    "check",
+    "install",
+    "principal",
+    "session_allows",
+    "session_role",
+    "session_visible",
+    "usable",
+    "visible",
+    "ws_principal",
+]
+
+
+def principal() -> Principal:
+    """The principal of the request being handled (the operator without auth)."""
+    found = request.scope.get(PRINCIPAL_KEY)
+    return found if isinstance(found, Principal) else OPERATOR
+
+
+def ws_principal() -> Principal:
+    """The principal of the WebSocket being handled, fixed at its handshake."""
+    found = websocket.scope.get(PRINCIPAL_KEY)
+    return found if isinstance(found, Principal) else OPERATOR
+
+
+def workspace_not_found(ref: str) -> ApiError:
+    return ApiError(
+        404,
+        {
+            "error": f'No workspace "{ref}" is served by this daemon',
+            "code": "workspace_not_found",
+            "workspace": ref,
+        },
+    )
+
+
+def audit(
+    host: Host, who: Principal, outcome: str, status: int, session: str | None = None
+) -> None:
+    log = host.audit
+    if log is None:
+        return
+    rule = request.url_rule
+    log.record(
+        principal=who.id,
+        peer=request.remote_addr,
+        route=f"{request.method} {rule.rule if rule is not None else request.path}",
+        session=session,
+        outcome=outcome,
+        status=status,
+        requestId=request.headers.get("X-Request-Id"),
+        traceparent=request.headers.get("traceparent"),
+    )
+
+
+def check(host: Host, who: Principal, method: str, rule: str, args: dict[str, object]) -> None:
+    """Raise the refusal of ``rule`` for ``who`` (see the module docstring)."""
+    need = ROUTE_RULES.get((method, canonical(rule)))
+    if need == PUBLIC or who.admin:
+        return
+    if need is None or need == ADMIN:
+        raise Forbidden(ADMIN)
+    config = host.config.access
+    ref = args.get("workspace")
+    if isinstance(ref, str) and rule.startswith("/workspace"):
+        runtime = host.registry.by_ref(ref)
+        if runtime is not None and not may_use(config, who, runtime.path):
+            raise workspace_not_found(ref)
+    elif need == WORKSPACE and not may_use(config, who, host.settings.primary_workspace):
+        raise workspace_not_found(host.settings.primary_workspace)
+    if need in SESSION_RULES:
+        sid = args.get("session_id")
+        session = host.registry.get(sid) if isinstance(sid, str) else None
+        if session is None:
+            return
+        role = role_of(session.access, who, config.session_groups)
+        if role is None or not may_use(config, who, session.workspace):
+            raise SessionNotFound(session.session_id)
+        if not at_least(role, need):
+            raise Forbidden(need, sessionId=session.session_id)
+
+
+def install(app: QuartTrio, host: Host) -> None:
+    """The gate (first ``before_request`` / ``before_websocket`` hook) and the audit of
+    mutations, only when multi-user auth is configured."""
+    if not host.multi_user:
+        return
+
+    async def gate() -> None:
+        rule = request.url_rule
+        if rule is None:
+            return
+        who = principal()
+        try:
+            check(host, who, request.method, rule.rule, request.view_args or {})
+        except (Forbidden, SessionNotFound, ApiError) as exc:
+            status = 403 if isinstance(exc, Forbidden) else 404
+            sid = (request.view_args or {}).get("session_id")
+            audit(host, who, "denied", status, sid if isinstance(sid, str) else None)
+            g.audited = True
+            raise
+
+    async def ws_gate() -> None:
+        rule = websocket.url_rule
+        if rule is not None:
+            check(host, ws_principal(), "WS", rule.rule, websocket.view_args or {})
+
+    async def after(response: Response) -> Response:
+        if getattr(g, "audited", False):
+            return response
+        if request.method not in ("GET", "HEAD") or response.status_code in (401, 403):
+            sid = (request.view_args or {}).get("session_id")
+            status = response.status_code
+            outcome = "ok" if status < 400 else "denied" if status in (401, 403, 404) else "error"
+            audit(host, principal(), outcome, status, sid if isinstance(sid, str) else None)
+        return response
+
+    app.before_request_funcs.setdefault(None, []).insert(0, gate)
+    app.before_websocket_funcs.setdefault(None, []).insert(0, ws_gate)
+    app.after_request_funcs.setdefault(None, []).append(after)
+
+
+def session_visible(host: Host, who: Principal, session: SessionActor) -> bool:
+    """Whether ``who`` holds any role on ``session`` (a listing shows only those)."""
+    return session_allows(host, who, session, None)
+
+
+def session_allows(host: Host, who: Principal, session: SessionActor, need: str | None) -> bool:
+    """Whether ``who`` holds ``need`` (None: any role) on ``session``, in a workspace it
+    may use."""
+    if who.admin:
+        return True
+    config = host.config.access
+    role = role_of(session.access, who, config.session_groups)
+    if role is None or not may_use(config, who, session.workspace):
+        return False
+    return need is None or at_least(role, need)
+
+
+# ---- for the routes: no-ops without multi-user auth -----------------------------------------
+
+
+def usable(workspace: str) -> str:
+    """``workspace`` (a served path) when the caller may use it, else ``404``."""
+    host = daemon()
+    if host.multi_user and not may_use(host.config.access, principal(), workspace):
+        raise workspace_not_found(workspace)
+    return workspace
+
+
+def visible() -> Callable[[SessionActor], bool] | None:
+    """The filter of a session listing (None: everything, as for the operator)."""
+    host = daemon()
+    who = principal()
+    if not host.multi_user or who.admin:
+        return None
+    return lambda session: session_visible(host, who, session)
+
+
+def session_role(session: SessionActor, need: str) -> bool:
+    """Whether the caller holds ``need`` on ``session`` (always, without multi-user auth)."""
+    host = daemon()
+    return not host.multi_user or session_allows(host, principal(), session, need)

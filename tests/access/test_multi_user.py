@@ -1,0 +1,498 @@
+"""Many users on one daemon, end to end: a real JWKS on 127.0.0.1 (keys made here with
+cryptography), a real tokens file, a real daemon with the scripted agent.
+
+User B never sees, reads, prompts, votes on, changes, forks or closes user A's session over
+REST, SSE or /acp; an observer reads the stream and cannot vote; bad JWTs are one uniform
+401; key rotation is picked up; every denial is in the audit log; two users in one working
+directory get two sessions; a ``user`` changes nothing workspace- or daemon-wide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+import trio
+from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.algorithms import RSAAlgorithm
+
+from tests.acpfront.helpers import Stream, Ws
+from tests.acpfront.test_attach import Editor
+from tests.support.daemon import ROOT, DaemonProcess, spawn_daemon
+
+TOKEN = "operator-token-0123456789"
+OP = {"Authorization": f"Bearer {TOKEN}"}
+AUD = "acp-serve-test"
+ISS = "https://idp.test"
+CAROL_TOKEN = "carol-scoped-token-abcdef"
+
+
+class Jwks:
+    """A JWKS served on 127.0.0.1, its keys made here; ``rotate`` adds a new one."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, rsa.RSAPrivateKey] = {}
+        self.add("k1")
+        jwks = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps(jwks.document()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/jwks.json"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add(self, kid: str) -> None:
+        self.keys[kid] = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+    def document(self) -> dict[str, Any]:
+        keys = []
+        for kid, key in list(self.keys.items()):
+            jwk = RSAAlgorithm.to_jwk(key.public_key(), as_dict=True)
+            keys.append({**jwk, "kid": kid, "use": "sig", "alg": "RS256"})
+        return {"keys": keys}
+
+    def token(self, sub: str, *, kid: str = "k1", **claims: Any) -> str:
+        now = int(time.time())
+        payload = {"sub": sub, "aud": AUD, "iss": ISS, "iat": now, "exp": now + 600, **claims}
+        key = self.keys.get(kid) or rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        return jwt.encode(payload, key, algorithm="RS256", headers={"kid": kid})
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module")
+def jwks() -> Iterator[Jwks]:
+    server = Jwks()
+    yield server
+    server.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def daemon(jwks: Jwks, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    tmp = tmp_path_factory.mktemp("mu")
+    tokens = tmp / "tokens.json"
+    digest = hashlib.sha256(CAROL_TOKEN.encode()).hexdigest()
+    tokens.write_text(json.dumps([{"id": "c1", "sha256": digest, "principal": "carol"}]))
+    d = spawn_daemon(
+        [
+            "--auth-jwks-url",
+            jwks.url,
+            "--auth-issuer",
+            ISS,
+            "--auth-audience",
+            AUD,
+            "--auth-algorithms",
+            "RS256",
+            "--auth-tokens-file",
+            str(tokens),
+        ],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    yield d
+    d.stop()
+
+
+def client(d: DaemonProcess, headers: dict[str, str]) -> httpx.Client:
+    return httpx.Client(base_url=d.url, headers=headers, timeout=30)
+
+
+def new_session(http: httpx.Client, d: DaemonProcess) -> str:
+    r = http.post("/session", json={"cwd": str(d.workspace)})
+    assert r.status_code == 200, r.text
+    return str(r.json()["sessionId"])
+
+
+def audit(d: DaemonProcess) -> list[dict[str, Any]]:
+    time.sleep(0.3)  # the audit actor writes in the background
+    r = httpx.get(f"{d.url}/daemon/audit?limit=500", headers=OP)
+    assert r.status_code == 200, r.text
+    return list(r.json()["entries"])
+
+
+def test_bad_jwts_are_one_uniform_401_and_audited(daemon: DaemonProcess, jwks: Jwks) -> None:
+    now = int(time.time())
+    bad = {
+        "expired": jwks.token("alice", exp=now - 3600, iat=now - 7200),
+        "wrong audience": jwks.token("alice", aud="someone-else"),
+        "wrong issuer": jwks.token("alice", iss="https://evil.test"),
+        "unknown kid": jwks.token("alice", kid="nobody"),
+        "operator sub": jwks.token("operator"),
+        "garbage": "not.a.jwt",
+        "unknown token": "some-other-token",
+    }
+    for why, token in bad.items():
+        r = httpx.get(f"{daemon.url}/capabilities", headers=bearer(token))
+        assert (r.status_code, r.json()) == (401, {"error": "Unauthorized"}), why
+    good = httpx.get(f"{daemon.url}/capabilities", headers=bearer(jwks.token("alice")))
+    assert good.status_code == 200
+    body = good.json()
+    assert body["principal"] == {"id": "alice", "kind": "jwt", "roles": ["user"]}
+    assert "multi_user_auth" in body["features"]
+    assert body["auth"] == {"modes": ["jwt", "tokens"]}
+    denied = [e for e in audit(daemon) if e.get("status") == 401]
+    assert len(denied) >= len(bad)
+
+
+def test_key_rotation_is_picked_up(daemon: DaemonProcess, jwks: Jwks) -> None:
+    assert httpx.get(f"{daemon.url}/capabilities", headers=bearer(jwks.token("alice"))).is_success
+    time.sleep(1.1)  # refreshes are at least a second apart
+    jwks.add("k2")
+    r = httpx.get(f"{daemon.url}/capabilities", headers=bearer(jwks.token("alice", kid="k2")))
+    assert r.status_code == 200, r.text
+
+
+def test_scoped_token_from_the_file(daemon: DaemonProcess) -> None:
+    r = httpx.get(f"{daemon.url}/capabilities", headers=bearer(CAROL_TOKEN))
+    assert r.status_code == 200
+    assert r.json()["principal"] == {"id": "carol", "kind": "token", "roles": ["user"]}
+    op = httpx.get(f"{daemon.url}/capabilities", headers=OP).json()
+    assert op["principal"] == {"id": "operator", "kind": "operator", "roles": ["admin"]}
+
+
+def test_b_cannot_reach_a_session_over_rest_and_sse(daemon: DaemonProcess, jwks: Jwks) -> None:
+    a = client(daemon, bearer(jwks.token("alice")))
+    b = client(daemon, bearer(jwks.token("bob")))
+    sid = new_session(a, daemon)
+    # Two users in one working directory: B gets a session of its own, never A's.
+    sid_b = new_session(b, daemon)
+    assert sid_b != sid
+    assert new_session(a, daemon) == sid  # A's single scope still attaches to A's own
+    listed = b.get(f"/workspace/{daemon.workspace}/sessions".replace("//", "/")).json()
+    assert [s["sessionId"] for s in listed["sessions"]] == [sid_b]
+    prompt = {"prompt": [{"type": "text", "text": "hi"}]}
+    refusals = {
+        "events": b.get(f"/session/{sid}/events"),
+        "context": b.get(f"/session/{sid}/context"),
+        "prompt": b.post(f"/session/{sid}/prompt", json=prompt),
+        "model": b.post(f"/session/{sid}/model", json={"modelId": "m"}),
+        "mode": b.post(f"/session/{sid}/approval-mode", json={"mode": "yolo"}),
+        "fork": b.post(f"/session/{sid}/branch", json={}),
+        "load": b.post(f"/session/{sid}/load", json={}),
+        "members": b.put(f"/session/{sid}/members", json={"members": {"bob": "collaborator"}}),
+        "close": b.delete(f"/session/{sid}"),
+    }
+    for what, r in refusals.items():
+        assert r.status_code == 404, (what, r.text)
+        assert r.json()["code"] == "session_not_found", what
+    # Shared as observer: B reads the stream, and may not prompt or change anything.
+    r = a.put(f"/session/{sid}/members", json={"members": {"bob": "observer"}})
+    assert r.status_code == 200 and r.json()["members"] == {"bob": "observer"}
+    with b.stream("GET", f"/session/{sid}/events") as stream:
+        assert stream.status_code == 200
+    r = b.post(f"/session/{sid}/prompt", json=prompt)
+    assert r.status_code == 403
+    assert r.json() == {
+        "error": "This needs the role collaborator",
+        "code": "forbidden",
+        "need": "collaborator",
+        "sessionId": sid,
+    }
+    assert b.delete(f"/session/{sid}").json()["need"] == "owner"
+    denials = [e for e in audit(daemon) if e.get("principal") == "bob"]
+    assert {e["status"] for e in denials if e["outcome"] == "denied"} >= {403, 404}
+    routes = {e["route"] for e in denials if e["outcome"] == "denied"}
+    assert "POST /session/<session_id>/prompt" in routes
+    assert "DELETE /session/<session_id>" in routes
+
+
+def test_an_observer_cannot_vote(daemon: DaemonProcess, jwks: Jwks) -> None:
+    a = client(daemon, bearer(jwks.token("alice2")))
+    b = client(daemon, bearer(jwks.token("bob2")))
+    sid = new_session(a, daemon)
+    assert a.put(f"/session/{sid}/members", json={"members": {"bob2": "observer"}}).is_success
+    r = a.post(
+        f"/session/{sid}/prompt",
+        json={"prompt": [{"type": "text", "text": "[write voted.txt hello]"}]},
+        headers={"Prefer": "respond-async"},
+    )
+    assert r.status_code == 202, r.text
+    request_id = None
+    since = {"Last-Event-ID": str(r.json()["lastEventId"])}  # the turn's events, all of them
+    with b.stream("GET", f"/session/{sid}/events", headers=since) as stream:  # the observer's
+        for line in stream.iter_lines():
+            if line.startswith("data: ") and '"permission_request"' in line:
+                request_id = json.loads(line[6:])["data"]["requestId"]
+                break
+    assert request_id is not None
+    vote = {"outcome": {"outcome": "selected", "optionId": "allow"}}
+    r = b.post(f"/session/{sid}/permission/{request_id}", json=vote)
+    assert (r.status_code, r.json()["need"]) == (403, "collaborator")
+    r = b.post(f"/permission/{request_id}", json=vote)  # by request id alone
+    assert r.status_code == 404
+    r = a.post(f"/session/{sid}/permission/{request_id}", json=vote)
+    assert r.status_code == 200, r.text
+
+
+def test_a_user_changes_nothing_workspace_or_daemon_wide(daemon: DaemonProcess, jwks: Jwks) -> None:
+    b = client(daemon, bearer(jwks.token("bob")))
+    for method, path, body in (
+        ("POST", "/workspace/settings", {"key": "x", "value": 1}),
+        ("POST", "/workspace/memory", {"content": "x"}),
+        ("POST", "/workspace/reload", {}),
+        ("POST", "/workspace/init", {}),
+        ("POST", "/workspace/tools/shell/enable", {"enabled": False}),
+        ("POST", "/workspace/mcp/x/restart", {}),
+        ("POST", "/workspace/auth/device-flow", {"providerId": "x"}),
+        ("POST", "/daemon/drain", {}),
+        ("POST", "/daemon/bind", {}),
+        ("GET", "/daemon/status", None),
+        ("GET", "/daemon/audit", None),
+    ):
+        r = b.request(method, path, json=body)
+        assert (r.status_code, r.json().get("need")) == (403, "admin"), (path, r.text)
+
+
+async def test_acp_websocket_b_never_reaches_a(daemon: DaemonProcess, jwks: Jwks) -> None:
+    a = client(daemon, bearer(jwks.token("alice3")))
+    sid = await trio.to_thread.run_sync(new_session, a, daemon)
+    ws = await Ws.connect(daemon.port, headers=bearer(jwks.token("bob3")))
+    try:
+        await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+        await ws.until(lambda m: m.get("id") == 1)
+
+        async def call(rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+            await ws.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+            return (await ws.until(lambda m: m.get("id") == rid))[-1]
+
+        listed = await call(2, "session/list", {})
+        assert sid not in [s["sessionId"] for s in listed["result"]["sessions"]]
+        cwd = str(daemon.workspace)
+        for rid, (method, params) in enumerate(
+            (
+                ("session/load", {"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                ("session/resume", {"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                ("session/fork", {"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                ("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "x"}]}),
+                ("session/close", {"sessionId": sid}),
+                ("session/set_mode", {"sessionId": sid, "modeId": "yolo"}),
+            ),
+            start=10,
+        ):
+            reply = await call(rid, method, params)
+            assert reply["error"]["data"]["httpStatus"] == 404, (method, reply)
+        made = await call(30, "session/new", {"cwd": cwd, "mcpServers": []})
+        assert made["result"]["sessionId"] != sid
+        status = await call(31, "_qwen/status", {})
+        assert status["error"]["data"]["need"] == "admin"
+    finally:
+        await ws.abort()
+    refused = await trio.to_thread.run_sync(audit, daemon)
+    methods = {e.get("method") for e in refused if e.get("principal") == "bob3"}
+    assert {"session/load", "session/prompt", "session/close", "_qwen/status"} <= methods
+    # A's session is untouched (the operator, an admin, still reads it).
+    context = await trio.to_thread.run_sync(
+        lambda: a.get(f"/session/{sid}/context", headers=OP).status_code
+    )
+    assert context == 200
+
+
+def test_workspace_access_rules(jwks: Jwks, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "note.txt").write_text("secret")
+    config = tmp_path / "config.yaml"
+    config.write_text(f"access:\n  workspaces:\n    {ws}: [alice, 'group:team']\n")
+    d = spawn_daemon(
+        ["--auth-jwks-url", jwks.url, "--auth-audience", AUD, "--config", str(config)],
+        workspace=ws,
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        for who, groups, allowed in (
+            ("alice", [], True),
+            ("dan", ["team"], True),
+            ("eve", [], False),
+        ):
+            http = client(d, bearer(jwks.token(who, groups=groups)))
+            file = http.get("/file", params={"path": "note.txt"})
+            session = http.post("/session", json={"cwd": str(ws)})
+            if allowed:
+                assert file.status_code == 200 and session.status_code == 200, who
+            else:
+                for r in (file, session):
+                    assert r.status_code == 404, r.text
+                    assert r.json()["code"] == "workspace_not_found"
+    finally:
+        d.stop()
+
+
+def _auth_args(jwks: Jwks) -> list[str]:
+    return ["--auth-jwks-url", jwks.url, "--auth-audience", AUD, "--auth-issuer", ISS]
+
+
+def test_ownership_survives_a_daemon_restart(jwks: Jwks, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = {"QWEN_SERVER_TOKEN": TOKEN}
+    d = spawn_daemon(_auth_args(jwks), workspace=tmp_path / "ws", state_dir=state, env=env)
+    try:
+        a = client(d, bearer(jwks.token("alice")))
+        sid = new_session(a, d)
+        r = a.put(f"/session/{sid}/members", json={"members": {"carl": "observer"}})
+        assert r.is_success
+        r = a.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "x"}]})
+        assert r.status_code == 200, r.text
+    finally:
+        d.stop()
+    d = spawn_daemon(_auth_args(jwks), workspace=tmp_path / "ws", state_dir=state, env=env)
+    try:
+        b = client(d, bearer(jwks.token("bob")))
+        r = b.post(f"/session/{sid}/load", json={})
+        assert (r.status_code, r.json()["code"]) == (404, "session_not_found")
+        assert b.get(f"/session/{sid}/context").status_code == 404  # nothing was loaded
+        a = client(d, bearer(jwks.token("alice")))
+        assert a.post(f"/session/{sid}/load", json={}).status_code == 200
+        members = a.get(f"/session/{sid}/members").json()
+        assert members == {"sessionId": sid, "owner": "alice", "members": {"carl": "observer"}}
+        carl = client(d, bearer(jwks.token("carl")))
+        assert carl.get(f"/session/{sid}/context").status_code == 200
+        r = carl.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "y"}]})
+        assert r.status_code == 403
+    finally:
+        d.stop()
+
+
+def test_quotas_per_principal(jwks: Jwks) -> None:
+    d = spawn_daemon(
+        [*_auth_args(jwks), "--quota-sessions", "1", "--quota-prompts-per-minute", "2"],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        b = client(d, bearer(jwks.token("bob")))
+        sid = new_session(b, d)
+        assert new_session(b, d) == sid  # attaching to its own single session is no new one
+        r = b.post("/session", json={"sessionScope": "thread"})
+        assert r.status_code == 429
+        body = r.json()
+        assert (body["code"], body["quota"], body["limit"]) == ("quota_exceeded", "sessions", 1)
+        assert r.headers["Retry-After"] == "5"
+        prompt = {"prompt": [{"type": "text", "text": "x"}]}
+        assert [b.post(f"/session/{sid}/prompt", json=prompt).status_code for _ in range(3)] == [
+            200,
+            200,
+            429,
+        ]
+        # Another principal has its own quota; the operator (an admin) has none.
+        c = client(d, bearer(jwks.token("carol")))
+        assert c.post("/session", json={"sessionScope": "thread"}).status_code == 200
+        op = client(d, OP)
+        assert all(
+            op.post("/session", json={"sessionScope": "thread"}).status_code == 200
+            for _ in range(2)
+        )
+    finally:
+        d.stop()
+
+
+async def test_two_attach_clients_in_one_directory(daemon: DaemonProcess, jwks: Jwks) -> None:
+    tmp = daemon.state_dir.parent
+    token_file = tmp / "alice.jwt"
+    token_file.write_text(jwks.token("attach-alice") + "\n")
+    cwd = str(daemon.workspace.resolve())
+    meta = {"qwen-code/sessionScope": "single"}
+    editors = []
+    for argv_extra, env_token in ((["--token-file", str(token_file)], None), ([], "bob")):
+        env = {"PATH": "/usr/bin:/bin"}
+        if env_token is not None:
+            env["QWEN_SERVER_TOKEN"] = jwks.token("attach-bob")
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "serve", "attach", daemon.url, *argv_extra],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+            env=env,
+        )
+        editors.append(Editor(process))
+    alice, bob = editors
+    try:
+        sids = []
+        for editor in editors:
+            init = await editor.request(1, "initialize", {"protocolVersion": 1})
+            assert "result" in init, init
+            made = await editor.request(
+                2, "session/new", {"cwd": cwd, "mcpServers": [], "_meta": meta}
+            )
+            sids.append(made["result"]["sessionId"])
+        assert sids[0] != sids[1]
+        again = await alice.request(3, "session/new", {"cwd": cwd, "mcpServers": [], "_meta": meta})
+        assert again["result"]["sessionId"] == sids[0]
+        stolen = await bob.request(
+            4, "session/load", {"sessionId": sids[0], "cwd": cwd, "mcpServers": []}
+        )
+        assert stolen["error"]["data"]["httpStatus"] == 404
+    finally:
+        for editor in editors:
+            assert editor.process.stdin is not None
+            await editor.process.stdin.aclose()
+            with trio.fail_after(30):
+                await editor.process.wait()
+
+
+async def test_acp_over_http_fixes_the_principal_at_initialize(
+    daemon: DaemonProcess, jwks: Jwks
+) -> None:
+    a = client(daemon, bearer(jwks.token("alice4")))
+    sid = await trio.to_thread.run_sync(new_session, a, daemon)
+    bob = bearer(jwks.token("bob4"))
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=30) as http:
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        r = await http.post("/acp", json=init, headers=bob)
+        assert r.status_code == 200, r.text
+        conn = {**bob, "Acp-Connection-Id": r.headers["acp-connection-id"]}
+        # Alice's credentials cannot use Bob's connection (nor the reverse).
+        alice_on_it = {
+            **bearer(jwks.token("alice4")),
+            "Acp-Connection-Id": conn["Acp-Connection-Id"],
+        }
+        probe = {"jsonrpc": "2.0", "id": 2, "method": "session/list", "params": {}}
+        assert (await http.post("/acp", json=probe, headers=alice_on_it)).status_code == 404
+        request = http.build_request(
+            "GET", "/acp", headers={**conn, "Accept": "text/event-stream"}, timeout=None
+        )
+        response = await http.send(request, stream=True)
+        try:
+            stream = Stream(response)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stream.pump)
+                cwd = str(daemon.workspace)
+                for rid, (method, params) in enumerate(
+                    (
+                        ("session/load", {"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                        ("session/fork", {"sessionId": sid, "cwd": cwd, "mcpServers": []}),
+                        ("session/permission", {"requestId": "perm-1"}),
+                    ),
+                    start=10,
+                ):
+                    message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+                    assert (await http.post("/acp", json=message, headers=conn)).status_code == 202
+                    reply = (await stream.reply(rid)).message
+                    assert reply["error"]["data"]["httpStatus"] == 404, (method, reply)
+                listed = {"jsonrpc": "2.0", "id": 20, "method": "session/list", "params": {}}
+                assert (await http.post("/acp", json=listed, headers=conn)).status_code == 202
+                sessions = (await stream.reply(20)).message["result"]["sessions"]
+                assert sid not in [s["sessionId"] for s in sessions]
+                nursery.cancel_scope.cancel()
+        finally:
+            await response.aclose()
