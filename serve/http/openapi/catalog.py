@@ -24,9 +24,10 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from serve.acpfront.jsonrpc import ErrorReply
 from serve.binding import BindRequest
 from serve.http.openapi import types as t
-from serve.http.security._wire import ErrorBody
+from serve.http.openapi.replies import RETRY_AFTER, Reply
 from serve.status.env import EnvCell
 from serve.status.preflight import PreflightCell
 from serve.workspace.results import (
@@ -49,9 +50,9 @@ __all__ = [
     "missing",
 ]
 
-JSON: Final = "application/json"
 SSE: Final = "text/event-stream"
 HTML: Final = "text/html"
+TEXT: Final = "text/plain"
 
 
 class Param(msgspec.Struct, frozen=True):
@@ -64,16 +65,6 @@ class Param(msgspec.Struct, frozen=True):
     required: bool = False
 
 
-class Reply(msgspec.Struct, frozen=True):
-    """One documented response: status, description, body type (``None``: no body; a tuple
-    of types: any one of them)."""
-
-    status: int
-    description: str
-    body: object = None  # a type expression
-    media: str = JSON
-
-
 class Operation(msgspec.Struct, frozen=True):
     """One documented route. ``public``: no bearer needed on loopback binds (``/health``)."""
 
@@ -84,6 +75,9 @@ class Operation(msgspec.Struct, frozen=True):
     params: tuple[Param, ...] = ()
     description: str = ""
     public: bool = False
+    #: The error families (:mod:`serve.http.openapi.replies`) beside ``replies``;
+    #: ``None``: those of the rule's shape (:func:`~serve.http.openapi.replies.families_of`).
+    families: tuple[str, ...] | None = None
 
 
 # ---- building blocks ---------------------------------------------------------------------------
@@ -117,20 +111,21 @@ STRING: Final[dict[str, Any]] = {"type": "string"}
 FLAG: Final[dict[str, Any]] = {"type": "string", "enum": ["", "1", "true", "0", "false"]}
 CLIENT_ID = h(
     "X-Qwen-Client-Id",
-    {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+    {"type": "string", "pattern": "^[A-Za-z0-9._:-]{0,128}$"},
     "The daemon-issued client id (from POST /session); must be registered on the session "
-    "(session routes) or on a live session of the workspace (workspace routes).",
+    "(session routes) or on a live session of the workspace (workspace routes). Empty: "
+    "anonymous, as if absent.",
 )
+ACP_CONNECTION = h("Acp-Connection-Id", STRING, "The connection id `initialize` answered.")
+ACP_SESSION = h("Acp-Session-Id", STRING, "A session of this connection.")
 NO_SESSION = err(404, "No such session (`session_not_found`).")
 BAD_REQUEST = err(400, "Invalid input (`code` names the field or rule).")
 BAD_JSON = err(400, "Malformed JSON, or a field of the wrong type.")
-UNAVAILABLE = err(503, "Draining or a limit reached (`code`; `Retry-After` header).")
-FILE_ERRORS = (
-    file_err(400, "`parse_error`, `path_outside_workspace` or `symlink_escape`."),
-    file_err(403, "`permission_denied` or `untrusted_workspace`."),
-    file_err(404, "`path_not_found`."),
-    file_err(413, "`file_too_large`."),
-    file_err(422, "`binary_file`, `text_not_found` or `ambiguous_text_match`."),
+UNAVAILABLE = Reply(
+    503,
+    "Draining or a limit reached (`code`; `Retry-After`).",
+    t.ErrorEnvelope,
+    headers=(RETRY_AFTER,),
 )
 
 #: Descriptions of the path parameters the rules use, by name.
@@ -172,7 +167,14 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ("GET", "/health"): Operation(
         "Liveness",
         (ok(t.HealthResponse), Reply(503, "Deep check failed (`status: degraded`).", OPEN_OBJECT)),
-        params=(q("deep", FLAG, "`1`, `true` or empty: add counters (sessions, prompts, ...)."),),
+        params=(
+            q(
+                "deep",
+                STRING,
+                "`1`, `true` or empty: add counters (sessions, prompts, ...); any other "
+                "value: the shallow answer.",
+            ),
+        ),
         public=True,
     ),
     ("GET", "/readyz"): Operation(
@@ -253,7 +255,11 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         body=t.PromptRequest,
         body_required=True,
         params=(
-            h("Prefer", {"type": "string", "enum": ["respond-async"]}, "Answer 202 at once."),
+            h(
+                "Prefer",
+                STRING,
+                "`respond-async`: answer 202 at once (other preferences: ignored).",
+            ),
             CLIENT_ID,
         ),
     ),
@@ -349,7 +355,7 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ("GET", "/session/<session_id>/events"): Operation(
         "The session's event stream (Server-Sent Events)",
         (
-            Reply(200, "`text/event-stream` of DaemonEvent envelopes.", str, SSE),
+            Reply(200, "`text/event-stream` of DaemonEvent envelopes.", t.SseEvent, SSE),
             err(400, "`invalid_max_queued` or `invalid_client_id`."),
             NO_SESSION,
             err(429, "`subscriber_limit_exceeded` (64 streams per session)."),
@@ -383,6 +389,15 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ("GET", "/session/<session_id>/supported-commands"): Operation(
         "The agent's slash commands and the project skills",
         (ok(t.SupportedCommands), BAD_REQUEST, NO_SESSION),
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/session/<session_id>/branch"): Operation(
+        "Branch the session: a new session with its conversation so far (tag `session_branch`)",
+        (
+            ok(OPEN_OBJECT, "The new session (`sessionId`, `branchedFrom`, ...).", 201),
+            err(502, "`agent_error`: the agent's branch answer names no new session."),
+        ),
+        body=OPEN_OBJECT,
         params=(CLIENT_ID,),
     ),
     # -- permissions --------------------------------------------------------------------------
@@ -422,7 +437,7 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     # -- workspace files ----------------------------------------------------------------------
     ("GET", "/file"): Operation(
         "Read a text file (windowed by bytes or lines)",
-        (ok(ReadTextResult), *FILE_ERRORS),
+        (ok(ReadTextResult),),
         params=(
             q("path", STRING, "Workspace-relative or absolute path inside it.", required=True),
             q("maxBytes", {"type": "integer", "minimum": 1, "maximum": 262144}),
@@ -432,7 +447,7 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ),
     ("GET", "/file/bytes"): Operation(
         "Read a window of a file's bytes (base64)",
-        (ok(ReadBytesResult), *FILE_ERRORS, file_err(409, "The file changed during the read.")),
+        (ok(ReadBytesResult), file_err(409, "The file changed during the read.")),
         params=(
             q("path", STRING, required=True),
             q("offset", {"type": "integer", "minimum": 0}),
@@ -440,16 +455,16 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         ),
     ),
     ("GET", "/stat"): Operation(
-        "lstat a path", (ok(StatResult), *FILE_ERRORS), params=(q("path", STRING, required=True),)
+        "lstat a path", (ok(StatResult),), params=(q("path", STRING, required=True),)
     ),
     ("GET", "/list"): Operation(
         "List a directory",
-        (ok(ListResult), *FILE_ERRORS),
+        (ok(ListResult),),
         params=(q("path", STRING), q("includeIgnored", FLAG)),
     ),
     ("GET", "/glob"): Operation(
         "Find files by glob pattern",
-        (ok(GlobResult), *FILE_ERRORS),
+        (ok(GlobResult),),
         params=(
             q("pattern", STRING, required=True),
             q("cwd", STRING),
@@ -462,7 +477,6 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         (
             ok(WriteResult, "Replaced."),
             ok(WriteResult, "Created.", 201),
-            *FILE_ERRORS,
             file_err(409, "`hash_mismatch` or `file_already_exists`."),
         ),
         body=t.FileWriteRequest,
@@ -471,7 +485,7 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ),
     ("POST", "/file/edit"): Operation(
         "Replace one occurrence of a text in a file",
-        (ok(EditResult), *FILE_ERRORS, file_err(409, "`hash_mismatch`.")),
+        (ok(EditResult), file_err(409, "`hash_mismatch`.")),
         body=t.FileEditRequest,
         body_required=True,
         params=(CLIENT_ID,),
@@ -560,10 +574,56 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         public=True,
     ),
     ("GET", "/favicon.ico"): Operation("No icon", (Reply(204, "Nothing.", None),), public=True),
+    ("GET", "/metrics"): Operation(
+        "Prometheus metrics (text exposition format 0.0.4)",
+        (Reply(200, "The metrics.", str, TEXT),),
+    ),
+    # -- ACP over HTTP (serve.http.routes.acp); the twins under /workspaces/{workspace} share
+    # these entries. Errors are JSON-RPC error replies (replies.py, family `acp`).
+    ("POST", "/acp"): Operation(
+        "Send one ACP JSON-RPC message (`initialize` answers inline; the others 202)",
+        (
+            Reply(
+                200,
+                "The `initialize` result; the connection id in `Acp-Connection-Id`.",
+                t.RpcResultReply,
+                headers=("Acp-Connection-Id",),
+            ),
+            Reply(202, "Accepted: the reply comes on the connection or session stream."),
+            Reply(415, "`Content-Type` is not `application/json`.", ErrorReply),
+            Reply(501, "A JSON-RPC batch (not supported).", ErrorReply),
+        ),
+        body=OPEN_OBJECT,
+        body_required=True,
+        params=(ACP_CONNECTION, ACP_SESSION),
+    ),
+    ("GET", "/acp"): Operation(
+        "The connection stream, or with `Acp-Session-Id` a session stream (SSE)",
+        (
+            Reply(
+                200,
+                "`text/event-stream`: `data:` lines of JSON-RPC messages (`id: N` on session "
+                "streams), `: heartbeat` every 15 s.",
+                t.SseEvent,
+                SSE,
+                headers=("Acp-Connection-Id",),
+            ),
+            Reply(406, "`Accept` does not include `text/event-stream`.", ErrorReply),
+        ),
+        params=(
+            ACP_CONNECTION,
+            ACP_SESSION,
+            h("Last-Event-ID", STRING, "Resume a session stream after this id."),
+            h("X-Qwen-Event-Epoch", STRING),
+        ),
+    ),
+    ("DELETE", "/acp"): Operation(
+        "End an ACP connection and release what it held",
+        (Reply(202, "Ended; its streams close."),),
+        params=(ACP_CONNECTION,),
+    ),
 }
 
-#: Error bodies the security front answers on any route (see serve.http.middleware).
-FRONT_ERROR: Final = ErrorBody
 #: Wire types referenced outside operations (listed in ``components.schemas``).
 EXTRA_SCHEMAS: Final = (
     t.DaemonEvent,

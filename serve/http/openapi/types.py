@@ -55,11 +55,13 @@ __all__ = [
     "ReadyResponse",
     "RestoreRequest",
     "RestoreResponse",
+    "RpcResultReply",
     "SessionContext",
     "SessionList",
     "SessionResponse",
     "SessionSummary",
     "SetModelRequest",
+    "SseEvent",
     "StatusSnapshot",
     "SupportedCommands",
     "ToolToggleRequest",
@@ -102,6 +104,14 @@ class FileErrorBody(_Wire, frozen=True):
     error: str
     status: int
     hint: str | UnsetType = UNSET
+
+
+class RpcResultReply(msgspec.Struct, frozen=True):
+    """A JSON-RPC success reply: ``{"jsonrpc":"2.0","id","result"}`` (``/acp`` initialize)."""
+
+    jsonrpc: Literal["2.0"]
+    id: str | int
+    result: Any
 
 
 # ---- health and capabilities -----------------------------------------------------------------
@@ -173,7 +183,7 @@ class ReadyResponse(_Wire, frozen=True):
 class CreateSessionRequest(_Wire, frozen=True):
     """``POST /session`` body (every field optional)."""
 
-    cwd: AbsolutePath | UnsetType = UNSET
+    cwd: AbsolutePath | UnsetType | None = UNSET  # null: the primary workspace
     session_scope: Literal["single", "thread"] | UnsetType = UNSET
     approval_mode: ApprovalMode | UnsetType = UNSET
     model_service_id: str | UnsetType = UNSET
@@ -194,7 +204,7 @@ class SessionResponse(_Wire, frozen=True):
 class RestoreRequest(_Wire, frozen=True):
     """``POST /session/{id}/load`` and ``/resume`` body."""
 
-    cwd: AbsolutePath | UnsetType = UNSET
+    cwd: AbsolutePath | UnsetType | None = UNSET
 
 
 class RestoreResponse(SessionResponse, frozen=True, kw_only=True):
@@ -237,7 +247,7 @@ class PromptRequest(_Wire, frozen=True):
     prompt_id: NonEmpty | UnsetType = UNSET
     meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
     #: Steer the running turn instead of queueing (README "Steering and the editable queue").
-    steer: bool | UnsetType = UNSET
+    steer: bool | UnsetType | None = UNSET  # null: false
 
 
 class SteerInfo(_Wire, frozen=True):
@@ -468,6 +478,17 @@ class PendingPromptUpdatedEvent(_Wire, frozen=True):
     queued_at: str
 
 
+class SseEvent(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One Server-Sent Event as a reader parses it (the per-event schema of a
+    ``text/event-stream`` reply): ``data`` (one JSON document), ``event`` (its type;
+    ``message`` when the frame names none), ``id`` (a decimal event id), ``retry`` (ms)."""
+
+    data: Annotated[str, Meta(extra_json_schema={"contentMediaType": "application/json"})]
+    event: str | UnsetType = UNSET
+    id: Annotated[str, Meta(pattern="^[0-9]+$")] | UnsetType = UNSET
+    retry: int | UnsetType = UNSET
+
+
 # ---- workspace -------------------------------------------------------------------------------
 
 
@@ -481,7 +502,7 @@ class StatusSnapshot(_Wire, frozen=True):
 
 
 class InitRequest(_Wire, frozen=True):
-    force: bool | UnsetType = UNSET
+    force: bool | UnsetType | None = UNSET  # null: false
 
 
 class InitResponse(_Wire, frozen=True):

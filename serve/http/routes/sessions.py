@@ -380,6 +380,7 @@ async def close(session_id: str) -> Response:
 async def detach(session_id: str) -> Response:
     session = daemon().registry.get(session_id)
     if session is None:
+        header_client_id()  # a malformed client id is a 400 even here
         return Response(b"", status=204)
     client_id = await session_client(session)
     # The session decides, in its inbox, whether this was its last client.
