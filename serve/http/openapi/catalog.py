@@ -363,9 +363,14 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         ),
         params=(
             q("maxQueued", {"type": "integer", "minimum": 16, "maximum": 2048}),
-            q("snapshot", {"type": "string", "enum": ["1", "true"]}, "Send `session_snapshot`."),
+            q("snapshot", STRING, "`1` or `true`: send `session_snapshot` first (else not)."),
             h("Last-Event-ID", STRING, "Replay events after this id."),
-            h("X-Qwen-Event-Epoch", {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}),
+            h(
+                "X-Qwen-Event-Epoch",
+                STRING,
+                "The stream epoch `Last-Event-ID` counts in (`[A-Za-z0-9_-]{1,64}`; anything "
+                "else is ignored).",
+            ),
             CLIENT_ID,
         ),
         description="Each frame: `id: N`, `event: <type>`, `data: <DaemonEvent JSON>`; "

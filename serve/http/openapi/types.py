@@ -245,7 +245,7 @@ class PromptRequest(_Wire, frozen=True):
 
     prompt: Annotated[list[ContentBlock], Meta(min_length=1)]
     prompt_id: NonEmpty | UnsetType = UNSET
-    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+    meta: dict[str, Any] | UnsetType | None = msgspec.field(default=UNSET, name="_meta")
     #: Steer the running turn instead of queueing (README "Steering and the editable queue").
     steer: bool | UnsetType | None = UNSET  # null: false
 
