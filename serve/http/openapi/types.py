@@ -234,17 +234,20 @@ class SessionList(_Wire, frozen=True):
 
 
 class ContentBlock(_Wire, frozen=True):
-    """An ACP content block (``{"type":"text","text":...}``; other types pass through)."""
+    """An ACP content block (``{"type":"text","text":...}``; other types pass through to the
+    agent as they are, so their fields, ``text`` included, are the agent's to check)."""
 
     type: str
-    text: str | UnsetType = UNSET
+    text: Annotated[Any, Meta(description="a string on a `text` block (else 400)")] | UnsetType = (
+        UNSET
+    )
 
 
 class PromptRequest(_Wire, frozen=True):
     """``POST /session/{id}/prompt``; fields not listed are forwarded to ACP ``session/prompt``."""
 
     prompt: Annotated[list[ContentBlock], Meta(min_length=1)]
-    prompt_id: NonEmpty | UnsetType = UNSET
+    prompt_id: NonEmpty | UnsetType | None = UNSET  # null: the daemon assigns one
     meta: dict[str, Any] | UnsetType | None = msgspec.field(default=UNSET, name="_meta")
     #: Steer the running turn instead of queueing (README "Steering and the editable queue").
     steer: bool | UnsetType | None = UNSET  # null: false
