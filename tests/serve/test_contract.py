@@ -64,8 +64,11 @@ def _daemon(idp: FakeIdp, args: Sequence[str] = (), token: str | None = TOKEN) -
     }
     if token is not None:
         env["QWEN_SERVER_TOKEN"] = token
-    # No session cap: a generated case may create sessions at any rate.
-    return spawn_daemon(["--max-sessions", "0", *args], env=env)
+    # No session or prompt-queue cap: a generated case may create sessions and prompts at any
+    # rate, and a cap is a documented 503 (Retry-After) that not_a_server_error counts.
+    return spawn_daemon(
+        ["--max-sessions", "0", "--max-pending-prompts-per-session", "0", *args], env=env
+    )
 
 
 def schemathesis(daemon: DaemonProcess, token: str, seconds: int, *args: str) -> None:
