@@ -185,8 +185,8 @@ class CreateSessionRequest(_Wire, frozen=True):
 
     cwd: AbsolutePath | UnsetType | None = UNSET  # null: the primary workspace
     session_scope: Literal["single", "thread"] | UnsetType = UNSET
-    approval_mode: ApprovalMode | UnsetType = UNSET
-    model_service_id: str | UnsetType = UNSET
+    approval_mode: ApprovalMode | UnsetType | None = UNSET  # null: as if absent
+    model_service_id: str | UnsetType | None = UNSET
 
 
 class SessionResponse(_Wire, frozen=True):
@@ -294,7 +294,7 @@ class PendingPromptEdit(_Wire, frozen=True, forbid_unknown_fields=True):
     """``PUT /session/{id}/pending-prompts/{promptId}``: the queued prompt's new content."""
 
     prompt: Annotated[list[ContentBlock], Meta(min_length=1)]
-    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+    meta: dict[str, Any] | UnsetType | None = msgspec.field(default=UNSET, name="_meta")
 
 
 class PendingPromptUpdated(_Wire, frozen=True):
@@ -383,7 +383,7 @@ class PermissionVoteRequest(_Wire, frozen=True):
     """A vote: ``{"outcome": {"outcome":"selected","optionId":...} | {"outcome":"cancelled"}}``."""
 
     outcome: Outcome
-    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+    meta: dict[str, Any] | UnsetType | None = msgspec.field(default=UNSET, name="_meta")
 
 
 class VoteAccepted(_Wire, frozen=True):
@@ -397,7 +397,7 @@ class ElicitationAnswer(_Wire, frozen=True):
 
     action: Literal["accept", "decline", "cancel"]
     content: dict[str, Any] | UnsetType | None = UNSET
-    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+    meta: dict[str, Any] | UnsetType | None = msgspec.field(default=UNSET, name="_meta")
 
 
 # ---- events ----------------------------------------------------------------------------------
@@ -539,10 +539,10 @@ class FileWriteRequest(_Wire, frozen=True):
     path: NonEmpty
     content: str
     mode: Literal["create", "replace"]
-    expected_hash: Annotated[str, Meta(pattern="^sha256:[0-9a-f]{64}$")] | UnsetType = UNSET
-    encoding: str | UnsetType = UNSET
-    bom: bool | UnsetType = UNSET
-    line_ending: Literal["lf", "crlf"] | UnsetType = UNSET
+    expected_hash: Annotated[str, Meta(pattern="^sha256:[0-9a-f]{64}$")] | UnsetType | None = UNSET
+    encoding: str | UnsetType | None = UNSET  # null: as if absent (so are the next two)
+    bom: bool | UnsetType | None = UNSET
+    line_ending: Literal["lf", "crlf"] | UnsetType | None = UNSET
 
 
 class FileEditRequest(_Wire, frozen=True):
