@@ -4,11 +4,14 @@ The route table itself is *not* kept here: :mod:`serve.http.openapi.document` wa
 ``url_map`` at request time, so a route exists in the document iff it is registered. This
 module maps a registered ``(METHOD, Quart rule)`` (the same pair :class:`~serve.http.capabilities.
 Feature` uses) to an :class:`Operation`: a summary, the request body type, query and
-header parameters, and the replies with their body types (msgspec Structs from
-:mod:`serve.http.openapi.types` or the route modules' own wire Structs). A registered route
-without an entry still gets an operation (summary from its handler's docstring, an open
-JSON reply and the error envelope), so the document is complete even when this table
-lags behind a new route; :func:`missing` lists such routes.
+header parameters, and the replies its handler gives on purpose, with their body types
+(msgspec Structs from :mod:`serve.http.openapi.types` or the route modules' own wire
+Structs). The statuses every route of a kind can answer (the security front's refusals, the
+error table's families) are *not* listed here: :mod:`serve.http.openapi.replies` derives
+them. A registered route without an entry still gets an operation (summary from its
+handler's docstring, an open JSON 200, its families and the front's replies), so the
+document is complete even when this table lags behind a new route; :func:`missing` lists
+such routes.
 
 Path parameters are not listed here: the document derives them from the rule
 (``<session_id>`` → ``{session_id}``) and describes them from :data:`PATH_PARAMS`.

@@ -12,7 +12,11 @@ endpoint. :func:`build_document` turns each route into one operation:
   :class:`serve.http.capabilities.Feature` and :data:`serve.http.security.STRICT_ROUTES` use;
 * body, parameters and replies come from :func:`serve.http.openapi.catalog.lookup` (the
   workspace-qualified twins share their primary route's entry), or a generic open-JSON
-  operation when the route has no entry;
+  operation when the route has no entry; to those :mod:`serve.http.openapi.replies` adds
+  the rule's error families and the security front's refusals, and :func:`_responses`
+  merges them status by status. There is no ``default`` response: every status an
+  operation can answer is listed;
+* ``POST /session``'s 200 links to every operation that takes ``{session_id}``;
 * ``tags`` are the capability tags whose feature lists this route; the top-level ``tags``
   list every registered feature with ``x-advertised`` (does this daemon advertise it now);
 * ``security``: the bearer scheme on every route, optional on ``public`` ones; routes the
