@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 :func:`registered_routes` walks a Quart ``url_map`` and yields one :class:`Route` per
-(method, rule) pair, skipping ``HEAD``/``OPTIONS`` (implicit) and Quart's ``static``
-endpoint. :func:`build_document` turns each route into one operation:
+(method, rule) pair, skipping ``HEAD``/``OPTIONS`` (implicit), Quart's ``static``
+endpoint and WebSocket rules (an upgrade is not an HTTP operation; ``GET /acp`` is
+documented by its HTTP rule). :func:`build_document` turns each route into one operation:
 
 * the path template comes from the rule (``<path:workspace>`` → ``{workspace}``, the
   converter decides the parameter schema), and ``x-quart-rule`` keeps the rule, so a
