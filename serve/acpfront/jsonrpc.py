@@ -9,7 +9,7 @@ client sends can raise out of here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -32,6 +32,8 @@ __all__ = [
     "RESOURCE_NOT_FOUND",
     "SERVER_ERROR",
     "Batch",
+    "ErrorObject",
+    "ErrorReply",
     "Id",
     "Invalid",
     "Message",
@@ -76,6 +78,24 @@ class RpcError(Exception):
         if self.data is not None:
             out["data"] = self.data
         return out
+
+
+class ErrorObject(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The ``error`` member of an error reply: ``{code, message, data?}``."""
+
+    code: int
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class ErrorReply(msgspec.Struct, frozen=True):
+    """An error reply as sent (also the body of an ``/acp`` HTTP error answer):
+    ``{"jsonrpc":"2.0","id":<id or null>,"error":{...}}``. The OpenAPI document describes
+    ``/acp`` errors with this type."""
+
+    jsonrpc: Literal["2.0"]
+    id: Id | None
+    error: ErrorObject
 
 
 class Request(msgspec.Struct, frozen=True):
@@ -180,7 +200,9 @@ def result_bytes(rid: Id, result: object) -> bytes:
 
 
 def error_bytes(rid: Id | None, error: RpcError) -> bytes:
-    return _encoder.encode({"jsonrpc": "2.0", "id": rid, "error": error.body()})
+    return _encoder.encode(
+        ErrorReply("2.0", rid, ErrorObject(error.code, error.message, error.data))
+    )
 
 
 def request_bytes(rid: Id, method: str, params: object) -> bytes:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from serve.permissions.voting import (
+    META_ERROR,
     OUTCOME_ERROR,
     Forbidden,
     InvalidOption,
@@ -41,6 +42,8 @@ def vote_wire(result: VoteResult, *, legacy: bool = False) -> tuple[int, dict[st
                 "sessionId": sid,
                 "requestId": rid,
             }
+        case MalformedOutcome(field="_meta"):
+            return 400, {"error": META_ERROR}
         case MalformedOutcome():
             return 400, {"error": OUTCOME_ERROR}
         case InvalidOption(request_id=rid, option_id=oid):

@@ -115,6 +115,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DRAIN_LIMIT_BYTES",
     "DRAIN_TIMEOUT_S",
+    "PUBLIC_PAGES",
     "SecurityFront",
     "install_middleware",
     "rate_limit_hits",
@@ -155,7 +156,8 @@ _HEALTH_PATHS = frozenset({"/health", "/health/", "/readyz", "/readyz/"})
 #: cannot send a bearer token (the pages then call the API with the token the user pastes).
 _FAST_PATHS = frozenset({"/health", "/capabilities"})
 _HEALTH_OK = b'{"status":"ok"}'
-_PUBLIC_PAGES = frozenset({"/demo", "/doc", "/openapi.json", "/favicon.ico"})
+#: Never behind the bearer (GET/HEAD): the pages and this API's description.
+PUBLIC_PAGES = frozenset({"/demo", "/doc", "/openapi.json", "/favicon.ico"})
 _NO_TIERS = {tier.value: 0 for tier in Tier}
 _BIND_PATHS = frozenset({"/daemon/bind", "/daemon/bind/"})
 _NOT_BOUND_403 = msgspec.json.encode(
@@ -381,7 +383,7 @@ class SecurityFront:
         if self._bearer is not None and not (
             method in ("GET", "HEAD")
             and (
-                path in _PUBLIC_PAGES
+                path in PUBLIC_PAGES
                 or (
                     path in _HEALTH_PATHS
                     and (

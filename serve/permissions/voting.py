@@ -54,6 +54,7 @@ from serve.permissions.config import POLICIES, Policy
 
 __all__ = [
     "CANCEL_SENTINEL",
+    "META_ERROR",
     "OUTCOME_ERROR",
     "POLICIES",
     "CancelReason",
@@ -82,6 +83,7 @@ CANCEL_SENTINEL = "__cancelled__"
 OUTCOME_ERROR = (
     '`outcome` must be `{ outcome: "cancelled" }` or `{ outcome: "selected", optionId: string }`'
 )
+META_ERROR = "`_meta` must be an object"
 CANCEL_META_KEY = "qwen.daemon.permissionCancelReason"
 
 CancelReason = Literal[
@@ -231,9 +233,11 @@ class NotPending(msgspec.Struct, frozen=True):
 
 
 class MalformedOutcome(msgspec.Struct, frozen=True):
-    """400: the vote body's ``outcome`` is not a valid outcome object."""
+    """400: the vote body's ``outcome`` is not a valid outcome object (``field``
+    ``outcome``), or its ``_meta`` is not an object (``field`` ``_meta``)."""
 
     detail: str = ""
+    field: Literal["outcome", "_meta"] = "outcome"
 
 
 VoteResult = Resolved | PartialVote | Forbidden | InvalidOption | NotPending | MalformedOutcome
@@ -259,7 +263,9 @@ def parse_vote_body(body: object) -> tuple[Outcome, dict[str, Any] | None] | Mal
     except msgspec.ValidationError as exc:
         return MalformedOutcome(str(exc))
     meta = body.get("_meta")
-    return outcome, (dict(meta) if isinstance(meta, dict) and meta else None)
+    if meta is not None and not isinstance(meta, dict):
+        return MalformedOutcome(META_ERROR, "_meta")
+    return outcome, (dict(meta) if meta else None)
 
 
 def consensus_quorum(electorate: int, configured: int | None) -> int:

@@ -89,6 +89,20 @@ async def test_every_route_is_not_supported(
     assert not VENDOR_ONLY_TAGS & set((await client.get("/capabilities")).json()["features"])
 
 
+async def test_a_loaded_session_binds_its_agent_for_an_extension_route(
+    client: httpx.AsyncClient,
+) -> None:
+    """A session loaded from its journal starts with no agent (released): an extension
+    route binds one and gets the agent's own answer, not 503 ``acp_channel_unavailable``."""
+    r = await client.post("/session", json={"sessionScope": "thread"})
+    sid = r.json()["sessionId"]
+    assert (await client.delete(f"/session/{sid}")).status_code == 204
+    r = await client.post(f"/session/{sid}/load", json={})
+    assert r.status_code == 200, r.text
+    r = await call(client, "GET", sid, "stats", None, r.json()["clientId"])
+    assert r.status_code == 501 and r.json()["code"] == "not_supported_by_agent", r.text
+
+
 @pytest.mark.parametrize(("method", "route", "body"), CALLS)
 async def test_unknown_session_and_client(
     client: httpx.AsyncClient, method: str, route: str, body: dict[str, Any] | None

@@ -15,9 +15,11 @@ import httpx
 import msgspec
 import pytest
 
+from serve.errors import SESSION_ERRORS
 from serve.http import capabilities
 from serve.http.app import collect_features, create_app
-from serve.http.openapi import build_document, path_template, registered_routes
+from serve.http.middleware import PUBLIC_PAGES
+from serve.http.openapi import Route, build_document, path_template, registered_routes
 from serve.http.openapi.catalog import CATALOG
 from serve.http.openapi.types import APPROVAL_MODES
 from serve.runtime.build import build_host
@@ -159,6 +161,39 @@ def test_workspace_qualified_twins_share_the_primary_entry() -> None:
     assert lookup("GET", "/workspaces/<path:workspace>/nothing-like-it") is None
 
 
+def test_every_operation_lists_its_statuses_and_has_no_default(tmp_path: Path) -> None:
+    """The front's refusals on every operation, the session table on every session route,
+    JSON-RPC error replies on /acp: statuses come from the tables, not a hand list."""
+    doc, _ = _document(tmp_path)
+    session_statuses = {str(status) for _, status, _ in SESSION_ERRORS}
+    for (method, rule), (_, op) in _operations(doc).items():
+        responses = op["responses"]
+        assert "default" not in responses, (method, rule)
+        assert {"400", "403", "408", "413"} <= set(responses), (method, rule)
+        if rule not in PUBLIC_PAGES:
+            assert "401" in responses, (method, rule)
+        if rule.startswith("/session/<session_id>"):
+            assert session_statuses <= set(responses), (method, rule)
+    ops = _operations(doc)
+    acp_415 = ops[("POST", "/acp")][1]["responses"]["415"]["content"]["application/json"]
+    assert acp_415["schema"] == {"$ref": "#/components/schemas/ErrorReply"}
+    prompt_429 = ops[("POST", "/session/<session_id>/prompt")][1]["responses"]["429"]
+    assert prompt_429["headers"]["Retry-After"]["required"] is True
+
+
+def test_a_new_session_route_is_documented_and_linked_without_an_entry(tmp_path: Path) -> None:
+    settings = parse_settings(["--workspace", str(tmp_path)], {"HOME": str(tmp_path)})
+    d, _ = build_host(settings)
+    app = create_app(d)
+    routes = registered_routes(app.url_map.iter_rules(), app.view_functions)
+    routes.append(Route("GET", "/session/<session_id>/members", "members", "Who is in it."))
+    doc = build_document(routes, FEATURES, [])
+    op = doc["paths"]["/session/{session_id}/members"]["get"]
+    assert {str(status) for _, status, _ in SESSION_ERRORS} <= set(op["responses"])
+    links = doc["paths"]["/session"]["post"]["responses"]["200"]["links"]
+    assert links["members"]["parameters"] == {"path.session_id": "$response.body#/sessionId"}
+
+
 def test_approval_modes_match_the_session_actor() -> None:
     assert APPROVAL_MODES == ACTOR_APPROVAL_MODES
 
@@ -187,8 +222,6 @@ def _conforms(doc: dict[str, Any], response: httpx.Response, method: str, rule: 
         f"{method} {rule} answered {response.status_code}, which is not documented: "
         f"{response.text[:300]}"
     )
-    if "$ref" in documented:
-        documented = doc["components"]["responses"][documented["$ref"].rsplit("/", 1)[1]]
     content = documented.get("content")
     if content is None:
         assert response.content == b""

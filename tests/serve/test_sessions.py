@@ -306,6 +306,8 @@ async def test_metadata_model_and_approval_mode(client: httpx.AsyncClient) -> No
     assert r.status_code == 400 and r.json()["code"] == "invalid_approval_mode"
     r = await client.post(f"/session/{sid}/approval-mode", json={"mode": "plan", "persist": "y"})
     assert r.status_code == 400 and r.json()["code"] == "invalid_persist_flag"
+    r = await client.post("/session", json={"sessionScope": "thread", "modelServiceId": 5})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_model_service_id"
     async with client.stream(
         "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
     ) as stream:

@@ -582,6 +582,9 @@ def test_snapshot_lists_pending_requests() -> None:
             (Selected("a"), {"k": 1}),
         ),
         ({"outcome": {"outcome": "selected", "optionId": "a"}, "other": 1}, (Selected("a"), None)),
+        ({"outcome": {"outcome": "cancelled"}, "_meta": None}, (Cancelled(), None)),
+        ({"outcome": {"outcome": "cancelled"}, "_meta": 5}, None),
+        ({"outcome": {"outcome": "cancelled"}, "_meta": ["k"]}, None),
         ({"outcome": {"outcome": "selected", "optionId": ""}}, None),
         ({"outcome": {"outcome": "selected"}}, None),
         ({"outcome": {"outcome": "selected", "optionId": 3}}, None),
@@ -598,6 +601,12 @@ def test_parse_vote_body(body: object, want: object) -> None:
         assert isinstance(got, MalformedOutcome)
     else:
         assert got == want
+
+
+def test_a_vote_meta_that_is_not_an_object_is_named() -> None:
+    got = parse_vote_body({"outcome": {"outcome": "cancelled"}, "_meta": 5})
+    assert got == MalformedOutcome("`_meta` must be an object", "_meta")
+    assert vote_wire(got) == (400, {"error": "`_meta` must be an object"})
 
 
 def test_vote_body_checks_malformed_before_anything_else() -> None:

@@ -4,14 +4,20 @@ The route table itself is *not* kept here: :mod:`serve.http.openapi.document` wa
 ``url_map`` at request time, so a route exists in the document iff it is registered. This
 module maps a registered ``(METHOD, Quart rule)`` (the same pair :class:`~serve.http.capabilities.
 Feature` uses) to an :class:`Operation`: a summary, the request body type, query and
-header parameters, and the replies with their body types (msgspec Structs from
-:mod:`serve.http.openapi.types` or the route modules' own wire Structs). A registered route
-without an entry still gets an operation (summary from its handler's docstring, an open
-JSON reply and the error envelope), so the document is complete even when this table
-lags behind a new route; :func:`missing` lists such routes.
+header parameters, and the replies its handler gives on purpose, with their body types
+(msgspec Structs from :mod:`serve.http.openapi.types` or the route modules' own wire
+Structs). The statuses every route of a kind can answer (the security front's refusals, the
+error table's families) are *not* listed here: :mod:`serve.http.openapi.replies` derives
+them. A registered route without an entry still gets an operation (summary from its
+handler's docstring, an open JSON 200, its families and the front's replies), so the
+document is complete even when this table lags behind a new route; :func:`missing` lists
+such routes.
 
 Path parameters are not listed here: the document derives them from the rule
 (``<session_id>`` → ``{session_id}``) and describes them from :data:`PATH_PARAMS`.
+
+The vocabulary it is written in (:class:`Operation`, ``ok``, ``err``, the shared replies)
+is :mod:`serve.http.openapi.operation`.
 
 Pure data; no I/O.
 """
@@ -20,12 +26,35 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any, Final, Literal
+from typing import Final
 
 import msgspec
 
+from serve.acpfront.jsonrpc import ErrorReply
 from serve.http.openapi import types as t
-from serve.http.security._wire import ErrorBody
+from serve.http.openapi.operation import (
+    ACP_CONNECTION,
+    ACP_SESSION,
+    AGENT_START,
+    BAD_REQUEST,
+    CLIENT_ID,
+    FLAG,
+    HTML,
+    NO_SESSION,
+    OPEN_OBJECT,
+    SSE,
+    STRING,
+    TEXT,
+    UNAVAILABLE,
+    Operation,
+    Param,
+    err,
+    file_err,
+    h,
+    ok,
+    q,
+)
+from serve.http.openapi.replies import Reply
 from serve.status.env import EnvCell
 from serve.status.preflight import PreflightCell
 from serve.tenant_claim import BindRequest
@@ -48,98 +77,6 @@ __all__ = [
     "lookup",
     "missing",
 ]
-
-JSON: Final = "application/json"
-SSE: Final = "text/event-stream"
-HTML: Final = "text/html"
-
-
-class Param(msgspec.Struct, frozen=True):
-    """A query or header parameter; ``schema`` is a JSON Schema object."""
-
-    name: str
-    location: Literal["query", "header"]
-    schema: dict[str, Any]
-    description: str = ""
-    required: bool = False
-
-
-class Reply(msgspec.Struct, frozen=True):
-    """One documented response: status, description, body type (``None``: no body; a tuple
-    of types: any one of them)."""
-
-    status: int
-    description: str
-    body: object = None  # a type expression
-    media: str = JSON
-
-
-class Operation(msgspec.Struct, frozen=True):
-    """One documented route. ``public``: no bearer needed on loopback binds (``/health``)."""
-
-    summary: str
-    replies: tuple[Reply, ...]
-    body: object = None  # a type expression
-    body_required: bool = False
-    params: tuple[Param, ...] = ()
-    description: str = ""
-    public: bool = False
-
-
-# ---- building blocks ---------------------------------------------------------------------------
-
-OPEN_OBJECT: Final = dict[str, Any]
-
-
-def ok(body: object, description: str = "OK", status: int = 200) -> Reply:
-    return Reply(status, description, body)
-
-
-def err(status: int, description: str) -> Reply:
-    return Reply(status, description, t.ErrorEnvelope)
-
-
-def file_err(status: int, description: str) -> Reply:
-    """A file-route error: the file envelope, or the daemon-wide one (malformed JSON or URL
-    encoding, an unregistered client id, the security front's refusals)."""
-    return Reply(status, description, (t.FileErrorBody, t.ErrorEnvelope))
-
-
-def q(name: str, schema: dict[str, Any], description: str = "", required: bool = False) -> Param:
-    return Param(name, "query", schema, description, required)
-
-
-def h(name: str, schema: dict[str, Any], description: str = "") -> Param:
-    return Param(name, "header", schema, description)
-
-
-STRING: Final[dict[str, Any]] = {"type": "string"}
-FLAG: Final[dict[str, Any]] = {"type": "string", "enum": ["", "1", "true", "0", "false"]}
-CLIENT_ID = h(
-    "X-Qwen-Client-Id",
-    {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
-    "The daemon-issued client id (from POST /session); must be registered on the session "
-    "(session routes) or on a live session of the workspace (workspace routes).",
-)
-NO_SESSION = err(404, "No such session (`session_not_found`).")
-BAD_REQUEST = err(400, "Invalid input (`code` names the field or rule).")
-BAD_JSON = err(400, "Malformed JSON, or a field of the wrong type.")
-UNAVAILABLE = err(503, "Draining or a limit reached (`code`; `Retry-After` header).")
-#: A create or restore whose agent could not start.
-AGENT_START = err(
-    503,
-    "Draining, a limit reached, or the agent did not start: `acp_channel_unavailable` "
-    "(retryable, `Retry-After`), or `agent_sandbox_denied` (`retryable: false`, no "
-    "`Retry-After`: the file sandbox refused the agent `path`; `grantFlag` is the "
-    "`--agent-allow-write DIR` that allows it, null for a protected place).",
-)
-FILE_ERRORS = (
-    file_err(400, "`parse_error`, `path_outside_workspace` or `symlink_escape`."),
-    file_err(403, "`permission_denied` or `untrusted_workspace`."),
-    file_err(404, "`path_not_found`."),
-    file_err(413, "`file_too_large`."),
-    file_err(422, "`binary_file`, `text_not_found` or `ambiguous_text_match`."),
-)
 
 #: Descriptions of the path parameters the rules use, by name.
 PATH_PARAMS: Final[dict[str, str]] = {
@@ -180,7 +117,14 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ("GET", "/health"): Operation(
         "Liveness",
         (ok(t.HealthResponse), Reply(503, "Deep check failed (`status: degraded`).", OPEN_OBJECT)),
-        params=(q("deep", FLAG, "`1`, `true` or empty: add counters (sessions, prompts, ...)."),),
+        params=(
+            q(
+                "deep",
+                STRING,
+                "`1`, `true` or empty: add counters (sessions, prompts, ...); any other "
+                "value: the shallow answer.",
+            ),
+        ),
         public=True,
     ),
     ("GET", "/readyz"): Operation(
@@ -283,7 +227,11 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         body=t.PromptRequest,
         body_required=True,
         params=(
-            h("Prefer", {"type": "string", "enum": ["respond-async"]}, "Answer 202 at once."),
+            h(
+                "Prefer",
+                STRING,
+                "`respond-async`: answer 202 at once (other preferences: ignored).",
+            ),
             CLIENT_ID,
         ),
     ),
@@ -379,7 +327,7 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ("GET", "/session/<session_id>/events"): Operation(
         "The session's event stream (Server-Sent Events)",
         (
-            Reply(200, "`text/event-stream` of DaemonEvent envelopes.", str, SSE),
+            Reply(200, "`text/event-stream` of DaemonEvent envelopes.", t.SseEvent, SSE),
             err(400, "`invalid_max_queued` or `invalid_client_id`."),
             NO_SESSION,
             err(429, "`subscriber_limit_exceeded` (64 streams per session)."),
@@ -387,9 +335,14 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         ),
         params=(
             q("maxQueued", {"type": "integer", "minimum": 16, "maximum": 2048}),
-            q("snapshot", {"type": "string", "enum": ["1", "true"]}, "Send `session_snapshot`."),
+            q("snapshot", STRING, "`1` or `true`: send `session_snapshot` first (else not)."),
             h("Last-Event-ID", STRING, "Replay events after this id."),
-            h("X-Qwen-Event-Epoch", {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}),
+            h(
+                "X-Qwen-Event-Epoch",
+                STRING,
+                "The stream epoch `Last-Event-ID` counts in (`[A-Za-z0-9_-]{1,64}`; anything "
+                "else is ignored).",
+            ),
             CLIENT_ID,
         ),
         description="Each frame: `id: N`, `event: <type>`, `data: <DaemonEvent JSON>`; "
@@ -413,6 +366,15 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ("GET", "/session/<session_id>/supported-commands"): Operation(
         "The agent's slash commands and the project skills",
         (ok(t.SupportedCommands), BAD_REQUEST, NO_SESSION),
+        params=(CLIENT_ID,),
+    ),
+    ("POST", "/session/<session_id>/branch"): Operation(
+        "Branch the session: a new session with its conversation so far (tag `session_branch`)",
+        (
+            ok(OPEN_OBJECT, "The new session (`sessionId`, `branchedFrom`, ...).", 201),
+            err(502, "`agent_error`: the agent's branch answer names no new session."),
+        ),
+        body=OPEN_OBJECT,
         params=(CLIENT_ID,),
     ),
     # -- permissions --------------------------------------------------------------------------
@@ -452,7 +414,7 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     # -- workspace files ----------------------------------------------------------------------
     ("GET", "/file"): Operation(
         "Read a text file (windowed by bytes or lines)",
-        (ok(ReadTextResult), *FILE_ERRORS),
+        (ok(ReadTextResult),),
         params=(
             q("path", STRING, "Workspace-relative or absolute path inside it.", required=True),
             q("maxBytes", {"type": "integer", "minimum": 1, "maximum": 262144}),
@@ -462,7 +424,7 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ),
     ("GET", "/file/bytes"): Operation(
         "Read a window of a file's bytes (base64)",
-        (ok(ReadBytesResult), *FILE_ERRORS, file_err(409, "The file changed during the read.")),
+        (ok(ReadBytesResult), file_err(409, "The file changed during the read.")),
         params=(
             q("path", STRING, required=True),
             q("offset", {"type": "integer", "minimum": 0}),
@@ -470,16 +432,16 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         ),
     ),
     ("GET", "/stat"): Operation(
-        "lstat a path", (ok(StatResult), *FILE_ERRORS), params=(q("path", STRING, required=True),)
+        "lstat a path", (ok(StatResult),), params=(q("path", STRING, required=True),)
     ),
     ("GET", "/list"): Operation(
         "List a directory",
-        (ok(ListResult), *FILE_ERRORS),
+        (ok(ListResult),),
         params=(q("path", STRING), q("includeIgnored", FLAG)),
     ),
     ("GET", "/glob"): Operation(
         "Find files by glob pattern",
-        (ok(GlobResult), *FILE_ERRORS),
+        (ok(GlobResult),),
         params=(
             q("pattern", STRING, required=True),
             q("cwd", STRING),
@@ -492,7 +454,6 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         (
             ok(WriteResult, "Replaced."),
             ok(WriteResult, "Created.", 201),
-            *FILE_ERRORS,
             file_err(409, "`hash_mismatch` or `file_already_exists`."),
         ),
         body=t.FileWriteRequest,
@@ -501,7 +462,7 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ),
     ("POST", "/file/edit"): Operation(
         "Replace one occurrence of a text in a file",
-        (ok(EditResult), *FILE_ERRORS, file_err(409, "`hash_mismatch`.")),
+        (ok(EditResult), file_err(409, "`hash_mismatch`.")),
         body=t.FileEditRequest,
         body_required=True,
         params=(CLIENT_ID,),
@@ -590,10 +551,56 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         public=True,
     ),
     ("GET", "/favicon.ico"): Operation("No icon", (Reply(204, "Nothing.", None),), public=True),
+    ("GET", "/metrics"): Operation(
+        "Prometheus metrics (text exposition format 0.0.4)",
+        (Reply(200, "The metrics.", str, TEXT),),
+    ),
+    # -- ACP over HTTP (serve.http.routes.acp); the twins under /workspaces/{workspace} share
+    # these entries. Errors are JSON-RPC error replies (replies.py, family `acp`).
+    ("POST", "/acp"): Operation(
+        "Send one ACP JSON-RPC message (`initialize` answers inline; the others 202)",
+        (
+            Reply(
+                200,
+                "The `initialize` result; the connection id in `Acp-Connection-Id`.",
+                t.RpcResultReply,
+                headers=("Acp-Connection-Id",),
+            ),
+            Reply(202, "Accepted: the reply comes on the connection or session stream."),
+            Reply(415, "`Content-Type` is not `application/json`.", ErrorReply),
+            Reply(501, "A JSON-RPC batch (not supported).", ErrorReply),
+        ),
+        body=OPEN_OBJECT,
+        body_required=True,
+        params=(ACP_CONNECTION, ACP_SESSION),
+    ),
+    ("GET", "/acp"): Operation(
+        "The connection stream, or with `Acp-Session-Id` a session stream (SSE)",
+        (
+            Reply(
+                200,
+                "`text/event-stream`: `data:` lines of JSON-RPC messages (`id: N` on session "
+                "streams), `: heartbeat` every 15 s.",
+                t.SseEvent,
+                SSE,
+                headers=("Acp-Connection-Id",),
+            ),
+            Reply(406, "`Accept` does not include `text/event-stream`.", ErrorReply),
+        ),
+        params=(
+            ACP_CONNECTION,
+            ACP_SESSION,
+            h("Last-Event-ID", STRING, "Resume a session stream after this id."),
+            h("X-Qwen-Event-Epoch", STRING),
+        ),
+    ),
+    ("DELETE", "/acp"): Operation(
+        "End an ACP connection and release what it held",
+        (Reply(202, "Ended; its streams close."),),
+        params=(ACP_CONNECTION,),
+    ),
 }
 
-#: Error bodies the security front answers on any route (see serve.http.middleware).
-FRONT_ERROR: Final = ErrorBody
 #: Wire types referenced outside operations (listed in ``components.schemas``).
 EXTRA_SCHEMAS: Final = (
     t.DaemonEvent,

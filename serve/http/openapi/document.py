@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 :func:`registered_routes` walks a Quart ``url_map`` and yields one :class:`Route` per
-(method, rule) pair, skipping ``HEAD``/``OPTIONS`` (implicit) and Quart's ``static``
-endpoint. :func:`build_document` turns each route into one operation:
+(method, rule) pair, skipping ``HEAD``/``OPTIONS`` (implicit), Quart's ``static``
+endpoint and WebSocket rules (an upgrade is not an HTTP operation; ``GET /acp`` is
+documented by its HTTP rule). :func:`build_document` turns each route into one operation:
 
 * the path template comes from the rule (``<path:workspace>`` → ``{workspace}``, the
   converter decides the parameter schema), and ``x-quart-rule`` keeps the rule, so a
@@ -12,7 +13,11 @@ endpoint. :func:`build_document` turns each route into one operation:
   :class:`serve.http.capabilities.Feature` and :data:`serve.http.security.STRICT_ROUTES` use;
 * body, parameters and replies come from :func:`serve.http.openapi.catalog.lookup` (the
   workspace-qualified twins share their primary route's entry), or a generic open-JSON
-  operation when the route has no entry;
+  operation when the route has no entry; to those :mod:`serve.http.openapi.replies` adds
+  the rule's error families and the security front's refusals, and :func:`_responses`
+  merges them status by status. There is no ``default`` response: every status an
+  operation can answer is listed;
+* ``POST /session``'s 200 links to every operation that takes ``{session_id}``;
 * ``tags`` are the capability tags whose feature lists this route; the top-level ``tags``
   list every registered feature with ``x-advertised`` (does this daemon advertise it now);
 * ``security``: the bearer scheme on every route, optional on ``public`` ones; routes the
@@ -38,6 +43,7 @@ import msgspec
 
 from serve.http.capabilities import Feature
 from serve.http.openapi import catalog as cat
+from serve.http.openapi import replies as rp
 from serve.http.openapi.types import ErrorEnvelope
 from serve.http.security.strict import is_strict
 
@@ -68,7 +74,6 @@ _CONVERTER_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
     "any": {"type": "string"},
 }
 _REF = "#/components/schemas/{name}"
-_ERROR_REF = {"$ref": _REF.format(name="ErrorEnvelope")}
 
 
 class Route(msgspec.Struct, frozen=True):
@@ -86,8 +91,8 @@ def registered_routes(
     """One :class:`Route` per (method, rule) of a ``url_map``, sorted by rule then method."""
     out: list[Route] = []
     for rule in rules:
-        if rule.endpoint == "static":
-            continue
+        if rule.endpoint == "static" or rule.websocket:
+            continue  # a WebSocket upgrade is not an HTTP operation
         view = view_functions.get(rule.endpoint)
         doc = (getattr(view, "__doc__", None) or "").strip()
         for method in sorted(set(rule.methods or ()) - _SKIP_METHODS):
@@ -171,8 +176,7 @@ def build_document(
             tags_of.setdefault(pair, []).append(feature.tag)
     op_ids = _operation_ids(routes)
     schemas = _Schemas()
-    error_slot = schemas.slot(ErrorEnvelope)
-    front_slot = schemas.slot(cat.FRONT_ERROR)
+    schemas.slot(ErrorEnvelope)
     for extra in cat.EXTRA_SCHEMAS:
         schemas.slot(extra)
 
@@ -217,29 +221,23 @@ def build_document(
             pending.append((media, schemas.slots(op.body)))
             operation["requestBody"] = {
                 "required": op.body_required,
-                "content": {cat.JSON: media},
+                "content": {rp.JSON: media},
             }
-        responses: dict[str, Any] = {}
-        for reply in op.replies:
-            entry: dict[str, Any] = {"description": reply.description}
-            if reply.body is not None:
-                media = {}
-                pending.append((media, schemas.slots(reply.body)))
-                entry["content"] = {reply.media: media}
-            key = str(reply.status)
-            if key in responses:  # two replies share a status: keep the first body
-                responses[key]["description"] += " " + reply.description
-                continue
-            responses[key] = entry
-        responses.setdefault("401", {"$ref": "#/components/responses/Unauthorized"})
-        responses["default"] = {"$ref": "#/components/responses/Error"}
-        operation["responses"] = responses
+        replies = [
+            *op.replies,
+            *rp.family_replies(
+                op.families if op.families is not None else rp.families_of(route.method, route.rule)
+            ),
+            *rp.front_replies(route.method, route.rule, has_params=bool(path_params)),
+        ]
+        operation["responses"] = _responses(replies, schemas, pending)
         operation["security"] = [{}, {"bearerAuth": []}] if op.public else [{"bearerAuth": []}]
         operation["x-quart-rule"] = route.rule
         if is_strict(route.method, route.rule):
             operation["x-strict"] = True
         paths.setdefault(template, {})[route.method.lower()] = operation
 
+    _link_sessions(paths)
     resolved, components = schemas.resolve()
     for media_object, slots in pending:
         alternatives = [resolved[slot] for slot in slots]
@@ -277,18 +275,79 @@ def build_document(
                     "description": "The daemon token (--token or QWEN_SERVER_TOKEN).",
                 }
             },
-            "responses": {
-                "Unauthorized": {
-                    "description": 'Missing or wrong bearer token (`{"error":"Unauthorized"}`).',
-                    "content": {cat.JSON: {"schema": resolved[front_slot]}},
-                },
-                "Error": {
-                    "description": "The error envelope `{error, code?, ...}`.",
-                    "content": {cat.JSON: {"schema": resolved[error_slot]}},
-                },
-            },
         },
     }
+
+
+#: The operation whose answer names a session (``sessionId``) and its caller (``clientId``).
+_SESSION_SOURCE: Final = ("/session", "post", "200")
+
+
+def _link_sessions(paths: dict[str, dict[str, Any]]) -> None:
+    """OpenAPI links from ``POST /session`` to every operation that takes ``{session_id}``
+    (with the issued ``clientId`` as ``X-Qwen-Client-Id`` where the operation takes it), so
+    a client generator or a stateful fuzzer can follow a created session through them."""
+    path, method, status = _SESSION_SOURCE
+    source = paths.get(path, {}).get(method, {}).get("responses", {}).get(status)
+    if source is None:
+        return
+    links: dict[str, Any] = {}
+    for item in paths.values():
+        for op in item.values():
+            params = {(p["in"], p["name"]) for p in op.get("parameters", ())}
+            if ("path", "session_id") not in params:
+                continue
+            values = {"path.session_id": "$response.body#/sessionId"}
+            if ("header", "X-Qwen-Client-Id") in params:
+                values["header.X-Qwen-Client-Id"] = "$response.body#/clientId"
+            links[op["operationId"]] = {"operationId": op["operationId"], "parameters": values}
+    if links:
+        source["links"] = links
+
+
+def _responses(
+    replies: Sequence[rp.Reply],
+    schemas: _Schemas,
+    pending: list[tuple[dict[str, Any], tuple[int, ...]]],
+) -> dict[str, Any]:
+    """``responses`` of one operation: the replies merged status by status. Descriptions
+    are joined, bodies of one media type become ``anyOf`` (each type once), and a header
+    is required only when every reply of that status sends it."""
+    by_status: dict[int, list[rp.Reply]] = {}
+    for reply in replies:
+        by_status.setdefault(reply.status, []).append(reply)
+    out: dict[str, Any] = {}
+    for status in sorted(by_status):
+        group = by_status[status]
+        descriptions = list(dict.fromkeys(r.description for r in group))
+        entry: dict[str, Any] = {"description": " ".join(descriptions)}
+        bodies: dict[str, list[object]] = {}
+        for r in group:
+            if r.body is None:
+                continue
+            kinds = bodies.setdefault(r.media, [])
+            for tp in r.body if isinstance(r.body, tuple) else (r.body,):
+                if tp not in kinds:
+                    kinds.append(tp)
+        if bodies:
+            content: dict[str, Any] = {}
+            for media, kinds in bodies.items():
+                media_object: dict[str, Any] = {}
+                pending.append((media_object, schemas.slots(tuple(kinds))))
+                content[media] = media_object
+            entry["content"] = content
+        names = list(dict.fromkeys(n for r in group for n in r.headers))
+        if names:
+            entry["headers"] = {
+                name: {
+                    "description": rp.HEADERS[name][1],
+                    "required": all(name in r.headers for r in group),
+                    "schema": dict(rp.HEADERS[name][0]),
+                }
+                for name in names
+            }
+        out[str(status)] = entry
+    return out
 
 
 def _tag_description(feature: Feature) -> str:

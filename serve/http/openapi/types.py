@@ -55,11 +55,13 @@ __all__ = [
     "ReadyResponse",
     "RestoreRequest",
     "RestoreResponse",
+    "RpcResultReply",
     "SessionContext",
     "SessionList",
     "SessionResponse",
     "SessionSummary",
     "SetModelRequest",
+    "SseEvent",
     "StatusSnapshot",
     "SupportedCommands",
     "ToolToggleRequest",
@@ -102,6 +104,14 @@ class FileErrorBody(_Wire, frozen=True):
     error: str
     status: int
     hint: str | UnsetType = UNSET
+
+
+class RpcResultReply(msgspec.Struct, frozen=True):
+    """A JSON-RPC success reply: ``{"jsonrpc":"2.0","id","result"}`` (``/acp`` initialize)."""
+
+    jsonrpc: Literal["2.0"]
+    id: str | int
+    result: Any
 
 
 # ---- health and capabilities -----------------------------------------------------------------
@@ -187,10 +197,10 @@ class ReadyResponse(_Wire, frozen=True):
 class CreateSessionRequest(_Wire, frozen=True):
     """``POST /session`` body (every field optional)."""
 
-    cwd: AbsolutePath | UnsetType = UNSET
+    cwd: AbsolutePath | UnsetType | None = UNSET  # null: the primary workspace
     session_scope: Literal["single", "thread"] | UnsetType = UNSET
-    approval_mode: ApprovalMode | UnsetType = UNSET
-    model_service_id: str | UnsetType = UNSET
+    approval_mode: ApprovalMode | UnsetType | None = UNSET  # null: as if absent
+    model_service_id: str | UnsetType | None = UNSET
 
 
 class SessionResponse(_Wire, frozen=True):
@@ -208,7 +218,7 @@ class SessionResponse(_Wire, frozen=True):
 class RestoreRequest(_Wire, frozen=True):
     """``POST /session/{id}/load`` and ``/resume`` body."""
 
-    cwd: AbsolutePath | UnsetType = UNSET
+    cwd: AbsolutePath | UnsetType | None = UNSET
 
 
 class RestoreResponse(SessionResponse, frozen=True, kw_only=True):
@@ -238,20 +248,23 @@ class SessionList(_Wire, frozen=True):
 
 
 class ContentBlock(_Wire, frozen=True):
-    """An ACP content block (``{"type":"text","text":...}``; other types pass through)."""
+    """An ACP content block (``{"type":"text","text":...}``; other types pass through to the
+    agent as they are, so their fields, ``text`` included, are the agent's to check)."""
 
     type: str
-    text: str | UnsetType = UNSET
+    text: Annotated[Any, Meta(description="a string on a `text` block (else 400)")] | UnsetType = (
+        UNSET
+    )
 
 
 class PromptRequest(_Wire, frozen=True):
     """``POST /session/{id}/prompt``; fields not listed are forwarded to ACP ``session/prompt``."""
 
     prompt: Annotated[list[ContentBlock], Meta(min_length=1)]
-    prompt_id: NonEmpty | UnsetType = UNSET
-    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+    prompt_id: NonEmpty | UnsetType | None = UNSET  # null: the daemon assigns one
+    meta: dict[str, Any] | UnsetType | None = msgspec.field(default=UNSET, name="_meta")
     #: Steer the running turn instead of queueing (docs/reference/steering.md).
-    steer: bool | UnsetType = UNSET
+    steer: bool | UnsetType | None = UNSET  # null: false
 
 
 class SteerInfo(_Wire, frozen=True):
@@ -295,7 +308,7 @@ class PendingPromptEdit(_Wire, frozen=True, forbid_unknown_fields=True):
     """``PUT /session/{id}/pending-prompts/{promptId}``: the queued prompt's new content."""
 
     prompt: Annotated[list[ContentBlock], Meta(min_length=1)]
-    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+    meta: dict[str, Any] | UnsetType | None = msgspec.field(default=UNSET, name="_meta")
 
 
 class PendingPromptUpdated(_Wire, frozen=True):
@@ -384,7 +397,7 @@ class PermissionVoteRequest(_Wire, frozen=True):
     """A vote: ``{"outcome": {"outcome":"selected","optionId":...} | {"outcome":"cancelled"}}``."""
 
     outcome: Outcome
-    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+    meta: dict[str, Any] | UnsetType | None = msgspec.field(default=UNSET, name="_meta")
 
 
 class VoteAccepted(_Wire, frozen=True):
@@ -398,7 +411,7 @@ class ElicitationAnswer(_Wire, frozen=True):
 
     action: Literal["accept", "decline", "cancel"]
     content: dict[str, Any] | UnsetType | None = UNSET
-    meta: dict[str, Any] | UnsetType = msgspec.field(default=UNSET, name="_meta")
+    meta: dict[str, Any] | UnsetType | None = msgspec.field(default=UNSET, name="_meta")
 
 
 # ---- events ----------------------------------------------------------------------------------
@@ -482,6 +495,17 @@ class PendingPromptUpdatedEvent(_Wire, frozen=True):
     queued_at: str
 
 
+class SseEvent(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One Server-Sent Event as a reader parses it (the per-event schema of a
+    ``text/event-stream`` reply): ``data`` (one JSON document), ``event`` (its type;
+    ``message`` when the frame names none), ``id`` (a decimal event id), ``retry`` (ms)."""
+
+    data: Annotated[str, Meta(extra_json_schema={"contentMediaType": "application/json"})]
+    event: str | UnsetType = UNSET
+    id: Annotated[str, Meta(pattern="^[0-9]+$")] | UnsetType = UNSET
+    retry: int | UnsetType = UNSET
+
+
 # ---- workspace -------------------------------------------------------------------------------
 
 
@@ -495,7 +519,7 @@ class StatusSnapshot(_Wire, frozen=True):
 
 
 class InitRequest(_Wire, frozen=True):
-    force: bool | UnsetType = UNSET
+    force: bool | UnsetType | None = UNSET  # null: false
 
 
 class InitResponse(_Wire, frozen=True):
@@ -529,10 +553,10 @@ class FileWriteRequest(_Wire, frozen=True):
     path: NonEmpty
     content: str
     mode: Literal["create", "replace"]
-    expected_hash: Annotated[str, Meta(pattern="^sha256:[0-9a-f]{64}$")] | UnsetType = UNSET
-    encoding: str | UnsetType = UNSET
-    bom: bool | UnsetType = UNSET
-    line_ending: Literal["lf", "crlf"] | UnsetType = UNSET
+    expected_hash: Annotated[str, Meta(pattern="^sha256:[0-9a-f]{64}$")] | UnsetType | None = UNSET
+    encoding: str | UnsetType | None = UNSET  # null: as if absent (so are the next two)
+    bom: bool | UnsetType | None = UNSET
+    line_ending: Literal["lf", "crlf"] | UnsetType | None = UNSET
 
 
 class FileEditRequest(_Wire, frozen=True):

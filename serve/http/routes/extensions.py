@@ -173,7 +173,12 @@ async def forward(
     kind = agent_ext.agent_kind(session)
     if support.verdict(kind, method) is False:
         raise _not_supported(method, agent_ext.agent_name(session))
-    if kind is None and getattr(getattr(session, "conn", None), "info", None) is None:
+    released = bool(getattr(session, "agent_released", False))  # the call rebinds it
+    if (
+        kind is None
+        and not released
+        and getattr(getattr(session, "conn", None), "info", None) is None
+    ):
         raise agent_unavailable()  # no agent yet (an agent without agentInfo is asked)
     try:
         raw = await ask(

@@ -240,16 +240,16 @@ async def create_session() -> Response:
     ):
         # The approval-mode route's gate, before anything is made (strict.py).
         raise ApiError(401, {"error": TOKEN_REQUIRED_BODY.error, "code": TOKEN_REQUIRED_CODE})
+    model = body.get("modelServiceId")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("`modelServiceId` must be a string", "invalid_model_service_id")
     workspace = usable(api.workspace(body.get("cwd")))
     created = await api.create(
         workspace, scope, client_id, request.remote_addr, principal=principal()
     )
     registered = created.attached.client_id
     out = session_response(created.attached.view, attached=created.joined, client_id=registered)
-    model = body.get("modelServiceId")
-    applied = await api.apply_settings(
-        created.session, registered, approval_mode, model if isinstance(model, str) else None
-    )
+    applied = await api.apply_settings(created.session, registered, approval_mode, model)
     if applied is not None:
         out["modelApplied"] = applied
     return json_response(out)
@@ -392,6 +392,7 @@ async def close(session_id: str) -> Response:
 async def detach(session_id: str) -> Response:
     session = daemon().registry.get(session_id)
     if session is None:
+        header_client_id()  # a malformed client id is a 400 even here
         return Response(b"", status=204)
     client_id = await session_client(session)
     # The session decides, in its inbox, whether this was its last client.
