@@ -186,7 +186,11 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ),
     ("GET", "/daemon/audit"): Operation(
         "The audit log, newest first (admin; `limit` <= 500, `before` = a `seq`)",
-        (ok(OPEN_OBJECT, "`{entries, nextBefore, dropped}`."), BAD_REQUEST),
+        (
+            ok(OPEN_OBJECT, "`{entries, nextBefore, dropped}`."),
+            BAD_REQUEST,
+            err(404, "The audit log is off (`audit_log_off`: no multi-user auth)."),
+        ),
         params=(
             q("limit", {"type": "integer", "minimum": 1}),
             q("before", {"type": "integer", "minimum": 0}),
