@@ -11,7 +11,7 @@ registered API route belongs to no tag.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -35,6 +35,21 @@ class Feature(msgspec.Struct, frozen=True):
 
     def enabled(self, host: Host) -> bool:
         return self.when is None or self.when(host)
+
+
+class SharedPredicate:
+    """A tag predicate that shares one pass over the daemon's state with its siblings:
+    ``key in compute(host)``. :class:`Advertiser` runs each ``compute`` once per body, so
+    ten tags that each need a walk over the live sessions cost one walk."""
+
+    __slots__ = ("compute", "key")
+
+    def __init__(self, compute: Callable[[Host], Container[str]], key: str) -> None:
+        self.compute = compute
+        self.key = key
+
+    def __call__(self, host: Host) -> bool:
+        return self.key in self.compute(host)
 
 
 #: The app's own tags (the routes of :mod:`serve.http.routes.health`).
@@ -63,29 +78,71 @@ def advertised(host: Host, features: Sequence[Feature]) -> list[Feature]:
 
 def envelope(host: Host, features: Sequence[Feature]) -> dict[str, Any]:
     """The ``GET /capabilities`` body (qwen-serve-spec §8.2)."""
-    shown = advertised(host, features)
-    settings = host.settings
-    return {
-        "v": 1,
-        "protocolVersions": PROTOCOL_VERSIONS,
-        "mode": "http-bridge",
-        "features": [f.tag for f in shown],
-        "featureDetails": {
+    return Advertiser(features).envelope(host)
+
+
+class Advertiser:
+    """The ``GET /capabilities`` body of one app's features, with what cannot change built
+    once: the tag list and the ``featureDetails`` for each combination of the conditional
+    tags' predicates (the last one kept; it changes only when a conditional tag flips).
+    A request evaluates only those predicates (:class:`SharedPredicate` ones once per
+    group); the body is the same as :func:`envelope`'s. The lists and dicts it returns
+    are shared between bodies: they are only encoded, never changed."""
+
+    def __init__(self, features: Sequence[Feature]) -> None:
+        self._features = tuple(features)
+        conditional = [f.when for f in self._features if f.when is not None]
+        self._plain = tuple(w for w in conditional if not isinstance(w, SharedPredicate))
+        shared = [w for w in conditional if isinstance(w, SharedPredicate)]
+        self._groups = tuple(dict.fromkeys(w.compute for w in shared))
+        self._shared = tuple((self._groups.index(w.compute), w.key) for w in shared)
+        self._last: tuple[object, list[str], dict[str, dict[str, Any]]] | None = None
+
+    def tags(self, host: Host) -> tuple[list[str], dict[str, dict[str, Any]]]:
+        """The advertised tags and their ``featureDetails``."""
+        plain = [bool(when(host)) for when in self._plain]
+        found = [compute(host) for compute in self._groups]
+        shared = [key in found[group] for group, key in self._shared]
+        last = self._last
+        if last is not None and last[0] == (plain, shared):
+            return last[1], last[2]
+        flags = {}
+        plain_flags, shared_flags = iter(plain), iter(shared)
+        for f in self._features:
+            if f.when is not None:
+                flags[f.tag] = next(
+                    shared_flags if isinstance(f.when, SharedPredicate) else plain_flags
+                )
+        shown = [f for f in self._features if flags.get(f.tag, True)]
+        tags = [f.tag for f in shown]
+        details = {
             f.tag: {"since": f.since, **({"modes": list(f.modes)} if f.modes else {})}
             for f in shown
-        },
-        "sessionLiveStatePollIntervalMs": 5000,
-        "modelServices": [],
-        "workspaceCwd": settings.primary_workspace,
-        "transports": ["rest"],
-        "policy": {"permission": host.permission_policy},
-        "limits": {
-            "maxPendingPromptsPerSession": settings.max_pending_prompts_per_session or None,
-            "sessionRestoreTimeoutMs": settings.session_restore_timeout_ms,
-            "maxSessionsPerWorkspace": settings.max_sessions or None,
-            "maxTotalSessions": settings.max_total_sessions or None,
-        },
-        "workspaces": host.workspace_descriptors(),
-        # per workspace: its agent and whether it can fork (serve/http/forks.py)
-        "agents": capabilities_agents(host),
-    }
+        }
+        self._last = ((plain, shared), tags, details)
+        return tags, details
+
+    def envelope(self, host: Host) -> dict[str, Any]:
+        tags, details = self.tags(host)
+        settings = host.settings
+        return {
+            "v": 1,
+            "protocolVersions": PROTOCOL_VERSIONS,
+            "mode": "http-bridge",
+            "features": tags,
+            "featureDetails": details,
+            "sessionLiveStatePollIntervalMs": 5000,
+            "modelServices": [],
+            "workspaceCwd": settings.primary_workspace,
+            "transports": ["rest"],
+            "policy": {"permission": host.permission_policy},
+            "limits": {
+                "maxPendingPromptsPerSession": settings.max_pending_prompts_per_session or None,
+                "sessionRestoreTimeoutMs": settings.session_restore_timeout_ms,
+                "maxSessionsPerWorkspace": settings.max_sessions or None,
+                "maxTotalSessions": settings.max_total_sessions or None,
+            },
+            "workspaces": host.workspace_descriptors(),
+            # per workspace: its agent and whether it can fork (serve/http/forks.py)
+            "agents": capabilities_agents(host),
+        }
