@@ -475,7 +475,7 @@ class SecurityFront:
             body = _HEALTH_OK
             head = _HEALTH_HEAD
         else:
-            body = msgspec.json.encode(self._advertiser.envelope(self._host))
+            body = self._advertiser.body(self._host)
             head = ((b"content-type", _JSON), (b"content-length", b"%d" % len(body)))
         metrics = self._metrics
         if metrics is not None:
