@@ -13,10 +13,11 @@ modes run by run; per mode a fresh process):
   callable that answers the same ``/health`` and ``/capabilities`` bytes as acp-serve: the
   floor of the card's stack), ``acp`` (default flags: one warm spare) and ``qwen``.
   ``GET /health`` and ``GET /capabilities`` p50 over 2,000 sequential keep-alive requests
-  (a raw-socket client with pre-built requests), ``/capabilities`` throughput with
-  ``wrk -t1 -c32`` (falls back to a trio client when ``wrk`` is missing), the server's CPU
-  per request during the wrk run (``/proc/<pid>/stat``; steadier than wall time on a busy
-  machine), and the idle RSS of the daemon process.
+  (a raw-socket client with pre-built requests), ``/capabilities`` and ``/health``
+  throughput with ``wrk -t1 -c32`` (``/capabilities`` falls back to a trio client when
+  ``wrk`` is missing), the server's CPU per request during each wrk run
+  (``/proc/<pid>/stat``; steadier than wall time on a busy machine), and the idle RSS of
+  the daemon process.
 * ``prompt`` — ``qwen``, ``warm1`` (acp-serve defaults) and ``warm0`` (``--warm-agents
   0``): one live session, ``--prompts`` prompt round trips after ``--settle-s`` (as
   ``scripts/bench_warm.py``), then SIGTERM to exit with that idle session.
@@ -164,6 +165,8 @@ def run_small(mode: str, ctx: Context) -> Figures:
         if shutil.which("wrk"):
             rps, cpu_us = wrk_rps(f"{url}/capabilities", ctx.args.wrk_s, proc.pid)
             out["caps_rps_32"], out["caps_cpu_us"] = rps, cpu_us
+            rps, cpu_us = wrk_rps(f"{url}/health", ctx.args.wrk_s, proc.pid)
+            out["health_rps_32"], out["health_cpu_us"] = rps, cpu_us
         else:
             out["caps_rps_32"] = trio.run(throughput, server, "/capabilities", 32, 5.0)
         return out
@@ -265,6 +268,8 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ("GET /capabilities p50 (ms)", "small", "caps_p50_ms", "acp", "{:.3f}"),
     ("/capabilities req/s, wrk 32 conns", "small", "caps_rps_32", "acp", "{:.0f}"),
     ("/capabilities server CPU µs/req", "small", "caps_cpu_us", "acp", "{:.0f}"),
+    ("/health req/s, wrk 32 conns", "small", "health_rps_32", "acp", "{:.0f}"),
+    ("/health server CPU µs/req", "small", "health_cpu_us", "acp", "{:.0f}"),
     ("idle RSS, daemon process (MiB)", "small", "idle_rss_mib", "acp", "{:.1f}"),
     ("prompt p50, default (one spare) (ms)", "prompt", "prompt_p50_ms", "warm1", "{:.1f}"),
     ("prompt p50, --warm-agents 0 (ms)", "prompt", "prompt_p50_ms", "warm0", "{:.1f}"),
