@@ -17,7 +17,10 @@ modes run by run; per mode a fresh process):
   throughput with ``wrk -t1 -c32`` (``/capabilities`` falls back to a trio client when
   ``wrk`` is missing), the server's CPU per request during each wrk run
   (``/proc/<pid>/stat``; steadier than wall time on a busy machine), and the idle RSS of
-  the daemon process.
+  the daemon process. The server's main process runs pinned to the last core and the
+  clients (this script, ``wrk``) to the first (``--no-pin``: not): unpinned, sequential
+  latencies came out bimodal (0.30 or 0.40 ms for the same server, run to run), by
+  where the scheduler put the two ends.
 * ``prompt`` — ``qwen``, ``warm1`` (acp-serve defaults) and ``warm0`` (``--warm-agents
   0``): one live session, ``--prompts`` prompt round trips after ``--settle-s`` (as
   ``scripts/bench_warm.py``), then SIGTERM to exit with that idle session.
@@ -153,8 +156,13 @@ def run_small(mode: str, ctx: Context) -> Figures:
     else:
         argv, cwd = ctx.acp_argv(mode, port, [])
     proc = start(argv, ctx.env, port, cwd, log)
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = len(cpus) >= 2 and not ctx.args.no_pin
     try:
         time.sleep(ctx.args.settle_s)  # the spare (or qwen's own child) starts and idles
+        if pinned:  # the server on one core, the clients on another: no placement luck
+            os.sched_setaffinity(proc.pid, {cpus[-1]})
+            os.sched_setaffinity(0, {cpus[0]})
         url = f"http://127.0.0.1:{port}"
         server = Server(mode, proc, url, "127.0.0.1", port, 0.0)  # type: ignore[arg-type]
         if mode != "bare" and not ctx.caps_file.exists():
@@ -171,6 +179,7 @@ def run_small(mode: str, ctx: Context) -> Figures:
             out["caps_rps_32"] = trio.run(throughput, server, "/capabilities", 32, 5.0)
         return out
     finally:
+        os.sched_setaffinity(0, set(cpus))
         stop(proc)
 
 
@@ -347,6 +356,9 @@ def main() -> int:
     parser.add_argument("--base-root", default=str(ROOT))
     parser.add_argument("--base-modes", default="", help="e.g. acp,warm1,packed")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="small: do not pin server and clients to cores"
+    )
     args = parser.parse_args()
     args.sections = args.sections.split(",")
 
