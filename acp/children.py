@@ -158,7 +158,11 @@ def is_ours(pid: int) -> bool:
 
 
 def children_of(pid: int) -> list[int]:
-    """Pids whose parent is ``pid`` (a ``/proc`` scan; blocking, run it in a thread)."""
+    """Pids whose parent is ``pid``, zombies included (blocking, run it in a thread): its
+    ``/proc/<pid>/task/*/children``, else a ``/proc`` scan (:mod:`acp.procfs`)."""
+    found = procfs.children(pid)
+    if found is not None:
+        return found
     return [child for child, parent in _parents().items() if parent == pid]
 
 

@@ -3,7 +3,8 @@
 PSS (proportional set size, ``Pss:`` in ``/proc/<pid>/smaps_rollup``) splits shared pages
 among the processes mapping them, so summing it over children does not count the node
 binary or shared libraries once per child the way RSS does. A child's figure is the sum
-over the child and all its descendants (``ppid`` links from one scan of ``/proc``).
+over the child and all its descendants (each one's ``/proc/<pid>/task/*/children``, see
+:func:`acp.procfs.children`; one scan of ``/proc`` on a kernel without those files).
 
 Blocking file I/O: callers run :func:`measure_trees` in a worker thread. Unreadable
 entries (a process that just exited, another user's process) count as 0.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+
+from acp import procfs
 
 
 def _pss_kib(pid: int) -> int:
@@ -42,11 +45,11 @@ def _children_map() -> dict[int, list[int]]:
 
 
 def measure_trees(pids: Iterable[int]) -> dict[int, int]:
-    """PSS in KiB of each ``pid``'s process tree (one ``/proc`` scan for all of them)."""
+    """PSS in KiB of each ``pid``'s process tree (at most one ``/proc`` scan for all of them)."""
     wanted = list(pids)
     if not wanted:
         return {}
-    children = _children_map()
+    scanned: dict[int, list[int]] | None = None
     out: dict[int, int] = {}
     for root in wanted:
         total = 0
@@ -58,6 +61,10 @@ def measure_trees(pids: Iterable[int]) -> dict[int, int]:
                 continue
             seen.add(pid)
             total += _pss_kib(pid)
-            stack.extend(children.get(pid, ()))
+            kids = procfs.children(pid) if scanned is None else None
+            if kids is None:
+                scanned = scanned if scanned is not None else _children_map()
+                kids = scanned.get(pid, [])
+            stack.extend(kids)
         out[root] = total
     return out

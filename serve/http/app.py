@@ -144,12 +144,13 @@ def create_app(host: Host) -> QuartTrio:
         app.register_blueprint(module.blueprint)
     tracing.install(app)  # a request's W3C traceparent header, into its log records
     instruments = metrics.install_metrics(app, host)
-    middleware.install_middleware(app, host, features, instruments)
     access.install(app, host)  # the route rules, only with multi-user auth
-    # Outermost: a keep-alive connection becomes idle again after any response, and the
-    # calls in flight are counted for the drain.
-    outer = ShieldLastBody(app.asgi_app, host.front)  # type: ignore[arg-type]
-    app.asgi_app = outer  # type: ignore[assignment,method-assign]
+    # Around the framework: a keep-alive connection becomes idle again after any response
+    # of the app, and the app's calls in flight are counted for the drain.
+    inner = ShieldLastBody(app.asgi_app, host.front)  # type: ignore[arg-type]
+    app.asgi_app = inner  # type: ignore[assignment,method-assign]
+    # Outermost: the security front (it counts the requests it answers itself).
+    middleware.install_middleware(app, host, features, instruments)
 
     @app.errorhandler(ApiError)
     async def _api_error(exc: ApiError) -> Response:

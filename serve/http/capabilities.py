@@ -11,7 +11,7 @@ registered API route belongs to no tag.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -36,6 +36,21 @@ class Feature(msgspec.Struct, frozen=True):
 
     def enabled(self, host: Host) -> bool:
         return self.when is None or self.when(host)
+
+
+class SharedPredicate:
+    """A tag predicate that shares one pass over the daemon's state with its siblings:
+    ``key in compute(host)``. :class:`Advertiser` runs each ``compute`` once per body, so
+    ten tags that each need a walk over the live sessions cost one walk."""
+
+    __slots__ = ("compute", "key")
+
+    def __init__(self, compute: Callable[[Host], Container[str]], key: str) -> None:
+        self.compute = compute
+        self.key = key
+
+    def __call__(self, host: Host) -> bool:
+        return self.key in self.compute(host)
 
 
 #: The app's own tags (the routes of :mod:`serve.http.routes.health`).
@@ -76,29 +91,99 @@ def envelope_for(
 
 def envelope(host: Host, features: Sequence[Feature]) -> dict[str, Any]:
     """The ``GET /capabilities`` body (qwen-serve-spec §8.2)."""
-    shown = advertised(host, features)
-    settings = host.settings
-    return {
-        "v": 1,
-        "protocolVersions": PROTOCOL_VERSIONS,
-        "mode": "http-bridge",
-        "features": [f.tag for f in shown],
-        "featureDetails": {
+    return Advertiser(features).envelope(host)
+
+
+class _Shown:
+    """One combination of the conditional tags: the tags, their details, both encoded."""
+
+    __slots__ = ("details", "encoded_details", "encoded_tags", "key", "tags")
+
+    def __init__(self, key: object, tags: list[str], details: dict[str, dict[str, Any]]):
+        self.key = key
+        self.tags = tags
+        self.details = details
+        self.encoded_tags = msgspec.Raw(msgspec.json.encode(tags))
+        self.encoded_details = msgspec.Raw(msgspec.json.encode(details))
+
+
+class Advertiser:
+    """The ``GET /capabilities`` body of one app's features, with what cannot change built
+    once: the tag list and the ``featureDetails`` for each combination of the conditional
+    tags' predicates (the last one kept; it changes only when a conditional tag flips).
+    A request evaluates only those predicates (:class:`SharedPredicate` ones once per
+    group); the body is the same as :func:`envelope`'s. :meth:`body` encodes it with the
+    tag list and details kept encoded (``msgspec.Raw``: about 80 % of the bytes), so only
+    the parts that can change are encoded per request. The lists and dicts
+    :meth:`envelope` returns are shared between bodies: they are only encoded, never
+    changed."""
+
+    def __init__(self, features: Sequence[Feature]) -> None:
+        self._features = tuple(features)
+        conditional = [f.when for f in self._features if f.when is not None]
+        self._plain = tuple(w for w in conditional if not isinstance(w, SharedPredicate))
+        shared = [w for w in conditional if isinstance(w, SharedPredicate)]
+        self._groups = tuple(dict.fromkeys(w.compute for w in shared))
+        self._shared = tuple((self._groups.index(w.compute), w.key) for w in shared)
+        self._last: _Shown | None = None
+
+    def tags(self, host: Host) -> _Shown:
+        """The advertised tags and their ``featureDetails``."""
+        plain = [bool(when(host)) for when in self._plain]
+        found = [compute(host) for compute in self._groups]
+        shared = [key in found[group] for group, key in self._shared]
+        last = self._last
+        if last is not None and last.key == (plain, shared):
+            return last
+        flags = {}
+        plain_flags, shared_flags = iter(plain), iter(shared)
+        for f in self._features:
+            if f.when is not None:
+                flags[f.tag] = next(
+                    shared_flags if isinstance(f.when, SharedPredicate) else plain_flags
+                )
+        shown = [f for f in self._features if flags.get(f.tag, True)]
+        tags = [f.tag for f in shown]
+        details = {
             f.tag: {"since": f.since, **({"modes": list(f.modes)} if f.modes else {})}
             for f in shown
-        },
-        "sessionLiveStatePollIntervalMs": 5000,
-        "modelServices": [],
-        "workspaceCwd": settings.primary_workspace,
-        "transports": ["rest"],
-        "policy": {"permission": host.permission_policy},
-        "limits": {
-            "maxPendingPromptsPerSession": settings.max_pending_prompts_per_session or None,
-            "sessionRestoreTimeoutMs": settings.session_restore_timeout_ms,
-            "maxSessionsPerWorkspace": settings.max_sessions or None,
-            "maxTotalSessions": settings.max_total_sessions or None,
-        },
-        "workspaces": host.workspace_descriptors(),
-        # per workspace: its agent and whether it can fork (serve/http/forks.py)
-        "agents": capabilities_agents(host),
-    }
+        }
+        self._last = _Shown((plain, shared), tags, details)
+        return self._last
+
+    def body(self, host: Host, principal: Principal | None = None) -> bytes:
+        """The encoded :meth:`envelope`; with multi-user auth also the caller
+        (``principal``) and the auth modes, as :func:`envelope_for`."""
+        body = self._envelope(host, raw=True)
+        if host.multi_user:
+            body["principal"] = (principal or OPERATOR).describe()
+            body["auth"] = {"modes": list(host.settings.auth.modes())}
+        return msgspec.json.encode(body)
+
+    def envelope(self, host: Host) -> dict[str, Any]:
+        return self._envelope(host, raw=False)
+
+    def _envelope(self, host: Host, *, raw: bool) -> dict[str, Any]:
+        shown = self.tags(host)
+        settings = host.settings
+        return {
+            "v": 1,
+            "protocolVersions": PROTOCOL_VERSIONS,
+            "mode": "http-bridge",
+            "features": shown.encoded_tags if raw else shown.tags,
+            "featureDetails": shown.encoded_details if raw else shown.details,
+            "sessionLiveStatePollIntervalMs": 5000,
+            "modelServices": [],
+            "workspaceCwd": settings.primary_workspace,
+            "transports": ["rest"],
+            "policy": {"permission": host.permission_policy},
+            "limits": {
+                "maxPendingPromptsPerSession": settings.max_pending_prompts_per_session or None,
+                "sessionRestoreTimeoutMs": settings.session_restore_timeout_ms,
+                "maxSessionsPerWorkspace": settings.max_sessions or None,
+                "maxTotalSessions": settings.max_total_sessions or None,
+            },
+            "workspaces": host.workspace_descriptors(),
+            # per workspace: its agent and whether it can fork (serve/http/forks.py)
+            "agents": capabilities_agents(host),
+        }

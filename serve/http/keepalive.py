@@ -13,11 +13,14 @@ whole ``--http-graceful-timeout-ms``.
 shielded by hypercorn, and bounded by ``TCP_USER_TIMEOUT``), so the keep-alive task starts
 and an idle connection closes at once when the daemon stops.
 
-It also counts the ASGI calls in flight (``FrontStats.open_requests``: HTTP requests until
+It sits under the security front (serve/http/middleware.py), around the framework only: the
+front's own answers need no shield (no task of the framework's is there to cancel them).
+It also counts the app's ASGI calls in flight (``FrontStats.open_requests``: HTTP requests until
 their last body message, event streams included, and WebSockets until their handler
 returns), so the daemon's drain knows when nothing of the app is left running: hypercorn's
 graceful timeout would otherwise also wait on its own leftovers, such as the ping task of a
-closed WebSocket, which sleeps out its 15 s interval before it notices the close.
+closed WebSocket, which sleeps out its 15 s interval before it notices the close. The
+front counts the requests it answers itself in the same counter.
 """
 
 from __future__ import annotations

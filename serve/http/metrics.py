@@ -50,6 +50,10 @@ class _Counts:
     def labels(self, *key: str) -> _Counts._Child:
         return _Counts._Child(self.values, key)
 
+    def add(self, key: tuple[str, ...]) -> None:
+        """``labels(*key).inc()`` without the child (the front's fast path)."""
+        self.values[key] = self.values.get(key, 0.0) + 1.0
+
     class _Child:
         __slots__ = ("key", "values")
 

@@ -2,14 +2,28 @@
 
 Theory of operation
 -------------------
-:func:`install_middleware` wraps ``app.asgi_app`` in a :class:`SecurityFront` (an ASGI
-middleware) and, on a daemon without a bearer token, adds the strict-route gate as the
-first ``before_request`` hook. Everything that depends only on the settings is computed
-once at install time (token digest, CORS header bytes, canned error bodies, the rate
-limiter); what depends on the listening port (the ``Host`` allowlist, the self-origins) is
-rebuilt the first time a request sees a new ``daemon.port`` (the app is created before
-the socket is bound, and ``--port 0`` is resolved only then). A request that passes costs
-one scan of its header list, a few set lookups and, with a token, one SHA-256.
+:func:`install_middleware` makes a :class:`SecurityFront` the outermost ASGI callable
+(around :class:`serve.http.keepalive.ShieldLastBody`, around the framework) and, on a
+daemon without a bearer token, adds the strict-route gate as the first ``before_request``
+hook. Everything that depends only on the settings is computed once at install time (token
+digest, CORS header bytes, canned error bodies and response heads, the rate limiter, the
+``/capabilities`` tag lists: :class:`serve.http.capabilities.Advertiser`); what depends on
+the listening port (the ``Host`` allowlist, the self-origins) is rebuilt the first time a
+request sees a new ``daemon.port`` (the app is created before the socket is bound, and
+``--port 0`` is resolved only then). A request that passes costs one scan of its header
+list, a few set lookups and, with a token, one SHA-256.
+
+Shape: ``__call__`` counts the request in ``host.front.open_requests`` while
+:meth:`SecurityFront._http` runs the checks below in order, inline, each on what the header
+scan collected. ``_http`` answers (a refusal, or the fast path: ``GET /health`` and ``GET
+/capabilities`` are answered here, below the framework, after every check) and returns
+``None``, or returns the request (scope, receive, send: a check may replace each, e.g. the
+CORS ``send`` or the replayed body) for the app. Adding a step: build its object at install
+time, ``None`` when its flag is off, and test it inline at its place in ``_http`` (a step
+that is off then costs one attribute test); a step that needs a header adds one branch to
+the header scan; what it finds for the handlers can travel in the scope it returns. No
+per-request closures or objects beyond what
+a step needs: the fast path's cost is measured (``scripts/bench_round.py``).
 
 The checks run in the reference's order; the first refusal answers and nothing after it
 runs (so no handler, no body read, no session or disk change):
@@ -74,12 +88,21 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
 import msgspec
-import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 
 from serve.http import capabilities
 from serve.http.capabilities import Feature
+from serve.http.front_io import (
+    DRAIN_TIMEOUT_S,
+    JSON_TYPE,
+    TIMED_OUT,
+    TOO_LARGE,
+    drain_body,
+    read_body,
+    replay,
+    respond,
+)
 from serve.http.security import (
     CORS_DENIED_BODY,
     INVALID_HOST_BODY,
@@ -108,7 +131,7 @@ from serve.settings import Settings
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from serve.host import Host
+    from serve.host import FrontStats, Host
     from serve.http.metrics import DaemonMetrics
     from serve.tenant_claim import Binding
 
@@ -129,17 +152,15 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+#: A request that passed the checks, as the app gets it.
+Passed = tuple[Scope, Receive, Send]
 
 DRAIN_LIMIT_BYTES = 16 * 1024 * 1024
 """Most request-body bytes read and discarded to keep a refused connection alive."""
-DRAIN_TIMEOUT_S = 10.0
-"""Longest time spent draining a refused request's body."""
-BODY_READ_TIMEOUT_S = 60.0
-"""Longest time spent reading a chunked body (the app's ``BODY_TIMEOUT``)."""
 SWEEP_INTERVAL_S = 300.0
 """Stale rate-limit buckets are swept at least this often (on the next request)."""
 
-_JSON = b"application/json; charset=utf-8"
+_JSON = JSON_TYPE
 _HOST_403 = INVALID_HOST_BODY.encode()
 _CORS_403 = CORS_DENIED_BODY.encode()
 _UNAUTHORIZED_401 = UNAUTHORIZED_BODY.encode()
@@ -156,6 +177,9 @@ _HEALTH_PATHS = frozenset({"/health", "/health/", "/readyz", "/readyz/"})
 #: cannot send a bearer token (the pages then call the API with the token the user pastes).
 _FAST_PATHS = frozenset({"/health", "/capabilities"})
 _HEALTH_OK = b'{"status":"ok"}'
+_HEALTH_HEAD = ((b"content-type", _JSON), (b"content-length", b"%d" % len(_HEALTH_OK)))
+#: The request counter's keys of the fast-path answers (method, route, status).
+_FAST_KEYS = {path: ("GET", path, "200") for path in _FAST_PATHS}
 #: Never behind the bearer (GET/HEAD): the pages and this API's description.
 PUBLIC_PAGES = frozenset({"/demo", "/doc", "/openapi.json", "/favicon.ico"})
 _NO_TIERS = {tier.value: 0 for tier in Tier}
@@ -251,8 +275,12 @@ class SecurityFront:
         settings = host.settings
         self._app = app
         self._host = host
-        self._features = tuple(features)
+        self._advertiser = capabilities.Advertiser(features)
         self._metrics = metrics
+        # The front counts the requests it answers itself (the app's own are counted by
+        # serve/http/keepalive.py): the drain waits for both.
+        front = getattr(host, "front", None)
+        self._stats: FrontStats | None = front if hasattr(front, "open_requests") else None
         self._max_body = settings.max_body_bytes
         self._too_large_413 = msgspec.json.encode({"error": settings.body_too_large_message})
         self._bound_host = settings.hostname
@@ -291,7 +319,17 @@ class SecurityFront:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(scope, receive, send)
+            stats = self._stats
+            if stats is None:
+                passed = await self._http(scope, receive, send)
+            else:
+                stats.open_requests += 1
+                try:
+                    passed = await self._http(scope, receive, send)
+                finally:
+                    stats.open_requests -= 1
+            if passed is not None:
+                await self._app(*passed)
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
         else:
@@ -299,7 +337,9 @@ class SecurityFront:
 
     # ---- HTTP ----------------------------------------------------------------------------
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> Passed | None:
+        """Checks 1–8 and the fast path: ``None`` when answered here, else the request as
+        the app gets it (scope, receive, send: a check may have changed each)."""
         hosts: list[bytes] = []
         origins: list[bytes] = []
         auths: list[bytes] = []
@@ -327,15 +367,14 @@ class SecurityFront:
         if content_length is not None:
             declared = int(content_length) if content_length.isdigit() else self._max_body + 1
         has_body = chunked or declared > 0
-
-        async def refuse(
-            status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()
-        ) -> None:
-            close = False
-            if has_body:  # drain it so the connection can serve the next request
-                too_big = not chunked and declared > DRAIN_LIMIT_BYTES
-                close = too_big or not await _drain(receive, DRAIN_LIMIT_BYTES)
-            await _respond(send, status, body, headers, close=close)
+        # The body of a refused request is drained (so the connection serves the next
+        # request) unless it is declared too large to: then the connection closes.
+        if not has_body:
+            drain = _NO_BODY
+        elif not chunked and declared > DRAIN_LIMIT_BYTES:
+            drain = _UNDRAINABLE
+        else:
+            drain = _DRAIN
 
         port = self._host.port
         if port != self._port:
@@ -350,15 +389,15 @@ class SecurityFront:
         # 2. Host allowlist (loopback) / remote same-origin (non-loopback with a token)
         if self._loopback:
             if len(hosts) != 1 or hosts[0].lower() not in self._hosts:
-                await refuse(403, _HOST_403)
-                return
+                await _refuse(receive, send, drain, 403, _HOST_403)
+                return None
         elif origins and self._remote_same_origin and len(origins) == 1:
             origin = origins[0].decode("latin-1")
             host = hosts[0].decode("latin-1") if len(hosts) == 1 else None
             if is_remote_same_origin(origin, host, tls=scope.get("scheme") == "https"):
                 if not self._authorized(auths, tokens):
-                    await refuse(401, _UNAUTHORIZED_401)
-                    return
+                    await _refuse(receive, send, drain, 401, _UNAUTHORIZED_401)
+                    return None
                 origins = []
                 scope = {**scope, "headers": [h for h in scope["headers"] if h[0] != b"origin"]}
 
@@ -370,12 +409,12 @@ class SecurityFront:
                 ("access-control-request-method",) if preflight else (),
             )
             if decision.action is CorsAction.DENY:
-                await refuse(403, _CORS_403, (_VARY_ORIGIN,))
-                return
+                await _refuse(receive, send, drain, 403, _CORS_403, (_VARY_ORIGIN,))
+                return None
             cors_headers = [(n.lower().encode(), v.encode("latin-1")) for n, v in decision.headers]
             if decision.action is CorsAction.PREFLIGHT:
-                await refuse(204, b"", tuple(cors_headers))
-                return
+                await _refuse(receive, send, drain, 204, b"", tuple(cors_headers))
+                return None
             send = _cors_sender(send, [h for h in cors_headers if h[0] != b"vary"])
 
         # 4–5. /health pre-auth, bearer
@@ -396,11 +435,11 @@ class SecurityFront:
             if not self._authorized(auths, tokens) and not await self._principal(
                 scope, auths, tokens
             ):
-                await refuse(401, _UNAUTHORIZED_401)
-                return
+                await _refuse(receive, send, drain, 401, _UNAUTHORIZED_401)
+                return None
             if self._unbound_refused(method, path):
-                await refuse(403, _NOT_BOUND_403)
-                return
+                await _refuse(receive, send, drain, 403, _NOT_BOUND_403)
+                return None
 
         # 6. rate limit
         if self._limiting and not self._host.draining:
@@ -409,50 +448,52 @@ class SecurityFront:
                 refusal = self._rate_limit(scope, tier)
                 if refusal is not None:
                     status, body, headers = refusal
-                    await refuse(status, body, headers)
-                    return
+                    await _refuse(receive, send, drain, status, body, headers)
+                    return None
 
         # 7. body limit; the whole body is read here (bounded) and replayed to the app
         if has_body:
             if declared > self._max_body:
-                await refuse(413, self._too_large_413)
-                return
-            buffered = await _read_body(receive, self._max_body)
+                await _refuse(receive, send, drain, 413, self._too_large_413)
+                return None
+            buffered = await read_body(receive, self._max_body)
             if buffered is None:  # the client went away
-                return
-            if buffered is _TOO_LARGE:
-                drained = await _drain(receive, DRAIN_LIMIT_BYTES)
-                await _respond(send, 413, self._too_large_413, (), close=not drained)
-                return
-            if buffered is _TIMED_OUT:
-                await _respond(send, 408, _BODY_TIMEOUT_408, (), close=True)
-                return
-            receive = _replay(buffered, receive)
+                return None
+            if buffered is TOO_LARGE:
+                drained = await drain_body(receive, DRAIN_LIMIT_BYTES)
+                await respond(send, 413, self._too_large_413, (), close=not drained)
+                return None
+            if buffered is TIMED_OUT:
+                await respond(send, 408, _BODY_TIMEOUT_408, (), close=True)
+                return None
+            receive = replay(buffered, receive)
 
         # 8. malformed percent-encoding in the raw path
         raw_path = scope.get("raw_path")
-        if raw_path is not None and malformed_path(raw_path):
-            await _respond(send, 400, _MALFORMED_400, (), close=False)
-            return
+        if raw_path is not None and b"%" in raw_path and malformed_path(raw_path):
+            await respond(send, 400, _MALFORMED_400, (), close=False)
+            return None
 
         # Fast path for the hottest reads (orchestrator probes, client pre-flights): every
         # check above has run; answering here skips the framework's per-request cost.
-        if method == "GET" and not scope.get("query_string") and path in _FAST_PATHS:
+        if method == "GET" and path in _FAST_PATHS and not scope.get("query_string"):
             await self._fast(path, send, scope)
-            return
-
-        await self._app(scope, receive, send)
+            return None
+        return scope, receive, send
 
     async def _fast(self, path: str, send: Send, scope: Scope) -> None:
         if path == "/health":
             body = _HEALTH_OK
+            head = _HEALTH_HEAD
         else:
-            who = scope.get(PRINCIPAL_KEY)  # multi-user auth: the caller is named
-            body = msgspec.json.encode(capabilities.envelope_for(self._host, self._features, who))
+            # multi-user auth: the caller is named (scope's principal)
+            body = self._advertiser.body(self._host, scope.get(PRINCIPAL_KEY))
+            head = ((b"content-type", _JSON), (b"content-length", b"%d" % len(body)))
         metrics = self._metrics
         if metrics is not None:
-            metrics.requests.labels("GET", path, "200").inc()
-        await _respond(send, 200, body, (), close=False)
+            metrics.requests.add(_FAST_KEYS[path])
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": body})
 
     def _authorized(self, auths: list[bytes], tokens: list[bytes]) -> bool:
         """The token in ``Authorization`` or in the ``--token-header`` header."""
@@ -571,86 +612,25 @@ class SecurityFront:
         await self._app(scope, receive, send)
 
 
-# ---- body helpers -------------------------------------------------------------------------
+# ---- refusals ---------------------------------------------------------------------------
 
-_TOO_LARGE = b"<too large>"
-_TIMED_OUT = b"<timed out>"
+_NO_BODY, _DRAIN, _UNDRAINABLE = 0, 1, 2
 
 
-async def _respond(
+async def _refuse(
+    receive: Receive,
     send: Send,
+    drain: int,
     status: int,
     body: bytes,
-    headers: tuple[tuple[bytes, bytes], ...],
-    *,
-    close: bool,
+    headers: tuple[tuple[bytes, bytes], ...] = (),
 ) -> None:
-    out: list[tuple[bytes, bytes]] = []
-    if body:
-        out.append((b"content-type", _JSON))
-    out.append((b"content-length", str(len(body)).encode()))
-    out.extend(headers)
-    if close:
-        out.append((b"connection", b"close"))
-    try:
-        await send({"type": "http.response.start", "status": status, "headers": out})
-        await send({"type": "http.response.body", "body": body})
-    except (trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        # An early refusal on a connection hypercorn is already tearing down (a peer
-        # still pushing a body it will never be allowed to send): nothing to deliver.
-        if not close:
-            raise
-        log.debug("early %d not delivered: the connection is closing", status)
-
-
-async def _drain(receive: Receive, limit: int) -> bool:
-    """Read and discard the request body; True iff it ended within ``limit`` bytes and time."""
-    total = 0
-    with trio.move_on_after(DRAIN_TIMEOUT_S):
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return False
-            total += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                return True
-            if total > limit:
-                return False
-    return False
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole request body, :data:`_TOO_LARGE` past ``limit`` bytes, :data:`_TIMED_OUT`
-    after :data:`BODY_READ_TIMEOUT_S`, or ``None`` when the client disconnected."""
-    parts: list[bytes] = []
-    total = 0
-    with trio.move_on_after(BODY_READ_TIMEOUT_S):
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return None
-            chunk = message.get("body", b"")
-            total += len(chunk)
-            if total > limit:
-                return _TOO_LARGE
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(parts)
-    return _TIMED_OUT
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that yields ``body`` once, then defers to the real one."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
+    """Answer early: the request body is drained first (``drain``: :data:`_DRAIN`), so the
+    connection can serve the next request, or the connection closes after the answer."""
+    close = drain == _UNDRAINABLE
+    if drain == _DRAIN:
+        close = not await drain_body(receive, DRAIN_LIMIT_BYTES)
+    await respond(send, status, body, headers, close=close)
 
 
 # ---- installation -------------------------------------------------------------------------

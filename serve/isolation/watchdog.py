@@ -42,26 +42,6 @@ def _rss(pid: int) -> int:
         return 0
 
 
-def _children_of(pid: int) -> list[int] | None:
-    """``pid``'s children from ``/proc/<pid>/task/*/children`` (None: not available)."""
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []  # gone
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                out.extend(int(c) for c in f.read().split())
-        except FileNotFoundError:
-            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
-                continue  # the thread ended
-            return None  # a kernel without CONFIG_PROC_CHILDREN
-        except (OSError, ValueError):
-            continue
-    return out
-
-
 def _scan_children() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for pid, state, ppid, _pgid in procfs.stats():
@@ -89,7 +69,7 @@ def sample(roots: Mapping[str, int]) -> dict[str, TreeSample]:
                 continue
             known.add(pid)
             seen.append(pid)
-            kids = _children_of(pid) if scanned is None else None
+            kids = procfs.children(pid) if scanned is None else None
             if kids is None:
                 scanned = scanned if scanned is not None else _scan_children()
                 kids = scanned.get(pid, [])

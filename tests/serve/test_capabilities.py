@@ -6,9 +6,11 @@ so does an API route no tag announces (unless it is listed below as deliberately
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from serve.host import Host
@@ -118,3 +120,38 @@ def test_route_modules_export_what_they_serve() -> None:
     tags = {f.tag for f in FEATURES}
     for module in ROUTE_MODULES:
         assert {f.tag for f in getattr(module, "FEATURES", ())} <= tags
+
+
+def test_the_prepared_body_follows_conditional_tags(tmp_path: Path) -> None:
+    """The fast path's body (built once per combination of the conditional tags) is the
+    envelope's, and changes when a predicate, plain or shared, flips."""
+    settings = parse_settings(["--workspace", str(tmp_path)], {"HOME": str(tmp_path)})
+    host = build_host(settings)[0]
+    state = {"plain": False, "shared": frozenset[str]()}
+    features = (
+        *FEATURES,
+        capabilities.Feature("test_plain", (("GET", "/health"),), when=lambda _: state["plain"]),
+        capabilities.Feature(
+            "test_shared",
+            (("GET", "/health"),),
+            modes=("a", "b"),
+            when=capabilities.SharedPredicate(lambda _: state["shared"], "x"),
+        ),
+    )
+    advertiser = capabilities.Advertiser(features)
+
+    def shown() -> dict[str, object]:
+        body = advertiser.body(host)
+        assert body == msgspec.json.encode(capabilities.envelope(host, features))
+        return json.loads(body)  # type: ignore[no-any-return]
+
+    body = shown()
+    assert "test_plain" not in body["features"] and "test_shared" not in body["features"]
+    state["plain"] = True
+    body = shown()
+    assert "test_plain" in body["features"] and "test_shared" not in body["featureDetails"]
+    state["shared"] = frozenset({"x"})
+    body = shown()
+    assert body["featureDetails"]["test_shared"] == {"since": "v1", "modes": ["a", "b"]}
+    state["plain"] = False
+    assert "test_plain" not in shown()["features"]

@@ -44,7 +44,6 @@ Every route finds the session (404) and checks a present ``X-Qwen-Client-Id`` ag
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import TYPE_CHECKING, Any, Final
 
@@ -54,7 +53,7 @@ from quart import Blueprint, Response, request
 from acp.errors import METHOD_NOT_FOUND, AcpError, RemoteError
 from actors import ActorStopped
 from serve.http.access import principal
-from serve.http.capabilities import Feature
+from serve.http.capabilities import Feature, SharedPredicate
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request, session_not_found, to_api_error
 from serve.http.forks import known_info
@@ -111,14 +110,21 @@ _TAGS: Final = (
 )
 
 
-def _agent_supports(method: str, d: Host) -> bool:
-    if method == agent_ext.BRANCH and any(_native_fork(s, d) for s in agent_ext._live(d)):
-        return True  # native session/fork
-    return agent_ext.any_live_supports(d, method)
+def _agent_methods(d: Host) -> frozenset[str]:
+    """The methods of :data:`_TAGS` some live session's agent is known (or was seen) to
+    answer; ``branch`` also when one forks natively (ACP ``session/fork``). One walk over
+    the live sessions for all the tags."""
+    live = agent_ext._live(d)
+    if not live:
+        return frozenset()
+    found = agent_ext.live_supported(d, live, (method for _, method, _ in _TAGS))
+    if agent_ext.BRANCH not in found and any(_native_fork(s, d) for s in live):
+        found.add(agent_ext.BRANCH)  # native session/fork
+    return frozenset(found)
 
 
 FEATURES: tuple[Feature, ...] = tuple(
-    Feature(tag, routes, when=functools.partial(_agent_supports, method))
+    Feature(tag, routes, when=SharedPredicate(_agent_methods, method))
     for tag, method, routes in _TAGS
 )
 

@@ -52,6 +52,7 @@ __all__ = [
     "agent_kind",
     "agent_name",
     "any_live_supports",
+    "live_supported",
     "support_for",
 ]
 
@@ -185,6 +186,13 @@ def _live(daemon: object) -> Iterable[object]:
         return list(registry.live())
     except Exception:  # a registry that is not running yet has nothing live
         return ()
+
+
+def live_supported(daemon: object, live: Iterable[object], methods: Iterable[str]) -> set[str]:
+    """Which of ``methods`` some session of ``live`` has an agent known (or seen) to answer."""
+    support = support_for(daemon)
+    kinds = {agent_kind(s) for s in live}
+    return {m for m in methods if any(support.verdict(k, m) is True for k in kinds)}
 
 
 def any_live_supports(daemon: object, method: str) -> bool:
