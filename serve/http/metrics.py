@@ -139,6 +139,15 @@ def _request_series(metrics: DaemonMetrics) -> Iterator[Metric]:
     yield latency
 
 
+def _acp_evictions(d: Host) -> int:
+    """Streams the /acp front evicted (an unread session stream past its outbox, or a
+    WebSocket connection), 0 without the front."""
+    from serve.acpfront.front import AcpFront
+
+    front = d.acp_front
+    return front.evictions if isinstance(front, AcpFront) else 0
+
+
 def _state_series(d: Host) -> Iterator[Metric]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -166,8 +175,8 @@ def _state_series(d: Host) -> Iterator[Metric]:
     )
     yield counter(
         "acp_serve_sse_evictions",
-        "SSE subscribers evicted (client_evicted)",
-        sum(st["evictions"] for st in stats) + retired.get("evictions", 0),
+        "SSE subscribers evicted (client_evicted), /acp session streams included",
+        sum(st["evictions"] for st in stats) + retired.get("evictions", 0) + _acp_evictions(d),
     )
     yield counter(
         "acp_serve_slow_client_warnings",

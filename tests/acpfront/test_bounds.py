@@ -30,6 +30,7 @@ async def test_unread_session_stream_is_evicted_then_resumes_from_the_ring(
     acp: AcpHttp, daemon_proc: DaemonProcess
 ) -> None:
     await acp.initialize({"protocolVersion": 1})
+    before = await evictions(acp.client)
     async with acp.stream() as conn:
         sid = (await acp.new_session(str(daemon_proc.workspace.resolve()), conn))["sessionId"]
         # 3000 updates while no session stream is open: more than an outbox holds (2048).
@@ -41,6 +42,10 @@ async def test_unread_session_stream_is_evicted_then_resumes_from_the_ring(
                 {"sessionId": sid, "prompt": [{"type": "text", "text": "[flood 3000]"}]},
             )
             await collect_until(watcher, lambda e: e.get("type") == "turn_complete")
+        # The front's pump may still be queueing the turn (a busy machine): open the session
+        # stream only once the overflow evicted it, or a reader keeping up would see no
+        # eviction at all (correctly).
+        await wait_for_eviction(acp.client, before)
         async with acp.stream(sid) as sess:
             frames = await sess.until(lambda f: f.message.get("id") == rid)
     evicted = [f for f in frames if f.kind == "client_evicted"]
@@ -62,6 +67,25 @@ async def test_unread_session_stream_is_evicted_then_resumes_from_the_ring(
     # replay ends depends on how far the paced agent got before the eviction).
     assert "replay_complete" in kinds and kinds.index("turn_complete") < len(frames) - 1
     assert frames[-1].message["result"]["stopReason"] == "end_turn"
+
+
+async def evictions(client: httpx.AsyncClient) -> float:
+    """The daemon's ``acp_serve_sse_evictions`` counter (``GET /metrics``)."""
+    r = await client.get("/metrics")
+    assert r.status_code == 200, r.text
+    for line in r.text.splitlines():
+        if line.startswith("acp_serve_sse_evictions_total ") or line.startswith(
+            "acp_serve_sse_evictions "
+        ):
+            return float(line.split()[1])
+    raise AssertionError("no acp_serve_sse_evictions in /metrics")
+
+
+async def wait_for_eviction(client: httpx.AsyncClient, before: float) -> None:
+    """Until the counter passed ``before`` (bounded: 60 s)."""
+    with trio.fail_after(60):
+        while await evictions(client) <= before:  # noqa: ASYNC110 (another process)
+            await trio.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
