@@ -142,10 +142,8 @@ def _request_series(metrics: DaemonMetrics) -> Iterator[Metric]:
 def _acp_evictions(d: Host) -> int:
     """Streams the /acp front evicted (an unread session stream past its outbox, or a
     WebSocket connection), 0 without the front."""
-    from serve.acpfront.front import AcpFront
-
-    front = d.acp_front
-    return front.evictions if isinstance(front, AcpFront) else 0
+    evictions = getattr(d.acp_front, "evictions", 0)
+    return evictions if isinstance(evictions, int) else 0
 
 
 def _state_series(d: Host) -> Iterator[Metric]:
