@@ -82,15 +82,12 @@ def envelope_for(
 ) -> dict[str, Any]:
     """:func:`envelope`, and with multi-user auth who the caller is (``principal``: its
     id, kind and daemon roles) and how principals are made here (``auth.modes``)."""
-    body = envelope(host, features)
-    if host.multi_user:
-        body["principal"] = (principal or OPERATOR).describe()
-        body["auth"] = {"modes": list(host.settings.auth.modes())}
-    return body
+    return Advertiser(features).envelope(host, principal)
 
 
 def envelope(host: Host, features: Sequence[Feature]) -> dict[str, Any]:
-    """The ``GET /capabilities`` body (qwen-serve-spec §8.2)."""
+    """The ``GET /capabilities`` body (qwen-serve-spec §8.2); with multi-user auth, as the
+    operator sees it."""
     return Advertiser(features).envelope(host)
 
 
@@ -152,21 +149,18 @@ class Advertiser:
         return self._last
 
     def body(self, host: Host, principal: Principal | None = None) -> bytes:
-        """The encoded :meth:`envelope`; with multi-user auth also the caller
-        (``principal``) and the auth modes, as :func:`envelope_for`."""
-        body = self._envelope(host, raw=True)
-        if host.multi_user:
-            body["principal"] = (principal or OPERATOR).describe()
-            body["auth"] = {"modes": list(host.settings.auth.modes())}
-        return msgspec.json.encode(body)
+        """The encoded :meth:`envelope`."""
+        return msgspec.json.encode(self._envelope(host, principal, raw=True))
 
-    def envelope(self, host: Host) -> dict[str, Any]:
-        return self._envelope(host, raw=False)
+    def envelope(self, host: Host, principal: Principal | None = None) -> dict[str, Any]:
+        """The body; with multi-user auth also the caller (``principal``, the operator
+        when None) and the auth modes."""
+        return self._envelope(host, principal, raw=False)
 
-    def _envelope(self, host: Host, *, raw: bool) -> dict[str, Any]:
+    def _envelope(self, host: Host, principal: Principal | None, *, raw: bool) -> dict[str, Any]:
         shown = self.tags(host)
         settings = host.settings
-        return {
+        body: dict[str, Any] = {
             "v": 1,
             "protocolVersions": PROTOCOL_VERSIONS,
             "mode": "http-bridge",
@@ -187,3 +181,7 @@ class Advertiser:
             # per workspace: its agent and whether it can fork (serve/http/forks.py)
             "agents": capabilities_agents(host),
         }
+        if host.multi_user:
+            body["principal"] = (principal or OPERATOR).describe()
+            body["auth"] = {"modes": list(host.settings.auth.modes())}
+        return body

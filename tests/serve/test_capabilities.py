@@ -6,6 +6,7 @@ so does an API route no tag announces (unless it is listed below as deliberately
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -155,3 +156,27 @@ def test_the_prepared_body_follows_conditional_tags(tmp_path: Path) -> None:
     assert body["featureDetails"]["test_shared"] == {"since": "v1", "modes": ["a", "b"]}
     state["plain"] = False
     assert "test_plain" not in shown()["features"]
+
+
+async def test_the_fast_path_and_the_route_name_the_same_caller(tmp_path: Path) -> None:
+    """With multi-user auth ``GET /capabilities`` names the caller: the front's fast path
+    (no query) and the route (a query string goes to the framework) build the same body."""
+    tokens = tmp_path / "tokens.json"
+    digest = hashlib.sha256(b"carol-secret").hexdigest()
+    tokens.write_text(json.dumps([{"id": "c1", "sha256": digest, "principal": "carol"}]))
+    host = _host(tmp_path, "--token", "t0123456", "--auth-tokens-file", str(tokens))
+    app = create_app(host)
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))  # type: ignore[arg-type]
+    base = f"http://127.0.0.1:{host.port}"
+    async with httpx.AsyncClient(transport=transport, base_url=base) as client:
+        for token, caller in (
+            ("carol-secret", {"id": "carol", "kind": "token", "roles": ["user"]}),
+            ("t0123456", {"id": "operator", "kind": "operator", "roles": ["admin"]}),
+        ):
+            auth = {"Authorization": f"Bearer {token}"}
+            fast = await client.get("/capabilities", headers=auth)
+            routed = await client.get("/capabilities?via=route", headers=auth)
+            assert fast.status_code == routed.status_code == 200
+            assert fast.json() == routed.json()
+            assert fast.json()["principal"] == caller
+            assert fast.json()["auth"] == {"modes": ["tokens"]}
