@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from actors import Supervisor, SupervisorEvent
 from serve.workspaces.files.set import WorkspaceSet
@@ -38,6 +38,15 @@ if TYPE_CHECKING:
     from serve.workspaces.hub import WorkspaceHub
     from serve.workspaces.runtimes import WorkspaceRuntimes
     from serve.workspaces.state.reload import WorkspaceState
+
+
+class AcpFrontView(Protocol):
+    """What the daemon's read models read of the /acp front (``serve.acpfront.AcpFront``,
+    which imports this module, so it is named here only by what it offers)."""
+
+    #: Streams the front evicted: an unread session stream past its outbox, or a
+    #: WebSocket connection (``acp_serve_sse_evictions``).
+    evictions: int
 
 
 @dataclass(eq=False)
@@ -111,9 +120,10 @@ class Host:
     #: One ``Workspace`` per root for the file routes, ``/acp`` ``_qwen/file/*``, the
     #: effect gate and the workspace-state service (their per-path writer locks).
     workspaces: WorkspaceSet = field(default_factory=WorkspaceSet)
-    #: The /acp front (a ``serve.acpfront.AcpFront``, opaque here: that package imports this
-    #: one), built over this Host by ``build_host`` and supervised as ``acp-front``.
-    acp_front: object = None
+    #: The /acp front (a ``serve.acpfront.AcpFront``, seen here as :class:`AcpFrontView`: that
+    #: package imports this one), built over this Host by ``build_host`` and supervised as
+    #: ``acp-front``; None when ``/acp`` is off.
+    acp_front: AcpFrontView | None = None
     #: Multi-user auth (``--auth-*``, docs/multi-user.md): the audit log actor (also with
     #: ``--audit-log`` alone) and the per-principal quotas; None without them.
     audit: AuditLog | None = None

@@ -142,8 +142,7 @@ def _request_series(metrics: DaemonMetrics) -> Iterator[Metric]:
 def _acp_evictions(d: Host) -> int:
     """Streams the /acp front evicted (an unread session stream past its outbox, or a
     WebSocket connection), 0 without the front."""
-    evictions = getattr(d.acp_front, "evictions", 0)
-    return evictions if isinstance(evictions, int) else 0
+    return d.acp_front.evictions if d.acp_front is not None else 0
 
 
 def _state_series(d: Host) -> Iterator[Metric]:
