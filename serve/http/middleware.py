@@ -279,8 +279,7 @@ class SecurityFront:
         self._metrics = metrics
         # The front counts the requests it answers itself (the app's own are counted by
         # serve/http/keepalive.py): the drain waits for both.
-        front = getattr(host, "front", None)
-        self._stats: FrontStats | None = front if hasattr(front, "open_requests") else None
+        self._stats: FrontStats = host.front
         self._max_body = settings.max_body_bytes
         self._too_large_413 = msgspec.json.encode({"error": settings.body_too_large_message})
         self._bound_host = settings.hostname
@@ -320,14 +319,11 @@ class SecurityFront:
         kind = scope["type"]
         if kind == "http":
             stats = self._stats
-            if stats is None:
+            stats.open_requests += 1
+            try:
                 passed = await self._http(scope, receive, send)
-            else:
-                stats.open_requests += 1
-                try:
-                    passed = await self._http(scope, receive, send)
-                finally:
-                    stats.open_requests -= 1
+            finally:
+                stats.open_requests -= 1
             if passed is not None:
                 await self._app(*passed)
         elif kind == "websocket":

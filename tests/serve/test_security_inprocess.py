@@ -20,6 +20,7 @@ import pytest
 from quart import Blueprint
 from quart_trio import QuartTrio
 
+from serve.host import FrontStats
 from serve.http import middleware
 from serve.http.middleware import install_middleware, malformed_path, rate_limit_hits, rate_limiter
 from serve.http.security import STRICT_ROUTES, RateLimiter
@@ -72,7 +73,7 @@ def make_app(settings: Settings, calls: list[str], port: int = 4170) -> tuple[Qu
 
         blueprint.add_url_rule(rule, f"r{index}", handler, methods=[method])
     app.register_blueprint(blueprint)
-    front = SimpleNamespace(rate_limiter=limiter_for(settings.rate_limit))
+    front = FrontStats(rate_limiter=limiter_for(settings.rate_limit))
     daemon = SimpleNamespace(settings=settings, port=port, draining=False, front=front)
     install_middleware(app, daemon)  # type: ignore[arg-type]
     return app, daemon
@@ -249,7 +250,8 @@ async def test_vary_is_merged_not_duplicated() -> None:
         return {"ok": True}, 200, {"Vary": "Accept-Encoding"}
 
     settings = Settings(workspaces=("/tmp",), token=TOKEN, allow_origins=("http://a.example",))
-    install_middleware(app, SimpleNamespace(settings=settings, port=4170, draining=False))  # type: ignore[arg-type]
+    host = SimpleNamespace(settings=settings, port=4170, draining=False, front=FrontStats())
+    install_middleware(app, host)  # type: ignore[arg-type]
     async with client(app) as c:
         response = await c.get("/v", headers={"Origin": "http://a.example", **AUTH})
         assert response.headers.get_list("vary") == ["Accept-Encoding, Origin"]
