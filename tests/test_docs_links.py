@@ -77,6 +77,21 @@ def test_the_readme_links_the_reference_pages() -> None:
     assert pages and pages <= readme, pages - readme
 
 
+#: The README is an overview and a quick start; the reference lives under docs/reference/.
+MAX_README_LINES = 150
+
+
+def test_the_readme_is_an_overview_that_starts_with_the_set_up_commands() -> None:
+    """Short enough to read in minutes, and the first commands a reader sees are the two
+    that install, run and test it."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines: move the rest"
+    start = next(n for n, line in enumerate(lines) if FENCE.match(line))
+    end = next(n for n in range(start + 1, len(lines)) if FENCE.match(lines[n]))
+    commands = [line.split("#")[0].strip() for line in lines[start + 1 : end]]
+    assert commands == ["scripts/serve", "scripts/test"], commands
+
+
 def test_the_checker_sees_a_dead_link(tmp_path: Path) -> None:
     page = tmp_path / "a.md"
     (tmp_path / "b.md").write_text("# The `b` page (v1)\n\n## Twice\n\n## Twice\n")
