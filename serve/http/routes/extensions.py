@@ -179,13 +179,11 @@ async def forward(
     kind = agent_ext.agent_kind(session)
     if support.verdict(kind, method) is False:
         raise _not_supported(method, agent_ext.agent_name(session))
-    released = bool(getattr(session, "agent_released", False))  # the call rebinds it
-    if (
-        kind is None
-        and not released
-        and getattr(getattr(session, "conn", None), "info", None) is None
-    ):
-        raise agent_unavailable()  # no agent yet (an agent without agentInfo is asked)
+    conn = session.conn
+    # No agent yet (an agent without agentInfo is asked; a released one is rebound by the
+    # call).
+    if kind is None and not session.agent_released and (conn is None or conn.info is None):
+        raise agent_unavailable()
     try:
         raw = await ask(
             session,
