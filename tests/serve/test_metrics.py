@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from serve.http.app import create_app
+from serve.runtime.build import build_host
+from serve.settings import parse_settings
 from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import spawn_daemon
 
@@ -97,3 +101,22 @@ async def test_metrics_follow_sessions_requests_and_crashes() -> None:
     assert prompt_line["msg"].startswith("POST /session/<session_id>/prompt 200")
     assert prompt_line["session_id"] == sid
     assert TOKEN not in daemon.stderr()
+
+
+async def test_the_answers_of_the_front_itself_are_counted(tmp_path: Path) -> None:
+    """``GET /health`` and ``GET /capabilities`` are answered by the security front, below
+    the framework's request hooks; they are counted all the same, under their routes."""
+    settings = parse_settings(
+        ["--workspace", str(tmp_path), "--token", TOKEN], {"HOME": str(tmp_path)}
+    )
+    host = build_host(settings)[0]
+    transport = httpx.ASGITransport(app=create_app(host), client=("127.0.0.1", 40000))  # type: ignore[arg-type]
+    base = f"http://127.0.0.1:{host.port}"
+    async with httpx.AsyncClient(transport=transport, base_url=base, headers=AUTH) as client:
+        for path, times in (("/health", 3), ("/capabilities", 2)):
+            for _ in range(times):
+                assert (await client.get(path)).status_code == 200
+        m = samples((await client.get("/metrics")).text)
+    for route, times in (("/health", 3), ("/capabilities", 2)):
+        labels = {"method": "GET", "route": route, "status": "200"}
+        assert value(m, "acp_serve_http_requests_total", **labels) == times
