@@ -14,8 +14,9 @@ mode's. The kernel's Landlock audit records (Linux 6.15+, through the audit subs
 not read: they need an audit daemon or netlink listener the daemon does not run, and are
 absent from the kernel log without one.
 
-Pure functions over strings and a few ``stat`` calls; bounded by the stderr tail the
-process layer keeps (64 KiB) and :data:`MAX_LINES` lines of it.
+Pure functions over strings and ``stat`` calls (blocking: callers run :func:`explain` in a
+worker thread, once per failed start); bounded by the stderr tail the process layer keeps
+(64 KiB) and :data:`MAX_LINES` lines of it.
 """
 
 from __future__ import annotations
