@@ -1,5 +1,6 @@
-"""Linux ``/proc``: every process's state, parent and process group (one scan), and one
-process's children (without a scan).
+"""Linux ``/proc``: every process's state, parent and process group (one scan), one
+process's children (without a scan), and process trees walked with the latter
+(:class:`TreeWalker`).
 
 :func:`stats` reads one small file per process on the machine: a few ms of CPU with a
 hundred processes, more on a busy host. :func:`children` reads only the target's
@@ -57,3 +58,36 @@ def children(pid: int) -> list[int] | None:
         except (OSError, ValueError):
             continue
     return out
+
+
+class TreeWalker:
+    """Walks process trees through :func:`children`; on a kernel without those files, through
+    one :func:`stats` scan shared by every walk of this walker (zombies included either way).
+    One walker per sampling round: the scan is not refreshed."""
+
+    def __init__(self) -> None:
+        self._scanned: dict[int, list[int]] | None = None
+
+    def children(self, pid: int) -> list[int]:
+        if self._scanned is None:
+            found = children(pid)
+            if found is not None:
+                return found
+            self._scanned = {}
+            for child, _state, ppid, _pgid in stats():
+                self._scanned.setdefault(ppid, []).append(child)
+        return self._scanned.get(pid, [])
+
+    def tree(self, root: int) -> list[int]:
+        """``root`` and its descendants, each once, ``root`` first."""
+        out: list[int] = []
+        seen: set[int] = set()
+        stack = [root]
+        while stack:
+            pid = stack.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            out.append(pid)
+            stack.extend(self.children(pid))
+        return out

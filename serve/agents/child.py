@@ -132,7 +132,7 @@ async def start_child(
                 await limits.aclose()
         if not isinstance(exc, Exception):
             raise
-        return start_failure(conn, exc)  # the sandbox's refusal, when it killed the child
+        return await start_failure(conn, exc)  # the sandbox's refusal, when it killed the child
     return AgentChild(child_id, conn, mux, limits)
 
 

@@ -48,9 +48,9 @@ the tenant's environment, which every child spawned afterwards gets on top of
 
 Failure (:mod:`serve.agents.spawn_health`): while the pool is ``failing`` the refill only
 *probes*, one child at a time after the capped backoff, so the pool recovers by itself once
-the agent works again (a probe child that becomes stable ends ``failing``; one not needed
-as warm capacity is then stopped). Session creates still try their own spawn at once (so
-their error reaches the caller).
+the agent works again (a stable probe child ends ``failing``; one not needed as warm is
+then stopped). Session creates still spawn their own at once (their error reaches the
+caller), unless the sandbox refused the agent a path: they get that refusal, no spawn.
 
 Release: an empty shared child is stopped unless it is needed as warm capacity; a used
 exclusive child never goes back to warm. A child left with only dead slots (sessions the

@@ -14,8 +14,9 @@ mode's. The kernel's Landlock audit records (Linux 6.15+, through the audit subs
 not read: they need an audit daemon or netlink listener the daemon does not run, and are
 absent from the kernel log without one.
 
-Pure functions over strings and a few ``stat`` calls; bounded by the stderr tail the
-process layer keeps (64 KiB) and :data:`MAX_LINES` lines of it.
+Pure functions over strings and ``stat`` calls (blocking: callers run :func:`explain` in a
+worker thread, once per failed start); bounded by the stderr tail the process layer keeps
+(64 KiB) and :data:`MAX_LINES` lines of it.
 """
 
 from __future__ import annotations
@@ -77,35 +78,39 @@ def _nearest_dir(path: str) -> str:
     return here
 
 
-def _candidate(path: str, roots: Mapping[str, Sequence[str]]) -> Denial | None:
+def _candidate(
+    path: str, line: str, protected: Sequence[str], writable: Sequence[str]
+) -> Denial | None:
+    """``path`` (said refused by ``line``) as the sandbox's refusal, or None when the
+    sandbox did not refuse it. ``protected``, ``writable``: the child's roots, canonical."""
     real = os.path.realpath(path)
-    protected = [os.path.realpath(p) for p in roots.get("protected", ())]
-    writable = [os.path.realpath(p) for p in roots.get("write", ())]
     guards = [p for p in protected if _under(real, p)]
     if guards:
         # Unless a more specific write root (a child's own temp, the scripted store) holds it.
         deepest = max(guards, key=len)
         if any(_under(real, w) and len(w) > len(deepest) for w in writable):
             return None
-        return Denial(real, "", None)
+        return Denial(real, line, None)
     if any(_under(real, w) for w in writable):
         return None
     grant = _nearest_dir(real)
     if not os.access(grant, os.W_OK):  # the file mode refuses it anyway: not the sandbox
         return None
-    return Denial(real, "", grant)
+    return Denial(real, line, grant)
 
 
 def explain(stderr_tail: str, roots: Mapping[str, Sequence[str]]) -> Denial | None:
     """The sandbox's refusal that the stderr tail of a dead child reports (the last one),
-    or None. ``roots``: the child's ``{"write": [...], "protected": [...]}``."""
+    or None. ``roots``: the child's ``{"write": [...], "protected": [...]}`` (made canonical
+    once here, not per path a line names)."""
+    protected = [os.path.realpath(p) for p in roots.get("protected", ())]
+    writable = [os.path.realpath(p) for p in roots.get("write", ())]
     lines = stderr_tail.splitlines()[-MAX_LINES:]
     for line in reversed(lines):
         if not _DENIED.search(line):
             continue
-        paths = _QUOTED.findall(line) or _BARE.findall(line)
-        for path in paths:
-            found = _candidate(path.rstrip("."), roots)
+        for path in _QUOTED.findall(line) or _BARE.findall(line):
+            found = _candidate(path.rstrip("."), line.strip(), protected, writable)
             if found is not None:
-                return Denial(found.path, line.strip(), found.grant)
+                return found
     return None

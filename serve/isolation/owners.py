@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import secrets
@@ -300,18 +301,17 @@ class _LegacyJudge:
 
     def __init__(self, proc: str) -> None:
         self.proc = proc
-        self._in_use: set[int] | None = None
-        self._blind: tuple[str | None] | None = None
 
+    @functools.cached_property
     def blind(self) -> str | None:
         """Why this daemon cannot see every pid of the host (None: it can)."""
-        if self._blind is None:
-            self._blind = (_why_blind(self.proc),)
-        return self._blind[0]
+        return _why_blind(self.proc)
+
+    @functools.cached_property
+    def _in_use(self) -> set[int]:
+        return pids_in_use(self.proc)
 
     def in_use(self, pid: int) -> bool:
-        if self._in_use is None:
-            self._in_use = pids_in_use(self.proc)
         return pid in self._in_use
 
 
@@ -359,7 +359,7 @@ def _judge_legacy(group: Path, pid: int, judge: _LegacyJudge, out: Sweep) -> Non
         procs = f"{members} process" + ("es" if members != 1 else "")
         out.leave(group, f"an older daemon's group (no owner lock) with {procs} in it")
         return
-    blind = judge.blind()
+    blind = judge.blind
     if blind is not None:
         out.leave(group, f"an older daemon's group (no owner lock): {blind}")
         return

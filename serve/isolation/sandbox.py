@@ -312,7 +312,8 @@ def register(conn: AgentConnection, box: ChildSandbox) -> None:
 
 def denial(conn: AgentConnection) -> denials.Denial | None:
     """When ``conn``'s child has exited: the path its sandbox refused it, as its stderr
-    says (None: no sandbox, still running, or not a refusal of ours)."""
+    says (None: no sandbox, still running, or not a refusal of ours). Blocking (``stat``
+    calls): run it in a worker thread."""
     roots = _roots_of.get(conn)
     info = conn.process.exit_info
     if roots is None or info is None:

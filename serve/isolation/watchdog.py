@@ -42,39 +42,16 @@ def _rss(pid: int) -> int:
         return 0
 
 
-def _scan_children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for pid, state, ppid, _pgid in procfs.stats():
-        if state != b"Z":
-            children.setdefault(ppid, []).append(pid)
-    return children
-
-
 def sample(roots: Mapping[str, int]) -> dict[str, TreeSample]:
     """Per child (name → root pid): the RSS of its tree and the tree's pids.
 
     The tree is walked through ``/proc/<pid>/task/*/children`` (a few reads per tree member,
     not a scan of every process); a kernel without those files gets one ``/proc`` scan."""
-    if not roots:
-        return {}
-    scanned: dict[int, list[int]] | None = None
+    walker = procfs.TreeWalker()
     out: dict[str, TreeSample] = {}
     for name, root in roots.items():
-        seen: list[int] = []
-        known: set[int] = set()
-        stack = [root]
-        while stack:
-            pid = stack.pop()
-            if pid in known:
-                continue
-            known.add(pid)
-            seen.append(pid)
-            kids = procfs.children(pid) if scanned is None else None
-            if kids is None:
-                scanned = scanned if scanned is not None else _scan_children()
-                kids = scanned.get(pid, [])
-            stack.extend(kids)
-        out[name] = TreeSample(sum(_rss(p) for p in seen), tuple(seen))
+        pids = walker.tree(root)
+        out[name] = TreeSample(sum(_rss(p) for p in pids), tuple(pids))
     return out
 
 

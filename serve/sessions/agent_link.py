@@ -228,13 +228,14 @@ async def spawn_limited(
     return conn, limits
 
 
-def start_failure(conn: AgentConnection, exc: Exception) -> Exception:
+async def start_failure(conn: AgentConnection, exc: Exception) -> Exception:
     """What a failed ``initialize`` of ``conn`` (already closed) is for the caller:
     :class:`AgentSandboxDenied` when the child exited because the file sandbox refused it a
-    path (its stderr says which: a deterministic failure, never retryable), else ``exc``."""
+    path (its stderr says which: a deterministic failure, never retryable), else ``exc``.
+    The stderr's paths are checked in a worker thread (``stat`` calls)."""
     if not isinstance(exc, ChannelClosed):
         return exc
-    found = sandbox.denial(conn)
+    found = await trio.to_thread.run_sync(sandbox.denial, conn)
     if found is None:
         return exc
     return AgentSandboxDenied(found.message(), found.path, found.flag)
@@ -295,7 +296,10 @@ class SpawnAgentSource:
                 await conn.aclose(grace_s=1.0)
                 if limits is not None:
                     await limits.aclose()
-            if isinstance(exc, Exception) and (refusal := start_failure(conn, exc)) is not exc:
+            if (
+                isinstance(exc, Exception)
+                and (refusal := await start_failure(conn, exc)) is not exc
+            ):
                 raise refusal from exc
             raise
         return conn if limits is None else OwnAgent(conn, limits)

@@ -4,6 +4,7 @@ included (the reaper and the memory sampling rely on both), matching a full scan
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -48,3 +49,31 @@ def test_children_of_a_gone_process_is_empty() -> None:
     quick = subprocess.Popen([sys.executable, "-c", "pass"])
     quick.wait()
     assert procfs.children(quick.pid) == []
+
+
+def test_a_tree_walk_finds_every_descendant_with_and_without_the_children_files(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A child that forks a grandchild (both sleep): the tree is the root, then both.
+    code = (
+        "import subprocess, sys, time; "
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+        "print(g.pid, flush=True); time.sleep(30)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert child.stdout is not None
+        grandchild = int(child.stdout.readline())
+        walked = procfs.TreeWalker().tree(child.pid)
+        assert walked[0] == child.pid and set(walked) == {child.pid, grandchild}
+        assert procfs.TreeWalker().tree(os.getpid())[0] == os.getpid()
+        assert {child.pid, grandchild} <= set(procfs.TreeWalker().tree(os.getpid()))
+        # A kernel without /proc/<pid>/task/<tid>/children: one scan, the same tree.
+        monkeypatch.setattr(procfs, "children", lambda pid: None)
+        scanned = procfs.TreeWalker().tree(child.pid)
+        assert scanned[0] == child.pid and set(scanned) == set(walked)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the child and the grandchild
+        child.wait()

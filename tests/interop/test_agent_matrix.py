@@ -242,23 +242,29 @@ def message_text(events: list[dict[str, Any]], prompt_id: str) -> tuple[str, int
     return "".join(texts), len(texts)
 
 
-async def write_turn(flow: Flow) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Ask the agent to write ``matrix-<agent>.txt``; allow once whatever it asks, checking that
-    nothing is written before the answer. Returns the turn's events and the permission requests.
-    """
-    target = flow.workspace / f"matrix-{flow.spec.name}.txt"
-    if flow.spec.overwrite_reason:
-        target.write_text("placeholder\n")  # see AgentSpec.overwrite_reason
-    before = target.read_text() if target.exists() else None
-    asked: list[dict[str, Any]] = []
+async def allowed_turn(
+    flow: Flow,
+    text: str,
+    *,
+    mode: str = "",
+    on_ask: Callable[[dict[str, Any]], None] = lambda _: None,
+) -> list[dict[str, Any]]:
+    """Send ``text`` (first switching the session to approval ``mode`` when one is given),
+    answer ``allow_once`` to whatever the agent asks (``on_ask`` sees each request first) and
+    return the turn's events, which must end ``turn_complete``."""
     async with http(flow) as client:
+        if mode:
+            r = await client.post(
+                f"/session/{flow.session_id}/approval-mode",
+                json={"mode": mode},
+                headers=flow.headers,
+            )
+            assert r.status_code == 200, r.text
 
         async def vote(event: dict[str, Any]) -> None:
             if event["type"] != "permission_request":
                 return
-            now = target.read_text() if target.exists() else None
-            assert now == before, "written before the permission was answered"
-            asked.append(event)
+            on_ask(event)
             options = {o["kind"]: o["optionId"] for o in event["data"]["options"]}
             assert "allow_once" in options, options
             r = await client.post(
@@ -268,11 +274,29 @@ async def write_turn(flow: Flow) -> tuple[list[dict[str, Any]], list[dict[str, A
             )
             assert r.status_code == 200, r.text
 
-        prompt_id = await submit(
-            client, flow, f"please write {target.name} hello from {flow.spec.name}"
-        )
+        prompt_id = await submit(client, flow, text)
         events = await read_events(client, flow, terminal_of(prompt_id), vote)
     assert events[-1]["type"] == "turn_complete", f"{events[-1]}\n{diagnostics(flow)}"
+    return events
+
+
+async def write_turn(flow: Flow) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Ask the agent to write ``matrix-<agent>.txt``; allow once whatever it asks, checking that
+    nothing is written before the answer. Returns the turn's events and the permission requests.
+    """
+    target = flow.workspace / f"matrix-{flow.spec.name}.txt"
+    if flow.spec.overwrite_reason:
+        target.write_text("placeholder\n")  # see AgentSpec.overwrite_reason
+    before = target.read_text() if target.exists() else None
+    asked: list[dict[str, Any]] = []
+
+    def unwritten(event: dict[str, Any]) -> None:
+        now = target.read_text() if target.exists() else None
+        assert now == before, "written before the permission was answered"
+        asked.append(event)
+
+    text = f"please write {target.name} hello from {flow.spec.name}"
+    events = await allowed_turn(flow, text, on_ask=unwritten)
     flow.passed.add("write_turn")
     return events, asked
 
@@ -284,31 +308,8 @@ async def shell_turn(flow: Flow) -> None:
     refused may still end its turn ``end_turn``)."""
     target = flow.workspace / f"matrix-shell-{flow.spec.name}.txt"
     target.unlink(missing_ok=True)
-    async with http(flow) as client:
-        if flow.spec.shell_mode:
-            r = await client.post(
-                f"/session/{flow.session_id}/approval-mode",
-                json={"mode": flow.spec.shell_mode},
-                headers=flow.headers,
-            )
-            assert r.status_code == 200, r.text
-
-        async def vote(event: dict[str, Any]) -> None:
-            if event["type"] != "permission_request":
-                return
-            options = {o["kind"]: o["optionId"] for o in event["data"]["options"]}
-            r = await client.post(
-                f"/session/{flow.session_id}/permission/{event['data']['requestId']}",
-                json={"outcome": {"outcome": "selected", "optionId": options["allow_once"]}},
-                headers=flow.headers,
-            )
-            assert r.status_code == 200, r.text
-
-        prompt_id = await submit(
-            client, flow, f"please run {target.name} shell from {flow.spec.name}"
-        )
-        events = await read_events(client, flow, terminal_of(prompt_id), vote)
-    assert events[-1]["type"] == "turn_complete", f"{events[-1]}\n{diagnostics(flow)}"
+    text = f"please run {target.name} shell from {flow.spec.name}"
+    events = await allowed_turn(flow, text, mode=flow.spec.shell_mode)
     tools = [
         e["data"]["update"]
         for e in events

@@ -5,6 +5,9 @@ daemon's groups, whatever namespace either runs in; a SIGKILLed daemon's groups 
 was left in them) are removed by the next daemon, which proves the owner gone by taking its
 lock; a PID-1 daemon starts agents after another PID-1 daemon was SIGKILLed.
 
+A test's daemons all run in a cgroup of the test's own (``tests.support.cgroups.private_base``):
+they share it, as daemons sharing a host's hierarchies do, and a daemon of another test run
+on this host cannot sweep the test's dead daemons' groups before the test's next daemon does.
 Every daemon, process and group a test makes is removed by the ``rig`` fixture, also when
 the test fails. Waits are bounded polls; nothing is timed.
 """
@@ -27,7 +30,15 @@ import pytest
 
 from serve.isolation import cgroups
 from tests.conftest import AUTH, TOKEN
-from tests.support.cgroups import CG, CONTROLLERS, own_dir, record, remove, status_groups
+from tests.support.cgroups import (
+    CG,
+    CONTROLLERS,
+    PrivateBase,
+    private_base,
+    record,
+    remove,
+    status_groups,
+)
 from tests.support.daemon import DaemonProcess, spawn_daemon
 
 UNSHARE = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
@@ -86,9 +97,10 @@ class Daemon:
 
 
 class Rig:
-    """The daemons and groups of one test: all stopped and removed at its end."""
+    """The daemons and groups of one test, all in ``base``: stopped and removed at its end."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: PrivateBase) -> None:
+        self.base = base
         self.daemons: list[Daemon] = []
         self.groups: set[Path] = set()
         self.made: list[Path] = []
@@ -98,6 +110,7 @@ class Rig:
             ["--warm-agents", str(warm)],
             env={"QWEN_SERVER_TOKEN": TOKEN},
             wrapper=UNSHARE if pid1 else (),
+            launcher=self.base.launcher(),
             ready_timeout_s=60,
         )
         pid = process.proc.pid
@@ -124,11 +137,12 @@ class Rig:
 
 @pytest.fixture
 def rig() -> Iterator[Rig]:
-    r = Rig()
-    try:
-        yield r
-    finally:
-        r.close()
+    with private_base() as base:
+        r = Rig(base)
+        try:
+            yield r
+        finally:
+            r.close()
 
 
 def exists(groups: list[Path]) -> bool:
@@ -239,7 +253,7 @@ def test_a_sigkilled_daemons_groups_are_removed_by_the_next_daemon_in_any_namesp
     sid = host.new_session()
     assert host.answers(sid, "[spawn-grandchild]")
     host_groups = host.groups()
-    memory = next(g for g in host_groups if g.is_relative_to(own_dir("memory")))
+    memory = next(g for g in host_groups if g.is_relative_to(rig.base.dirs["memory"]))
     host.stop(signal.SIGKILL)
     wait_for(lambda: len(cgroups.members(memory)) == 1, "only the tool is left")
     (tool,) = cgroups.members(memory)
@@ -268,7 +282,7 @@ def test_a_pid1_daemon_starts_agents_after_another_pid1_daemon_was_sigkilled(
     rig: Rig,
 ) -> None:
     # What an older PID-1 daemon left on this host (its name was its pid: 1); kept as is.
-    legacy = [own_dir(c) / "acp-serve.1" for c in ("pids", "cpu")]
+    legacy = [rig.base.dirs[c] / "acp-serve.1" for c in ("pids", "cpu")]
     for group in legacy:
         if not group.exists():
             (group / "agent-1").mkdir(parents=True)

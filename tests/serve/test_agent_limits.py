@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from tests.conftest import AUTH, TOKEN
-from tests.support.cgroups import groups_of, own_dir, status_groups
+from tests.support.cgroups import groups_of, own_dir, private_base, status_groups
 from tests.support.daemon import DaemonProcess, spawn_daemon
 from tests.support.sse import collect_until
 
@@ -288,26 +288,29 @@ def test_a_daemon_in_a_memory_limited_cgroup_keeps_its_agents_below_it(
 def test_a_crashed_daemons_cgroups_are_removed_at_the_next_start(
     cleanup: list[DaemonProcess],
 ) -> None:
-    first = hostile_daemon("--warm-agents", "1")
-    cleanup.append(first)
-    with httpx.Client(base_url=first.url, headers=AUTH, timeout=60) as client:
-        new_session(client)
-        crashed = status_groups(status(client))
-    assert len(crashed) == 3
-    os.killpg(first.proc.pid, signal.SIGKILL)  # the daemon and anything of its group
-    first.proc.wait()
-    second = hostile_daemon()
-    cleanup.append(second)
-    with httpx.Client(base_url=second.url, headers=AUTH, timeout=60) as client:
-        iso = status(client)
-        assert iso["backend"] == "cgroup-v1"
-        mine = status_groups(iso)
-    # Its agents got stdin EOF and the second daemon's start removed what was left.
-    assert not any(g.exists() for g in crashed)
-    removed = {e["path"]: e["why"] for e in iso["groups"]["removedAtStart"]}
-    assert all(removed[str(g)] == "its owner is gone (its lock was free)" for g in crashed)
-    second.stop()
-    assert not any(g.exists() for g in mine)
+    # Both daemons in a cgroup of the test's own: a daemon of another test run on this
+    # host cannot remove the crashed one's groups before the second one does.
+    with private_base() as base:
+        first = hostile_daemon("--warm-agents", "1", launcher=base.launcher())
+        cleanup.append(first)
+        with httpx.Client(base_url=first.url, headers=AUTH, timeout=60) as client:
+            new_session(client)
+            crashed = status_groups(status(client))
+        assert len(crashed) == 3
+        os.killpg(first.proc.pid, signal.SIGKILL)  # the daemon and anything of its group
+        first.proc.wait()
+        second = hostile_daemon(launcher=base.launcher())
+        cleanup.append(second)
+        with httpx.Client(base_url=second.url, headers=AUTH, timeout=60) as client:
+            iso = status(client)
+            assert iso["backend"] == "cgroup-v1"
+            mine = status_groups(iso)
+        # Its agents got stdin EOF and the second daemon's start removed what was left.
+        assert not any(g.exists() for g in crashed)
+        removed = {e["path"]: e["why"] for e in iso["groups"]["removedAtStart"]}
+        assert all(removed[str(g)] == "its owner is gone (its lock was free)" for g in crashed)
+        second.stop()
+        assert not any(g.exists() for g in mine)
 
 
 def test_every_session_on_a_shared_child_killed_for_memory_gets_agent_oom(
