@@ -10,27 +10,15 @@ It also reads a 200 ``application/json`` answer as the reply, which cannot race
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-import trio
 
 from tests.acpfront.helpers import AcpHttp
 from tests.support.daemon import DaemonProcess
 
 SDK_INFO = {"clientInfo": {"name": "qwen-code-sdk", "version": "1.0.0"}}
-
-
-@pytest.fixture
-async def acp(client: httpx.AsyncClient) -> AsyncIterator[AcpHttp]:
-    async with trio.open_nursery() as nursery:
-        conn = AcpHttp(client, nursery)
-        yield conn
-        if conn.connection_id:
-            await client.delete("/acp", headers=conn.headers())
-        nursery.cancel_scope.cancel()
 
 
 def _call(rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
