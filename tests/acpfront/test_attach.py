@@ -420,7 +420,17 @@ async def test_attach_passes_on_a_reply_answered_in_the_post(daemon_proc: Daemon
         assert health["result"] == {"status": "ok"}
         cwd = str(daemon_proc.workspace.resolve())
         created = await editor.request(3, "session/new", {"cwd": cwd, "mcpServers": []})
-        assert created["result"]["sessionId"].startswith("sess_")
+        sid = created["result"]["sessionId"]
+        assert sid.startswith("sess_")
+        # As for a reply on the stream, the bridge opened the new session's stream: a turn
+        # another client runs reaches the editor before it names the session itself.
+        async with httpx.AsyncClient(base_url=daemon_proc.url, headers=AUTH, timeout=30) as rest:
+            r = await rest.post(
+                f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "elsewhere"}]}
+            )
+            assert r.status_code == 200, r.text
+        while "echo: elsewhere" not in editor.texts():
+            await editor.recv()  # (each wait bounded by GUARD_S)
     finally:
         assert process.stdin is not None
         await process.stdin.aclose()
