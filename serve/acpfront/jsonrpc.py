@@ -73,12 +73,6 @@ class RpcError(Exception):
         """The error table's JSON-RPC rendering (:func:`serve.errors.rpc_error`) as a reply."""
         return cls(wire.code, wire.message, wire.data)
 
-    def body(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.data is not None:
-            out["data"] = self.data
-        return out
-
 
 class ErrorObject(msgspec.Struct, frozen=True, omit_defaults=True):
     """The ``error`` member of an error reply: ``{code, message, data?}``."""

@@ -350,9 +350,7 @@ class Replied:
                     {"httpStatus": 404, "sessionId": link.session_id, "done": self.kind},
                 ),
             )
-            reply_conn(front, conn, payload, inline)
-        elif inline is not None:
-            inline(jsonrpc.result_bytes(rid, {}))
+            reply_conn(front, conn, payload, inline)  # (an inline connection is a qwen one)
         elif conn.transport == "http" and not link.outbox.ended:
             # An ACP client reads the reply on the session stream, before it ends.
             push_session(front, conn, link, None, jsonrpc.result_bytes(rid, {}))

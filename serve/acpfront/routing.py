@@ -74,15 +74,17 @@ def reply(
 ) -> None:
     """Queue the reply to a ``method`` request about session ``sid`` where it belongs
     (``inline``: the request's POST answers it)."""
-    if inline is not None:
-        inline(payload)
-        return
-    if conn.transport == "http" and method in SESSION_REPLIES and isinstance(sid, str):
+    if (
+        inline is None
+        and conn.transport == "http"
+        and method in SESSION_REPLIES
+        and isinstance(sid, str)
+    ):
         link = conn.sessions.get(sid)
         if link is not None and not link.outbox.ended:
             push_session(front, conn, link, None, payload)
             return
-    reply_conn(front, conn, payload)
+    reply_conn(front, conn, payload, inline)
 
 
 def reply_conn(

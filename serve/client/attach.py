@@ -256,13 +256,8 @@ class Bridge:
                 await self.emit_obj(_error(message["id"], -32603, f"HTTP {response.status_code}"))
         elif response.status_code == 200 and response.content:
             # The reply answered in the POST itself (the daemon does so for a connection
-            # whose clientInfo names the qwen SDK): pass it on as the stream's would be.
-            try:
-                body = _decoder.decode(response.content)
-            except (msgspec.DecodeError, RecursionError):
-                return
-            if isinstance(body, dict) and "id" in body:
-                await self.emit_obj(body)
+            # whose clientInfo names the qwen SDK): handled as the stream's would be.
+            await self._deliver(response.content, None, None)
 
     # ---- streams -------------------------------------------------------------------------
 

@@ -133,18 +133,24 @@ class Editor:
         ]
 
 
+async def _bridge(url: str) -> Editor:
+    """``serve attach URL`` (the token from the environment) and its editor side."""
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "serve", "attach", url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env={"QWEN_SERVER_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
+    )
+    return Editor(process)
+
+
 async def test_attach_survives_a_cut_link(daemon_proc: DaemonProcess) -> None:
     proxy = Proxy(daemon_proc.port)
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.run)
-        process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "serve", "attach", f"http://127.0.0.1:{proxy.port}"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            cwd=ROOT,
-            env={"QWEN_SERVER_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
-        )
-        editor = Editor(process)
+        editor = await _bridge(f"http://127.0.0.1:{proxy.port}")
+        process = editor.process
         try:
             init = await editor.request(1, "initialize", {"protocolVersion": 1})
             assert init["result"]["protocolVersion"] == 1
@@ -200,14 +206,8 @@ async def test_attach_renews_a_connection_the_daemon_forgot() -> None:
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(proxy.run)
-            process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "serve", "attach", f"http://127.0.0.1:{proxy.port}"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                cwd=ROOT,
-                env={"QWEN_SERVER_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
-            )
-            editor = Editor(process)
+            editor = await _bridge(f"http://127.0.0.1:{proxy.port}")
+            process = editor.process
             try:
                 await editor.request(1, "initialize", {"protocolVersion": 1})
                 cwd = str(d.workspace.resolve())
@@ -412,21 +412,25 @@ def test_attach_warns_about_a_token_in_argv_and_plain_http_to_another_host() -> 
 async def test_attach_passes_on_a_reply_answered_in_the_post(daemon_proc: DaemonProcess) -> None:
     """An editor whose ``clientInfo`` names the qwen SDK gets its replies in the POSTs'
     answers (``serve/acpfront/routing.py``): the bridge passes those on too."""
-    process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "serve", "attach", daemon_proc.url],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-        env={"QWEN_SERVER_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"},
-    )
-    editor = Editor(process)
+    editor = await _bridge(daemon_proc.url)
+    process = editor.process
     try:
         await editor.request(1, "initialize", {"clientInfo": {"name": "qwen-code-sdk"}})
         health = await editor.request(2, "_qwen/health", {})
         assert health["result"] == {"status": "ok"}
         cwd = str(daemon_proc.workspace.resolve())
         created = await editor.request(3, "session/new", {"cwd": cwd, "mcpServers": []})
-        assert created["result"]["sessionId"].startswith("sess_")
+        sid = created["result"]["sessionId"]
+        assert sid.startswith("sess_")
+        # As for a reply on the stream, the bridge opened the new session's stream: a turn
+        # another client runs reaches the editor before it names the session itself.
+        async with httpx.AsyncClient(base_url=daemon_proc.url, headers=AUTH, timeout=30) as rest:
+            r = await rest.post(
+                f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "elsewhere"}]}
+            )
+            assert r.status_code == 200, r.text
+        while "echo: elsewhere" not in editor.texts():
+            await editor.recv()  # (each wait bounded by GUARD_S)
     finally:
         assert process.stdin is not None
         await process.stdin.aclose()

@@ -4,7 +4,7 @@ expiry of HTTP connections, and QWEN_SERVE_ACP_HTTP=0 (real daemons, scripted ag
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -14,16 +14,6 @@ from tests.acpfront.helpers import AcpHttp
 from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import DaemonProcess, spawn_daemon
 from tests.support.sse import collect_until
-
-
-@pytest.fixture
-async def acp(client: httpx.AsyncClient) -> AsyncIterator[AcpHttp]:
-    async with trio.open_nursery() as nursery:
-        conn = AcpHttp(client, nursery)
-        yield conn
-        if conn.connection_id:
-            await client.delete("/acp", headers=conn.headers())
-        nursery.cancel_scope.cancel()
 
 
 async def test_unread_session_stream_is_evicted_then_resumes_from_the_ring(

@@ -5,12 +5,9 @@ real sockets)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest
-import trio
 
 from tests.acpfront.helpers import AcpHttp, Frame, Ws
 from tests.conftest import AUTH
@@ -20,16 +17,6 @@ FORM_AND_URL = {
     "protocolVersion": 1,
     "clientCapabilities": {"elicitation": {"form": {}, "url": {}}},
 }
-
-
-@pytest.fixture
-async def acp(client: httpx.AsyncClient) -> AsyncIterator[AcpHttp]:
-    async with trio.open_nursery() as nursery:
-        conn = AcpHttp(client, nursery)
-        yield conn
-        if conn.connection_id:
-            await client.delete("/acp", headers=conn.headers())
-        nursery.cancel_scope.cancel()
 
 
 def _ws(daemon_proc: DaemonProcess) -> str:

@@ -10,27 +10,15 @@ It also reads a 200 ``application/json`` answer as the reply, which cannot race
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-import trio
 
 from tests.acpfront.helpers import AcpHttp
 from tests.support.daemon import DaemonProcess
 
 SDK_INFO = {"clientInfo": {"name": "qwen-code-sdk", "version": "1.0.0"}}
-
-
-@pytest.fixture
-async def acp(client: httpx.AsyncClient) -> AsyncIterator[AcpHttp]:
-    async with trio.open_nursery() as nursery:
-        conn = AcpHttp(client, nursery)
-        yield conn
-        if conn.connection_id:
-            await client.delete("/acp", headers=conn.headers())
-        nursery.cancel_scope.cancel()
 
 
 def _call(rid: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -44,6 +32,26 @@ async def _answer(acp: AcpHttp, rid: int, method: str, params: dict[str, Any]) -
     body = response.json()
     assert body["jsonrpc"] == "2.0" and body["id"] == rid
     return body
+
+
+async def test_the_document_describes_the_replies_in_the_post(
+    acp: AcpHttp, client: httpx.AsyncClient
+) -> None:
+    """``POST /acp``'s documented 200 admits an inline result and an inline error reply,
+    neither of which carries ``Acp-Connection-Id`` (only ``initialize``'s does)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = (await client.get("/openapi.json")).json()
+    documented = doc["paths"]["/acp"]["post"]["responses"]["200"]
+    schema = documented["content"]["application/json"]["schema"]
+    validator = jsonschema.Draft202012Validator({**schema, "components": doc["components"]})
+    assert documented["headers"]["Acp-Connection-Id"]["required"] is False
+    await acp.initialize(SDK_INFO)
+    for rid, method in ((2, "_qwen/health"), (3, "no/such_method")):
+        response = await acp.post(_call(rid, method, {}))
+        assert response.status_code == 200, response.text
+        assert "Acp-Connection-Id" not in response.headers
+        errors = [e.message for e in validator.iter_errors(response.json())]
+        assert errors == [], f"{method}: {errors}"
 
 
 async def test_the_qwen_sdk_gets_every_reply_in_its_post(

@@ -3,25 +3,10 @@ and steers the running turn through the session (real daemon, scripted agent).""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
-
-import httpx
-import pytest
-import trio
 
 from tests.acpfront.helpers import AcpHttp, Frame
 from tests.support.daemon import DaemonProcess
-
-
-@pytest.fixture
-async def acp(client: httpx.AsyncClient) -> AsyncIterator[AcpHttp]:
-    async with trio.open_nursery() as nursery:
-        conn = AcpHttp(client, nursery)
-        yield conn
-        if conn.connection_id:
-            await client.delete("/acp", headers=conn.headers())
-        nursery.cancel_scope.cancel()
 
 
 def _text(words: str) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator
 from urllib.parse import quote
 
 import httpx
@@ -16,16 +15,6 @@ import trio
 from tests.acpfront.helpers import AcpHttp, Frame
 from tests.support.daemon import DaemonProcess
 from tests.support.sse import collect_until
-
-
-@pytest.fixture
-async def acp(client: httpx.AsyncClient) -> AsyncIterator[AcpHttp]:
-    async with trio.open_nursery() as nursery:
-        conn = AcpHttp(client, nursery)
-        yield conn
-        if conn.connection_id:
-            await client.delete("/acp", headers=conn.headers())
-        nursery.cancel_scope.cancel()
 
 
 def _ws(daemon_proc: DaemonProcess) -> str:

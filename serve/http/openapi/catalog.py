@@ -562,7 +562,8 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     # -- ACP over HTTP (serve.http.routes.acp); the twins under /workspaces/{workspace} share
     # these entries. Errors are JSON-RPC error replies (replies.py, family `acp`).
     ("POST", "/acp"): Operation(
-        "Send one ACP JSON-RPC message (`initialize` answers inline; the others 202)",
+        "Send one ACP JSON-RPC message (`initialize` answers inline; the others 202, or 200 "
+        "with their reply on a qwen SDK connection)",
         (
             Reply(
                 200,
@@ -570,7 +571,17 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
                 t.RpcResultReply,
                 headers=("Acp-Connection-Id",),
             ),
-            Reply(202, "Accepted: the reply comes on the connection or session stream."),
+            Reply(
+                200,
+                "On a connection of the published qwen SDK (`clientInfo.name` "
+                "`qwen-code-sdk`): the request's JSON-RPC reply, result or error.",
+                (t.RpcResultReply, ErrorReply),
+            ),
+            Reply(
+                202,
+                "Accepted: the reply comes on the connection or session stream (a "
+                "notification, or any message of another client).",
+            ),
             Reply(415, "`Content-Type` is not `application/json`.", ErrorReply),
             Reply(501, "A JSON-RPC batch (not supported).", ErrorReply),
         ),

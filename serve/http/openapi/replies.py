@@ -173,20 +173,23 @@ def _session_family() -> tuple[Reply, ...]:
     )
 
 
-def _files_family() -> tuple[Reply, ...]:
+def _fs_kinds() -> dict[int, list[str]]:
+    """The file-system error kinds of :data:`serve.errors.FS_STATUS` by status."""
     kinds: dict[int, list[str]] = {}
     for kind, status in FS_STATUS.items():
         kinds.setdefault(status, []).append(f"`{kind}`")
+    return kinds
+
+
+def _files_family() -> tuple[Reply, ...]:
     return tuple(
         Reply(status, ", ".join(names) + ".", (FileErrorBody, ErrorEnvelope))
-        for status, names in sorted(kinds.items())
+        for status, names in sorted(_fs_kinds().items())
     )
 
 
 def _workspace_family() -> tuple[Reply, ...]:
-    kinds: dict[int, list[str]] = {}
-    for kind, status in FS_STATUS.items():
-        kinds.setdefault(status, []).append(f"`{kind}`")
+    kinds = _fs_kinds()
     kinds.setdefault(SETTINGS_FILE_STATUS, []).append("the settings file could not be used")
     return tuple(
         Reply(status, ", ".join(names) + ".", ErrorEnvelope)
