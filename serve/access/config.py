@@ -7,6 +7,10 @@
 ``workspaces``     ``{<absolute path>: [<principal id> | group:<name>, ...]}``: a listed
                    workspace is used only by those principals (and admins); one not listed
                    is open to every authenticated principal.
+
+:func:`role_in` is what every gate asks of a session: the principal's role on it, or None
+when it holds none or may not use the session's workspace (the session is then not
+disclosed: ``404``).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from typing import Literal
 import msgspec
 
 from serve.access.principal import Principal
+from serve.access.roles import SessionAccess, role_of
 
-__all__ = ["AccessConfig", "may_use"]
+__all__ = ["AccessConfig", "may_use", "role_in"]
 
 
 class AccessConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
@@ -40,3 +45,12 @@ def may_use(config: AccessConfig, principal: Principal, workspace: str) -> bool:
         else:
             return True
     return principal.id in grants or any(f"group:{g}" in grants for g in principal.groups)
+
+
+def role_in(
+    config: AccessConfig, principal: Principal, access: SessionAccess, workspace: str
+) -> str | None:
+    """The principal's role on a session (its ``access`` record, in ``workspace``), with
+    the config's group rules; None when it has none or may not use the workspace."""
+    role = role_of(access, principal, config.session_groups)
+    return role if role is not None and may_use(config, principal, workspace) else None

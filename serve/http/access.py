@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from quart import Response, g, request, websocket
 from quart_trio import QuartTrio
 
-from serve.access import OPERATOR, Principal, at_least, role_of
-from serve.access.config import may_use
+from serve.access import OPERATOR, Principal, at_least
+from serve.access.config import may_use, role_in
 from serve.access.errors import Forbidden
 from serve.access.rules import ADMIN, PUBLIC, ROUTE_RULES, SESSION_RULES, WORKSPACE, canonical
 from serve.http.context import daemon
@@ -116,8 +116,8 @@ def check(host: Host, who: Principal, method: str, rule: str, args: dict[str, ob
         session = host.registry.get(sid) if isinstance(sid, str) else None
         if session is None:
             return
-        role = role_of(session.access, who, config.session_groups)
-        if role is None or not may_use(config, who, session.workspace):
+        role = role_in(config, who, session.access, session.workspace)
+        if role is None:
             raise SessionNotFound(session.session_id)
         if not at_least(role, need):
             raise Forbidden(need, sessionId=session.session_id)
@@ -173,11 +173,8 @@ def session_allows(host: Host, who: Principal, session: SessionActor, need: str 
     may use."""
     if who.admin:
         return True
-    config = host.config.access
-    role = role_of(session.access, who, config.session_groups)
-    if role is None or not may_use(config, who, session.workspace):
-        return False
-    return need is None or at_least(role, need)
+    role = role_in(host.config.access, who, session.access, session.workspace)
+    return role is not None and (need is None or at_least(role, need))
 
 
 # ---- for the routes: no-ops without multi-user auth -----------------------------------------
