@@ -29,10 +29,9 @@ from quart_trio import QuartTrio
 
 from serve.access import OPERATOR, Principal, at_least
 from serve.access.config import may_use, role_in
-from serve.access.errors import Forbidden
+from serve.access.errors import Forbidden, WorkspaceDenied
 from serve.access.rules import ADMIN, PUBLIC, ROUTE_RULES, SESSION_RULES, WORKSPACE, canonical
 from serve.http.context import daemon
-from serve.http.errors import ApiError
 from serve.http.security.principals import PRINCIPAL_KEY
 from serve.sessions.errors import SessionNotFound
 
@@ -66,17 +65,6 @@ def ws_principal() -> Principal:
     return found if isinstance(found, Principal) else OPERATOR
 
 
-def workspace_not_found(ref: str) -> ApiError:
-    return ApiError(
-        404,
-        {
-            "error": f'No workspace "{ref}" is served by this daemon',
-            "code": "workspace_not_found",
-            "workspace": ref,
-        },
-    )
-
-
 def audit(
     host: Host, who: Principal, outcome: str, status: int, session: str | None = None
 ) -> None:
@@ -108,9 +96,9 @@ def check(host: Host, who: Principal, method: str, rule: str, args: dict[str, ob
     if isinstance(ref, str) and rule.startswith("/workspace"):
         runtime = host.registry.by_ref(ref)
         if runtime is not None and not may_use(config, who, runtime.path):
-            raise workspace_not_found(ref)
+            raise WorkspaceDenied(ref)
     elif need == WORKSPACE and not may_use(config, who, host.settings.primary_workspace):
-        raise workspace_not_found(host.settings.primary_workspace)
+        raise WorkspaceDenied(host.settings.primary_workspace)
     if need in SESSION_RULES:
         sid = args.get("session_id")
         session = host.registry.get(sid) if isinstance(sid, str) else None
@@ -136,7 +124,7 @@ def install(app: QuartTrio, host: Host) -> None:
         who = principal()
         try:
             check(host, who, request.method, rule.rule, request.view_args or {})
-        except (Forbidden, SessionNotFound, ApiError) as exc:
+        except (Forbidden, SessionNotFound, WorkspaceDenied) as exc:
             status = 403 if isinstance(exc, Forbidden) else 404
             sid = (request.view_args or {}).get("session_id")
             audit(host, who, "denied", status, sid if isinstance(sid, str) else None)
@@ -184,7 +172,7 @@ def usable(workspace: str) -> str:
     """``workspace`` (a served path) when the caller may use it, else ``404``."""
     host = daemon()
     if host.multi_user and not may_use(host.config.access, principal(), workspace):
-        raise workspace_not_found(workspace)
+        raise WorkspaceDenied(workspace)
     return workspace
 
 
