@@ -3,8 +3,9 @@
 Installed by the app only with multi-user auth (``--auth-*``): without it no hook runs and
 every request is the operator's. The principal is what the security front left in the
 ASGI scope (:func:`principal`; absent: the operator token). ``gate`` runs before any
-handler: it looks up the matched ``(METHOD, rule)`` (a route without a rule is refused
-to everyone but admins: fail closed), then
+handler: it looks up the matched ``(METHOD, rule)`` in the app's rules, resolved once at
+install (:func:`needs`; a route without a rule is refused to everyone but admins: fail
+closed), then
 
 * ``admin`` → 403 ``forbidden`` ``need: admin`` for a ``user``;
 * a ``<workspace>`` in the route, or the primary workspace of a ``workspace`` route →
@@ -43,6 +44,8 @@ __all__ = [
     "audit",
     "check",
     "install",
+    "need_of",
+    "needs",
     "principal",
     "session_allows",
     "session_role",
@@ -51,6 +54,10 @@ __all__ = [
     "visible",
     "ws_principal",
 ]
+
+
+#: A (method, rule) that was not in the app's map when the gate was installed.
+_UNKNOWN = "?"
 
 
 def principal() -> Principal:
@@ -84,9 +91,24 @@ def audit(
     )
 
 
-def check(host: Host, who: Principal, method: str, rule: str, args: dict[str, object]) -> None:
-    """Raise the refusal of ``rule`` for ``who`` (see the module docstring)."""
-    need = ROUTE_RULES.get((method, canonical(rule)))
+def need_of(method: str, rule: str) -> str | None:
+    """The rule of a matched ``(METHOD, Quart rule)`` (``WS`` for a WebSocket), None when
+    the table has none."""
+    return ROUTE_RULES.get((method, canonical(rule)))
+
+
+def needs(app: QuartTrio) -> dict[tuple[str, str], str | None]:
+    """:func:`need_of` of every route of ``app``, built once so a request costs one lookup."""
+    return {
+        (kind, rule.rule): need_of(kind, rule.rule)
+        for rule in app.url_map.iter_rules()
+        for kind in (("WS",) if rule.websocket else (rule.methods or ()))
+    }
+
+
+def check(host: Host, who: Principal, need: str | None, rule: str, args: dict[str, object]) -> None:
+    """Raise the refusal of ``need`` (the matched ``rule``'s) for ``who`` (see the module
+    docstring)."""
     if need == PUBLIC or who.admin:
         return
     if need is None or need == ADMIN:
@@ -116,6 +138,11 @@ def install(app: QuartTrio, host: Host) -> None:
     mutations, only when multi-user auth is configured."""
     if not host.multi_user:
         return
+    known = needs(app)
+
+    def need(method: str, rule: str) -> str | None:
+        found = known.get((method, rule), _UNKNOWN)
+        return need_of(method, rule) if found is _UNKNOWN else found  # added after install
 
     async def gate() -> None:
         rule = request.url_rule
@@ -123,7 +150,7 @@ def install(app: QuartTrio, host: Host) -> None:
             return
         who = principal()
         try:
-            check(host, who, request.method, rule.rule, request.view_args or {})
+            check(host, who, need(request.method, rule.rule), rule.rule, request.view_args or {})
         except (Forbidden, SessionNotFound, WorkspaceDenied) as exc:
             status = 403 if isinstance(exc, Forbidden) else 404
             sid = (request.view_args or {}).get("session_id")
@@ -134,7 +161,7 @@ def install(app: QuartTrio, host: Host) -> None:
     async def ws_gate() -> None:
         rule = websocket.url_rule
         if rule is not None:
-            check(host, ws_principal(), "WS", rule.rule, websocket.view_args or {})
+            check(host, ws_principal(), need("WS", rule.rule), rule.rule, websocket.view_args or {})
 
     async def after(response: Response) -> Response:
         if getattr(g, "audited", False):
