@@ -31,6 +31,15 @@ class AccessConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rena
     session_groups: dict[str, Literal["observer", "collaborator"]] = {}
     workspaces: dict[str, tuple[str, ...]] = {}
 
+    def __post_init__(self) -> None:
+        """``workspaces`` keyed by normalized paths, once (a path written as normalized
+        wins over another spelling of it), so :func:`may_use` is one lookup."""
+        listed = self.workspaces
+        normal = {path: grants for path, grants in listed.items() if os.path.normpath(path) == path}
+        for path, grants in listed.items():
+            normal.setdefault(os.path.normpath(path), grants)
+        msgspec.structs.force_setattr(self, "workspaces", normal)
+
 
 def may_use(config: AccessConfig, principal: Principal, workspace: str) -> bool:
     """Whether ``principal`` may use the workspace at ``workspace`` (a canonical path)."""
@@ -38,12 +47,7 @@ def may_use(config: AccessConfig, principal: Principal, workspace: str) -> bool:
         return True
     grants = config.workspaces.get(workspace)
     if grants is None:
-        for path, listed in config.workspaces.items():
-            if os.path.normpath(path) == workspace:
-                grants = listed
-                break
-        else:
-            return True
+        return True
     return principal.id in grants or any(f"group:{g}" in grants for g in principal.groups)
 
 
