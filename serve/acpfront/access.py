@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from serve.access import COLLABORATOR, OPERATOR, Principal, at_least
 from serve.access.config import may_use, role_in
 from serve.access.errors import Forbidden, WorkspaceDenied
+from serve.access.quotas import session_quota
 from serve.access.roles import can_vote
 from serve.access.rules import ACP_RULES, ADMIN, SESSION_RULES, VOTE
 from serve.api import ASK_TIMEOUT_S, SessionService
@@ -100,8 +101,7 @@ def _check(host: Host, conn: Connection, method: str, params: dict[str, Any]) ->
 def owner_of(host: Host, conn: Connection) -> tuple[str, int]:
     """Who a session made by this connection belongs to, and that principal's quota."""
     who: Principal = getattr(conn, "principal", OPERATOR)
-    quotas = host.quotas
-    return who.id, quotas.sessions if quotas is not None and not who.admin else 0
+    return who.id, session_quota(host.quotas, who)
 
 
 def check_workspace(host: Host, conn: Connection, workspace: str) -> None:

@@ -38,7 +38,7 @@ import trio
 from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from actors import ActorError, ActorStopped
 from serve.access import OPERATOR, Principal, role_of
-from serve.access.quotas import Quotas
+from serve.access.quotas import Quotas, session_quota
 from serve.access.roles import can_vote, from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
 from serve.errors import wire_error
@@ -285,8 +285,7 @@ class SessionService:
         return Opened(session, ticket.attached)
 
     def _quota(self, principal: Principal) -> int:
-        quotas = _optional(self.host, "quotas", Quotas)
-        return quotas.sessions if quotas is not None and not principal.admin else 0
+        return session_quota(_optional(self.host, "quotas", Quotas), principal)
 
     async def open_new(
         self,
