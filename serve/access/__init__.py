@@ -2,7 +2,7 @@
 
 Transport-free (a domain package): the fronts resolve a :class:`Principal` and pass it
 down; :mod:`.roles` says what it may do on a session, :mod:`.rules` what every route and
-ACP method needs, :mod:`.workspaces` who may use a workspace, :mod:`.quotas` how much a
+ACP method needs, :mod:`.config` who may use a workspace, :mod:`.quotas` how much a
 principal may run, :mod:`.audit` records mutations and denials. See ``docs/multi-user.md``.
 """
 

@@ -21,8 +21,9 @@ DAEMON_ROLES = (ADMIN, USER)
 
 
 class Principal(msgspec.Struct, frozen=True):
-    """One caller: ``id`` (unique across kinds: ``operator``, ``jwt:<sub>``,
-    ``token:<name>``), how it was authenticated, its daemon roles and its groups."""
+    """One caller: ``id`` (``operator``, a JWT's ``sub`` or a scoped token's
+    ``principal``: one name is one principal whichever way it authenticated), how it was
+    authenticated, its daemon roles and its groups."""
 
     id: str
     kind: Literal["operator", "jwt", "token"]

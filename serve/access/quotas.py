@@ -22,10 +22,16 @@ from collections import OrderedDict, deque
 from serve.access.errors import PrincipalBudgetExhausted, QuotaExceeded
 from serve.access.principal import Principal
 
-__all__ = ["MAX_PRINCIPALS", "QuotaExceeded", "Quotas"]
+__all__ = ["MAX_PRINCIPALS", "QuotaExceeded", "Quotas", "session_quota"]
 
 MAX_PRINCIPALS = 10_000
 WINDOW_S = 60.0
+
+
+def session_quota(quotas: Quotas | None, principal: Principal) -> int:
+    """The live sessions ``principal`` may own, for ``CreateSession.quota`` and its
+    siblings (0: no limit; without quotas, and for admins)."""
+    return quotas.sessions if quotas is not None and not principal.admin else 0
 
 
 class Quotas:

@@ -23,6 +23,7 @@ __all__ = [
     "SESSION_ROLES",
     "SessionAccess",
     "at_least",
+    "can_vote",
     "from_attr",
     "role_of",
     "to_attr",
@@ -63,6 +64,14 @@ def role_of(
             if role is not None and (best is None or _RANK[role] > _RANK[best]):
                 best = role
     return best
+
+
+def can_vote(
+    access: SessionAccess, principal: Principal, group_roles: Mapping[str, str] | None = None
+) -> bool:
+    """Whether the principal's votes count on the session (collaborator or more; the
+    operator and admins are owners)."""
+    return at_least(role_of(access, principal, group_roles), COLLABORATOR)
 
 
 def to_attr(access: SessionAccess) -> str:

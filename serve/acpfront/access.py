@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from serve.access import OPERATOR, Principal, at_least, role_of
-from serve.access.config import may_use
+from serve.access import COLLABORATOR, OPERATOR, Principal, at_least
+from serve.access.config import may_use, role_in
 from serve.access.errors import Forbidden, WorkspaceDenied
+from serve.access.quotas import session_quota
+from serve.access.roles import can_vote
 from serve.access.rules import ACP_RULES, ADMIN, SESSION_RULES, VOTE
 from serve.api import ASK_TIMEOUT_S, SessionService
 from serve.permissions.mediator import SessionOf
@@ -88,10 +90,10 @@ def _check(host: Host, conn: Connection, method: str, params: dict[str, Any]) ->
         session = host.registry.get(sid)
         if session is None:
             return  # the handler's own 404, or a restore (check_restore)
-        role = role_of(session.access, who, config.session_groups)
-        if role is None or not may_use(config, who, session.workspace):
+        role = role_in(config, who, session.access, session.workspace)
+        if role is None:
             raise SessionNotFound(sid)
-        want = "collaborator" if need == VOTE else need
+        want = COLLABORATOR if need == VOTE else need
         if not at_least(role, want):
             raise Forbidden(want, sessionId=sid)
 
@@ -99,8 +101,7 @@ def _check(host: Host, conn: Connection, method: str, params: dict[str, Any]) ->
 def owner_of(host: Host, conn: Connection) -> tuple[str, int]:
     """Who a session made by this connection belongs to, and that principal's quota."""
     who: Principal = getattr(conn, "principal", OPERATOR)
-    quotas = host.quotas
-    return who.id, quotas.sessions if quotas is not None and not who.admin else 0
+    return who.id, session_quota(host.quotas, who)
 
 
 def check_workspace(host: Host, conn: Connection, workspace: str) -> None:
@@ -127,18 +128,17 @@ async def check_vote(host: Host, conn: Connection, request_id: str) -> bool:
         return True
     owner = await host.mediator.ask(SessionOf(request_id), timeout_s=ASK_TIMEOUT_S)
     session = host.registry.get(owner) if isinstance(owner, str) and owner else None
-    role = role_of(session.access, who, host.config.access.session_groups) if session else None
-    if session is not None and at_least(role, "collaborator"):
-        if may_use(host.config.access, who, session.workspace):
-            return True
+    if session is not None and at_least(
+        role_in(host.config.access, who, session.access, session.workspace), COLLABORATOR
+    ):
+        return True
     audit(host, conn, "session/permission", owner, 404)
     return False
 
 
 def may_vote(conn: Connection, session: SessionActor) -> bool:
     """Whether the connection's votes count on ``session`` (its principal's role)."""
-    who: Principal = getattr(conn, "principal", OPERATOR)
-    return who is OPERATOR or who.admin or at_least(role_of(session.access, who), "collaborator")
+    return can_vote(session.access, getattr(conn, "principal", OPERATOR))
 
 
 def visible(host: Host, conn: Connection) -> Callable[[SessionActor], bool] | None:
@@ -146,10 +146,4 @@ def visible(host: Host, conn: Connection) -> Callable[[SessionActor], bool] | No
     if who is None:
         return None
     config = host.config.access
-
-    def shown(session: SessionActor) -> bool:
-        return role_of(session.access, who, config.session_groups) is not None and may_use(
-            config, who, session.workspace
-        )
-
-    return shown
+    return lambda session: role_in(config, who, session.access, session.workspace) is not None

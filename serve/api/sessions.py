@@ -37,9 +37,9 @@ import trio
 
 from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from actors import ActorError, ActorStopped
-from serve.access import COLLABORATOR, OPERATOR, Principal, at_least, role_of
-from serve.access.quotas import Quotas
-from serve.access.roles import from_attr
+from serve.access import OPERATOR, Principal, role_of
+from serve.access.quotas import Quotas, session_quota
+from serve.access.roles import can_vote, from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
 from serve.errors import wire_error
 from serve.errors.votes import vote_wire
@@ -285,8 +285,7 @@ class SessionService:
         return Opened(session, ticket.attached)
 
     def _quota(self, principal: Principal) -> int:
-        quotas = _optional(self.host, "quotas", Quotas)
-        return quotas.sessions if quotas is not None and not principal.admin else 0
+        return session_quota(_optional(self.host, "quotas", Quotas), principal)
 
     async def open_new(
         self,
@@ -351,7 +350,7 @@ class SessionService:
             opened = await self.open_new(workspace, scope, principal=principal)
             try:
                 attached = await opened.session.call(
-                    Attach(client_id, peer, _voter(opened.session, principal, None)),
+                    Attach(client_id, peer, can_vote(opened.session.access, principal)),
                     timeout_s=ASK_TIMEOUT_S,
                 )
             except (SessionGone, ActorStopped):
@@ -376,7 +375,7 @@ class SessionService:
         opened = await self.open_restored(
             session_id, workspace, action, principal=principal, group_roles=group_roles
         )
-        voter = _voter(opened.session, principal, group_roles)
+        voter = can_vote(opened.session.access, principal, group_roles)
         attached = await self.ask(opened.session, Attach(client_id, peer, voter), Attached)
         return Created(opened.session, opened.joined, attached)
 
@@ -483,15 +482,6 @@ class SessionService:
         """The live session a permission request belongs to (None: unknown or gone)."""
         owner = await self.host.mediator.ask(SessionOf(request_id), timeout_s=ASK_TIMEOUT_S)
         return self.host.registry.get(owner) if isinstance(owner, str) and owner else None
-
-
-def _voter(
-    session: SessionActor, principal: Principal, group_roles: Mapping[str, str] | None
-) -> bool:
-    """Whether the principal's votes count on ``session`` (collaborator or more)."""
-    if principal is OPERATOR or principal.admin:
-        return True
-    return at_least(role_of(session.access, principal, group_roles), COLLABORATOR)
 
 
 def _unknown_session(exc: Exception) -> bool:

@@ -3,8 +3,9 @@
 Installed by the app only with multi-user auth (``--auth-*``): without it no hook runs and
 every request is the operator's. The principal is what the security front left in the
 ASGI scope (:func:`principal`; absent: the operator token). ``gate`` runs before any
-handler: it looks up the matched ``(METHOD, rule)`` (a route without a rule is refused
-to everyone but admins: fail closed), then
+handler: it looks up the matched ``(METHOD, rule)`` in the app's rules, resolved once at
+install (:func:`needs`; a route without a rule is refused to everyone but admins: fail
+closed), then
 
 * ``admin`` → 403 ``forbidden`` ``need: admin`` for a ``user``;
 * a ``<workspace>`` in the route, or the primary workspace of a ``workspace`` route →
@@ -27,12 +28,11 @@ from typing import TYPE_CHECKING
 from quart import Response, g, request, websocket
 from quart_trio import QuartTrio
 
-from serve.access import OPERATOR, Principal, at_least, role_of
-from serve.access.config import may_use
-from serve.access.errors import Forbidden
+from serve.access import OPERATOR, Principal, at_least
+from serve.access.config import may_use, role_in
+from serve.access.errors import Forbidden, WorkspaceDenied
 from serve.access.rules import ADMIN, PUBLIC, ROUTE_RULES, SESSION_RULES, WORKSPACE, canonical
 from serve.http.context import daemon
-from serve.http.errors import ApiError
 from serve.http.security.principals import PRINCIPAL_KEY
 from serve.sessions.errors import SessionNotFound
 
@@ -44,6 +44,8 @@ __all__ = [
     "audit",
     "check",
     "install",
+    "need_of",
+    "needs",
     "principal",
     "session_allows",
     "session_role",
@@ -52,6 +54,10 @@ __all__ = [
     "visible",
     "ws_principal",
 ]
+
+
+#: A (method, rule) that was not in the app's map when the gate was installed.
+_UNKNOWN = "?"
 
 
 def principal() -> Principal:
@@ -64,17 +70,6 @@ def ws_principal() -> Principal:
     """The principal of the WebSocket being handled, fixed at its handshake."""
     found = websocket.scope.get(PRINCIPAL_KEY)
     return found if isinstance(found, Principal) else OPERATOR
-
-
-def workspace_not_found(ref: str) -> ApiError:
-    return ApiError(
-        404,
-        {
-            "error": f'No workspace "{ref}" is served by this daemon',
-            "code": "workspace_not_found",
-            "workspace": ref,
-        },
-    )
 
 
 def audit(
@@ -96,9 +91,24 @@ def audit(
     )
 
 
-def check(host: Host, who: Principal, method: str, rule: str, args: dict[str, object]) -> None:
-    """Raise the refusal of ``rule`` for ``who`` (see the module docstring)."""
-    need = ROUTE_RULES.get((method, canonical(rule)))
+def need_of(method: str, rule: str) -> str | None:
+    """The rule of a matched ``(METHOD, Quart rule)`` (``WS`` for a WebSocket), None when
+    the table has none."""
+    return ROUTE_RULES.get((method, canonical(rule)))
+
+
+def needs(app: QuartTrio) -> dict[tuple[str, str], str | None]:
+    """:func:`need_of` of every route of ``app``, built once so a request costs one lookup."""
+    return {
+        (kind, rule.rule): need_of(kind, rule.rule)
+        for rule in app.url_map.iter_rules()
+        for kind in (("WS",) if rule.websocket else (rule.methods or ()))
+    }
+
+
+def check(host: Host, who: Principal, need: str | None, rule: str, args: dict[str, object]) -> None:
+    """Raise the refusal of ``need`` (the matched ``rule``'s) for ``who`` (see the module
+    docstring)."""
     if need == PUBLIC or who.admin:
         return
     if need is None or need == ADMIN:
@@ -108,16 +118,16 @@ def check(host: Host, who: Principal, method: str, rule: str, args: dict[str, ob
     if isinstance(ref, str) and rule.startswith("/workspace"):
         runtime = host.registry.by_ref(ref)
         if runtime is not None and not may_use(config, who, runtime.path):
-            raise workspace_not_found(ref)
+            raise WorkspaceDenied(ref)
     elif need == WORKSPACE and not may_use(config, who, host.settings.primary_workspace):
-        raise workspace_not_found(host.settings.primary_workspace)
+        raise WorkspaceDenied(host.settings.primary_workspace)
     if need in SESSION_RULES:
         sid = args.get("session_id")
         session = host.registry.get(sid) if isinstance(sid, str) else None
         if session is None:
             return
-        role = role_of(session.access, who, config.session_groups)
-        if role is None or not may_use(config, who, session.workspace):
+        role = role_in(config, who, session.access, session.workspace)
+        if role is None:
             raise SessionNotFound(session.session_id)
         if not at_least(role, need):
             raise Forbidden(need, sessionId=session.session_id)
@@ -128,6 +138,11 @@ def install(app: QuartTrio, host: Host) -> None:
     mutations, only when multi-user auth is configured."""
     if not host.multi_user:
         return
+    known = needs(app)
+
+    def need(method: str, rule: str) -> str | None:
+        found = known.get((method, rule), _UNKNOWN)
+        return need_of(method, rule) if found is _UNKNOWN else found  # added after install
 
     async def gate() -> None:
         rule = request.url_rule
@@ -135,8 +150,8 @@ def install(app: QuartTrio, host: Host) -> None:
             return
         who = principal()
         try:
-            check(host, who, request.method, rule.rule, request.view_args or {})
-        except (Forbidden, SessionNotFound, ApiError) as exc:
+            check(host, who, need(request.method, rule.rule), rule.rule, request.view_args or {})
+        except (Forbidden, SessionNotFound, WorkspaceDenied) as exc:
             status = 403 if isinstance(exc, Forbidden) else 404
             sid = (request.view_args or {}).get("session_id")
             audit(host, who, "denied", status, sid if isinstance(sid, str) else None)
@@ -146,7 +161,7 @@ def install(app: QuartTrio, host: Host) -> None:
     async def ws_gate() -> None:
         rule = websocket.url_rule
         if rule is not None:
-            check(host, ws_principal(), "WS", rule.rule, websocket.view_args or {})
+            check(host, ws_principal(), need("WS", rule.rule), rule.rule, websocket.view_args or {})
 
     async def after(response: Response) -> Response:
         if getattr(g, "audited", False):
@@ -173,11 +188,8 @@ def session_allows(host: Host, who: Principal, session: SessionActor, need: str 
     may use."""
     if who.admin:
         return True
-    config = host.config.access
-    role = role_of(session.access, who, config.session_groups)
-    if role is None or not may_use(config, who, session.workspace):
-        return False
-    return need is None or at_least(role, need)
+    role = role_in(host.config.access, who, session.access, session.workspace)
+    return role is not None and (need is None or at_least(role, need))
 
 
 # ---- for the routes: no-ops without multi-user auth -----------------------------------------
@@ -187,7 +199,7 @@ def usable(workspace: str) -> str:
     """``workspace`` (a served path) when the caller may use it, else ``404``."""
     host = daemon()
     if host.multi_user and not may_use(host.config.access, principal(), workspace):
-        raise workspace_not_found(workspace)
+        raise WorkspaceDenied(workspace)
     return workspace
 
 

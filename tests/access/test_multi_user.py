@@ -29,7 +29,7 @@ from jwt.algorithms import RSAAlgorithm
 
 from tests.acpfront.helpers import Stream, Ws
 from tests.acpfront.test_attach import Editor
-from tests.support.daemon import ROOT, DaemonProcess, spawn_daemon
+from tests.support.daemon import ROOT, DaemonProcess, running_daemon, spawn_daemon
 
 TOKEN = "operator-token-0123456789"
 OP = {"Authorization": f"Bearer {TOKEN}"}
@@ -244,6 +244,77 @@ def test_an_observer_cannot_vote(daemon: DaemonProcess, jwks: Jwks) -> None:
     assert r.status_code == 404
     r = a.post(f"/session/{sid}/permission/{request_id}", json=vote)
     assert r.status_code == 200, r.text
+
+
+def test_members_routes_two_users(daemon: DaemonProcess, jwks: Jwks) -> None:
+    """GET/PUT /session/:id/members: someone else's session is a 404 both ways; an
+    observer (and a collaborator) reads the members and may not change them; the owner's
+    bad body is a 400; the refusals are audited."""
+    a = client(daemon, bearer(jwks.token("alice6")))
+    b = client(daemon, bearer(jwks.token("bob6")))
+    sid = new_session(a, daemon)
+    path = f"/session/{sid}/members"
+    for r in (b.get(path), b.put(path, json={"members": {"bob6": "collaborator"}})):
+        assert (r.status_code, r.json()["code"]) == (404, "session_not_found"), r.text
+    for role in ("observer", "collaborator"):
+        assert a.put(path, json={"members": {"bob6": role}}).is_success
+        r = b.get(path)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"sessionId": sid, "owner": "alice6", "members": {"bob6": role}}
+        r = b.put(path, json={"members": {"bob6": "collaborator", "eve6": "observer"}})
+        assert (r.status_code, r.json()["code"], r.json()["need"]) == (403, "forbidden", "owner")
+    # Unchanged by the refused edits.
+    assert a.get(path).json()["members"] == {"bob6": "collaborator"}
+    for bad in (
+        {"members": {"bob6": "owner"}},
+        {"members": ["bob6"]},
+        {"members": {"": "observer"}},
+    ):
+        r = a.put(path, json=bad)
+        assert (r.status_code, r.json()["code"]) == (400, "invalid_members"), bad
+    denied = [e for e in audit(daemon) if e.get("principal") == "bob6"]
+    assert {(e["route"], e["status"]) for e in denied if e["outcome"] == "denied"} >= {
+        ("GET /session/<session_id>/members", 404),
+        ("PUT /session/<session_id>/members", 404),
+        ("PUT /session/<session_id>/members", 403),
+    }
+
+
+def test_the_audit_log_is_for_admins(daemon: DaemonProcess, jwks: Jwks) -> None:
+    """GET /daemon/audit: a ``user`` gets 403 need admin (audited); an admin by group
+    pages it newest first; a bad page is a 400."""
+    r = client(daemon, bearer(jwks.token("bob5"))).get("/daemon/audit")
+    assert (r.status_code, r.json()["code"], r.json()["need"]) == (403, "forbidden", "admin")
+    admin = client(daemon, bearer(jwks.token("ada", groups=["admin"])))
+    time.sleep(0.3)  # the audit actor writes in the background
+    r = admin.get("/daemon/audit", params={"limit": 2})
+    assert r.status_code == 200, r.text
+    page = r.json()
+    assert len(page["entries"]) == 2 and page["nextBefore"] == page["entries"][-1]["seq"]
+    assert page["entries"][0]["seq"] > page["entries"][1]["seq"]
+    older = admin.get("/daemon/audit", params={"limit": 500, "before": page["nextBefore"]})
+    assert all(e["seq"] < page["nextBefore"] for e in older.json()["entries"])
+    assert any(
+        e.get("principal") == "bob5" and e["route"] == "GET /daemon/audit" and e["status"] == 403
+        for e in audit(daemon)
+    )
+    for query in ({"limit": "x"}, {"before": "-1"}):
+        r = admin.get("/daemon/audit", params=query)
+        assert (r.status_code, r.json()["code"]) == (400, "invalid_page"), query
+
+
+def test_without_auth_flags_the_routes_answer_for_the_operator() -> None:
+    """No --auth-*: no multi_user_auth tag, the operator owns every session (its members
+    route answers) and the audit log is off."""
+    with running_daemon(env={"QWEN_SERVER_TOKEN": TOKEN}) as d:
+        op = client(d, OP)
+        assert "multi_user_auth" not in op.get("/capabilities").json()["features"]
+        assert "principal" not in op.get("/capabilities").json()
+        sid = new_session(op, d)
+        r = op.get(f"/session/{sid}/members")
+        assert r.json() == {"sessionId": sid, "owner": "operator", "members": {}}
+        r = op.get("/daemon/audit")
+        assert (r.status_code, r.json()["code"]) == (404, "audit_log_off")
 
 
 def test_a_user_changes_nothing_workspace_or_daemon_wide(daemon: DaemonProcess, jwks: Jwks) -> None:

@@ -8,9 +8,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serve.access.rules import ACP_RULES, ROUTE_RULES, RULES, canonical, markdown
+from quart_trio import QuartTrio
+
+from serve.access.rules import (
+    ACP_RULES,
+    CONNECTION,
+    OWNER,
+    ROUTE_RULES,
+    RULES,
+    WORKSPACE,
+    canonical,
+    markdown,
+)
 from serve.acpfront.dispatch import METHODS
 from serve.http import capabilities
+from serve.http.access import needs
 from serve.http.app import collect_features, create_app
 from serve.runtime.build import build_host
 from serve.settings import parse_settings
@@ -18,11 +30,15 @@ from serve.settings import parse_settings
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _routes(tmp_path: Path) -> set[tuple[str, str]]:
+def _app(tmp_path: Path) -> QuartTrio:
     settings = parse_settings(
         ["--workspace", str(tmp_path), "--enable-session-shell"], {"HOME": str(tmp_path)}
     )
-    app = create_app(build_host(settings)[0])
+    return create_app(build_host(settings)[0])
+
+
+def _routes(tmp_path: Path) -> set[tuple[str, str]]:
+    app = _app(tmp_path)
     out = set()
     for rule in app.url_map.iter_rules():
         for method in rule.methods or ():
@@ -39,6 +55,17 @@ def test_every_route_has_a_rule(tmp_path: Path) -> None:
 def test_every_rule_names_a_route(tmp_path: Path) -> None:
     stale = sorted(set(ROUTE_RULES) - _routes(tmp_path))
     assert not stale, f"rules for routes that do not exist: {stale}"
+
+
+def test_the_gate_resolves_every_route_once(tmp_path: Path) -> None:
+    """The gate's table (built at install) is the rules table for every route of the app,
+    the %2F-encoded twins and the WebSockets included."""
+    known = needs(_app(tmp_path))
+    resolved = {(method, canonical(rule)) for (method, rule), need in known.items() if need}
+    assert resolved == _routes(tmp_path)
+    assert known[("PUT", "/session/<session_id>/members")] == OWNER
+    assert known[("GET", "/workspaces//<path:workspace>/file")] == WORKSPACE
+    assert known[("WS", "/acp")] == CONNECTION
 
 
 def test_every_acp_method_has_a_rule() -> None:

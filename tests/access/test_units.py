@@ -7,11 +7,13 @@ import json
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 
 from serve.access import OPERATOR, Principal, SessionAccess, role_of
 from serve.access.audit import KEEP_FILES, AuditLog
+from serve.access.config import AccessConfig, may_use, role_in
 from serve.access.errors import PrincipalBudgetExhausted, QuotaExceeded
 from serve.access.quotas import Quotas
 from serve.http.security.principals import (
@@ -37,6 +39,27 @@ def test_roles() -> None:
     assert role_of(access, Principal("dan", "jwt", groups=("dev",)), {"dev": "observer"}) == (
         "observer"
     )
+
+
+def test_workspace_rules_and_role_in() -> None:
+    """A listed workspace (however its path is spelled in the config) is used only by its
+    principals, groups and admins; an unlisted one by everyone; a role on a session in a
+    workspace the principal may not use is none."""
+    config = msgspec.convert(
+        {
+            "workspaces": {"/srv/a/": ["alice"], "/srv//b": ["group:ops"]},
+            "sessionGroups": {"dev": "collaborator"},
+        },
+        AccessConfig,
+    )
+    assert may_use(config, ALICE, "/srv/a") and not may_use(config, BOB, "/srv/a")
+    assert may_use(config, BOB, "/srv/b") and not may_use(config, ALICE, "/srv/b")
+    assert may_use(config, ROOT, "/srv/b") and may_use(config, BOB, "/srv/elsewhere")
+    access = SessionAccess("carl", {"bob": "observer"})
+    assert role_in(config, ALICE, access, "/srv/a") == "collaborator"  # by the dev group
+    assert role_in(config, BOB, access, "/srv/b") == "observer"
+    assert role_in(config, BOB, access, "/srv/a") is None  # not its workspace
+    assert role_in(config, ALICE, access, "/srv/b") is None
 
 
 def test_prompt_quota_is_a_sliding_minute_per_principal() -> None:

@@ -52,6 +52,7 @@ from quart import Blueprint, Response, request
 
 from acp.errors import METHOD_NOT_FOUND, AcpError, RemoteError
 from actors import ActorStopped
+from serve.access.quotas import session_quota
 from serve.http.access import principal
 from serve.http.capabilities import Feature, SharedPredicate
 from serve.http.context import daemon
@@ -423,8 +424,7 @@ async def _fork(session: SessionActor, client_id: str | None, name: str | None) 
     (the use case :func:`serve.sessions.fork.fork_session`, shared with ``/acp``)."""
     try:
         who = principal()
-        quotas = daemon().quotas
-        quota = quotas.sessions if quotas is not None and not who.admin else 0
+        quota = session_quota(daemon().quotas, who)
         forked = await fork_session(daemon().registry, session, who.id, quota)
     except (SessionGone, ActorStopped):
         raise session_not_found(session.session_id) from None
