@@ -73,28 +73,36 @@ def ws_principal() -> Principal:
 
 
 def audit(
-    host: Host, who: Principal, outcome: str, status: int, session: str | None = None
+    host: Host,
+    who: Principal,
+    outcome: str,
+    status: int,
+    session: str | None = None,
+    *,
+    ws: bool = False,
 ) -> None:
+    """One audit line for the current request (``ws``: the current WebSocket handshake)."""
     log = host.audit
     if log is None:
         return
-    rule = request.url_rule
+    req = websocket if ws else request
+    rule = req.url_rule
     log.record(
         principal=who.id,
-        peer=request.remote_addr,
-        route=f"{request.method} {rule.rule if rule is not None else request.path}",
+        peer=req.remote_addr,
+        route=f"{'WS' if ws else req.method} {rule.rule if rule is not None else req.path}",
         session=session,
         outcome=outcome,
         status=status,
-        requestId=request.headers.get("X-Request-Id"),
-        traceparent=request.headers.get("traceparent"),
+        requestId=req.headers.get("X-Request-Id"),
+        traceparent=req.headers.get("traceparent"),
     )
 
 
 def need_of(method: str, rule: str) -> str | None:
-    """The rule of a matched ``(METHOD, Quart rule)`` (``WS`` for a WebSocket), None when
-    the table has none."""
-    return ROUTE_RULES.get((method, canonical(rule)))
+    """The rule of a matched ``(METHOD, Quart rule)`` (``WS`` for a WebSocket; ``HEAD`` is
+    its ``GET``'s), None when the table has none."""
+    return ROUTE_RULES.get(("GET" if method == "HEAD" else method, canonical(rule)))
 
 
 def needs(app: QuartTrio) -> dict[tuple[str, str], str | None]:
@@ -160,8 +168,16 @@ def install(app: QuartTrio, host: Host) -> None:
 
     async def ws_gate() -> None:
         rule = websocket.url_rule
-        if rule is not None:
-            check(host, ws_principal(), need("WS", rule.rule), rule.rule, websocket.view_args or {})
+        if rule is None:
+            return
+        who = ws_principal()
+        args = websocket.view_args or {}
+        try:
+            check(host, who, need("WS", rule.rule), rule.rule, args)
+        except (Forbidden, SessionNotFound, WorkspaceDenied) as exc:
+            status = 403 if isinstance(exc, Forbidden) else 404
+            audit(host, who, "denied", status, ws=True)
+            raise
 
     async def after(response: Response) -> Response:
         if getattr(g, "audited", False):

@@ -27,7 +27,8 @@ import trio
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
-from tests.acpfront.helpers import Stream, Ws
+from serve.workspaces.runtimes import workspace_id
+from tests.acpfront.helpers import Stream, Ws, WsClosed
 from tests.acpfront.test_attach import Editor
 from tests.support.daemon import ROOT, DaemonProcess, running_daemon, spawn_daemon
 
@@ -406,8 +407,23 @@ def test_workspace_access_rules(jwks: Jwks, tmp_path: Path) -> None:
                 for r in (file, session):
                     assert r.status_code == 404, r.text
                     assert r.json()["code"] == "workspace_not_found"
+        # The workspace's own /acp WebSocket is refused at its handshake, and audited.
+        path = f"/workspaces/{workspace_id(str(ws.resolve()))}/acp"
+        with pytest.raises(WsClosed) as refused:
+            trio.run(Ws.connect, d.port, path, bearer(jwks.token("eve")))
+        assert str(refused.value) == "closed -404"
+        denied = [e for e in audit(d) if e["principal"] == "eve" and e["route"].startswith("WS ")]
+        assert [(e["outcome"], e["status"]) for e in denied] == [("denied", 404)], denied
     finally:
         d.stop()
+
+
+def test_head_is_refused_or_allowed_as_its_get(daemon: DaemonProcess, jwks: Jwks) -> None:
+    b = client(daemon, bearer(jwks.token("bob6")))
+    for path, status in (("/capabilities", 200), ("/workspace/settings", 200)):
+        assert b.get(path).status_code == status, path
+        assert b.head(path).status_code == status, path
+    assert b.head("/daemon/status").status_code == b.get("/daemon/status").status_code == 403
 
 
 def _auth_args(jwks: Jwks) -> list[str]:
