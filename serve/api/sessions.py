@@ -350,7 +350,11 @@ class SessionService:
             opened = await self.open_new(workspace, scope, principal=principal)
             try:
                 attached = await opened.session.call(
-                    Attach(client_id, peer, can_vote(opened.session.access, principal)),
+                    Attach(
+                        client_id,
+                        peer,
+                        principal.admin or can_vote(opened.session.access, principal),
+                    ),
                     timeout_s=ASK_TIMEOUT_S,
                 )
             except (SessionGone, ActorStopped):
@@ -375,7 +379,7 @@ class SessionService:
         opened = await self.open_restored(
             session_id, workspace, action, principal=principal, group_roles=group_roles
         )
-        voter = can_vote(opened.session.access, principal, group_roles)
+        voter = principal.admin or can_vote(opened.session.access, principal, group_roles)
         attached = await self.ask(opened.session, Attach(client_id, peer, voter), Attached)
         return Created(opened.session, opened.joined, attached)
 

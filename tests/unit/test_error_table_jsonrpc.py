@@ -78,7 +78,7 @@ def test_the_acp_session_family() -> None:
 
 def test_unexpected_errors_are_a_logged_500() -> None:
     assert rpc_error(ValueError("boom")) is None
-    assert to_rpc(ValueError("boom")).body() == {
+    assert msgspec.json.decode(_bytes(ValueError("boom")))["error"] == {
         "code": -32603,
         "message": "Internal error",
         "data": {"httpStatus": 500},
