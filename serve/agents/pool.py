@@ -15,8 +15,10 @@ pool owns every child, and stopping the pool stops them all (drain). The parts:
 * :mod:`serve.agents.budget` — each child's PSS, sampled, against
   ``--agent-memory-budget-mb``;
 * :mod:`serve.agents.spawn_health` — consecutive failures, the refill's backoff, ``failing``;
-* :mod:`serve.agents.adaptive` and :mod:`serve.agents.priority` — how many spares to keep,
-  and their low CPU weight until taken;
+* :mod:`serve.agents.warm` (with :mod:`serve.agents.adaptive`) — how much to keep warm and
+  what to retire; :mod:`serve.agents.priority` — the spares' low CPU weight until taken;
+* :mod:`serve.agents.exit_charge` — a shared child's exit, charged once to its sessions'
+  restart window; :mod:`serve.agents.pool_view` — what ``/daemon/status`` shows of a pool;
 * :mod:`serve.agents.messages` — what the actor receives; this module — the actor: it
   applies each message and re-plans (:meth:`AgentPool._plan`).
 
@@ -28,22 +30,17 @@ callers need (``ceil(waiting / M)``), whatever the refill state. A spawn that fa
 to ``M`` waiting callers with its own exception (``OSError``,
 :class:`~acp.errors.RequestTimeout`...), which the HTTP layer maps as before.
 
-Warm capacity (``--warm-agents N``, default 1): the pool keeps ``N`` children with a free
-slot ready ahead of need, counting spawns in flight (a child being spawned has ``M`` free
-slots, less the waiting callers it will serve). With ``M = 1`` that is ``N`` idle children;
-with ``M > 1`` spare slots on live children *are* the warm capacity, so a child is spawned
-ahead only when fewer than ``N`` children (live or being spawned) will have room once the
-waiting callers are served: an idle spare exists only while every other child is full, so
-the next create never waits a whole agent start. In isolation (``M = 1``) the number of
-spares adapts to the load (:mod:`serve.agents.adaptive`): ``--warm-agents`` plus the refills
-the observed arrival rate keeps in flight (rate × measured spawn time), up to
-``--warm-agents-max``, within the budget and the agents' memory ceiling; spares beyond that
-are retired (the newest first) once arrivals pause. Children spawned ahead of need run at a
-low CPU weight until a session takes them or waits for them (:mod:`serve.agents.priority`).
-Warm children are not sessions: they are not counted against session limits, and appear in
-``/daemon/status`` under ``runtime.agents``. A late-bound daemon (``--bootstrap-token``)
-holds the warm refill until :class:`~serve.agents.messages.InstallAgentEnv` (its bind) gives
-the tenant's environment, which every child spawned afterwards gets on top of
+Warm capacity (``--warm-agents N``, default 1): how many children with a free slot the pool
+keeps ready ahead of need, and which idle ones it retires, is a policy of its own
+(:mod:`serve.agents.warm`: ``N`` idle children in isolation, adapting to the arrivals up to
+``--warm-agents-max``; in packed mode the live children's free slots, and a spare child for
+full ones only with ``--packed-spare``); the pool carries it out. Children spawned ahead of
+need run at a low CPU weight until a session takes them or waits for them
+(:mod:`serve.agents.priority`). Warm children are not sessions: they are not counted against
+session limits, and appear in ``/daemon/status`` under ``runtime.agents``. A late-bound
+daemon (``--bootstrap-token``) holds the warm refill until
+:class:`~serve.agents.messages.InstallAgentEnv` (its bind) gives the tenant's environment,
+which every child spawned afterwards gets on top of
 :func:`~serve.sessions.agent_link.agent_env`.
 
 Failure (:mod:`serve.agents.spawn_health`): while the pool is ``failing`` the refill only
@@ -78,16 +75,14 @@ import functools
 import itertools
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from acp.handler import ClientHandler
-from actors import Actor, ActorError, Reply, RestartWindow
+from actors import Actor, ActorError, Reply
 from serve.agents import compile_cache
-from serve.agents.adaptive import WarmSizer
 from serve.agents.budget import MemoryBudget, measure_one, sample_memory
 from serve.agents.child import (
     IDLE_EOF_GRACE_S,
@@ -97,6 +92,7 @@ from serve.agents.child import (
     stop_child,
     watch_child,
 )
+from serve.agents.exit_charge import ExitCharges
 from serve.agents.messages import (
     Abandon,
     Acquire,
@@ -116,10 +112,12 @@ from serve.agents.messages import (
     SpawnFailed,
     Stable,
 )
+from serve.agents.pool_view import pool_status
 from serve.agents.primed import prime
 from serve.agents.priority import RefillPriority
 from serve.agents.slots import AgentLease, Slots, give_back
 from serve.agents.spawn_health import STABLE_AFTER_S, SpawnHealth
+from serve.agents.warm import WarmPolicy
 from serve.isolation import ChildLimits, Isolation
 from serve.sessions.agent_link import agent_env
 from serve.sessions.errors import SessionsUnavailable
@@ -132,8 +130,6 @@ __all__ = ["AgentLease", "AgentPool", "Drain", "InstallAgentEnv"]
 
 log = logging.getLogger(__name__)
 
-#: Exited shared children whose restart charge is remembered (for their other sessions).
-MAX_CHARGED: Final = 64
 #: Re-planning period of the adaptive warm capacity while arrivals are recent (seconds).
 RESIZE_S: Final = 1.0
 
@@ -155,9 +151,14 @@ class AgentPool(Actor[PoolMsg]):
         self.settings = settings
         self.isolation = isolation
         self.workspace = workspace
-        self.warm_target = settings.warm_agents
-        #: The adaptive part: arrivals x spawn time, up to --warm-agents-max (adaptive.py).
-        self.sizer = WarmSizer(settings.warm_agents, settings.warm_agents_max)
+        #: How much to keep warm and what to retire (warm.py; its adaptive part: arrivals
+        #: x spawn time, up to --warm-agents-max, adaptive.py).
+        self.warm = WarmPolicy(
+            settings.warm_agents,
+            settings.warm_agents_max,
+            settings.sessions_per_agent,
+            packed_spare=settings.packed_spare,
+        )
         self._resize_scheduled = False
         #: Refills run at a lower CPU weight until a session takes them (priority.py).
         self.priority = RefillPriority(settings.agent_cpu_weight)
@@ -184,10 +185,8 @@ class AgentPool(Actor[PoolMsg]):
         #: when one let its agent go), and whether any session could be released.
         self.releaser = releaser
         self.has_releasable = has_releasable
-        #: Restarts of shared children, each exit counted once (``ChargeExit``), and the
-        #: answers given per exited child (the last :data:`MAX_CHARGED` children).
-        self.child_restarts: RestartWindow | None = None
-        self._charged: dict[str, bool] = {}
+        #: Restarts of shared children, each exit counted once (``ChargeExit``).
+        self.exit_charges = ExitCharges()
         #: The ``initialize`` result of the last child that came up (a warm spare's too):
         #: what the workspace's agent is and can do before any session exists (None: no
         #: child initialized yet). Read by ``/capabilities`` (which agents can fork).
@@ -221,60 +220,7 @@ class AgentPool(Actor[PoolMsg]):
         return self.budget.error(self.children.values(), self.spawning)
 
     def status(self) -> dict[str, Any]:
-        children = [
-            {
-                "id": c.id,
-                "pid": c.pid,
-                "state": "stopping"
-                if c.stopping
-                else "warm"
-                if not c.slots
-                else "full"
-                if self.slots.free(c) == 0
-                else "shared",
-                "sessions": sum(1 for sid in c.slots.values() if sid),
-                "primed": c.primed is not None,
-                "closesSessions": c.conn.info is not None and c.conn.info.supports_close,
-                "deadSessions": c.dead,
-                # oversized lines naming no session on it (acp/mux.py; logged, not reported)
-                "unattributedDroppedLines": c.mux.unattributed_drops,
-                "slots": self.per_agent,
-                "readyAt": _iso(c.ready_at),
-                "pssKiB": self.budget.pss_kib.get(c.id),
-                "limits": c.limits.usage() if c.limits is not None else None,
-            }
-            for c in self.children.values()
-        ]
-        health = self.health
-        out: dict[str, Any] = {
-            "workspaceCwd": self.workspace,
-            "warmTarget": self.warm_target,
-            # the adaptive pool: the most spares, and how many it keeps now (adaptive.py)
-            "warmMax": self.sizer.maximum if self.per_agent == 1 else self.warm_target,
-            "warmWanted": self._wanted_rooms(),
-            # children spawned ahead of need still at the refill CPU weight (priority.py)
-            "lowPriority": self.priority.count(),
-            "sessionsPerAgent": self.per_agent,
-            # what happens to a session the agent cannot close (no session/close): it keeps
-            # its slot, and a child holding only such sessions is stopped
-            "withoutSessionClose": "recycle",
-            "warm": self.warm_count(),
-            "spawning": self.spawning,
-            "waiting": len(self.slots.waiters),
-            "failing": health.failing,
-            "consecutiveFailures": health.failures,
-            "spawnedTotal": self.spawned_total,
-            "exitedTotal": self.exited_total,
-            "memoryBudgetMb": self.budget.kib // 1024 or None,
-            "memoryUsedKiB": self.budget.in_use_kib(self.children.values()),
-            "budgetReleases": self.budget.releases,
-            "budgetRefusals": self.budget.refusals,
-            "children": children,
-        }
-        if health.last_error is not None:
-            out["lastError"] = health.last_error
-            out["lastErrorAt"] = _iso(health.last_error_at or time.time())
-        return out
+        return pool_status(self)
 
     # ---- the session's step ------------------------------------------------------------
 
@@ -397,7 +343,7 @@ class AgentPool(Actor[PoolMsg]):
                     reply.fail(denied)
                     self._plan()  # the probes go on
                     return reply
-                self.sizer.arrival(trio.current_time())
+                self.warm.sizer.arrival(trio.current_time())
                 waiters.append(reply)
                 self._serve_waiters()
                 self._plan()
@@ -432,7 +378,7 @@ class AgentPool(Actor[PoolMsg]):
             case Spawned(child=child, pss_kib=pss_kib, spawn_s=spawn_s):
                 self.spawning -= 1
                 self.spawned_total += 1
-                self.sizer.spawned(spawn_s)
+                self.warm.sizer.spawned(spawn_s)
                 if pss_kib:
                     self.budget.measured(child.id, pss_kib)
                 if self.draining:
@@ -474,7 +420,7 @@ class AgentPool(Actor[PoolMsg]):
                 if child is not None and not child.stopping and not child.conn.closed:
                     child.stable = True
                     self.health.stable()
-                    if not child.slots and self.slots.rooms_besides(child) >= self._wanted_rooms():
+                    if not child.slots and not self._keeps_empty(child):
                         # A probe (or a spawn whose caller left) that is not needed as warm.
                         self._stop_child(child)
                     self._plan()
@@ -514,16 +460,7 @@ class AgentPool(Actor[PoolMsg]):
                     if reply.done and self._nursery is not None:
                         self._nursery.start_soon(give_back, reply)
             case ChargeExit(child_id=cid, intensity=intensity, period_s=period_s):
-                if cid not in self._charged:
-                    if self.child_restarts is None:
-                        self.child_restarts = RestartWindow(intensity, period_s)
-                    allowed = self.child_restarts.allows()
-                    if allowed:
-                        self.child_restarts.count()
-                    self._charged[cid] = allowed
-                    while len(self._charged) > MAX_CHARGED:
-                        del self._charged[next(iter(self._charged))]
-                return self._charged[cid]
+                return self.exit_charges.charge(cid, intensity, period_s)
         return None
 
     def _serve_waiters(self) -> None:
@@ -547,7 +484,7 @@ class AgentPool(Actor[PoolMsg]):
             # The lease closed it; a used exclusive child never goes back to warm.
             self._stop_child(child)
             return
-        if self.slots.rooms_besides(child) >= self._wanted_rooms():
+        if not self._keeps_empty(child):
             self._stop_child(child)
 
     def _plan(self) -> None:
@@ -563,7 +500,7 @@ class AgentPool(Actor[PoolMsg]):
                     self._make_room()
                 return
             self._spawn()
-        if self.unbound or (not self.warm_target and not self.failing):
+        if self.unbound or (not self.warm.minimum and not self.failing):
             return
         now = trio.current_time()
         backoff_until = self.health.backoff_until
@@ -579,23 +516,31 @@ class AgentPool(Actor[PoolMsg]):
                 self._spawn(refill=True)
             return
         spare = self.slots.rooms_after_waiters(self.spawning)
-        while spare < self.warm_target and self.fits_new_child():
+        floor = self.warm.floor(self.others())
+        while spare < floor and self.fits_new_child():
             self._spawn(refill=True)
             spare += 1
-        if self.sizer.adaptive and self.per_agent == 1:  # (packed: live children's room)
+        if self.warm.adaptive:
             self._plan_adaptive(now, spare)
 
-    def _wanted_rooms(self) -> int:
-        """Children with room to keep (the adaptive size counts in rooms when ``M = 1``)."""
-        if self.per_agent > 1 or not self.sizer.adaptive:
-            return self.warm_target
-        return self.sizer.wanted(trio.current_time())
+    def others(self, besides: AgentChild | None = None) -> int:
+        """Children live or being spawned, besides ``besides`` (warm.py's "others")."""
+        live = sum(
+            1
+            for c in self.children.values()
+            if c is not besides and not c.stopping and not c.conn.closed
+        )
+        return live + self.spawning
+
+    def _keeps_empty(self, child: AgentChild) -> bool:
+        rooms = self.slots.rooms_besides(child)
+        return self.warm.keeps_empty(rooms, self.others(child), trio.current_time())
 
     def _plan_adaptive(self, now: float, spare: int) -> None:
-        """Isolation (``M = 1``) above the minimum: as many spares as arrivals x spawn time
-        want (within --warm-agents-max, the budget and the agents' ceiling); spares beyond
-        that are retired once arrivals paused (adaptive.QUIET_S), the newest first."""
-        wanted = self.sizer.wanted(now)
+        """Isolation above the minimum: as many spares as arrivals x spawn time want
+        (within --warm-agents-max, the budget and the agents' ceiling); the policy retires
+        those beyond it once arrivals paused (adaptive.QUIET_S)."""
+        wanted = self.warm.sizer.wanted(now)
         while (
             spare < wanted
             and self.fits_new_child()
@@ -603,15 +548,9 @@ class AgentPool(Actor[PoolMsg]):
         ):
             self._spawn(refill=True)
             spare += 1
-        if self.sizer.quiet(now):
-            for child in reversed(list(self.children.values())):
-                if spare <= wanted:
-                    break
-                if child.slots or child.used or child.stopping or child.conn.closed:
-                    continue
-                self._stop_child(child)
-                spare -= 1
-        if not self.sizer.settled(now) and not self._resize_scheduled and self._nursery:
+        for child in self.warm.retire(now, spare, self.children.values()):
+            self._stop_child(child)
+        if not self.warm.sizer.settled(now) and not self._resize_scheduled and self._nursery:
             self._resize_scheduled = True
             self._nursery.start_soon(self._resize_later)
 
@@ -691,10 +630,3 @@ class AgentPool(Actor[PoolMsg]):
         child.stopping = True
         if self._nursery is not None:
             self._nursery.start_soon(stop_child, child.conn, child.limits, self._eof_grace_s)
-
-
-def _iso(epoch_s: float) -> str:
-    from datetime import UTC, datetime
-
-    moment = datetime.fromtimestamp(epoch_s, tz=UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -254,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="sessions sharing one agent child (default 1: one child per session)",
     )
     add(
+        "--packed-spare",
+        action="store_true",
+        help="packed mode: spawn a spare child once every child is full (a whole agent's "
+        "memory; default: the next create starts it)",
+    )
+    add(
         "--agent-idle-release-ms",
         default="600000",
         metavar="MS",

@@ -374,6 +374,7 @@ def parse_settings(
         sessions_per_agent=parse_int(
             "--sessions-per-agent", ns.sessions_per_agent, minimum=1, maximum=1024
         ),
+        packed_spare=ns.packed_spare,
         agent_idle_release_ms=parse_timer(
             "--agent-idle-release-ms", ns.agent_idle_release_ms, positive=False
         ),

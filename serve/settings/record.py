@@ -168,6 +168,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     warm_agents_max: int = 4
     #: Sessions sharing one agent child (1: one child per session, full isolation).
     sessions_per_agent: int = 1
+    #: Packed mode: spawn a spare child once every child is full (serve/agents/warm.py).
+    packed_spare: bool = False
     #: An idle session lets its agent go after this long (0 = never).
     agent_idle_release_ms: int = 600_000
     #: PSS budget of a workspace's agent children, in MiB (0 = none).

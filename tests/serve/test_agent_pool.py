@@ -313,3 +313,34 @@ async def test_packed_mode_spawns_no_spare_while_a_child_being_spawned_will_have
             assert [(c["state"], c["sessions"]) for c in pool["children"]] == [("shared", 6)]
     finally:
         daemon.stop()
+
+
+@pytest.mark.parametrize("packed_spare", [False, True])
+async def test_a_full_packed_child_gets_a_spare_only_with_packed_spare(packed_spare: bool) -> None:
+    flags = ["--sessions-per-agent", "2", *(["--packed-spare"] if packed_spare else [])]
+    daemon = spawn_daemon(flags, env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            # No child yet: the first is kept ahead either way (the first create is warm).
+            pool = await pool_until(client, lambda p: len(warm_pids(p)) == 1)
+            assert pool["packedSpare"] is packed_spare
+            for _ in range(2):
+                reply = await client.post("/session", json={"sessionScope": "thread"})
+                assert reply.status_code == 200, reply.text
+            if packed_spare:  # the full child's spare: a second, idle child
+                pool = await pool_until(client, lambda p: len(warm_pids(p)) == 1)
+                assert [c["state"] for c in pool["children"]] == ["full", "warm"]
+                return
+            # Wait as long as a spare takes to appear with the flag; then none is there.
+            with trio.move_on_after(1.5):
+                await pool_until(client, lambda p: p["spawnedTotal"] > 1)
+            pool = (await status(client))["runtime"]["agents"][0]
+            assert pool["spawnedTotal"] == 1 and pool["spawning"] == 0, pool
+            assert [c["state"] for c in pool["children"]] == ["full"]
+            # The next create starts the next child itself, and gets a session on it.
+            reply = await client.post("/session", json={"sessionScope": "thread"})
+            assert reply.status_code == 200, reply.text
+            pool = (await status(client))["runtime"]["agents"][0]
+            assert sorted(c["state"] for c in pool["children"]) == ["full", "shared"], pool
+    finally:
+        daemon.stop()
