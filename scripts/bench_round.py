@@ -24,10 +24,11 @@ modes run by run; per mode a fresh process):
 * ``prompt`` — ``qwen``, ``warm1`` (acp-serve defaults) and ``warm0`` (``--warm-agents
   0``): one live session, ``--prompts`` prompt round trips after ``--settle-s`` (as
   ``scripts/bench_warm.py``), then SIGTERM to exit with that idle session.
-* ``packed`` — ``qwen``, ``packed`` (``--sessions-per-agent --sessions``) and ``packed0``
-  (the same with ``--warm-agents 0``): ``--sessions`` sessions ``--gap-s`` apart, each
-  prompted once (as ``scripts/bench_density.py``): create p50 and process-tree RSS with
-  all of them live (the default pool spawns its spare once the child is full).
+* ``packed`` — ``qwen``, ``packed`` (``--sessions-per-agent --sessions``) and
+  ``packedspare`` (the same with ``--packed-spare``: a spare child once the child is full,
+  the default before ``serve/agents/warm.py``): ``--sessions`` sessions ``--gap-s`` apart,
+  each prompted once (as ``scripts/bench_density.py``): create p50 and process-tree RSS
+  with all of them live.
 * ``iso`` — ``qwen`` and ``iso`` (``--sessions-per-agent 1``): the same arrivals.
 
 ``base-<mode>`` (``--base-modes acp,warm1,...``) adds the same mode run by the daemon of
@@ -223,8 +224,8 @@ def run_sessions(mode: str, ctx: Context, per_agent: int) -> Figures:
         argv, cwd = qwen_serve_argv(ctx.cli, ctx.workspace, port), ctx.workspace
     else:
         flags = ["--sessions-per-agent", str(per_agent)]
-        if mode.endswith("0"):  # packed0: no spare (the default keeps one once a child is full)
-            flags += ["--warm-agents", "0"]
+        if mode.endswith("spare"):  # a spare child once the child is full (warm.py)
+            flags += ["--packed-spare"]
         argv, cwd = ctx.acp_argv(mode, port, flags)
     proc = start(argv, ctx.env, port, cwd, ctx.tmp / f"{mode}-{port}.log")
     result = Result(mode)
@@ -267,7 +268,7 @@ class Context:
 SECTIONS: dict[str, list[str]] = {
     "small": ["bare", "acp", "qwen"],
     "prompt": ["qwen", "warm1", "warm0"],
-    "packed": ["qwen", "packed", "packed0"],
+    "packed": ["qwen", "packed", "packedspare"],
     "iso": ["qwen", "iso"],
 }
 
@@ -288,7 +289,7 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ("packed sessions: create p50 (ms)", "packed", "create_p50_ms", "packed", "{:.0f}"),
     ("packed sessions: tree RSS (MiB)", "packed", "tree_rss_loaded_mib", "packed", "{:.0f}"),
     ("packed: first prompt p50 (ms)", "packed", "first_prompt_p50_ms", "packed", "{:.0f}"),
-    ("packed, --warm-agents 0: tree RSS", "packed", "tree_rss_loaded_mib", "packed0", "{:.0f}"),
+    ("packed, --packed-spare: tree RSS", "packed", "tree_rss_loaded_mib", "packedspare", "{:.0f}"),
     ("isolated create p50 (ms)", "iso", "create_p50_ms", "iso", "{:.0f}"),
 ]
 
