@@ -2,9 +2,9 @@
 
 Pure and bounded: :class:`AgentApprovals` (allowed requests per session incarnation),
 :class:`ToolCallLog` (what an agent's ``tool_call`` notifications named, by id) and
-:func:`agent_approval_from` (the approval an answered request grants). The
-:class:`~serve.permissions.effects.EffectGate` owns one of each and consults them before it
-asks clients.
+:func:`agent_approval_from` (the approval an answered request grants). The gate's prompt
+stage (:class:`~serve.permissions.prompt_stage.PromptStage`) owns one of each and consults
+them before it asks clients.
 
 Not asking twice (agent approvals)
 ----------------------------------

@@ -28,23 +28,16 @@ request goes through the same pipeline:
    nothing touches the disk. The agent's *own* ``session/request_permission`` passes the
    same decision first (:meth:`EffectGate.screen_agent_permission`): deny → its reject
    option and ``effect_denied``, auto → its allow option, prompt → clients are asked.
-4. **prompt** → in order, the first that applies:
-
-   a. *already approved by the agent's own question* (see below): run;
-   b. a live ``always_allow_for_session`` entry (:class:`~serve.permissions.cache.
-      ApprovalCache`) for (session incarnation, principal, policy fingerprint, rule): run;
-   c. otherwise a permission request through the PermissionMediator: ``OpenPermission``
-      with a synthetic tool call (``toolCallId: "host_…"``, kind ``read``/``edit``/
-      ``execute``, the path or command, ``_meta["qwen.daemon.effect"]`` with capability,
-      risk, rule and reason) and options ``allow_once``, ``allow_always`` (only when the
-      answer may be cached) and ``reject_once``. The request is published as the usual
-      ``permission_request`` event and voted on under the daemon's mediation policy.
-      ``allow_*`` runs it (``allow_always`` is cached); ``reject_once`` and ``cancelled``
-      (timeout, session cancel/close, mediator crash) refuse it like a deny
-      (``effect_denied`` with rule ``permission:rejected`` / ``permission:cancelled``).
-      Concurrent identical requests (same session, principal, policy and effect) share
-      one request (:class:`~serve.permissions.cache.InflightTable`); if the leader is
-      cancelled (the agent withdrew its request) the next waiter asks again.
+4. **prompt** → the prompt stage (:mod:`serve.permissions.prompt_stage`): already approved
+   by the agent's own question, a live ``always_allow_for_session`` entry, or one request
+   through the PermissionMediator shared by identical concurrent requests: a synthetic tool
+   call (``toolCallId: "host_…"``, kind ``read``/``edit``/``execute``,
+   ``_meta["qwen.daemon.effect"]``; :mod:`serve.permissions.host_request`) with options
+   ``allow_once``, ``allow_always`` (only when the answer may be cached) and
+   ``reject_once``, published as the usual ``permission_request`` event and voted on under
+   the daemon's mediation policy. Allowed runs it; ``reject_once`` and ``cancelled``
+   (timeout, session cancel/close, mediator crash) refuse it like a deny (``effect_denied``
+   with rule ``permission:rejected`` / ``permission:cancelled``).
 5. **auto** (or approved) → run. Targets inside the workspace go through the shared
    :mod:`serve.workspaces.files` boundary (the same
    :class:`~serve.workspaces.files.Workspace` as the HTTP file routes, so writes serialise
@@ -52,26 +45,18 @@ request goes through the same pipeline:
    ``symlink_escape``); targets outside the workspace, which only an ``any``-scoped grant
    allows, use plain file I/O in a worker thread.
 
-The principal
--------------
-A cached ``allow_always`` is bound to the *prompt originator's* client id (the
-``X-Qwen-Client-Id`` that submitted the running prompt): only later effects of prompts by
-the same client in the same session incarnation reuse it. An anonymous prompt has no
-principal and is never cached (its requests do not offer ``allow_always``). The session
-part of the key is a per-actor token, so a session replaced under the same id (load after
-close) never inherits entries; entries of sessions that are no longer live are dropped on
-the next gate call. ``secret.bind`` decisions are never cached (``approval.decide`` marks
-them non-cacheable, and ``ApprovalCache`` refuses them). Entries expire after 8 hours.
+What the Host remembers between effects (the always-allow cache bound to the prompt
+originator, the agent's approvals, the questions in flight, the per-incarnation session
+token) is the prompt stage's state: :mod:`serve.permissions.prompt_stage`. Not asking twice:
+an allowed agent ``session/request_permission`` covers the matching Host effects of its
+prompt (:mod:`serve.permissions.agent_approvals`). The request clients vote on, and the
+agent's error codes: :mod:`serve.permissions.host_request`.
 
-Not asking twice: an allowed agent ``session/request_permission`` covers the matching Host
-effects of its prompt (:mod:`serve.permissions.agent_approvals`). The request clients vote
-on, and the agent's error codes: :mod:`serve.permissions.host_request`.
-
-Ownership and errors: all state (cache, in-flight table, agent approvals, counters) is
-touched only from the trio thread and never across an ``await``, so the handler tasks of
-every session can share one gate. Blocking work (``realpath``, file I/O) runs in worker
-threads. If the mediator is unavailable the request resolves ``cancelled`` (refused), never
-hanging the agent. The session is read through :class:`~serve.permissions.context.EffectSession`.
+Ownership and errors: all state (the prompt stage's, the counters) is touched only from
+the trio thread and never across an ``await``, so the handler tasks of every session can
+share one gate. Blocking work (``realpath``, file I/O) runs in worker threads. If the
+mediator is unavailable the request resolves ``cancelled`` (refused), never hanging the
+agent. The session is read through :class:`~serve.permissions.context.EffectSession`.
 """
 
 from __future__ import annotations
@@ -81,13 +66,10 @@ import logging
 import os
 import posixpath
 import time
-import uuid
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import msgspec
-import trio
 
 from acp.errors import INVALID_PARAMS, HandlerError
 from acp.handler import read_text as plain_read_text
@@ -109,38 +91,26 @@ from serve.permissions.agent_approvals import (
     AGENT_KIND_CAPABILITY,
     AgentApproval,
     AgentApprovals,
-    ToolCallLog,
     agent_approval_from,
     agent_effect,
     option_of,
     terminal_texts,
 )
 from serve.permissions.approval import (
-    Decision,
     Effect,
     classify_read,
     classify_write,
     decide,
     describe_policy,
-    effect_fingerprint,
     policy_fingerprint,
 )
-from serve.permissions.cache import (
-    ALWAYS_ALLOW_TTL_MS,
-    ApprovalCache,
-    CacheKey,
-    DecisionKey,
-    Existing,
-    Full,
-    InflightTable,
-    Leader,
-    cache_key,
-)
+from serve.permissions.cache import ALWAYS_ALLOW_TTL_MS, ApprovalCache, cache_key
 from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
 from serve.permissions.context import ConfigSource, EffectSession, PermissionSections
 from serve.permissions.grants import EffectiveGrants, resolve_grants
-from serve.permissions.host_request import EFFECT_DENIED, Outcome, ask_clients, fs_error
+from serve.permissions.host_request import EFFECT_DENIED, ask_clients, fs_error
 from serve.permissions.modes import qwen_equivalent
+from serve.permissions.prompt_stage import PromptStage, originator
 from serve.permissions.terminal_guard import classify_acp_request, classify_terminal
 from serve.threads import agent_fs_limiter
 from serve.workspaces.files import Workspace, WorkspaceFsError, overwrite_text
@@ -157,7 +127,6 @@ __all__ = ["EffectGate"]
 
 #: Bound on handing an event to the session actor (its inbox; the event is kept queued).
 PUBLISH_TIMEOUT_S: Final = 5.0
-_encoder = msgspec.json.Encoder()
 
 
 def _wall_ms() -> int:
@@ -165,16 +134,6 @@ def _wall_ms() -> int:
 
 
 # -- the gate -------------------------------------------------------------------------------
-
-
-class _Shared:
-    """The in-flight decision the leader makes for every identical request."""
-
-    __slots__ = ("done", "outcome")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.outcome: Outcome | None = None  # None: the leader gave up, ask again
 
 
 class EffectGate:
@@ -201,15 +160,8 @@ class EffectGate:
         #: The Host's workspace objects (their per-path writer locks are the file routes').
         self._workspaces = workspaces or WorkspaceSet()
         self._settings = settings
-        self._mediator = mediator
         self._live = live_sessions
         self._clock = clock_ms
-        self.cache = cache or ApprovalCache()
-        self.agent_approvals = agent_approvals or AgentApprovals()
-        self.tool_calls = ToolCallLog()
-        self._inflight: InflightTable[DecisionKey, _Shared] = InflightTable()
-        self._tokens: weakref.WeakKeyDictionary[EffectSession, str] = weakref.WeakKeyDictionary()
-        self._cached_sessions: set[str] = set()
         self.counters: dict[str, int] = {
             "auto": 0,
             "prompted": 0,
@@ -219,16 +171,24 @@ class EffectGate:
             "rejected": 0,
             "cancelled": 0,
         }
+        #: The prompt stage: what the Host remembers of earlier answers, questions in flight.
+        self.prompt_stage = PromptStage(
+            functools.partial(ask_clients, mediator),
+            counters=self.counters,
+            live_sessions=live_sessions,
+            clock_ms=clock_ms,
+            agent_approvals=agent_approvals,
+            cache=cache,
+        )
+        self.cache = self.prompt_stage.cache
+        self.agent_approvals = self.prompt_stage.agent_approvals
+        self.tool_calls = self.prompt_stage.tool_calls
 
     # ---- per-session policy ------------------------------------------------------------
 
     def session_key(self, session: EffectSession) -> str:
         """The session incarnation's token (a session replaced under its id gets a new one)."""
-        key = self._tokens.get(session)
-        if key is None:
-            key = f"{session.session_id}#{uuid.uuid4().hex[:12]}"
-            self._tokens[session] = key
-        return key
+        return self.prompt_stage.session_key(session)
 
     @staticmethod
     def agent_name(session: EffectSession) -> str | None:
@@ -358,7 +318,7 @@ class EffectGate:
     def _seed_cache_from_agent(
         self, session: EffectSession, skey: str, approval: AgentApproval, now: int
     ) -> None:
-        principal = _originator(session)
+        principal = originator(session)
         if principal is None:
             return
         grants = self.grants_for(session)
@@ -381,8 +341,9 @@ class EffectGate:
             decision = decide(effect, grants, approval_cfg, mode)
             if decision.verdict != "prompt":
                 continue
-            if self.cache.remember(cache_key(skey, principal, fingerprint, decision), now_ms=now):
-                self._cached_sessions.add(skey)
+            self.prompt_stage.remember(
+                cache_key(skey, principal, fingerprint, decision), now_ms=now
+            )
 
     # ---- the pipeline ------------------------------------------------------------------
 
@@ -407,40 +368,17 @@ class EffectGate:
         if decision.verdict == "auto":
             self.counters["auto"] += 1
             return
-        now = self._clock()
-        self._sweep(now)
-        skey = self.session_key(session)
-        active = session.active
-        prompt_id = active.prompt_id if active is not None else None
-        if (
-            self.agent_approvals.match(
-                skey,
-                prompt_id,
-                effect.capability,
-                paths=paths,
-                commands=commands,
-                now_ms=now,
-            )
-            is not None
-        ):
-            self.counters["allowedByAgentApproval"] += 1
-            return
-        principal = _originator(session)
-        fingerprint = policy_fingerprint(grants, approval_cfg, mode)
-        key = cache_key(skey, principal, fingerprint, decision)
-        if self.cache.allowed(key, now_ms=now):
-            self.counters["allowedByCache"] += 1
-            return
-        outcome = await self._shared_decision(
+        outcome = await self.prompt_stage.resolve(
             session,
-            DecisionKey(skey, principal, fingerprint, effect_fingerprint(effect)),
             effect,
             decision,
-            key,
+            policy_fingerprint(grants, approval_cfg, mode),
+            paths=paths,
+            commands=commands,
             content=content,
             cwd=cwd,
         )
-        if outcome in ("allow_once", "allow_always"):
+        if outcome == "allowed":
             return
         self.counters[outcome] += 1
         rule = f"permission:{outcome}"
@@ -450,68 +388,6 @@ class EffectGate:
             else "the permission request was cancelled"
         )
         await self._refuse(session, effect, rule, why)
-
-    async def _shared_decision(
-        self,
-        session: EffectSession,
-        dkey: DecisionKey,
-        effect: Effect,
-        decision: Decision,
-        key: CacheKey | None,
-        *,
-        content: str | None,
-        cwd: str | None,
-    ) -> Outcome:
-        while True:
-            mine = _Shared()
-            joined = self._inflight.lookup_or_join(dkey, mine)
-            if isinstance(joined, Full):
-                return "cancelled"
-            if isinstance(joined, Existing):
-                leader = self._inflight.leader_of(dkey)
-                try:
-                    if leader is None:  # pragma: no cover - a joined key always has a leader
-                        continue
-                    await leader.done.wait()
-                finally:
-                    self._inflight.leave(dkey, mine)
-                if leader.outcome is not None:
-                    return leader.outcome
-                continue  # the leader gave up: ask again
-            assert isinstance(joined, Leader)
-            try:
-                mine.outcome = await self._ask_clients(
-                    session, effect, decision, key, content=content, cwd=cwd
-                )
-                return mine.outcome
-            finally:
-                self._inflight.finish(dkey)
-                mine.done.set()
-
-    async def _ask_clients(
-        self,
-        session: EffectSession,
-        effect: Effect,
-        decision: Decision,
-        key: CacheKey | None,
-        *,
-        content: str | None,
-        cwd: str | None,
-    ) -> Outcome:
-        self.counters["prompted"] += 1
-        outcome = await ask_clients(
-            self._mediator,
-            session,
-            effect,
-            decision,
-            offer_always=key is not None,
-            content=content,
-            cwd=cwd,
-        )
-        if outcome == "allow_always":
-            if self.cache.remember(key, now_ms=self._clock()) and key is not None:
-                self._cached_sessions.add(key.session_id)
-        return outcome
 
     async def _refuse(
         self, session: EffectSession, effect: Effect, rule: str, reason: str
@@ -561,12 +437,12 @@ class EffectGate:
         ``edit``/``delete``/``move`` → ``fs.write``; ``execute`` → ``terminal.exec``), its
         first location, ``diff`` block or ``rawInput`` path (or ``rawInput.command``) the
         target; what the request lacks comes from the agent's earlier ``tool_call`` with the
-        same id (:class:`ToolCallLog`); it is
-        classified and decided exactly like the Host effect it announces. ``deny``: the
-        agent gets its reject option (``reject_once``, else ``reject_always``; none:
-        cancelled) and the log gets ``effect_denied``; no client sees the request.
-        ``auto``: the agent gets its allow option (``allow_once`` preferred). ``prompt``,
-        or a tool call we cannot map: None, the clients are asked as before.
+        same id (the prompt stage's ``ToolCallLog``); it is classified and decided exactly
+        like the Host effect it announces. ``deny``: the agent gets its reject option
+        (``reject_once``, else ``reject_always``; none: cancelled) and the log gets
+        ``effect_denied``; no client sees the request. ``auto``: the agent gets its allow
+        option (``allow_once`` preferred). ``prompt``, or a tool call we cannot map: None,
+        the clients are asked as before.
         """
         effect = await self._agent_effect(session, params)
         if effect is None:
@@ -606,23 +482,6 @@ class EffectGate:
             return None
         return await agent_effect(call, earlier, root=root, cwd=session.workspace)
 
-    def _sweep(self, now: int) -> None:
-        """Drop cache entries and agent approvals of sessions that are no longer live."""
-        self.cache.expire(now)
-        live = {self._tokens[s] for s in self._live_sessions() if s in self._tokens}
-        for skey in [k for k in self._cached_sessions if k not in live]:
-            self.cache.invalidate_session(skey)
-            self._cached_sessions.discard(skey)
-        for skey in self.agent_approvals.sessions():
-            if skey not in live:
-                self.agent_approvals.forget(skey)
-        for skey in self.tool_calls.sessions():
-            if skey not in live:
-                self.tool_calls.forget(skey)
-
-    def _live_sessions(self) -> list[EffectSession]:
-        return list(self._live())
-
     @property
     def config(self) -> PermissionSections:
         """The config in force (the cell's current value)."""
@@ -632,11 +491,11 @@ class EffectGate:
 
     def describe(self, workspace: str | None = None) -> dict[str, Any]:
         """``GET /workspace/permissions``: effective grants and approval policy, no secrets."""
-        self._sweep(self._clock())
+        self.prompt_stage.sweep(self._clock())
         caps = self.config.capabilities
         settings = self._settings
         sessions = []
-        for session in self._live_sessions():
+        for session in self._live():
             if workspace is not None and session.workspace != workspace:
                 continue
             mode = self.approval_mode(session)
@@ -680,14 +539,8 @@ class EffectGate:
             "decisions": dict(self.counters),
             "alwaysAllowEntries": len(self.cache),
             "agentApprovals": len(self.agent_approvals),
-            "inflight": len(self._inflight),
+            "inflight": len(self.prompt_stage),
         }
-
-
-def _originator(session: EffectSession) -> str | None:
-    active = session.active
-    cid = active.client_id if active is not None else None
-    return cid if isinstance(cid, str) and cid else None
 
 
 def _absolute(path: str, *, field: str = "path") -> str:

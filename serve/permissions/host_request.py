@@ -1,11 +1,12 @@
 """The Host's own permission request: the synthetic tool call and options clients vote on,
 and the JSON-RPC error an agent gets for a refused or failed effect (pure).
 
-The :class:`~serve.permissions.effects.EffectGate` asks the session's clients through the
-mediator when its decision is ``prompt`` (:func:`ask_clients`: :func:`host_tool_call` and
-:func:`host_options`, voted on like any permission request; an unavailable mediator is a
-``cancelled`` answer, never a hang); a refusal is :data:`EFFECT_DENIED`; a workspace
-boundary error maps through :func:`fs_error`.
+The :class:`~serve.permissions.effects.EffectGate`'s prompt stage
+(:mod:`serve.permissions.prompt_stage`) asks the session's clients through the mediator
+when the decision is ``prompt`` and nothing earlier covers it (:func:`ask_clients`:
+:func:`host_tool_call` and :func:`host_options`, voted on like any permission request; an
+unavailable mediator is a ``cancelled`` answer, never a hang); a refusal is
+:data:`EFFECT_DENIED`; a workspace boundary error maps through :func:`fs_error`.
 """
 
 from __future__ import annotations

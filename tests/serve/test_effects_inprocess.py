@@ -136,7 +136,7 @@ async def _open_session(client: httpx.AsyncClient) -> tuple[str, str]:
 
 def gate_waiters(gate: EffectGate) -> int:
     """Readers parked on the gate's shared decisions (leaders included)."""
-    table = gate._inflight
+    table = gate.prompt_stage._inflight
     return sum(len(w) for w in getattr(table, "_waiters", {}).values())
 
 
