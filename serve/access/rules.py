@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "ACP_READS",
     "ACP_RULES",
     "ADMIN",
     "ANY",
@@ -202,6 +203,29 @@ ACP_RULES: Final[dict[str, str]] = {
     "_qwen/workspace/skills": WORKSPACE,
     "_qwen/workspace/providers": WORKSPACE,
 }
+
+
+#: ACP methods that change nothing (the audit log records every other message's outcome).
+ACP_READS: Final = frozenset(
+    {
+        "session/list",
+        "_qwen/session/heartbeat",
+        "_qwen/session/context",
+        "_qwen/session/supported_commands",
+        "_qwen/status",
+        "_qwen/health",
+        "_qwen/file/read",
+        "_qwen/file/read_bytes",
+        "_qwen/file/stat",
+        "_qwen/file/list",
+        "_qwen/file/glob",
+        "_qwen/workspace/env",
+        "_qwen/workspace/preflight",
+        "_qwen/workspace/mcp",
+        "_qwen/workspace/skills",
+        "_qwen/workspace/providers",
+    }
+)
 
 
 def canonical(rule: str) -> str:

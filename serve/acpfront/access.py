@@ -22,7 +22,8 @@ from serve.access.config import may_use, role_in
 from serve.access.errors import Forbidden, WorkspaceDenied
 from serve.access.quotas import session_quota
 from serve.access.roles import can_vote
-from serve.access.rules import ACP_RULES, ADMIN, SESSION_RULES, VOTE
+from serve.access.rules import ACP_READS, ACP_RULES, ADMIN, SESSION_RULES, VOTE
+from serve.acpfront.jsonrpc import RpcError
 from serve.api import ASK_TIMEOUT_S, SessionService
 from serve.permissions.mediator import SessionOf
 from serve.sessions.errors import SessionNotFound
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "audit",
+    "audit_outcome",
     "check",
     "check_restore",
     "check_vote",
@@ -50,8 +52,11 @@ def _who(host: Host, conn: Connection) -> Principal | None:
     return None if not host.multi_user or who.admin else who
 
 
-def audit(host: Host, conn: Connection, method: str, sid: object, status: int) -> None:
-    """One audit line for an ``/acp`` refusal (the message's method, not a route)."""
+def audit(
+    host: Host, conn: Connection, method: str, sid: object, status: int, outcome: str = "denied"
+) -> None:
+    """One audit line for an ``/acp`` message (its method, not a route): a refusal, or
+    the outcome of a mutation (:func:`audit_outcome`)."""
     if host.audit is not None:
         who: Principal = getattr(conn, "principal", OPERATOR)
         host.audit.record(
@@ -59,9 +64,26 @@ def audit(host: Host, conn: Connection, method: str, sid: object, status: int) -
             peer=conn.client,
             method=method,
             session=sid if isinstance(sid, str) else None,
-            outcome="denied",
+            outcome=outcome,
             status=status,
         )
+
+
+def audit_outcome(
+    host: Host, conn: Connection, method: str, sid: str | None, error: RpcError | None
+) -> None:
+    """The audit line of a message its handler ran: every method but :data:`ACP_READS`,
+    ``ok`` (200) or, from the error's ``httpStatus`` (500 without), ``denied`` (401, 403,
+    404) or ``error``. Refusals of the rules were audited where they were raised."""
+    if host.audit is None or method in ACP_READS:
+        return
+    if error is None:
+        audit(host, conn, method, sid, 200, "ok")
+        return
+    data = error.data if isinstance(error.data, dict) else {}
+    status = data.get("httpStatus")
+    status = status if isinstance(status, int) else 500
+    audit(host, conn, method, sid, status, "denied" if status in (401, 403, 404) else "error")
 
 
 def check(host: Host, conn: Connection, method: str, params: dict[str, Any]) -> None:
@@ -114,11 +136,8 @@ async def check_restore(host: Host, conn: Connection, session_id: str) -> None:
     who = _who(host, conn)
     if who is not None:
         groups = dict(host.config.access.session_groups)
-        try:
-            await SessionService(host).check_journaled(session_id, who, groups)
-        except SessionNotFound:
-            audit(host, conn, "session/load", session_id, 404)
-            raise
+        # (a refusal is audited with the message's outcome, dispatch.py)
+        await SessionService(host).check_journaled(session_id, who, groups)
 
 
 async def check_vote(host: Host, conn: Connection, request_id: str) -> bool:
@@ -132,8 +151,7 @@ async def check_vote(host: Host, conn: Connection, request_id: str) -> bool:
         role_in(host.config.access, who, session.access, session.workspace), COLLABORATOR
     ):
         return True
-    audit(host, conn, "session/permission", owner, 404)
-    return False
+    return False  # (audited with the message's outcome, dispatch.py)
 
 
 def may_vote(conn: Connection, session: SessionActor) -> bool:

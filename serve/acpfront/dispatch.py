@@ -26,6 +26,7 @@ from typing import Any, Final
 import trio
 
 from serve import tracecontext
+from serve.acpfront import access as acp_access
 from serve.acpfront import (
     file_methods,
     fork,
@@ -191,6 +192,7 @@ async def handle(
     if rid is not None and rid not in conn.running:
         conn.running[rid] = scope
     trace = tracecontext.from_meta(params)
+    ran = False  # the handler ran (its outcome is audited; the checks audit their own)
     try:
         with tracecontext.traced(trace), scope:
             if trace is not None:
@@ -199,14 +201,21 @@ async def handle(
                 handler = _check(front, conn, message, header_session)
                 if handler is None:
                     return
+                ran = True
                 result = await handler(front, conn, params)
+                acp_access.audit_outcome(front.host, conn, method, sid, None)
             except ConnectionLevel as exc:
+                if ran:
+                    acp_access.audit_outcome(front.host, conn, method, sid, exc)
                 if rid is not None:
                     reply_conn(front, conn, jsonrpc.error_bytes(rid, exc), inline)
                 return
             except Exception as exc:
-                if rid is not None:
+                if rid is not None or ran:
                     error = to_rpc(exc, sid)  # the one place a failure becomes a reply
+                    if ran:
+                        acp_access.audit_outcome(front.host, conn, method, sid, error)
+                if rid is not None:
                     await _after_events(conn, method, sid)
                     reply(front, conn, method, sid, jsonrpc.error_bytes(rid, error), inline)
                 return

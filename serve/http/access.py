@@ -31,7 +31,15 @@ from quart_trio import QuartTrio
 from serve.access import OPERATOR, Principal, at_least
 from serve.access.config import may_use, role_in
 from serve.access.errors import Forbidden, WorkspaceDenied
-from serve.access.rules import ADMIN, PUBLIC, ROUTE_RULES, SESSION_RULES, WORKSPACE, canonical
+from serve.access.rules import (
+    ADMIN,
+    CONNECTION,
+    PUBLIC,
+    ROUTE_RULES,
+    SESSION_RULES,
+    WORKSPACE,
+    canonical,
+)
 from serve.http.context import daemon
 from serve.http.security.principals import PRINCIPAL_KEY
 from serve.sessions.errors import SessionNotFound
@@ -142,10 +150,16 @@ def check(host: Host, who: Principal, need: str | None, rule: str, args: dict[st
 
 
 def install(app: QuartTrio, host: Host) -> None:
-    """The gate (first ``before_request`` / ``before_websocket`` hook) and the audit of
-    mutations, only when multi-user auth is configured."""
-    if not host.multi_user:
-        return
+    """The gate (first ``before_request`` / ``before_websocket`` hook) when multi-user auth
+    is configured, and the audit of mutations whenever the audit log is on (``--auth-*``,
+    or ``--audit-log`` alone)."""
+    if host.multi_user:
+        _install_gate(app, host)
+    if host.audit is not None:
+        _install_audit(app, host)
+
+
+def _install_gate(app: QuartTrio, host: Host) -> None:
     known = needs(app)
 
     def need(method: str, rule: str) -> str | None:
@@ -179,18 +193,25 @@ def install(app: QuartTrio, host: Host) -> None:
             audit(host, who, "denied", status, ws=True)
             raise
 
+    app.before_request_funcs.setdefault(None, []).insert(0, gate)
+    app.before_websocket_funcs.setdefault(None, []).insert(0, ws_gate)
+
+
+def _install_audit(app: QuartTrio, host: Host) -> None:
     async def after(response: Response) -> Response:
         if getattr(g, "audited", False):
             return response
-        if request.method not in ("GET", "HEAD") or response.status_code in (401, 403):
-            sid = (request.view_args or {}).get("session_id")
-            status = response.status_code
-            outcome = "ok" if status < 400 else "denied" if status in (401, 403, 404) else "error"
-            audit(host, principal(), outcome, status, sid if isinstance(sid, str) else None)
+        status = response.status_code
+        if request.method in ("GET", "HEAD") and status not in (401, 403):
+            return response
+        rule = request.url_rule
+        if status < 400 and rule is not None and need_of(request.method, rule.rule) == CONNECTION:
+            return response  # an /acp POST: each message is audited by its method
+        sid = (request.view_args or {}).get("session_id")
+        outcome = "ok" if status < 400 else "denied" if status in (401, 403, 404) else "error"
+        audit(host, principal(), outcome, status, sid if isinstance(sid, str) else None)
         return response
 
-    app.before_request_funcs.setdefault(None, []).insert(0, gate)
-    app.before_websocket_funcs.setdefault(None, []).insert(0, ws_gate)
     app.after_request_funcs.setdefault(None, []).append(after)
 
 

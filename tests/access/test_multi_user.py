@@ -371,14 +371,61 @@ async def test_acp_websocket_b_never_reaches_a(daemon: DaemonProcess, jwks: Jwks
         assert status["error"]["data"]["need"] == "admin"
     finally:
         await ws.abort()
-    refused = await trio.to_thread.run_sync(audit, daemon)
-    methods = {e.get("method") for e in refused if e.get("principal") == "bob3"}
-    assert {"session/load", "session/prompt", "session/close", "_qwen/status"} <= methods
+    entries = await trio.to_thread.run_sync(audit, daemon)
+    bobs = [
+        (e.get("method"), e["outcome"], e["status"])
+        for e in entries
+        if e.get("principal") == "bob3"
+    ]
+    denied = [m for m, outcome, _ in bobs if outcome == "denied"]
+    assert {"session/load", "session/prompt", "session/close", "_qwen/status"} <= set(denied)
+    assert len(denied) == len(set(denied)), bobs  # each refusal once
+    # The WebSocket's successful mutation is audited by its method; its reads are not.
+    assert ("session/new", "ok", 200) in bobs
+    assert "session/list" not in [m for m, *_ in bobs]
     # A's session is untouched (the operator, an admin, still reads it).
     context = await trio.to_thread.run_sync(
         lambda: a.get(f"/session/{sid}/context", headers=OP).status_code
     )
     assert context == 200
+
+
+async def test_the_audit_log_alone_records_mutations_without_multi_user_auth(
+    tmp_path: Path,
+) -> None:
+    """``--audit-log`` without ``--auth-*``: the operator's REST and ``/acp`` WebSocket
+    mutations are audited (reads are not), and the operator pages them."""
+    log = tmp_path / "audit.jsonl"
+    d = spawn_daemon(["--audit-log", str(log)], env={"QWEN_SERVER_TOKEN": TOKEN})
+    try:
+        http = client(d, OP)
+        sid = await trio.to_thread.run_sync(new_session, http, d)
+        assert (await trio.to_thread.run_sync(http.get, "/session/" + sid + "/context")).is_success
+        ws = await Ws.connect(d.port, headers=OP)
+        try:
+            await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+            await ws.until(lambda m: m.get("id") == 1)
+            params = {"cwd": str(d.workspace), "mcpServers": []}
+            await ws.send({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": params})
+            made = (await ws.until(lambda m: m.get("id") == 2))[-1]
+            await ws.send({"jsonrpc": "2.0", "id": 3, "method": "session/list", "params": {}})
+            await ws.until(lambda m: m.get("id") == 3)
+        finally:
+            await ws.abort()
+        entries = await trio.to_thread.run_sync(audit, d)
+        seen = {
+            (e.get("route") or e.get("method"), e.get("session"), e["outcome"]) for e in entries
+        }
+        assert ("POST /session", None, "ok") in seen, entries
+        assert ("session/new", None, "ok") in seen, entries
+        assert all(e["principal"] == "operator" for e in entries), entries
+        assert not [e for e in entries if e.get("method") == "session/list"]
+        assert not [e for e in entries if str(e.get("route", "")).startswith("GET ")]
+        assert made["result"]["sessionId"] != sid
+        on_disk = [json.loads(line) for line in log.read_text().splitlines()]
+        assert [e["seq"] for e in on_disk] == sorted(e["seq"] for e in entries)
+    finally:
+        d.stop()
 
 
 def test_workspace_access_rules(jwks: Jwks, tmp_path: Path) -> None:
