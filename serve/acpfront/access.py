@@ -154,9 +154,11 @@ async def check_vote(host: Host, conn: Connection, request_id: str) -> bool:
     return False  # (audited with the message's outcome, dispatch.py)
 
 
-def may_vote(conn: Connection, session: SessionActor) -> bool:
-    """Whether the connection's votes count on ``session`` (its principal's role)."""
-    return can_vote(session.access, getattr(conn, "principal", OPERATOR))
+def may_vote(host: Host, conn: Connection, session: SessionActor) -> bool:
+    """Whether the connection's votes count on ``session``: its principal's role, the
+    config's group rules (``sessionGroups``) included, as at the gates."""
+    who: Principal = getattr(conn, "principal", OPERATOR)
+    return who.admin or can_vote(session.access, who, host.config.access.session_groups)
 
 
 def visible(host: Host, conn: Connection) -> Callable[[SessionActor], bool] | None:

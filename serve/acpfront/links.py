@@ -133,7 +133,7 @@ async def own(
         del conn.sessions[ended.pop(0)]
     if sum(1 for old in conn.sessions.values() if not old.ended) >= MAX_SESSIONS:
         raise session_limit(MAX_SESSIONS)
-    voter = acp_access.may_vote(conn, session)
+    voter = acp_access.may_vote(front.host, conn, session)
     attached: Attached = await session.call(Attach(None, None, voter), timeout_s=ASK_TIMEOUT_S)
     outbox = Outbox(max_messages=conn.max_messages, max_bytes=conn.max_bytes)
     link = SessionLink(session, attached.client_id, outbox, attached.view)

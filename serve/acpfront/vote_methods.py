@@ -94,7 +94,7 @@ async def answer(front: Connections, conn: Connection, message: Response) -> Non
         return
     sid, request_id = target
     link = conn.sessions.get(sid)
-    if link is not None and not acp_access.may_vote(conn, link.session):
+    if link is not None and not acp_access.may_vote(front.host, conn, link.session):
         log.info("ACP connection %s may not vote on %s (an observer)", conn.id, sid)
         return
     client_id = link.client_id if link is not None else None

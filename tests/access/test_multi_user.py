@@ -630,3 +630,53 @@ async def test_acp_over_http_fixes_the_principal_at_initialize(
                 nursery.cancel_scope.cancel()
         finally:
             await response.aclose()
+
+
+async def test_a_group_collaborator_votes_over_acp_with_keys_from_a_file(
+    jwks: Jwks, tmp_path: Path
+) -> None:
+    """``--auth-jwks-file`` and a ``sessionGroups`` rule: a member of the group, who holds
+    no role of its own on alice's session, loads it over the ``/acp`` WebSocket and its
+    answer to the permission request is the vote that lets the turn write."""
+    keys = tmp_path / "jwks.json"
+    keys.write_text(json.dumps(jwks.document()))
+    config = tmp_path / "config.yaml"
+    config.write_text("access:\n  sessionGroups:\n    reviewers: collaborator\n")
+    d = spawn_daemon(
+        ["--auth-jwks-file", str(keys), "--auth-audience", AUD, "--config", str(config)],
+        env={"QWEN_SERVER_TOKEN": TOKEN},
+    )
+    try:
+        alice = client(d, bearer(jwks.token("alice7")))
+        sid = await trio.to_thread.run_sync(new_session, alice, d)
+        ws = await Ws.connect(d.port, headers=bearer(jwks.token("rev", groups=["reviewers"])))
+        try:
+            init = {"protocolVersion": 1}  # an ACP client: it sees requests, not notifications
+            await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+            await ws.until(lambda m: m.get("id") == 1)
+            params = {"sessionId": sid, "cwd": str(d.workspace), "mcpServers": []}
+            await ws.send({"jsonrpc": "2.0", "id": 2, "method": "session/load", "params": params})
+            loaded = (await ws.until(lambda m: m.get("id") == 2))[-1]
+            assert "result" in loaded, loaded
+            prompt = {"prompt": [{"type": "text", "text": "[write by_group.txt voted]"}]}
+            r = await trio.to_thread.run_sync(
+                lambda: alice.post(
+                    f"/session/{sid}/prompt", json=prompt, headers={"Prefer": "respond-async"}
+                )
+            )
+            assert r.status_code == 202, r.text
+            ask = (await ws.until(lambda m: m.get("method") == "session/request_permission"))[-1]
+            allow = {"outcome": {"outcome": "selected", "optionId": "allow"}}
+            await ws.send({"jsonrpc": "2.0", "id": ask["id"], "result": allow})
+            with trio.fail_after(30):
+                while not (d.workspace / "by_group.txt").exists():  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            assert (d.workspace / "by_group.txt").read_text() == "voted"
+        finally:
+            await ws.abort()
+        # Without the group, the same principal has no role: the session is not disclosed.
+        outsider = client(d, bearer(jwks.token("rev")))
+        r = await trio.to_thread.run_sync(outsider.get, f"/session/{sid}/context")
+        assert r.status_code == 404
+    finally:
+        d.stop()
