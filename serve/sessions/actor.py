@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
@@ -62,7 +62,7 @@ from serve.sessions import (
     cancelling,
     config_options,
     endings,
-    journal_load,
+    link_port,
     ownership,
     switches,
     turn_worker,
@@ -77,6 +77,7 @@ from serve.sessions.budget import BudgetMeter, Limits
 from serve.sessions.clients import ClientTable
 from serve.sessions.control import AgentCalls
 from serve.sessions.journal_link import JournalLink
+from serve.sessions.link_port import SessionLinkPort
 from serve.sessions.messages import (
     APPROVAL_MODES,
     Admission,
@@ -119,7 +120,6 @@ from serve.sessions.steering import Steering
 
 if TYPE_CHECKING:
     from acp.client import AgentConnection
-    from acp.schema import InitializeResult
     from serve.journal import Journal
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
@@ -209,7 +209,7 @@ class SessionActor(Actor[SessionMsg]):
             source or SpawnAgentSource(settings),
             workspace=workspace,
             handler=self.side,
-            owner=self,
+            owner=SessionLinkPort(self, self),
             init_timeout_s=settings.initialize_timeout_ms / 1000,
             restore_timeout_s=settings.session_restore_timeout_ms / 1000,
             restarts=RestartWindow(restart_intensity, restart_period_s),
@@ -229,7 +229,6 @@ class SessionActor(Actor[SessionMsg]):
         self._shutdown_close = False
         self.turn_scope: trio.CancelScope | None = None
         self.turn_usage: object = None  # the running turn's prompt response usage, decoded
-        self._nursery: trio.Nursery | None = None
         self.work = trio.Event()  # the worker's wake-up: a job was admitted or released
         self.calls = AgentCalls(session_id=lambda: self.session_id, closing=lambda: self.closing)
         #: Open SSE subscriptions and the registered client each one names (or None).
@@ -339,9 +338,9 @@ class SessionActor(Actor[SessionMsg]):
     ) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = self.calls.nursery = self.binding.nursery = nursery
+                self.calls.nursery = self.binding.nursery = nursery
                 try:
-                    await self._open_agent(nursery)
+                    await link_port.open_agent(self, nursery)
                 except BaseException:
                     await self.journal_link.aclose()
                     raise
@@ -352,103 +351,13 @@ class SessionActor(Actor[SessionMsg]):
                 await Actor.run(self, task_status=task_status)
                 nursery.cancel_scope.cancel()
         finally:
-            self._nursery = self.calls.nursery = self.binding.nursery = None
+            self.calls.nursery = self.binding.nursery = None
             if not self.ended.is_set():
                 with trio.CancelScope(shield=True):
                     await endings.abort_everything(self, "channel_closed", died=True)
             if self.on_gone is not None:
                 self.on_gone(self)
             self.gone.set()
-
-    async def _open_agent(self, nursery: trio.Nursery) -> None:
-        """Open the agent link; a load of a journaled session instead starts released, from
-        the journal, and binds an agent on first use (serve/sessions/journal_load.py)."""
-        lazy = await journal_load.read(
-            self.journal_link,
-            nursery,
-            self.session_id,
-            settings=self.settings,
-            action=self.action,
-            workspace=self.workspace,
-            ring_size=self.log.ring_size,
-            ring_bytes=self.log.ring_bytes,
-        )
-        if lazy is None:
-            await self.link.open(nursery, self.action, self.session_id)
-            self.adopt_setup(self.link.setup)
-            await journal_load.remember(self.journal_link, self.settings, self.link)
-        else:
-            self.log, self.restored_from_journal = lazy.log, True  # (journaled by now)
-            self.link.setup = lazy.setup
-            self.adopt_setup(lazy.setup)
-            self.binding.start_released()
-        await ownership.settle(self)
-
-    def adopt_setup(self, setup: SessionSetup | None) -> None:
-        self.binding.used()
-        if setup is None:
-            return
-        if setup.models is not None:
-            self.current_model = getattr(setup.models, "current_model_id", None)
-        elif (option := setup.model_option()) is not None and isinstance(option.current_value, str):
-            self.current_model = option.current_value  # models only as a config option (codex)
-        self.current_mode = advertised_modes(setup).current or self.current_mode
-
-    # The link's owner side (agent_link.LinkOwner).
-
-    async def mcp_servers(self, info: InitializeResult | None) -> list[dict[str, Any]]:
-        """The workspace's MCP servers for the agent (pooled stdio servers are reached
-        through the pool's bridge; transports the agent did not advertise are left out)."""
-        if self.mcp_pool is None:
-            return []
-        caps = info.agent_capabilities.mcp_capabilities if info is not None else None
-        servers: list[dict[str, Any]] = await self.mcp_pool.acp_servers_for(
-            self.workspace,
-            requester=self,
-            http=bool(caps and caps.http),
-            sse=bool(caps and caps.sse),
-        )
-        return servers
-
-    async def adopt_session_id(self, session_id: str) -> None:
-        self.session_id = session_id
-        self.log.session_id = session_id
-        self.name = f"session-{session_id}"
-        self.side.journal_pending = True
-        self.journal_link.attrs = journal_load.agent_attrs(self.settings, self.link)
-        try:
-            await self._open_journal(fresh=True)
-        finally:
-            self.side.journal_pending = False
-        if self.fork_from is not None:  # the fork's stream starts by naming its parent
-            self.log.publish(
-                "session_forked", {"sessionId": session_id, "parentSessionId": self.fork_from}
-            )
-        self.side.flush_early_updates()
-
-    async def restore_history(self) -> bool:
-        """After a daemon restart: rebuild the event log from the journal and keep
-        journaling; True when the journal held the history."""
-        if self.journal_link.journal is None:
-            return False
-        restored = await self.journal_link.restore(
-            self.session_id, self.log.ring_size, self.log.ring_bytes
-        )
-        if restored is None:
-            await self._open_journal(fresh=True)
-            return False
-        self.log, self.restored_from_journal = restored
-        await self._open_journal(fresh=False)
-        return self.restored_from_journal
-
-    async def _open_journal(self, *, fresh: bool) -> None:
-        assert self._nursery is not None
-        origin: Literal["new", "load", "resume"] = (
-            "load" if self.action == "load" else "resume" if self.action == "resume" else "new"
-        )
-        await self.journal_link.open(
-            self._nursery, self.log, workspace=self.workspace, origin=origin, fresh=fresh
-        )
 
     # ---- the agent binding (serve/sessions/binding.py): the owner port ----------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from actors import EventKind
-from serve.sessions import cancelling, endings
+from serve.sessions import cancelling, endings, link_port
 from serve.sessions.messages import ReleaseAgent
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class SessionBindingPort:
         self.s.log.publish(event_type, data)
 
     def adopt_setup(self, setup: SessionSetup | None) -> None:
-        self.s.adopt_setup(setup)
+        link_port.adopt_setup(self.s, setup)
 
     def end_running_turn(self, data: dict[str, Any]) -> None:
         running = self.s.prompts.running
