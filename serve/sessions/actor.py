@@ -39,7 +39,6 @@ end), and stops the child. ``gone`` is set once the child is reaped and the jour
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -49,10 +48,10 @@ import trio
 
 from acp.process import ExitInfo
 from acp.schema import SessionSetup
-from actors import Actor, ActorError, Reply, RestartWindow, Supervisor
+from actors import Actor, Reply, RestartWindow, Supervisor
 from serve.access.roles import SessionAccess
 from serve.events import EventLog, Subscriber
-from serve.permissions.mediator import CancelPromptPermissions, PermissionMediator
+from serve.permissions.mediator import PermissionMediator
 from serve.permissions.modes import (
     AgentModes,
     advertised_modes,
@@ -64,6 +63,7 @@ from serve.sessions import (
     endings,
     link_port,
     ownership,
+    prompt_events,
     switches,
     turn_worker,
     views,
@@ -114,7 +114,7 @@ from serve.sessions.messages import (
     Summarize,
     UpdateMetadata,
 )
-from serve.sessions.prompt_queue import Job, PromptQueue, PromptQueueFull, PromptRunning, Terminal
+from serve.sessions.prompt_queue import Job, PromptQueue, PromptQueueFull, PromptRunning
 from serve.sessions.queue_edits import replace_pending
 from serve.sessions.steering import Steering
 
@@ -124,9 +124,6 @@ if TYPE_CHECKING:
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
     from serve.settings import Settings
-
-log = logging.getLogger(__name__)
-
 
 __all__ = [  # the session's public surface (messages and errors re-exported)
     "APPROVAL_MODES",
@@ -462,7 +459,7 @@ class SessionActor(Actor[SessionMsg]):
             case ListPending():
                 return views.pending_list(self)
             case RemovePending(prompt_id=pid, client_id=cid):
-                return self._remove_pending(pid, cid)
+                return prompt_events.remove_pending(self, pid, cid)
             case PublishEvent(event_type=etype, data=data, prompt_id=pid, originator=orig):
                 return self.log.publish(etype, data, prompt_id=pid, originator=orig)
             case ReleaseAgent(reason=reason):
@@ -478,55 +475,7 @@ class SessionActor(Actor[SessionMsg]):
     # ---- prompts (the turn itself: serve/sessions/turn_worker.py) ---------------------
 
     def _admit(self, msg: SubmitPrompt, *, front: bool = False) -> Admission:
-        turn_worker.refuse_if_exhausted(self)
-        if self.agent_released and not self.binding.rebinding:
-            refusal = self.link.refusal()  # e.g. 503 memory_budget_exceeded
-            if refusal is not None:
-                raise refusal
-        admitted = self.prompts.admit(
-            msg, now=trio.current_time(), queued_at=iso_now(), front=front
-        )
-        job: Job = admitted.job
-        if not admitted.fresh:
-            return job.token  # type: ignore[no-any-return]  # the same turn, not a second one
-        done = trio.Event()
-        job.notify = done.set
-        watermark = self.log.last_id
-        if job.queued:
-            self.log.publish(
-                "pending_prompt_added",
-                {
-                    "sessionId": self.session_id,
-                    "promptId": job.prompt_id,
-                    "text": job.text,
-                    "queuedAt": iso_now(),
-                },
-                prompt_id=job.prompt_id,
-                originator=job.client_id,
-            )
-        job.token = Admission(job.prompt_id, watermark, self.log.epoch, job, done)
-        self.work.set()  # wake the worker
-        self.binding.ensure_bound("prompt")
-        return job.token  # type: ignore[no-any-return]
-
-    def _remove_pending(self, prompt_id: str, client_id: str | None) -> bool:
-        """Remove a queued prompt (True), False when unknown; running ones are refused."""
-        running = self.prompts.running
-        if running is not None and running.prompt_id == prompt_id:
-            raise PromptRunning(prompt_id)
-        if not any(j.prompt_id == prompt_id for j in self.prompts.queued):
-            return False
-        self.log.publish(
-            "prompt_cancelled",
-            {"sessionId": self.session_id, "reason": "removed_from_queue"},
-            prompt_id=prompt_id,
-            originator=client_id,
-        )
-        terminal = self.prompts.remove(
-            prompt_id, {"sessionId": self.session_id, "stopReason": "cancelled"}
-        )
-        self.publish_terminal(terminal)
-        return True
+        return prompt_events.admit(self, msg, front=front)  # (steering's port)
 
     async def _cancel_permissions(self, *, forget: bool = False) -> None:
         await cancelling.cancel_permissions(self, forget=forget)
@@ -546,37 +495,6 @@ class SessionActor(Actor[SessionMsg]):
         conn = self.link.conn
         live = conn.config_options(self.session_id) if conn is not None else None
         return advertised_modes(self.setup, live)
-
-    # ---- terminals ---------------------------------------------------------------------
-
-    def finish(self, job: Job, event_type: str, data: dict[str, Any]) -> None:
-        """End ``job`` with its one terminal event (idempotent)."""
-        self.publish_terminal(self.prompts.finish(job, event_type, data))
-
-    def publish_terminal(self, terminal: Terminal | None) -> None:
-        if terminal is None:
-            return
-        job: Job = terminal.job
-        data = {"sessionId": self.session_id, **terminal.data}
-        self.log.publish(terminal.kind, data, prompt_id=job.prompt_id, originator=job.client_id)
-        self.binding.used()
-        if job.queued:
-            state = "completed" if terminal.started else "removed"
-            self.log.publish(
-                "pending_prompt_completed",
-                {"sessionId": self.session_id, "promptId": job.prompt_id, "state": state},
-                prompt_id=job.prompt_id,
-            )
-        self.last_settled_ms = now_ms()
-        if terminal.started:
-            self._turn_ended(job)
-
-    def _turn_ended(self, job: Job) -> None:
-        """Withdraw the permission requests the finished turn left open."""
-        try:
-            self.mediator.tell_nowait(CancelPromptPermissions(self.session_id, job.prompt_id))
-        except ActorError:  # full or stopped: the response timeout still applies
-            log.warning("session %s: could not withdraw permissions of its turn", self.session_id)
 
     # ---- endings -----------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from serve.sessions.clients import ClientTable
     from serve.sessions.control import AgentCalls
     from serve.sessions.messages import CloseSession, SessionMsg
-    from serve.sessions.prompt_queue import Job, PromptQueue, Terminal
+    from serve.sessions.prompt_queue import PromptQueue
     from serve.sessions.steering import Steering
     from serve.settings import Settings
 
@@ -86,10 +86,6 @@ class SessionCore(Protocol):
     async def call(self, msg: SessionMsg, *, timeout_s: float = 30.0) -> Any: ...
 
     async def drain_inbox(self) -> None: ...
-
-    def finish(self, job: Job, event_type: str, data: dict[str, Any]) -> None: ...
-
-    def publish_terminal(self, terminal: Terminal | None) -> None: ...
 
     def spawn[*Ts](self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None: ...
 
