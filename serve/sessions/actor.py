@@ -8,10 +8,12 @@ inbox; the work lives in one module per concept, which takes the session through
 and never imports this one:
 
 * :mod:`.prompt_queue` (sans-IO): admission, idempotent ``promptId``, deadlines, removal,
-  exactly one terminal per admitted prompt; :mod:`.turn_worker` runs each turn and keeps
-  the budget; :mod:`.cancelling` cancels and escalates an ignored cancel;
+  exactly one terminal per admitted prompt; :mod:`.prompt_events` publishes those
+  decisions (admitted, removed, ended); :mod:`.turn_worker` runs each turn and keeps the
+  budget; :mod:`.cancelling` cancels and escalates an ignored cancel;
 * :mod:`.agent_link`: the agent (acquired from an ``AgentSource``), the handshake,
-  load/resume; :mod:`.journal_link`: the session's journal;
+  load/resume; :mod:`.link_port`: the session's side of it (opening from the agent or the
+  journal, the setup and session id it adopts); :mod:`.journal_link`: the session's journal;
 * :mod:`.binding`: **where restart in place, idle release and rebind happen**
   (:class:`~serve.sessions.binding.AgentBinding`: bound, restarting, released, rebinding,
   failed);
@@ -23,7 +25,8 @@ and never imports this one:
 * :mod:`.messages`: what the actor is sent and answers (typed snapshots).
 
 ``run()`` opens a private nursery, opens the agent link (or, for a load served from the
-journal, starts released) and reports readiness; then the actor loop (inbox), the prompt
+journal, starts released: :func:`~serve.sessions.link_port.open_agent`) and reports
+readiness; then the actor loop (inbox), the prompt
 worker, the child watcher and, with ``--agent-idle-release-ms``, the idle watch share the
 nursery. Every handler is quick and never awaits the agent: agent calls (switches, vendor
 calls, ``session/cancel``) run as tasks of the nursery and answer through a
