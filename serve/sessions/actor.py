@@ -475,10 +475,10 @@ class SessionActor(Actor[SessionMsg]):
                 return now
         raise TypeError(f"unknown session message {type(msg).__name__}")
 
-    # ---- prompts (the turn itself: serve/sessions/turn_worker.py) ---------------------
+    # ---- steering's port: admission (prompt_events.py) and cancel (cancelling.py) -----
 
     def _admit(self, msg: SubmitPrompt, *, front: bool = False) -> Admission:
-        return prompt_events.admit(self, msg, front=front)  # (steering's port)
+        return prompt_events.admit(self, msg, front=front)
 
     async def _cancel_permissions(self, *, forget: bool = False) -> None:
         await cancelling.cancel_permissions(self, forget=forget)
