@@ -8,10 +8,12 @@ inbox; the work lives in one module per concept, which takes the session through
 and never imports this one:
 
 * :mod:`.prompt_queue` (sans-IO): admission, idempotent ``promptId``, deadlines, removal,
-  exactly one terminal per admitted prompt; :mod:`.turn_worker` runs each turn and keeps
-  the budget; :mod:`.cancelling` cancels and escalates an ignored cancel;
+  exactly one terminal per admitted prompt; :mod:`.prompt_events` publishes those
+  decisions (admitted, removed, ended); :mod:`.turn_worker` runs each turn and keeps the
+  budget; :mod:`.cancelling` cancels and escalates an ignored cancel;
 * :mod:`.agent_link`: the agent (acquired from an ``AgentSource``), the handshake,
-  load/resume; :mod:`.journal_link`: the session's journal;
+  load/resume; :mod:`.link_port`: the session's side of it (opening from the agent or the
+  journal, the setup and session id it adopts); :mod:`.journal_link`: the session's journal;
 * :mod:`.binding`: **where restart in place, idle release and rebind happen**
   (:class:`~serve.sessions.binding.AgentBinding`: bound, restarting, released, rebinding,
   failed);
@@ -23,7 +25,8 @@ and never imports this one:
 * :mod:`.messages`: what the actor is sent and answers (typed snapshots).
 
 ``run()`` opens a private nursery, opens the agent link (or, for a load served from the
-journal, starts released) and reports readiness; then the actor loop (inbox), the prompt
+journal, starts released: :func:`~serve.sessions.link_port.open_agent`) and reports
+readiness; then the actor loop (inbox), the prompt
 worker, the child watcher and, with ``--agent-idle-release-ms``, the idle watch share the
 nursery. Every handler is quick and never awaits the agent: agent calls (switches, vendor
 calls, ``session/cancel``) run as tasks of the nursery and answer through a
@@ -39,20 +42,19 @@ end), and stops the child. ``gone`` is set once the child is reaped and the jour
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
 
 from acp.process import ExitInfo
 from acp.schema import SessionSetup
-from actors import Actor, ActorError, Reply, RestartWindow, Supervisor
+from actors import Actor, Reply, RestartWindow, Supervisor
 from serve.access.roles import SessionAccess
 from serve.events import EventLog, Subscriber
-from serve.permissions.mediator import CancelPromptPermissions, PermissionMediator
+from serve.permissions.mediator import PermissionMediator
 from serve.permissions.modes import (
     AgentModes,
     advertised_modes,
@@ -62,8 +64,9 @@ from serve.sessions import (
     cancelling,
     config_options,
     endings,
-    journal_load,
+    link_port,
     ownership,
+    prompt_events,
     switches,
     turn_worker,
     views,
@@ -77,6 +80,7 @@ from serve.sessions.budget import BudgetMeter, Limits
 from serve.sessions.clients import ClientTable
 from serve.sessions.control import AgentCalls
 from serve.sessions.journal_link import JournalLink
+from serve.sessions.link_port import SessionLinkPort
 from serve.sessions.messages import (
     APPROVAL_MODES,
     Admission,
@@ -113,20 +117,16 @@ from serve.sessions.messages import (
     Summarize,
     UpdateMetadata,
 )
-from serve.sessions.prompt_queue import Job, PromptQueue, PromptQueueFull, PromptRunning, Terminal
+from serve.sessions.prompt_queue import Job, PromptQueue, PromptQueueFull, PromptRunning
 from serve.sessions.queue_edits import replace_pending
 from serve.sessions.steering import Steering
 
 if TYPE_CHECKING:
     from acp.client import AgentConnection
-    from acp.schema import InitializeResult
     from serve.journal import Journal
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
     from serve.settings import Settings
-
-log = logging.getLogger(__name__)
-
 
 __all__ = [  # the session's public surface (messages and errors re-exported)
     "APPROVAL_MODES",
@@ -209,7 +209,7 @@ class SessionActor(Actor[SessionMsg]):
             source or SpawnAgentSource(settings),
             workspace=workspace,
             handler=self.side,
-            owner=self,
+            owner=SessionLinkPort(self, self),
             init_timeout_s=settings.initialize_timeout_ms / 1000,
             restore_timeout_s=settings.session_restore_timeout_ms / 1000,
             restarts=RestartWindow(restart_intensity, restart_period_s),
@@ -229,7 +229,6 @@ class SessionActor(Actor[SessionMsg]):
         self._shutdown_close = False
         self.turn_scope: trio.CancelScope | None = None
         self.turn_usage: object = None  # the running turn's prompt response usage, decoded
-        self._nursery: trio.Nursery | None = None
         self.work = trio.Event()  # the worker's wake-up: a job was admitted or released
         self.calls = AgentCalls(session_id=lambda: self.session_id, closing=lambda: self.closing)
         #: Open SSE subscriptions and the registered client each one names (or None).
@@ -339,9 +338,9 @@ class SessionActor(Actor[SessionMsg]):
     ) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = self.calls.nursery = self.binding.nursery = nursery
+                self.calls.nursery = self.binding.nursery = nursery
                 try:
-                    await self._open_agent(nursery)
+                    await link_port.open_agent(self, nursery)
                 except BaseException:
                     await self.journal_link.aclose()
                     raise
@@ -352,103 +351,13 @@ class SessionActor(Actor[SessionMsg]):
                 await Actor.run(self, task_status=task_status)
                 nursery.cancel_scope.cancel()
         finally:
-            self._nursery = self.calls.nursery = self.binding.nursery = None
+            self.calls.nursery = self.binding.nursery = None
             if not self.ended.is_set():
                 with trio.CancelScope(shield=True):
                     await endings.abort_everything(self, "channel_closed", died=True)
             if self.on_gone is not None:
                 self.on_gone(self)
             self.gone.set()
-
-    async def _open_agent(self, nursery: trio.Nursery) -> None:
-        """Open the agent link; a load of a journaled session instead starts released, from
-        the journal, and binds an agent on first use (serve/sessions/journal_load.py)."""
-        lazy = await journal_load.read(
-            self.journal_link,
-            nursery,
-            self.session_id,
-            settings=self.settings,
-            action=self.action,
-            workspace=self.workspace,
-            ring_size=self.log.ring_size,
-            ring_bytes=self.log.ring_bytes,
-        )
-        if lazy is None:
-            await self.link.open(nursery, self.action, self.session_id)
-            self.adopt_setup(self.link.setup)
-            await journal_load.remember(self.journal_link, self.settings, self.link)
-        else:
-            self.log, self.restored_from_journal = lazy.log, True  # (journaled by now)
-            self.link.setup = lazy.setup
-            self.adopt_setup(lazy.setup)
-            self.binding.start_released()
-        await ownership.settle(self)
-
-    def adopt_setup(self, setup: SessionSetup | None) -> None:
-        self.binding.used()
-        if setup is None:
-            return
-        if setup.models is not None:
-            self.current_model = getattr(setup.models, "current_model_id", None)
-        elif (option := setup.model_option()) is not None and isinstance(option.current_value, str):
-            self.current_model = option.current_value  # models only as a config option (codex)
-        self.current_mode = advertised_modes(setup).current or self.current_mode
-
-    # The link's owner side (agent_link.LinkOwner).
-
-    async def mcp_servers(self, info: InitializeResult | None) -> list[dict[str, Any]]:
-        """The workspace's MCP servers for the agent (pooled stdio servers are reached
-        through the pool's bridge; transports the agent did not advertise are left out)."""
-        if self.mcp_pool is None:
-            return []
-        caps = info.agent_capabilities.mcp_capabilities if info is not None else None
-        servers: list[dict[str, Any]] = await self.mcp_pool.acp_servers_for(
-            self.workspace,
-            requester=self,
-            http=bool(caps and caps.http),
-            sse=bool(caps and caps.sse),
-        )
-        return servers
-
-    async def adopt_session_id(self, session_id: str) -> None:
-        self.session_id = session_id
-        self.log.session_id = session_id
-        self.name = f"session-{session_id}"
-        self.side.journal_pending = True
-        self.journal_link.attrs = journal_load.agent_attrs(self.settings, self.link)
-        try:
-            await self._open_journal(fresh=True)
-        finally:
-            self.side.journal_pending = False
-        if self.fork_from is not None:  # the fork's stream starts by naming its parent
-            self.log.publish(
-                "session_forked", {"sessionId": session_id, "parentSessionId": self.fork_from}
-            )
-        self.side.flush_early_updates()
-
-    async def restore_history(self) -> bool:
-        """After a daemon restart: rebuild the event log from the journal and keep
-        journaling; True when the journal held the history."""
-        if self.journal_link.journal is None:
-            return False
-        restored = await self.journal_link.restore(
-            self.session_id, self.log.ring_size, self.log.ring_bytes
-        )
-        if restored is None:
-            await self._open_journal(fresh=True)
-            return False
-        self.log, self.restored_from_journal = restored
-        await self._open_journal(fresh=False)
-        return self.restored_from_journal
-
-    async def _open_journal(self, *, fresh: bool) -> None:
-        assert self._nursery is not None
-        origin: Literal["new", "load", "resume"] = (
-            "load" if self.action == "load" else "resume" if self.action == "resume" else "new"
-        )
-        await self.journal_link.open(
-            self._nursery, self.log, workspace=self.workspace, origin=origin, fresh=fresh
-        )
 
     # ---- the agent binding (serve/sessions/binding.py): the owner port ----------------
 
@@ -553,7 +462,7 @@ class SessionActor(Actor[SessionMsg]):
             case ListPending():
                 return views.pending_list(self)
             case RemovePending(prompt_id=pid, client_id=cid):
-                return self._remove_pending(pid, cid)
+                return prompt_events.remove_pending(self, pid, cid)
             case PublishEvent(event_type=etype, data=data, prompt_id=pid, originator=orig):
                 return self.log.publish(etype, data, prompt_id=pid, originator=orig)
             case ReleaseAgent(reason=reason):
@@ -566,58 +475,10 @@ class SessionActor(Actor[SessionMsg]):
                 return now
         raise TypeError(f"unknown session message {type(msg).__name__}")
 
-    # ---- prompts (the turn itself: serve/sessions/turn_worker.py) ---------------------
+    # ---- steering's port: admission (prompt_events.py) and cancel (cancelling.py) -----
 
     def _admit(self, msg: SubmitPrompt, *, front: bool = False) -> Admission:
-        turn_worker.refuse_if_exhausted(self)
-        if self.agent_released and not self.binding.rebinding:
-            refusal = self.link.refusal()  # e.g. 503 memory_budget_exceeded
-            if refusal is not None:
-                raise refusal
-        admitted = self.prompts.admit(
-            msg, now=trio.current_time(), queued_at=iso_now(), front=front
-        )
-        job: Job = admitted.job
-        if not admitted.fresh:
-            return job.token  # type: ignore[no-any-return]  # the same turn, not a second one
-        done = trio.Event()
-        job.notify = done.set
-        watermark = self.log.last_id
-        if job.queued:
-            self.log.publish(
-                "pending_prompt_added",
-                {
-                    "sessionId": self.session_id,
-                    "promptId": job.prompt_id,
-                    "text": job.text,
-                    "queuedAt": iso_now(),
-                },
-                prompt_id=job.prompt_id,
-                originator=job.client_id,
-            )
-        job.token = Admission(job.prompt_id, watermark, self.log.epoch, job, done)
-        self.work.set()  # wake the worker
-        self.binding.ensure_bound("prompt")
-        return job.token  # type: ignore[no-any-return]
-
-    def _remove_pending(self, prompt_id: str, client_id: str | None) -> bool:
-        """Remove a queued prompt (True), False when unknown; running ones are refused."""
-        running = self.prompts.running
-        if running is not None and running.prompt_id == prompt_id:
-            raise PromptRunning(prompt_id)
-        if not any(j.prompt_id == prompt_id for j in self.prompts.queued):
-            return False
-        self.log.publish(
-            "prompt_cancelled",
-            {"sessionId": self.session_id, "reason": "removed_from_queue"},
-            prompt_id=prompt_id,
-            originator=client_id,
-        )
-        terminal = self.prompts.remove(
-            prompt_id, {"sessionId": self.session_id, "stopReason": "cancelled"}
-        )
-        self.publish_terminal(terminal)
-        return True
+        return prompt_events.admit(self, msg, front=front)
 
     async def _cancel_permissions(self, *, forget: bool = False) -> None:
         await cancelling.cancel_permissions(self, forget=forget)
@@ -637,37 +498,6 @@ class SessionActor(Actor[SessionMsg]):
         conn = self.link.conn
         live = conn.config_options(self.session_id) if conn is not None else None
         return advertised_modes(self.setup, live)
-
-    # ---- terminals ---------------------------------------------------------------------
-
-    def finish(self, job: Job, event_type: str, data: dict[str, Any]) -> None:
-        """End ``job`` with its one terminal event (idempotent)."""
-        self.publish_terminal(self.prompts.finish(job, event_type, data))
-
-    def publish_terminal(self, terminal: Terminal | None) -> None:
-        if terminal is None:
-            return
-        job: Job = terminal.job
-        data = {"sessionId": self.session_id, **terminal.data}
-        self.log.publish(terminal.kind, data, prompt_id=job.prompt_id, originator=job.client_id)
-        self.binding.used()
-        if job.queued:
-            state = "completed" if terminal.started else "removed"
-            self.log.publish(
-                "pending_prompt_completed",
-                {"sessionId": self.session_id, "promptId": job.prompt_id, "state": state},
-                prompt_id=job.prompt_id,
-            )
-        self.last_settled_ms = now_ms()
-        if terminal.started:
-            self._turn_ended(job)
-
-    def _turn_ended(self, job: Job) -> None:
-        """Withdraw the permission requests the finished turn left open."""
-        try:
-            self.mediator.tell_nowait(CancelPromptPermissions(self.session_id, job.prompt_id))
-        except ActorError:  # full or stopped: the response timeout still applies
-            log.warning("session %s: could not withdraw permissions of its turn", self.session_id)
 
     # ---- endings -----------------------------------------------------------------------
 

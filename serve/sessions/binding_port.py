@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from actors import EventKind
-from serve.sessions import cancelling, endings
+from serve.sessions import cancelling, endings, link_port, prompt_events
 from serve.sessions.messages import ReleaseAgent
 
 if TYPE_CHECKING:
@@ -63,16 +63,16 @@ class SessionBindingPort:
         self.s.log.publish(event_type, data)
 
     def adopt_setup(self, setup: SessionSetup | None) -> None:
-        self.s.adopt_setup(setup)
+        link_port.adopt_setup(self.s, setup)
 
     def end_running_turn(self, data: dict[str, Any]) -> None:
         running = self.s.prompts.running
         if running is not None:
-            self.s.finish(running, "turn_error", data)
+            prompt_events.finish(self.s, running, "turn_error", data)
 
     def fail_waiting(self, data: dict[str, Any]) -> None:
         for terminal in self.s.prompts.abort_all("turn_error", data):
-            self.s.publish_terminal(terminal)
+            prompt_events.publish_terminal(self.s, terminal)
 
     def cancel_turn_request(self) -> None:
         if self.s.turn_scope is not None:

@@ -23,6 +23,7 @@ from acp.errors import AcpError
 from actors import ActorError
 from serve.permissions.mediator import CancelSessionPermissions
 from serve.sessions import turns
+from serve.sessions.prompt_events import finish, publish_terminal
 
 if TYPE_CHECKING:
     from serve.sessions.core import SessionCore
@@ -67,7 +68,7 @@ async def cancel_prompt(session: SessionCore, prompt_id: str, client_id: str | N
         terminal = session.prompts.cancel_queued(
             prompt_id, {"sessionId": session.session_id, "stopReason": "cancelled"}
         )
-        session.publish_terminal(terminal)
+        publish_terminal(session, terminal)
 
 
 async def send_cancel(session: SessionCore) -> None:
@@ -90,7 +91,7 @@ async def escalate_cancel(session: SessionCore, job: Job) -> None:
     await trio.sleep(grace_ms / 1000)
     if job.done or session.prompts.running is not job or session.closing:
         return
-    session.finish(job, "turn_error", turns.cancel_timeout(session.session_id, grace_ms))
+    finish(session, job, "turn_error", turns.cancel_timeout(session.session_id, grace_ms))
     link = session.link
     if link.shared and await link.responsive(PROBE_TIMEOUT_S):
         if not session.closing and session.prompts.running is job:

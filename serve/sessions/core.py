@@ -2,11 +2,13 @@
 
 The actor (:mod:`serve.sessions.actor`) composes its parts and runs its inbox; the work
 itself lives in modules that take the session through this Protocol instead of importing
-the actor (which imports them): :mod:`.turn_worker` (one admitted prompt to its terminal,
-and the budget it spends), :mod:`.cancelling` (cancel and its escalation) and
-:mod:`.switches` (model and approval-mode changes), :mod:`.attachments` (clients and
-streams) and :mod:`.endings` (the final event). Every member is the actor's own
-state, read and written from its inbox or its nursery's tasks (one trio thread).
+the actor (which imports them): :mod:`.prompt_events` (admission, removal, terminals),
+:mod:`.turn_worker` (one admitted prompt to its terminal, and the budget it spends),
+:mod:`.cancelling` (cancel and its escalation), :mod:`.switches` (model and approval-mode
+changes), :mod:`.attachments` (clients and streams), :mod:`.link_port` (the session's side
+of its agent link), :mod:`.binding_port` (what the agent binding asks of it) and
+:mod:`.endings` (the final event). Every member is the actor's own state, read and written
+from its inbox or its nursery's tasks (one trio thread).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from serve.sessions.clients import ClientTable
     from serve.sessions.control import AgentCalls
     from serve.sessions.messages import CloseSession, SessionMsg
-    from serve.sessions.prompt_queue import Job, PromptQueue, Terminal
+    from serve.sessions.prompt_queue import PromptQueue
     from serve.sessions.steering import Steering
     from serve.settings import Settings
 
@@ -85,13 +87,7 @@ class SessionCore(Protocol):
 
     async def call(self, msg: SessionMsg, *, timeout_s: float = 30.0) -> Any: ...
 
-    def adopt_setup(self, setup: SessionSetup | None) -> None: ...
-
     async def drain_inbox(self) -> None: ...
-
-    def finish(self, job: Job, event_type: str, data: dict[str, Any]) -> None: ...
-
-    def publish_terminal(self, terminal: Terminal | None) -> None: ...
 
     def spawn[*Ts](self, fn: Callable[[*Ts], Awaitable[object]], *args: *Ts) -> None: ...
 

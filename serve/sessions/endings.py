@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from serve.sessions import cancelling, turns
 from serve.sessions.binding import signal_name
+from serve.sessions.prompt_events import publish_terminal
 
 if TYPE_CHECKING:
     from acp.process import ExitInfo
@@ -39,7 +40,7 @@ async def abort_everything(
     sid = session.session_id
     kind, data = turns.aborted(sid, reason, died=died)
     for terminal in session.prompts.abort_all(kind, data):
-        session.publish_terminal(terminal)
+        publish_terminal(session, terminal)
     await cancelling.cancel_permissions(session, forget=True)
     nursery = session.calls.nursery
     if not died and nursery is not None:

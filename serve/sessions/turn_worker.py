@@ -25,7 +25,7 @@ from acp.errors import AcpError, ChannelClosed, RemoteError
 from serve.sessions import turns
 from serve.sessions.budget import Limits
 from serve.sessions.cancelling import cancel_permissions
-from serve.sessions.errors import BudgetExhausted
+from serve.sessions.prompt_events import finish, publish_terminal
 
 if TYPE_CHECKING:
     from acp.client import AgentConnection
@@ -41,7 +41,7 @@ async def prompt_worker(session: SessionCore) -> None:
         await session.calls.wait_not_exclusive()  # a rewind/branch runs: no turn now
         job, expired = session.prompts.take(trio.current_time())
         for terminal in expired:
-            session.publish_terminal(terminal)
+            publish_terminal(session, terminal)
             await after_deadline(session)
         if job is None:
             if not expired:
@@ -51,7 +51,7 @@ async def prompt_worker(session: SessionCore) -> None:
         try:
             await run_turn(session, job)
         finally:
-            session.publish_terminal(session.prompts.release(job))
+            publish_terminal(session, session.prompts.release(job))
 
 
 async def run_turn(session: SessionCore, job: Job) -> None:
@@ -67,7 +67,7 @@ async def run_turn(session: SessionCore, job: Job) -> None:
         )
     if (dim := session.budget.exhausted) is not None:  # spent while this prompt waited
         data = {"sessionId": sid, "dimension": dim}
-        session.finish(job, "turn_error", turns.budget_exhausted(sid, data))
+        finish(session, job, "turn_error", turns.budget_exhausted(sid, data))
         return
     for block in turns.text_blocks(job.prompt):  # echo the prompt, as the reference does
         session.side.relay("user_message_chunk", turns.user_chunk(block))
@@ -90,24 +90,24 @@ async def _run_prompt(session: SessionCore, job: Job, conn: AgentConnection, sid
             await session.steering.settle(job)  # a steered turn: until the agent is quiet
         session.turn_scope = None
     except RemoteError as exc:
-        session.finish(job, "turn_error", turns.remote_error(sid, exc))
+        finish(session, job, "turn_error", turns.remote_error(sid, exc))
     except ChannelClosed:
         # The child died: the supervising task ends this prompt (agent_restarted or,
         # when the session dies, channel_closed); wait for its decision.
         with trio.move_on_after(30):
             await job.token.done.wait()
-        session.finish(job, "turn_error", turns.channel_closed(sid))
+        finish(session, job, "turn_error", turns.channel_closed(sid))
     except AcpError as exc:
-        session.finish(job, "turn_error", turns.protocol_error(sid, exc))
+        finish(session, job, "turn_error", turns.protocol_error(sid, exc))
     else:
         if not scope.cancelled_caught:
             session.turn_usage = _decoded_usage(result.usage)
-            session.finish(
-                job, "turn_complete", turns.completed(sid, result.stop_reason, result.meta)
+            finish(
+                session, job, "turn_complete", turns.completed(sid, result.stop_reason, result.meta)
             )
         elif job.deadline is not None and trio.current_time() >= job.deadline:
             # The FIFO moves on even if the agent is wedged; ask the agent to stop.
-            session.finish(job, "turn_error", turns.deadline_exceeded(sid))
+            finish(session, job, "turn_error", turns.deadline_exceeded(sid))
             await after_deadline(session)
 
 
@@ -134,16 +134,6 @@ def _decoded_usage(raw: msgspec.Raw) -> object:
 # ---- budget (serve/sessions/budget.py) ----------------------------------------------------
 
 
-def refuse_if_exhausted(session: SessionCore) -> None:
-    budget = session.budget
-    dim = budget.exhausted
-    if dim is not None:
-        limits = budget.limits
-        spent = budget.tokens if dim == "tokens" else budget.cost or 0.0
-        limit = limits.max_tokens if dim == "tokens" else limits.max_cost
-        raise BudgetExhausted(session.session_id, dim, spent, float(limit or 0))
-
-
 def on_usage(session: SessionCore, update: msgspec.Raw) -> None:
     try:
         decoded = msgspec.json.decode(bytes(update))
@@ -167,7 +157,7 @@ def budget_signals(session: SessionCore, signals: list[Signal]) -> None:
         session.log.publish("budget_exhausted", data)
         job = session.prompts.running
         if job is not None and not job.done:
-            session.finish(job, "turn_error", turns.budget_exhausted(session.session_id, data))
+            finish(session, job, "turn_error", turns.budget_exhausted(session.session_id, data))
             if session.turn_scope is not None:
                 session.turn_scope.cancel()  # the FIFO moves on; the agent is asked to stop
             session.spawn(after_deadline, session)
