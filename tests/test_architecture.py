@@ -310,9 +310,8 @@ def test_known_back_edges_still_exist() -> None:
 PARALLEL_NAMES: dict[str, str] = {
     "__main__": "the entry point of each program (the daemon, the client)",
     "access": "the access rules enforced by each front (the REST gate, the /acp policy)",
-    "budget": "each package's budget: agent memory, MCP clients, session tokens, its route",
+    "budget": "each package's budget: MCP clients, session tokens, its route",
     "config": "each package's own settings (daemon, MCP, permissions)",
-    "context": "what the code of a package reads of its caller (a request, a session)",
     "elicitation": "the domain mediator and its HTTP route",
     "errors": "each package's own error types",
     "fork": "the fork use case and its /acp method",

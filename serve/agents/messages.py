@@ -16,6 +16,7 @@ from actors import Reply
 from serve.agents.child import AgentChild
 from serve.agents.slots import AgentLease
 from serve.isolation import ChildLimits
+from serve.sessions.errors import AgentSandboxDenied
 
 
 class Acquire(msgspec.Struct, frozen=True):
@@ -84,6 +85,9 @@ class Resize(msgspec.Struct, frozen=True):
 class Exited(msgspec.Struct, frozen=True):
     child_id: str
     exit_info: ExitInfo
+    #: An unused child that died because the file sandbox refused it a path (its stderr
+    #: says so): deterministic, the pool is failing with it at once (spawn_health.py).
+    denied: AgentSandboxDenied | None = None
 
 
 class Refill(msgspec.Struct, frozen=True):

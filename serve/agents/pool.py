@@ -12,7 +12,7 @@ pool owns every child, and stopping the pool stops them all (drain). The parts:
 * :mod:`serve.agents.slots` — where a warm agent is taken: each child offers ``M`` slots
   (``--sessions-per-agent``), the waiting callers get them (the most loaded child first, to
   pack tightly) as an :class:`~serve.agents.slots.AgentLease`;
-* :mod:`serve.agents.budget` — each child's PSS, sampled, against
+* :mod:`serve.agents.memory_budget` — each child's PSS, sampled, against
   ``--agent-memory-budget-mb``;
 * :mod:`serve.agents.spawn_health` — consecutive failures, the refill's backoff, ``failing``;
 * :mod:`serve.agents.warm` (with :mod:`serve.agents.adaptive`) — how much to keep warm and
@@ -63,7 +63,7 @@ the pool (:class:`~serve.agents.messages.ChargeExit`), which counts each shared 
 exit once in its own restart window (the sessions' ``--agent-restart-*`` figures) and
 answers whether that window still allows it; past it, the sessions' own windows count again.
 
-Memory (:mod:`serve.agents.budget`): when spawning one more child would pass the budget the
+Memory (:mod:`serve.agents.memory_budget`): when spawning one more child would pass the budget the
 warm refill waits, and a caller that needs a child makes the pool ask the workspace runtime
 (``releaser``) to release the least recently used idle session; when nothing can be
 released the callers no spawn in flight will serve get ``memory_budget_exceeded``.
@@ -83,7 +83,6 @@ import trio
 from acp.handler import ClientHandler
 from actors import Actor, ActorError, Reply
 from serve.agents import compile_cache
-from serve.agents.budget import MemoryBudget, measure_one, sample_memory
 from serve.agents.child import (
     IDLE_EOF_GRACE_S,
     SHUTDOWN_EOF_GRACE_S,
@@ -93,6 +92,7 @@ from serve.agents.child import (
     watch_child,
 )
 from serve.agents.exit_charge import ExitCharges
+from serve.agents.memory_budget import MemoryBudget, measure_one, sample_memory
 from serve.agents.messages import (
     Abandon,
     Acquire,
@@ -118,9 +118,9 @@ from serve.agents.priority import RefillPriority
 from serve.agents.slots import AgentLease, Slots, give_back
 from serve.agents.spawn_health import STABLE_AFTER_S, SpawnHealth
 from serve.agents.warm import WarmPolicy
-from serve.isolation import ChildLimits, Isolation
+from serve.isolation import ChildLimits, Isolation, sandbox
 from serve.sessions.agent_link import agent_env
-from serve.sessions.errors import SessionsUnavailable
+from serve.sessions.errors import AgentSandboxDenied, SessionsUnavailable
 
 if TYPE_CHECKING:
     from acp.schema import InitializeResult
@@ -400,7 +400,7 @@ class AgentPool(Actor[PoolMsg]):
                         break
                     waiters.popleft().fail(error)
                 self._plan()
-            case Exited(child_id=cid, exit_info=info):
+            case Exited(child_id=cid, exit_info=info, denied=denied):
                 child = self.children.pop(cid, None)
                 self.priority.forget(cid)
                 self.budget.forget(cid)
@@ -410,7 +410,8 @@ class AgentPool(Actor[PoolMsg]):
                 if child is not None and not child.stopping and not child.used:
                     when = "" if child.stable else f" within {STABLE_AFTER_S:g} s of initialize"
                     self.health.failed(
-                        RuntimeError(
+                        denied
+                        or RuntimeError(
                             f"warm agent exited{when} (code {info.exit_code}, signal {info.signal})"
                         )
                     )
@@ -623,7 +624,12 @@ class AgentPool(Actor[PoolMsg]):
 
     async def _watch(self, child: AgentChild) -> None:
         info = await watch_child(child)
-        self._tell(Exited(child.id, info))
+        denied = None
+        if not child.used and not child.stable:  # died at start-up: the sandbox? (stat calls)
+            found = await trio.to_thread.run_sync(sandbox.denial, child.conn)
+            if found is not None:
+                denied = AgentSandboxDenied(found.message(), found.path, found.flag)
+        self._tell(Exited(child.id, info, denied))
 
     def _stop_child(self, child: AgentChild) -> None:
         """Mark ``child`` stopping and stop it in a task of the pool."""

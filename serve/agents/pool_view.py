@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import trio
 
-from serve.agents.budget import MemoryBudget
 from serve.agents.child import AgentChild
+from serve.agents.memory_budget import MemoryBudget
 from serve.agents.priority import RefillPriority
 from serve.agents.slots import Slots
 from serve.agents.spawn_health import SpawnHealth

@@ -56,7 +56,7 @@ Ownership and errors: all state (the prompt stage's, the counters) is touched on
 the trio thread and never across an ``await``, so the handler tasks of every session can
 share one gate. Blocking work (``realpath``, file I/O) runs in worker threads. If the
 mediator is unavailable the request resolves ``cancelled`` (refused), never hanging the
-agent. The session is read through :class:`~serve.permissions.context.EffectSession`.
+agent. The session is read through :class:`~serve.permissions.effect_session.EffectSession`.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ from serve.permissions.approval import (
 )
 from serve.permissions.cache import ALWAYS_ALLOW_TTL_MS, ApprovalCache, cache_key
 from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
-from serve.permissions.context import ConfigSource, EffectSession, PermissionSections
+from serve.permissions.effect_session import ConfigSource, EffectSession, PermissionSections
 from serve.permissions.grants import EffectiveGrants, resolve_grants
 from serve.permissions.host_request import EFFECT_DENIED, ask_clients, fs_error
 from serve.permissions.modes import qwen_equivalent

@@ -25,7 +25,7 @@ from serve.permissions.voting import PermissionOption
 from serve.workspaces.files import WorkspaceFsError
 
 if TYPE_CHECKING:
-    from serve.permissions.context import EffectSession
+    from serve.permissions.effect_session import EffectSession
     from serve.permissions.mediator import PermissionMediator
 
 log = logging.getLogger(__name__)

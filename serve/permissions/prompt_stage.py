@@ -66,7 +66,7 @@ from serve.permissions.cache import (
     Leader,
     cache_key,
 )
-from serve.permissions.context import EffectSession
+from serve.permissions.effect_session import EffectSession
 from serve.permissions.host_request import Outcome
 
 __all__ = ["Ask", "PromptStage", "Resolution", "originator"]

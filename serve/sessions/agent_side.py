@@ -39,7 +39,7 @@ from acp.schema import (
 )
 from actors import ActorError
 from serve.events import RawParts
-from serve.permissions.context import EffectSession
+from serve.permissions.effect_session import EffectSession
 from serve.permissions.mediator import OpenPermission, request_decision
 from serve.permissions.voting import PermissionOption
 from serve.sessions import elicitation_side

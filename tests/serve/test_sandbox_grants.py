@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,6 +70,29 @@ def test_without_the_grant_the_create_says_which_path_and_which_flag(logdir: Pat
             issues = client.get("/daemon/status").json()["issues"]
             [issue] = [i for i in issues if i["code"] == "agent_sandbox_denied"]
             assert f"--agent-allow-write {logdir}" in issue["message"]
+    assert not (logdir / "agent.log").exists()
+
+
+@needs_landlock
+def test_a_warm_child_refused_a_path_after_initialize_is_the_sandboxs_refusal(
+    logdir: Path,
+) -> None:
+    """The warm spare answers ``initialize``, then dies when it writes its log: that death
+    is classified too (the pool is failing with the refusal, a create gets it at once)."""
+    agent = f"{sys.executable} {AGENT} --late {logdir}"
+    with running_daemon(
+        ["--agent", agent, "--warm-agents", "1"], env={"QWEN_SERVER_TOKEN": TOKEN}
+    ) as daemon:
+        with httpx.Client(base_url=daemon.url, headers=AUTH, timeout=60) as client:
+            deadline = time.monotonic() + 30
+            while client.get("/readyz").json().get("reason") != "agent_sandbox_denied":
+                assert time.monotonic() < deadline, client.get("/daemon/status").json()
+                time.sleep(0.1)
+            r = client.post("/session", json={})
+            assert r.status_code == 503, r.text
+            body = r.json()
+            assert (body["code"], body["retryable"]) == ("agent_sandbox_denied", False), body
+            assert body["grantFlag"] == f"--agent-allow-write {logdir}"
     assert not (logdir / "agent.log").exists()
 
 

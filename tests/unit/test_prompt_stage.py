@@ -16,7 +16,7 @@ from serve.permissions.agent_approvals import AgentApproval
 from serve.permissions.approval import Decision, Effect, classify_read, decide, policy_fingerprint
 from serve.permissions.cache import ALWAYS_ALLOW_TTL_MS
 from serve.permissions.config import ApprovalConfig, CapabilitiesConfig
-from serve.permissions.context import EffectSession
+from serve.permissions.effect_session import EffectSession
 from serve.permissions.grants import resolve_grants
 from serve.permissions.host_request import Outcome
 from serve.permissions.prompt_stage import PromptStage, Resolution

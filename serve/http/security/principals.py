@@ -36,13 +36,14 @@ from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
-import jwt
 import trio
 
 from serve.access.principal import ADMIN, DAEMON_ROLES, USER, Principal
 from serve.settings import Settings
 
 if TYPE_CHECKING:
+    import jwt
+
     from serve.access.audit import AuditLog
 
 __all__ = [
@@ -250,6 +251,8 @@ class JwksCache:
         except (ValueError, KeyError, TypeError, AssertionError):
             log.warning("JWKS is not a key set: ignored")
             return
+        import jwt  # (PyJWT and cryptography: 8 MiB, loaded only by a daemon that checks JWTs)
+
         keys: dict[str, jwt.PyJWK] = {}
         for entry in entries[:MAX_KEYS]:
             kid = entry.get("kid") if isinstance(entry, dict) else None
@@ -322,6 +325,8 @@ class PrincipalResolver:
 
     async def _verify(self, credential: str, now: float) -> Principal | None:
         assert self.jwks is not None
+        import jwt  # (loaded by the key set already: a dict lookup)
+
         try:
             header = jwt.get_unverified_header(credential)
         except jwt.PyJWTError:
