@@ -8,9 +8,14 @@ the prompt windows keep at most ``limit`` timestamps per principal and at most
 :data:`MAX_PRINCIPALS` principals (the least recently seen is forgotten first). A refusal
 is a :class:`QuotaExceeded` (``429 quota_exceeded`` with ``Retry-After``). Token and cost budgets
 (``--quota-token-budget``, ``--quota-cost-budget``) are checked before a prompt against
-what the principal's live sessions spent, summed by the session service
-(:class:`~serve.access.errors.PrincipalBudgetExhausted`: ``402 budget_exhausted`` with
-``scope: "principal"``).
+what the principal's sessions spent: the live ones, summed by the session service, plus
+what each ended session actor had spent (:meth:`Quotas.retired`, called when a session
+leaves its registry: closing or deleting a session and opening a new one does not reset a
+principal's spending). A refusal is :class:`~serve.access.errors.PrincipalBudgetExhausted`
+(``402 budget_exhausted`` with ``scope: "principal"``). The ended sessions' sums are kept in
+memory for at most :data:`MAX_PRINCIPALS` principals (the least recently charged is
+forgotten first) and start at zero when the daemon starts, as a restored session's own
+budget does.
 """
 
 from __future__ import annotations
@@ -43,15 +48,29 @@ class Quotas:
         self.tokens = tokens
         self.cost = cost
         self._prompts: OrderedDict[str, deque[float]] = OrderedDict()
+        #: Principal → (tokens, cost) its ended session actors had spent.
+        self._retired: OrderedDict[str, tuple[int, float]] = OrderedDict()
 
     @property
     def budgets(self) -> bool:
         return bool(self.tokens or self.cost)
 
+    def retired(self, owner: str, tokens: int, cost: float) -> None:
+        """A session of ``owner`` left its registry having spent ``tokens`` / ``cost``."""
+        if not self.budgets or not (tokens or cost):
+            return
+        before = self._retired.pop(owner, (0, 0.0))
+        self._retired[owner] = (before[0] + tokens, before[1] + cost)
+        if len(self._retired) > MAX_PRINCIPALS:
+            self._retired.popitem(last=False)
+
     def check_budget(self, principal: Principal, tokens: int, cost: float) -> None:
-        """``tokens`` / ``cost``: what the principal's live sessions spent, summed."""
+        """``tokens`` / ``cost``: what the principal's live sessions spent, summed (the
+        ended ones' are added here)."""
         if principal.admin:
             return
+        ended_tokens, ended_cost = self._retired.get(principal.id, (0, 0.0))
+        tokens, cost = tokens + ended_tokens, cost + ended_cost
         if self.tokens and tokens >= self.tokens:
             raise PrincipalBudgetExhausted(principal.id, "token", tokens, self.tokens)
         if self.cost and cost >= self.cost:

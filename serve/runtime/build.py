@@ -149,8 +149,22 @@ def build_host(
     def sessions_for(workspace: str | None) -> list[SessionActor]:
         return runtimes.live(workspace)
 
+    limits = settings.auth
+    quotas = (
+        Quotas(
+            limits.quota_sessions,
+            limits.quota_prompts_per_minute,
+            limits.quota_token_budget,
+            limits.quota_cost_budget,
+        )
+        if limits.configured
+        else None
+    )
+
     def retire(session: SessionActor) -> None:
         front.retire(session.log.statistics())
+        if quotas is not None:  # a principal's budget counts its ended sessions too
+            quotas.retired(session.access.owner, session.budget.tokens, session.budget.cost or 0.0)
 
     #: One Workspace per root for every part (one per-path writer lock table).
     workspaces = WorkspaceSet()
@@ -270,14 +284,7 @@ def build_host(
         isolation=isolation,
         workspaces=workspaces,
         audit=audit,
-        quotas=Quotas(
-            auth.quota_sessions,
-            auth.quota_prompts_per_minute,
-            auth.quota_token_budget,
-            auth.quota_cost_budget,
-        )
-        if auth.configured
-        else None,
+        quotas=quotas,
     )
     # The /acp front is built over the Host (it reads the parts through it), so it is
     # the one part set here, before the Host is handed out.

@@ -680,3 +680,34 @@ async def test_a_group_collaborator_votes_over_acp_with_keys_from_a_file(
         assert r.status_code == 404
     finally:
         d.stop()
+
+
+def test_a_principals_token_budget_counts_its_closed_sessions(jwks: Jwks) -> None:
+    """``--quota-token-budget``: what a closed session spent still counts, so closing a
+    session and opening another does not reset the principal's spending."""
+    d = spawn_daemon(
+        [*_auth_args(jwks), "--quota-token-budget", "1000"], env={"QWEN_SERVER_TOKEN": TOKEN}
+    )
+    try:
+        bob = client(d, bearer(jwks.token("bob8")))
+        first = bob.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        spend = {"prompt": [{"type": "text", "text": "[usage 1200] spend"}]}
+        assert bob.post(f"/session/{first}/prompt", json=spend).status_code == 200
+        assert bob.delete(f"/session/{first}").status_code in (200, 204)
+        second = bob.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        r = bob.post(f"/session/{second}/prompt", json={"prompt": [{"type": "text", "text": "x"}]})
+        assert r.status_code == 402, r.text
+        body = r.json()
+        assert (body["code"], body["scope"], body["dimension"]) == (
+            "budget_exhausted",
+            "principal",
+            "token",
+        )
+        assert body["spent"] >= 1200 and body["limit"] == 1000
+        # Another principal's budget is its own.
+        carl = client(d, bearer(jwks.token("carl8")))
+        sid = carl.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        ok = carl.post(f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "y"}]})
+        assert ok.status_code == 200, ok.text
+    finally:
+        d.stop()

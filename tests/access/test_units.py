@@ -85,6 +85,28 @@ def test_budget_quota_sums_what_it_is_given() -> None:
     quotas.check_budget(ROOT, 10**9, 10**9)
 
 
+def test_budget_quota_adds_what_ended_sessions_spent_within_a_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    quotas = Quotas(0, 0, tokens=100, cost=1.5)
+    quotas.retired(ALICE.id, 60, 0.5)
+    quotas.retired(ALICE.id, 30, 0.5)  # a second ended session adds up
+    quotas.check_budget(ALICE, 9, 0.0)  # 99 tokens, 1.0 spent
+    with pytest.raises(PrincipalBudgetExhausted):
+        quotas.check_budget(ALICE, 10, 0.0)
+    with pytest.raises(PrincipalBudgetExhausted):
+        quotas.check_budget(ALICE, 0, 0.5)
+    quotas.check_budget(BOB, 99, 1.0)  # its own sum
+    monkeypatch.setattr("serve.access.quotas.MAX_PRINCIPALS", 2)
+    quotas.retired(BOB.id, 1, 0.0)
+    quotas.retired("carol", 1, 0.0)  # a third principal: the least recently charged goes
+    quotas.check_budget(ALICE, 99, 1.0)
+    assert not Quotas(0, 0).budgets  # without budgets nothing is kept
+    unbudgeted = Quotas(0, 0)
+    unbudgeted.retired(ALICE.id, 10**9, 0.0)
+    assert not unbudgeted._retired
+
+
 def test_tokens_file_and_credentials() -> None:
     digest = hashlib.sha256(b"secret").hexdigest()
     table = parse_tokens(
