@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from acp.errors import ChannelClosed
 from acp.handler import ClientHandler
 from actors import Actor, ActorError, Reply
 from serve.agents import compile_cache
@@ -120,7 +121,7 @@ from serve.agents.spawn_health import STABLE_AFTER_S, SpawnHealth
 from serve.agents.warm import WarmPolicy
 from serve.isolation import ChildLimits, Isolation, sandbox
 from serve.sessions.agent_link import agent_env
-from serve.sessions.errors import AgentSandboxDenied, SessionsUnavailable
+from serve.sessions.errors import AgentSandboxDenied, AgentStartFailing, SessionsUnavailable
 
 if TYPE_CHECKING:
     from acp.schema import InitializeResult
@@ -395,6 +396,8 @@ class AgentPool(Actor[PoolMsg]):
                 self.spawning -= 1
                 self.priority.forget(failed_id)
                 self.health.failed(error)
+                if self.health.failing and isinstance(error, ChannelClosed | OSError):
+                    error = AgentStartFailing(error, self.health.failures)  # deterministic
                 for _ in range(self.per_agent):
                     if not waiters:
                         break

@@ -23,6 +23,7 @@ from serve.sessions.errors import (
     RETRYABLE_TURN_CODES,
     AgentRefusedError,
     AgentSandboxDenied,
+    AgentStartFailing,
     BudgetExhausted,
     MemoryBudgetExceeded,
     NotSupportedByAgent,
@@ -97,6 +98,7 @@ SESSION_ERRORS: Final[tuple[tuple[type[SessionError], int, dict[str, str]], ...]
     (MemoryBudgetExceeded, 503, {"Retry-After": "10"}),
     # Deterministic until the operator grants the path: no Retry-After, retryable false.
     (AgentSandboxDenied, 503, {}),
+    (AgentStartFailing, 503, {}),  # the same command kept failing: no Retry-After
     (SessionLimitError, 503, _RETRY),
     (SessionsUnavailable, 503, _RETRY),
     (SessionNotFound, 404, {}),

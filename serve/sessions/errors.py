@@ -250,6 +250,25 @@ class AgentStartFailed(SessionsUnavailable):
         self.cause = cause
 
 
+class AgentStartFailing(SessionsUnavailable):
+    """The agent command failed to start ``failures`` times in a row, each time by exiting
+    (or by failing to spawn at all): deterministic until someone fixes the command or its
+    environment, so not retryable (no ``Retry-After``). The code stays the one a client
+    knows for a start failure (``acp_channel_unavailable``). Timeouts never become this:
+    a slow start on a loaded machine is transient."""
+
+    def __init__(self, cause: BaseException, failures: int) -> None:
+        super().__init__(
+            f"Agent failed to start {failures} times in a row (fix the agent command; "
+            f"/daemon/status has the last error): {cause}",
+            "acp_channel_unavailable",
+            retryable=False,
+            consecutiveFailures=failures,
+        )
+        self.cause = cause
+        self.failures = failures
+
+
 class AgentSandboxDenied(SessionsUnavailable):
     """The agent died at start-up because the daemon's file sandbox refused it ``path``:
     deterministic (every retry fails the same way until the operator grants the path with

@@ -163,11 +163,16 @@ async def test_a_failing_agent_command_is_reported_not_respawned_forever() -> No
             assert ready.status_code == 503
             assert ready.json()["reason"] == "agent_unavailable"
             assert ready.json()["agentsFailing"] == [str(daemon.workspace)]
-            # A create still tries at once and answers with the agent's failure.
+            # A create still tries at once and answers with the agent's failure: the same
+            # command exited again, so it is not retryable (no Retry-After).
             before = (await status(client))["runtime"]["agents"][0]["consecutiveFailures"]
             created = await client.post("/session", json={"sessionScope": "thread"})
             assert created.status_code == 503, created.text
-            assert created.json()["code"] == "acp_channel_unavailable"
+            refused = created.json()
+            assert refused["code"] == "acp_channel_unavailable"
+            assert refused["retryable"] is False and "retry-after" not in created.headers
+            assert refused["consecutiveFailures"] > before
+            assert "broken agent" in refused["error"]  # the agent's own words
             pool = (await status(client))["runtime"]["agents"][0]
             assert pool["consecutiveFailures"] > before
             # The refill goes on probing, one child at a time, with a growing backoff.

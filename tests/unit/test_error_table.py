@@ -29,6 +29,7 @@ from serve.sessions.errors import (
     AgentRefusedError,
     AgentSandboxDenied,
     AgentStartFailed,
+    AgentStartFailing,
     AgentUnavailable,
     ApprovalModeRefused,
     BudgetExhausted,
@@ -224,6 +225,14 @@ CASES: list[tuple[SessionError, int, dict[str, str], bytes]] = [
         {},
         b'{"error":"denied /x/a.log","code":"agent_sandbox_denied","path":"/x/a.log",'
         b'"grantFlag":"--agent-allow-write /x","retryable":false}',
+    ),
+    (  # the same command kept exiting at start: no Retry-After, retryable false
+        AgentStartFailing(OSError("exit 3"), 4),
+        503,
+        {},
+        b'{"error":"Agent failed to start 4 times in a row (fix the agent command; '
+        b'/daemon/status has the last error): exit 3","code":"acp_channel_unavailable",'
+        b'"retryable":false,"consecutiveFailures":4}',
     ),
     # A failed turn (its terminal's data), as the blocking prompt answers it.
     (

@@ -99,7 +99,9 @@ UNAVAILABLE = Reply(
 AGENT_START = Reply(
     503,
     "Draining, a limit reached, or the agent did not start: `acp_channel_unavailable` "
-    "(retryable, `Retry-After`), or `agent_sandbox_denied` (`retryable: false`, no "
+    "(retryable, `Retry-After`; `retryable: false` with `consecutiveFailures` and no "
+    "`Retry-After` once the same command failed to start by exiting 3 times in a row, "
+    "the pool `failing`), or `agent_sandbox_denied` (`retryable: false`, no "
     "`Retry-After`: the file sandbox refused the agent `path`; `grantFlag` is the "
     "`--agent-allow-write DIR` that allows it, null for a protected place).",
     t.ErrorEnvelope,
