@@ -54,7 +54,9 @@ class AgentChild:
         "limits",
         "mux",
         "primed",
+        "priming",
         "ready_at",
+        "reprime",
         "slots",
         "stable",
         "stopping",
@@ -83,6 +85,10 @@ class AgentChild:
         self.stable = False  # stayed up STABLE_AFTER_S: a successful start
         #: A session opened ahead of need for the next create (primed.py), until taken.
         self.primed: PrimedSession | None = None
+        #: Packed: a create adopted the prime, so the pool opens the next one (primed.py);
+        #: and whether that ``session/new`` is in flight.
+        self.reprime = False
+        self.priming = False
 
     @property
     def pid(self) -> int:

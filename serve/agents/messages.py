@@ -14,6 +14,7 @@ import msgspec
 from acp.process import ExitInfo
 from actors import Reply
 from serve.agents.child import AgentChild
+from serve.agents.primed import PrimedSession
 from serve.agents.slots import AgentLease
 from serve.isolation import ChildLimits
 from serve.sessions.errors import AgentSandboxDenied
@@ -90,6 +91,13 @@ class Exited(msgspec.Struct, frozen=True):
     denied: AgentSandboxDenied | None = None
 
 
+class Primed(msgspec.Struct, frozen=True):
+    """A packed child's next session opened ahead of need (None: the agent refused)."""
+
+    child_id: str
+    primed: PrimedSession | None
+
+
 class Refill(msgspec.Struct, frozen=True):
     pass
 
@@ -120,6 +128,7 @@ PoolMsg = (
     | Spawned
     | SpawnFailed
     | Exited
+    | Primed
     | Refill
     | Stable
     | InstallAgentEnv

@@ -105,6 +105,7 @@ from serve.agents.messages import (
     Lowered,
     Measured,
     PoolMsg,
+    Primed,
     Refill,
     Release,
     Resize,
@@ -116,7 +117,7 @@ from serve.agents.messages import (
 from serve.agents.pool_view import pool_status
 from serve.agents.primed import prime
 from serve.agents.priority import RefillPriority
-from serve.agents.slots import AgentLease, Slots, give_back
+from serve.agents.slots import AgentLease, Slots, close_inside, give_back
 from serve.agents.spawn_health import STABLE_AFTER_S, SpawnHealth
 from serve.agents.warm import WarmPolicy
 from serve.isolation import ChildLimits, Isolation, sandbox
@@ -376,6 +377,17 @@ class AgentPool(Actor[PoolMsg]):
                 child = self.children.get(cid)
                 if child is not None and lid in child.slots:
                     child.slots[lid] = sid
+                    self._reprime(child)
+            case Primed(child_id=cid, primed=primed):
+                child = self.children.get(cid)
+                if child is not None:
+                    child.priming = False
+                if primed is None or child is None or child.stopping or child.conn.closed:
+                    return None  # (a prime inside a child that is going goes with it)
+                if child.primed is None and self.slots.free(child) > 0:
+                    child.primed = primed
+                elif self._nursery is not None:  # full meanwhile: not needed
+                    self._nursery.start_soon(close_inside, child.conn, primed.setup.session_id)
             case Spawned(child=child, pss_kib=pss_kib, spawn_s=spawn_s):
                 self.spawning -= 1
                 self.spawned_total += 1
@@ -466,6 +478,22 @@ class AgentPool(Actor[PoolMsg]):
             case ChargeExit(child_id=cid, intensity=intensity, period_s=period_s):
                 return self.exit_charges.charge(cid, intensity, period_s)
         return None
+
+    def _reprime(self, child: AgentChild) -> None:
+        """Packed: the create that adopted a child's prime makes the pool open the next
+        one, while the child has a free slot (primed.py; a create that does not fit stops
+        the chain: its prime is closed and none follows)."""
+        if not child.reprime or child.priming or self._nursery is None or self.draining:
+            return
+        child.reprime = False
+        if child.primed is not None or child.stopping or self.slots.free(child) <= 0:
+            return
+        child.priming = True
+        self._nursery.start_soon(self._prime_next, child)
+
+    async def _prime_next(self, child: AgentChild) -> None:
+        timeout_s = self.settings.initialize_timeout_ms / 1000
+        self._tell(Primed(child.id, await prime(child.conn, self.workspace, timeout_s)))
 
     def _serve_waiters(self) -> None:
         # a session's agent runs at the normal weight

@@ -97,6 +97,7 @@ class AgentLease:
         if primed is None:
             return None
         if primed.fits(cwd, mcp_servers, additional_directories):
+            self.child.reprime = not self.exclusive  # packed: the pool primes the next one
             return primed.setup
         await close_inside(self.conn, primed.setup.session_id)
         return None

@@ -139,3 +139,37 @@ def test_a_prime_fits_only_the_request_it_stands_for() -> None:
     assert not primed.fits("/other", [], ())
     assert not primed.fits("/ws", [{"name": "tools"}], ())
     assert not primed.fits("/ws", [], ("/extra",))
+
+
+def primed_shared(pool: dict[str, Any]) -> bool:
+    return any(c["primed"] and c["sessions"] for c in pool["children"])
+
+
+async def test_packed_creates_each_adopt_a_prime_the_pool_opened_ahead() -> None:
+    """``--sessions-per-agent 4``: the create that adopts a packed child's prime makes the
+    pool open the next one, so every create while the child has room adopts a session the
+    agent opened before the create was sent; a full child keeps no prime."""
+    d = spawn_daemon(["--sessions-per-agent", "4"], env={"QWEN_SERVER_TOKEN": TOKEN})
+    store = d.state_dir / "scripted"
+    try:
+        async with httpx.AsyncClient(base_url=d.url, headers=AUTH, timeout=30) as client:
+            await pool_until(client, primed_warm)
+            for n in range(4):
+                before = opened(store)
+                created = await client.post("/session", json={"sessionScope": "thread"})
+                assert created.status_code == 200, created.text
+                sid = created.json()["sessionId"]
+                assert sid in before, (n, sid, before)  # opened ahead, adopted
+                if n < 3:  # room left: the next prime is opened
+                    await pool_until(client, primed_shared)
+            # Full: no prime waits (the last adoption opened none), one child, 4 sessions.
+            pool = (await client.get("/daemon/status")).json()["runtime"]["agents"][0]
+            [child] = pool["children"]
+            assert (child["state"], child["sessions"], child["primed"]) == ("full", 4, False)
+            assert len(opened(store)) == 4
+            reply = await client.post(
+                f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hi"}]}
+            )
+            assert reply.status_code == 200 and reply.json()["stopReason"] == "end_turn"
+    finally:
+        d.stop()
