@@ -256,6 +256,12 @@ class TurnRunner:
         os._exit(17)
 
     def do_hang(self, arg: str) -> None:
+        """``[hang]``: stop answering for good. ``[hang TEXT]`` first says TEXT as a thought,
+        with no cancel check between the two: a test that waits for TEXT knows the agent
+        is hung (``[think TEXT] [hang]`` leaves a step boundary where a cancel that arrived
+        meanwhile ends the turn normally instead)."""
+        if arg:
+            self.do_think(arg)
         self.agent.hung.set()
         threading.Event().wait()
 
