@@ -224,7 +224,7 @@ async def test_a_shared_child_that_answers_nobody_is_restarted_and_charged_to_it
         for round_ in range(1, 5):
             prompt_id = await submit(client, a, "[hang going down]")
             terminal = await cancel_until_terminal(client, a, prompt_id)
-            assert terminal["data"]["errorKind"] == "cancel_timeout"
+            assert terminal["data"].get("errorKind") == "cancel_timeout", (round_, terminal)
             await wait_event(  # B restored in place once more
                 client,
                 b,
