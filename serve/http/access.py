@@ -198,6 +198,8 @@ def _install_gate(app: QuartTrio, host: Host) -> None:
 
 
 def _install_audit(app: QuartTrio, host: Host) -> None:
+    known = needs(app)  # (the /acp transport routes, once: not per request)
+
     async def after(response: Response) -> Response:
         if getattr(g, "audited", False):
             return response
@@ -205,7 +207,11 @@ def _install_audit(app: QuartTrio, host: Host) -> None:
         if request.method in ("GET", "HEAD") and status not in (401, 403):
             return response
         rule = request.url_rule
-        if status < 400 and rule is not None and need_of(request.method, rule.rule) == CONNECTION:
+        if (
+            status < 400
+            and rule is not None
+            and known.get((request.method, rule.rule)) == CONNECTION
+        ):
             return response  # an /acp POST: each message is audited by its method
         sid = (request.view_args or {}).get("session_id")
         outcome = "ok" if status < 400 else "denied" if status in (401, 403, 404) else "error"
