@@ -259,8 +259,11 @@ class AgentPool(Actor[PoolMsg]):
     def slot_bound(self, child_id: str, lease_id: int, session_id: str) -> None:
         self._tell(Bound(child_id, lease_id, session_id))
 
-    def slot_released(self, child_id: str, lease_id: int, left_behind: bool) -> None:
-        self._tell(Release(child_id, lease_id, left_behind))
+    async def slot_released(self, child_id: str, lease_id: int, left_behind: bool) -> None:
+        try:
+            await self.ask(Release(child_id, lease_id, left_behind), timeout_s=5.0)
+        except ActorError:
+            log.debug("agent pool %s gone; the release of %s is moot", self.name, child_id)
 
     async def charge_exit(self, child_id: str, intensity: int, period_s: float) -> bool:
         try:
@@ -357,6 +360,8 @@ class AgentPool(Actor[PoolMsg]):
                     if left_behind:
                         child.dead += 1
                     self._after_release(child)
+                    if child.conn.process.exited:  # (an exclusive lease stopped it: gone now)
+                        self._forget(cid)
                 self._serve_waiters()
                 self._plan()
             case Drain():
@@ -416,10 +421,7 @@ class AgentPool(Actor[PoolMsg]):
                     waiters.popleft().fail(error)
                 self._plan()
             case Exited(child_id=cid, exit_info=info, denied=denied):
-                child = self.children.pop(cid, None)
-                self.priority.forget(cid)
-                self.budget.forget(cid)
-                self.exited_total += 1
+                child = self._forget(cid)
                 # (A used child's exit is its sessions' business: they restart in place
                 # within their own restart window; it may also be a session's release.)
                 if child is not None and not child.stopping and not child.used:
@@ -498,6 +500,15 @@ class AgentPool(Actor[PoolMsg]):
     def _serve_waiters(self) -> None:
         # a session's agent runs at the normal weight
         self.slots.hand_out(self, lambda child: self.priority.restore(child.id))
+
+    def _forget(self, cid: str) -> AgentChild | None:
+        """The child ``cid`` has exited: the pool stops counting it (once)."""
+        child = self.children.pop(cid, None)
+        if child is not None:
+            self.exited_total += 1
+        self.priority.forget(cid)
+        self.budget.forget(cid)
+        return child
 
     def _after_release(self, child: AgentChild) -> None:
         if child.slots or child.stopping:

@@ -50,7 +50,10 @@ class LeaseOwner(Protocol):
 
     def slot_bound(self, child_id: str, lease_id: int, session_id: str) -> None: ...
 
-    def slot_released(self, child_id: str, lease_id: int, left_behind: bool) -> None: ...
+    async def slot_released(self, child_id: str, lease_id: int, left_behind: bool) -> None:
+        """Awaited: when it returns the pool has taken the slot back (and forgotten a child
+        that has exited), so what ``/daemon/status`` shows agrees with ``agent_released``."""
+        ...
 
     async def charge_exit(self, child_id: str, intensity: int, period_s: float) -> bool: ...
 
@@ -123,7 +126,7 @@ class AgentLease:
                 await self.conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s)
             elif self.session_id is not None and not self.conn.closed:
                 left_behind = not await close_inside(self.conn, self.session_id)
-        self.owner.slot_released(self.child.id, self.lease_id, left_behind)
+            await self.owner.slot_released(self.child.id, self.lease_id, left_behind)
 
 
 async def close_inside(conn: AgentConnection, session_id: str) -> bool:
