@@ -14,7 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +124,22 @@ async def deaf_client(deaf: DaemonProcess) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-async def cancel_until_terminal(client: httpx.AsyncClient, sid: str, prompt_id: str) -> Any:
-    """Wait for the turn to be in the agent, cancel it, return its terminal event."""
-    await wait_event(
-        client, sid, lambda e: e.get("type") == "session_update" and e.get("promptId") == prompt_id
+def in_agent(prompt_id: str) -> Callable[[dict[str, Any]], bool]:
+    """Accepts the agent's own first update of the turn ``prompt_id`` (not the daemon's
+    echo of the prompt, published before the agent has read it)."""
+    return lambda e: (
+        e.get("type") == "session_update"
+        and e.get("promptId") == prompt_id
+        and e["data"]["update"]["sessionUpdate"] != "user_message_chunk"
     )
+
+
+async def cancel_until_terminal(client: httpx.AsyncClient, sid: str, prompt_id: str) -> Any:
+    """Wait for the turn to be in the agent, cancel it, return its terminal event. The
+    agent's own first update says so: the daemon's echo of the prompt
+    (``user_message_chunk``) comes before the agent has read the prompt, and a cancel sent
+    then ends the turn normally (``stopReason: cancelled``) instead of finding it running."""
+    await wait_event(client, sid, in_agent(prompt_id))
     assert (await client.post(f"/session/{sid}/cancel")).status_code == 204
     done = await wait_event(client, sid, lambda e: is_terminal(e) and e["promptId"] == prompt_id)
     return done[-1]
@@ -186,11 +197,7 @@ async def test_an_ignored_cancel_ends_a_session_the_agent_cannot_restore_and_onl
             "GET", f"/session/{a}/events", headers={"Last-Event-ID": "0"}
         ) as stream:
             prompt_id = await submit(client, a, "[think in the turn] [sleep 30000]")
-            await wait_event(
-                client,
-                a,
-                lambda e: e.get("type") == "session_update" and e.get("promptId") == prompt_id,
-            )
+            await wait_event(client, a, in_agent(prompt_id))
             assert (await client.post(f"/session/{a}/cancel")).status_code == 204
             with trio.fail_after(30):
                 events = await collect_until(stream, lambda e: e["type"] == "session_died")
@@ -373,9 +380,7 @@ async def test_an_oversized_line_is_reported_only_to_the_session_it_belongs_to(
         a, b = await create(client), await create(client)
         assert (await pids(client))[a] == (await pids(client))[b] is not None
         busy = await submit(client, b, "[think waiting] [sleep 30000]")  # B's turn runs too
-        await wait_event(
-            client, b, lambda e: e.get("type") == "session_update" and e.get("promptId") == busy
-        )
+        await wait_event(client, b, in_agent(busy))
         reply = await client.post(f"/session/{a}/prompt", json=text("w" * 6000 + " [think ok]"))
         assert reply.status_code == 200 and reply.json()["stopReason"] == "end_turn"
         assert (await client.post(f"/session/{b}/cancel")).status_code == 204
