@@ -98,13 +98,18 @@ def agent_attrs(settings: Settings, link: AgentLink) -> dict[str, str]:
     }
 
 
-def _lazy_allowed(attrs: dict[str, str], settings: Settings, action: str) -> bool:
+def _eager_reason(attrs: dict[str, str], settings: Settings, action: str) -> str | None:
+    """Why a journal with records cannot answer ``action`` without the agent (None: it can)."""
+    if ATTR_SETUP not in attrs:
+        return "no agent setup kept in its meta"
+    if attrs.get(ATTR_COMMAND) != command_fingerprint(settings):
+        return "journaled behind another agent command"
     restore = attrs.get(ATTR_RESTORE)
-    if attrs.get(ATTR_COMMAND) != command_fingerprint(settings) or ATTR_SETUP not in attrs:
-        return False
-    if action == "resume":
-        return restore == "resume"
-    return action == "load" and restore in ("load", "resume")
+    if action == "resume" and restore != "resume":
+        return "its agent cannot resume"
+    if action == "load" and restore not in ("load", "resume"):
+        return "its agent cannot restore sessions"
+    return None
 
 
 async def read(
@@ -141,6 +146,7 @@ async def read(
     try:
         replay, writer = await journal.reopen(session_id, tail=ring_size, meta_for=meta_for)
     except JournalNotFound:
+        log.info("session %s has no journal: its %s goes through the agent", session_id, action)
         return None
     except JournalError as exc:
         log.warning("journal of session %s not reopened: %s", session_id, exc)
@@ -148,7 +154,11 @@ async def read(
     restored = log_from_replay(session_id, replay, ring_size, ring_bytes, epoch=writer.meta.epoch)
     await journal_link.adopt(nursery, restored, writer)  # kept when it is opened again
     attrs = journal_link.attrs
-    if not replay.records or not _lazy_allowed(attrs, settings, action):
+    why = "no records" if not replay.records else _eager_reason(attrs, settings, action)
+    if why is not None:
+        log.info(
+            "journal of session %s: its %s goes through the agent (%s)", session_id, action, why
+        )
         journal_link.keep(restored, bool(replay.records))
         return None
     try:

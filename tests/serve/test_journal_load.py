@@ -257,7 +257,10 @@ async def test_a_journal_without_the_agent_attributes_loads_through_the_agent(
                 replayed = await events_from(client, sid, 0, "replay_complete")
                 assert said(replayed) == ["echo: old journal"], life  # the agent's replay dropped
         finally:
-            assert d.stop() == 0
+            assert d.stop() == 0  # (its log written out)
+        # The daemon says why a load woke an agent.
+        why = f"journal of session {sid}: its load goes through the agent"
+        assert (f"{why} (no agent setup kept in its meta)" in d.stderr()) == (life == "eager")
 
 
 async def test_a_lazily_loaded_session_its_agent_forgot_ends_on_the_first_prompt(
