@@ -134,6 +134,9 @@ log = logging.getLogger(__name__)
 
 #: Re-planning period of the adaptive warm capacity while arrivals are recent (seconds).
 RESIZE_S: Final = 1.0
+#: Bound on the pool's answer to a lease given back (seconds): past it the lease goes on
+#: (the pool takes the slot when it reads the message; only ``/daemon/status`` lags).
+RELEASE_ANSWER_S: Final = 1.0
 
 
 class AgentPool(Actor[PoolMsg]):
@@ -177,6 +180,9 @@ class AgentPool(Actor[PoolMsg]):
         self.spawned_total = 0
         self.exited_total = 0
         self.draining = False
+        #: The inbox is being read (between ``on_start`` and ``on_stop``): a lease given
+        #: back waits for the answer only then.
+        self.serving = False
         #: What a child the pool stops gets after stdin EOF (none at daemon shutdown).
         self._eof_grace_s = IDLE_EOF_GRACE_S
         self._refill_scheduled = False
@@ -260,10 +266,14 @@ class AgentPool(Actor[PoolMsg]):
         self._tell(Bound(child_id, lease_id, session_id))
 
     async def slot_released(self, child_id: str, lease_id: int, left_behind: bool) -> None:
+        msg = Release(child_id, lease_id, left_behind)
+        if not self.serving:  # stopping: nobody would answer (on_stop stops every child)
+            self._tell(msg)
+            return
         try:
-            await self.ask(Release(child_id, lease_id, left_behind), timeout_s=5.0)
+            await self.ask(msg, timeout_s=RELEASE_ANSWER_S)
         except ActorError:
-            log.debug("agent pool %s gone; the release of %s is moot", self.name, child_id)
+            log.debug("agent pool %s did not answer the release of %s", self.name, child_id)
 
     async def charge_exit(self, child_id: str, intensity: int, period_s: float) -> bool:
         try:
@@ -302,10 +312,12 @@ class AgentPool(Actor[PoolMsg]):
                 nursery.cancel_scope.cancel()
 
     async def on_start(self) -> None:
+        self.serving = True
         self._plan()
 
     async def on_stop(self) -> None:
         """Drain: fail waiting callers, stop every child (bounded)."""
+        self.serving = False
         self._drain("Agent pool stopped")
         with trio.move_on_after(5):
             async with trio.open_nursery() as nursery:
