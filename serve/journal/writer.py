@@ -291,13 +291,19 @@ class SessionJournal:
             before, before_bytes = appender.records_written, appender.bytes_written
             try:
                 await threads.run_sync(journal_limiter(), appender.append, batch)
-            except OSError as exc:
+            except BaseException as exc:
+                # Not written: back to the front of the buffer. A cancel can only come while
+                # waiting for a worker thread (a thread once started is waited for), e.g. a
+                # daemon stopping while every journal thread is busy: the close's shielded
+                # flush writes the batch then (it was lost before).
                 self._runs[:0] = batch
                 if self._run is None:
                     self._run = batch[-1]
                 self._buffered_bytes += size
                 self._inflight_bytes = 0
                 self._data.set()
+                if not isinstance(exc, OSError):
+                    raise
                 self.write_errors += 1
                 self.degraded = True
                 if self.last_error is None or self.write_errors % 100 == 1:

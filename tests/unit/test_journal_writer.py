@@ -22,6 +22,7 @@ from serve.journal import (
     SessionJournal,
     store,
 )
+from serve.threads import journal_limiter
 
 Published = list[tuple[int, str, bytes]]
 
@@ -157,6 +158,40 @@ async def test_cancelling_the_flusher_flushes_but_does_not_mark_clean(tmp_path: 
     replay = Journal(tmp_path).load("sess-1")
     assert replay.last_id == 50 and not replay.clean
     await writer.aclose()
+
+
+async def test_a_flush_cancelled_while_every_journal_thread_is_busy_keeps_its_events(
+    tmp_path: Path,
+) -> None:
+    """A daemon stopping while other journals hold every worker thread: the flusher is
+    cancelled waiting for one. The batch it took stays buffered, and the close writes it
+    (it was lost: a session's last turn missing from its journal after a clean stop)."""
+    journal = Journal(tmp_path, JournalLimits(flush_interval_ms=0))
+    writer = await journal.open_writer(meta())
+    log = EventLog("sess-1", epoch="epoch-1", sink=writer.sink)
+    limiter = journal_limiter()
+    holders = [object() for _ in range(int(limiter.total_tokens))]
+    for holder in holders:  # every journal thread busy elsewhere
+        limiter.acquire_on_behalf_of_nowait(holder)
+    stopping = trio.CancelScope()
+
+    async def flusher(task_status: trio.TaskStatus[None]) -> None:
+        with stopping:
+            await writer.run(task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher)
+        await publish(log, 20)
+        with trio.fail_after(5):
+            await progress(lambda: writer.statistics()["bufferedEvents"] == 0)  # taken...
+        assert writer.statistics()["eventsWritten"] == 0  # ...and waiting for a thread
+        stopping.cancel()  # the daemon stops
+        await trio.sleep(0.05)
+        for holder in holders:  # the other journals' writes end
+            limiter.release_on_behalf_of(holder)
+    await writer.aclose()
+    replay = Journal(tmp_path).load("sess-1")
+    assert replay.last_id == 20 and replay.clean
 
 
 async def test_concurrent_sessions_stay_separate(tmp_path: Path) -> None:
