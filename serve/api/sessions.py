@@ -439,8 +439,8 @@ class SessionService:
         if quotas.budgets:
             # Closing sessions too: their spending joins the ended ones' (Quotas.retired)
             # only once they leave the registry, so none is missed in between.
-            registered = getattr(self.host.registry, "all_sessions", self.host.registry.live)
-            owned = [s for s in registered() if s.access.owner == principal.id]
+            registered = self.host.registry.all_sessions()
+            owned = [s for s in registered if s.access.owner == principal.id]
             tokens = sum(s.budget.tokens for s in owned)
             cost = sum(s.budget.cost or 0.0 for s in owned)
             quotas.check_budget(principal, tokens, cost)

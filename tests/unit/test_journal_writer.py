@@ -10,6 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from serve.events import EventLog
 from serve.journal import (
@@ -186,7 +187,7 @@ async def test_a_flush_cancelled_while_every_journal_thread_is_busy_keeps_its_ev
             await progress(lambda: writer.statistics()["bufferedEvents"] == 0)  # taken...
         assert writer.statistics()["eventsWritten"] == 0  # ...and waiting for a thread
         stopping.cancel()  # the daemon stops
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()  # the cancel taken, the close waiting
         for holder in holders:  # the other journals' writes end
             limiter.release_on_behalf_of(holder)
     await writer.aclose()
