@@ -11,8 +11,18 @@ newest first, for ``GET /daemon/audit`` (``limit`` ≤ :data:`MAX_PAGE`, ``befor
 
 An entry: ``seq`` (monotonic per daemon run, then continued from the file), ``ts`` (ISO 8601
 UTC), ``principal``, ``peer``, ``route`` (``METHOD rule``) or ``method`` (ACP), ``session``,
-``outcome`` (``ok`` | ``denied`` | ``error``), ``status``, ``requestId``, ``traceparent``
-(the last three when known).
+``outcome`` (``ok`` | ``denied`` | ``error`` | ``cancelled``), ``status``, ``requestId``,
+``traceparent`` (the last three when known); a string longer than :data:`MAX_FIELD`
+characters is cut there (``…``), so no caller sizes a line.
+
+Unauthenticated refusals (401: no principal, so nobody to attribute them to) are not
+written one by one: :meth:`AuditLog.refused` counts them per reason (``no_credential`` |
+``bad_credential``, ``refused_total``) and writes at most one sampled line per reason per
+:data:`REFUSED_INTERVAL_S`, whose ``count`` is how many refusals it stands for (itself and
+those unwritten since the previous line of that reason). A flood of bad requests thus adds
+at most two short lines a minute, and cannot rotate the authenticated entries away; the
+totals are in ``GET /daemon/audit`` (``refused``) and ``/metrics``
+(``acp_serve_auth_refused_total``).
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import os
 from typing import Any
 
@@ -28,7 +39,15 @@ import trio
 
 from actors import Actor, ActorError
 
-__all__ = ["INBOX", "KEEP_FILES", "MAX_PAGE", "AuditLog", "AuditPage"]
+__all__ = [
+    "INBOX",
+    "KEEP_FILES",
+    "MAX_FIELD",
+    "MAX_PAGE",
+    "REFUSED_INTERVAL_S",
+    "AuditLog",
+    "AuditPage",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +57,16 @@ INBOX = 4096
 KEEP_FILES = 3
 #: Most entries one ``GET /daemon/audit`` answers.
 MAX_PAGE = 500
+#: Longest string field of an entry, in characters (a longer one is cut, ``…`` appended).
+MAX_FIELD = 256
+#: Seconds between two sampled lines of unauthenticated refusals of one reason.
+REFUSED_INTERVAL_S = 60.0
+
+
+def _cut(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > MAX_FIELD:
+        return value[:MAX_FIELD] + "…"
+    return value
 
 
 class AuditPage(msgspec.Struct, frozen=True):
@@ -54,6 +83,10 @@ class AuditLog(Actor[dict[str, Any]]):
         self.written = 0
         self._seq = 0
         self._lock = trio.Lock()
+        #: Unauthenticated refusals by reason, since the daemon started.
+        self.refused_total: dict[str, int] = {}
+        self._refused_unwritten: dict[str, int] = {}
+        self._refused_next: dict[str, float] = {}
 
     def record(self, **entry: Any) -> None:
         """Queue one entry (never blocks; a full inbox drops it and counts)."""
@@ -61,9 +94,30 @@ class AuditLog(Actor[dict[str, Any]]):
         now = datetime.datetime.now(datetime.UTC)
         line = {"seq": self._seq, "ts": now.isoformat(timespec="milliseconds"), **entry}
         try:
-            self.tell_nowait({k: v for k, v in line.items() if v is not None})
+            self.tell_nowait({k: _cut(v) for k, v in line.items() if v is not None})
         except ActorError:
             self.dropped += 1
+
+    def refused(self, reason: str, peer: str | None, route: str) -> None:
+        """An unauthenticated refusal: counted; a sampled line at most once per
+        :data:`REFUSED_INTERVAL_S` per ``reason`` (see the module docstring)."""
+        self.refused_total[reason] = self.refused_total.get(reason, 0) + 1
+        unwritten = self._refused_unwritten.get(reason, 0) + 1
+        now = trio.current_time()
+        if now < self._refused_next.get(reason, -math.inf):
+            self._refused_unwritten[reason] = unwritten
+            return
+        self._refused_unwritten[reason] = 0
+        self._refused_next[reason] = now + REFUSED_INTERVAL_S
+        self.record(
+            principal=None,
+            peer=peer,
+            route=route,
+            outcome="denied",
+            status=401,
+            reason=reason,
+            count=unwritten,
+        )
 
     async def on_start(self) -> None:
         def last_seq() -> int:

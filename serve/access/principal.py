@@ -13,7 +13,7 @@ from typing import Literal
 
 import msgspec
 
-__all__ = ["ADMIN", "DAEMON_ROLES", "OPERATOR", "USER", "Principal"]
+__all__ = ["ADMIN", "ANONYMOUS", "DAEMON_ROLES", "OPERATOR", "USER", "Principal"]
 
 ADMIN = "admin"
 USER = "user"
@@ -26,7 +26,7 @@ class Principal(msgspec.Struct, frozen=True):
     authenticated, its daemon roles and its groups."""
 
     id: str
-    kind: Literal["operator", "jwt", "token"]
+    kind: Literal["operator", "jwt", "token", "anonymous"]
     roles: tuple[str, ...] = (USER,)
     groups: tuple[str, ...] = ()
 
@@ -40,3 +40,6 @@ class Principal(msgspec.Struct, frozen=True):
 
 
 OPERATOR = Principal("operator", "operator", (ADMIN,))
+#: A caller without a valid credential on a route that needs none (``/health`` before
+#: auth, with multi-user auth): no role, so it is shown nothing daemon-wide.
+ANONYMOUS = Principal("anonymous", "anonymous", ())

@@ -23,6 +23,7 @@ from serve.access.errors import Forbidden, WorkspaceDenied
 from serve.access.quotas import session_quota
 from serve.access.roles import can_vote
 from serve.access.rules import ACP_READS, ACP_RULES, ADMIN, SESSION_RULES, VOTE
+from serve.acpfront.errors import not_found, not_owned
 from serve.acpfront.jsonrpc import RpcError
 from serve.api import ASK_TIMEOUT_S, SessionService
 from serve.permissions.mediator import SessionOf
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "audit",
+    "audit_cancelled",
     "audit_outcome",
     "check",
     "check_restore",
@@ -44,6 +46,11 @@ __all__ = [
     "owner_of",
     "visible",
 ]
+
+
+#: Methods that restore a session that is not live: an unknown id and someone else's live
+#: session are both ``session_not_found`` there (the journaled owner decides, check_restore).
+_RESTORES = frozenset({"session/load", "session/resume"})
 
 
 def _who(host: Host, conn: Connection) -> Principal | None:
@@ -86,14 +93,24 @@ def audit_outcome(
     audit(host, conn, method, sid, status, "denied" if status in (401, 403, 404) else "error")
 
 
+def audit_cancelled(host: Host, conn: Connection, method: str, sid: str | None) -> None:
+    """The audit line of a mutation whose handler was cancelled before it answered (what it
+    did so far stays done: ``cancelled``, 499)."""
+    if method not in ACP_READS:
+        audit(host, conn, method, sid, 499, "cancelled")
+
+
 def check(host: Host, conn: Connection, method: str, params: dict[str, Any]) -> None:
     """The method's rule for the connection's principal (its refusal raised, audited)."""
     try:
         _check(host, conn, method, params)
     except (Forbidden, SessionNotFound, WorkspaceDenied) as exc:
-        audit(
-            host, conn, method, params.get("sessionId"), 403 if isinstance(exc, Forbidden) else 404
-        )
+        sid = params.get("sessionId")
+        audit(host, conn, method, sid, 403 if isinstance(exc, Forbidden) else 404)
+        if isinstance(exc, SessionNotFound) and isinstance(sid, str) and method not in _RESTORES:
+            # Someone else's live session answers as an unknown id does on this method: a
+            # connection owns only what it loaded, made or forked.
+            raise (not_found(sid) if method == "session/fork" else not_owned(sid)) from None
         raise
 
 

@@ -193,6 +193,7 @@ async def handle(
         conn.running[rid] = scope
     trace = tracecontext.from_meta(params)
     ran = False  # the handler ran (its outcome is audited; the checks audit their own)
+    audited = False  # its outcome was (a request cancelled mid-way is audited as such)
     try:
         with tracecontext.traced(trace), scope:
             if trace is not None:
@@ -203,9 +204,11 @@ async def handle(
                     return
                 ran = True
                 result = await handler(front, conn, params)
+                audited = True
                 acp_access.audit_outcome(front.host, conn, method, sid, None)
             except ConnectionLevel as exc:
                 if ran:
+                    audited = True
                     acp_access.audit_outcome(front.host, conn, method, sid, exc)
                 if rid is not None:
                     reply_conn(front, conn, jsonrpc.error_bytes(rid, exc), inline)
@@ -214,6 +217,7 @@ async def handle(
                 if rid is not None or ran:
                     error = to_rpc(exc, sid)  # the one place a failure becomes a reply
                     if ran:
+                        audited = True
                         acp_access.audit_outcome(front.host, conn, method, sid, error)
                 if rid is not None:
                     await _after_events(conn, method, sid)
@@ -229,6 +233,8 @@ async def handle(
             await _after_events(conn, method, sid)
             reply(front, conn, method, sid, jsonrpc.result_bytes(rid, result), inline)
     finally:
+        if ran and not audited:  # cancelled ($/cancel_request, the connection closed)
+            acp_access.audit_cancelled(front.host, conn, method, sid)
         conn.tasks.discard(scope)
         if rid is not None and conn.running.get(rid) is scope:
             del conn.running[rid]

@@ -89,8 +89,9 @@ async def answer(
     loopback: bool,
     *,
     timeout_s: float,
-) -> None:
-    """An ACP client's reply to our ``elicitation/create``: a vote (see the module docstring)."""
+) -> int:
+    """An ACP client's reply to our ``elicitation/create``: a vote (see the module
+    docstring); the status its vote was answered (500: not counted)."""
     body = result if isinstance(result, dict) and "action" in result else {"action": "cancel"}
     try:
         status, out = elicitation_wire(
@@ -107,3 +108,5 @@ async def answer(
             )
     except Exception as exc:
         log.info("ACP elicitation answer not counted: %r", exc)
+        return 500
+    return status

@@ -45,6 +45,16 @@ def not_found(session_id: str) -> RpcError:
     return RpcError.of(session_not_found(session_id))
 
 
+def not_owned(session_id: str) -> ConnectionLevel:
+    """A session the connection did not load or resume (nor make)."""
+    return ConnectionLevel(
+        INVALID_PARAMS,
+        f'Session "{session_id}" is not owned by this connection '
+        "(session/load or session/resume it first)",
+        {"httpStatus": 403, "code": "session_not_owned", "sessionId": session_id},
+    )
+
+
 def session_limit(limit: int) -> RpcError:
     return RpcError(
         SERVER_ERROR,

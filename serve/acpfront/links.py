@@ -45,7 +45,14 @@ from serve.acpfront.connections import (
     SessionLink,
     let_go,
 )
-from serve.acpfront.errors import ConnectionLevel, not_found, params_error, session_limit, to_rpc
+from serve.acpfront.errors import (
+    ConnectionLevel,
+    not_found,
+    not_owned,
+    params_error,
+    session_limit,
+    to_rpc,
+)
 from serve.acpfront.jsonrpc import INVALID_PARAMS, RESOURCE_NOT_FOUND, RpcError
 from serve.acpfront.outbox import Outbox
 from serve.acpfront.routing import Inline, push_session, reply_conn
@@ -86,12 +93,7 @@ def owned(conn: Connection, params: dict[str, Any]) -> SessionLink:
         raise params_error("`sessionId` must be a non-empty string")
     link = conn.sessions.get(sid)
     if link is None:
-        raise ConnectionLevel(
-            INVALID_PARAMS,
-            f'Session "{sid}" is not owned by this connection '
-            "(session/load or session/resume it first)",
-            {"httpStatus": 403, "code": "session_not_owned", "sessionId": sid},
-        )
+        raise not_owned(sid)
     if link.ended:
         raise not_found(sid)
     return link

@@ -31,9 +31,12 @@ from serve.acpfront.translate import PERMISSION_ID_PREFIX
 from serve.errors.votes import vote_wire
 from serve.permissions.mediator import CastVote
 
-__all__ = ["answer", "session_permission"]
+__all__ = ["PERMISSION_METHOD", "answer", "session_permission"]
 
 log = logging.getLogger(__name__)
+
+#: The forwarded request a client's JSON-RPC response answers (the audit line's method).
+PERMISSION_METHOD = "session/request_permission"
 
 
 async def session_permission(
@@ -93,14 +96,16 @@ async def answer(front: Connections, conn: Connection, message: Response) -> Non
             log.info("ACP connection %s answered unknown request %s", conn.id, rid)
         return
     sid, request_id = target
+    method = "elicitation/create" if rid.startswith(elicit.ID_PREFIX) else PERMISSION_METHOD
     link = conn.sessions.get(sid)
     if link is not None and not acp_access.may_vote(front.host, conn, link.session):
         log.info("ACP connection %s may not vote on %s (an observer)", conn.id, sid)
+        acp_access.audit(front.host, conn, method, sid, 403)
         return
     client_id = link.client_id if link is not None else None
     result = message.result if message.error is None else None
     if rid.startswith(elicit.ID_PREFIX):
-        await elicit.answer(
+        status = await elicit.answer(
             front.host.mediator,
             sid,
             request_id,
@@ -109,10 +114,11 @@ async def answer(front: Connections, conn: Connection, message: Response) -> Non
             conn.loopback,
             timeout_s=ASK_TIMEOUT_S,
         )
+        _audit_answer(front, conn, method, sid, status)
         return
     body = result if isinstance(result, dict) and "outcome" in result else None
     try:
-        await front.host.mediator.ask(
+        counted = await front.host.mediator.ask(
             CastVote(
                 request_id,
                 sid,
@@ -122,5 +128,15 @@ async def answer(front: Connections, conn: Connection, message: Response) -> Non
             ),
             timeout_s=ASK_TIMEOUT_S,
         )
+        status = vote_wire(counted)[0]
     except Exception as exc:
         log.info("ACP permission answer not counted: %r", exc)
+        status = 500
+    _audit_answer(front, conn, method, sid, status)
+
+
+def _audit_answer(front: Connections, conn: Connection, method: str, sid: str, status: int) -> None:
+    """The one audit line of a vote sent as a JSON-RPC response (its ``method`` is the
+    request it answers: a vote is a mutation whatever carries it)."""
+    outcome = "ok" if status < 400 else "denied" if status in (401, 403, 404) else "error"
+    acp_access.audit(front.host, conn, method, sid, status, outcome)

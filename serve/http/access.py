@@ -66,6 +66,9 @@ __all__ = [
 
 #: A (method, rule) that was not in the app's map when the gate was installed.
 _UNKNOWN = "?"
+#: Session routes whose answer for an unknown id is not ``404 session_not_found``: someone
+#: else's live session gets that same answer (detach of a missing session is a 204 no-op).
+_UNKNOWN_SESSION: dict[tuple[str, str], int] = {("POST", "/session/<session_id>/detach"): 204}
 
 
 def principal() -> Principal:
@@ -88,8 +91,10 @@ def audit(
     session: str | None = None,
     *,
     ws: bool = False,
+    sessions: list[str] | None = None,
 ) -> None:
-    """One audit line for the current request (``ws``: the current WebSocket handshake)."""
+    """One audit line for the current request (``ws``: the current WebSocket); ``sessions``:
+    every session it released (an ``/acp`` connection's end; ``session`` when one)."""
     log = host.audit
     if log is None:
         return
@@ -99,7 +104,10 @@ def audit(
         principal=who.id,
         peer=req.remote_addr,
         route=f"{'WS' if ws else req.method} {rule.rule if rule is not None else req.path}",
-        session=session,
+        session=session
+        if session is not None or not sessions or len(sessions) > 1
+        else sessions[0],
+        sessions=sessions if sessions and len(sessions) > 1 else None,
         outcome=outcome,
         status=status,
         requestId=req.headers.get("X-Request-Id"),
@@ -166,10 +174,10 @@ def _install_gate(app: QuartTrio, host: Host) -> None:
         found = known.get((method, rule), _UNKNOWN)
         return need_of(method, rule) if found is _UNKNOWN else found  # added after install
 
-    async def gate() -> None:
+    async def gate() -> Response | None:
         rule = request.url_rule
         if rule is None:
-            return
+            return None
         who = principal()
         try:
             check(host, who, need(request.method, rule.rule), rule.rule, request.view_args or {})
@@ -178,7 +186,11 @@ def _install_gate(app: QuartTrio, host: Host) -> None:
             sid = (request.view_args or {}).get("session_id")
             audit(host, who, "denied", status, sid if isinstance(sid, str) else None)
             g.audited = True
+            unknown = _UNKNOWN_SESSION.get((request.method, canonical(rule.rule)))
+            if isinstance(exc, SessionNotFound) and unknown is not None:
+                return Response(b"", status=unknown)  # as for an unknown id (a no-op)
             raise
+        return None
 
     async def ws_gate() -> None:
         rule = websocket.url_rule

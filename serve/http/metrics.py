@@ -271,6 +271,15 @@ def _state_series(d: Host) -> Iterator[Metric]:
         yield counter(
             "acp_serve_journal_dropped_events", "Events the journal shed", js["droppedEvents"]
         )
+    if d.audit is not None:
+        refused = CounterMetricFamily(
+            "acp_serve_auth_refused",
+            "Requests refused 401 with multi-user auth (the audit log samples them)",
+            labels=("reason",),
+        )
+        for reason, count in sorted(d.audit.refused_total.items()):
+            refused.add_metric((reason,), count)
+        yield refused
     limiter = d.front.rate_limiter
     if limiter is not None:
         hits = CounterMetricFamily(

@@ -436,6 +436,11 @@ class SecurityFront:
             if self._unbound_refused(method, path):
                 await _refuse(receive, send, drain, 403, _NOT_BOUND_403)
                 return None
+        elif self._principals is not None and path in _HEALTH_PATHS:
+            # A probe before auth, with multi-user auth: who asks decides what a deep
+            # answer shows (the operator token: itself; no valid credential: anonymous).
+            if not self._authorized(auths, tokens):
+                await self._principals.identify(scope, auths, tokens)
 
         # 6. rate limit
         if self._limiting and not self._host.draining:

@@ -287,6 +287,10 @@ class AgentApprovals:
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_session.values())
 
+    def count_of(self, session_ids: set[str]) -> int:
+        """The entries of ``session_ids`` (keys are ``<session id>#<incarnation>``)."""
+        return sum(len(v) for k, v in self._by_session.items() if k.split("#", 1)[0] in session_ids)
+
     def note(self, session_key: str, approval: AgentApproval, *, now_ms: int) -> None:
         entries = self._by_session.pop(session_key, [])
         entries = [e for e in entries if e.expires_at_ms > now_ms]

@@ -81,6 +81,10 @@ class ApprovalCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def count_of(self, session_ids: set[str]) -> int:
+        """The entries of ``session_ids`` (a caller's own view of the table's size)."""
+        return sum(1 for k in self._entries if k.session_id.split("#", 1)[0] in session_ids)
+
     def remember(self, key: CacheKey | None, *, now_ms: int) -> bool:
         """Cache an allow-always for ``key`` (``None`` or a secret rule: refused → False)."""
         if key is None or not key.principal or SECRET_PREFIX in key.rule:

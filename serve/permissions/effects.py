@@ -104,6 +104,7 @@ from serve.permissions.approval import (
     describe_policy,
     policy_fingerprint,
 )
+from serve.permissions.counters import DecisionCounters
 from serve.permissions.cache import ALWAYS_ALLOW_TTL_MS, ApprovalCache, cache_key
 from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
 from serve.permissions.effect_session import ConfigSource, EffectSession, PermissionSections
@@ -162,15 +163,7 @@ class EffectGate:
         self._settings = settings
         self._live = live_sessions
         self._clock = clock_ms
-        self.counters: dict[str, int] = {
-            "auto": 0,
-            "prompted": 0,
-            "denied": 0,
-            "allowedByCache": 0,
-            "allowedByAgentApproval": 0,
-            "rejected": 0,
-            "cancelled": 0,
-        }
+        self.counters = DecisionCounters()
         #: The prompt stage: what the Host remembers of earlier answers, questions in flight.
         self.prompt_stage = PromptStage(
             functools.partial(ask_clients, mediator),
@@ -363,10 +356,10 @@ class EffectGate:
         approval_cfg = self.config.approval
         decision = decide(effect, grants, approval_cfg, mode)
         if decision.verdict == "deny":
-            self.counters["denied"] += 1
+            self.counters.count(session.session_id, "denied")
             await self._refuse(session, effect, decision.rule, decision.reason)
         if decision.verdict == "auto":
-            self.counters["auto"] += 1
+            self.counters.count(session.session_id, "auto")
             return
         outcome = await self.prompt_stage.resolve(
             session,
@@ -380,7 +373,7 @@ class EffectGate:
         )
         if outcome == "allowed":
             return
-        self.counters[outcome] += 1
+        self.counters.count(session.session_id, outcome)
         rule = f"permission:{outcome}"
         why = (
             "a client rejected the request"
@@ -451,7 +444,7 @@ class EffectGate:
             effect, self.grants_for(session), self.config.approval, self.approval_mode(session)
         )
         if decision.verdict == "deny":
-            self.counters["denied"] += 1
+            self.counters.count(session.session_id, "denied")
             await self._announce_denied(session, effect, decision.rule, decision.reason)
             option = option_of(params, ("reject_once", "reject_always"))
             if option is None:
@@ -461,7 +454,7 @@ class EffectGate:
             option = option_of(params, ("allow_once", "allow_always"))
             if option is None:
                 return None
-            self.counters["auto"] += 1
+            self.counters.count(session.session_id, "auto")
             selected = SelectedPermissionOutcome(option_id=option)
             self.note_agent_permission(session, params, selected)
             return selected

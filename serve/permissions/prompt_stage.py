@@ -66,6 +66,7 @@ from serve.permissions.cache import (
     Leader,
     cache_key,
 )
+from serve.permissions.counters import DecisionCounters
 from serve.permissions.effect_session import EffectSession
 from serve.permissions.host_request import Outcome
 
@@ -114,7 +115,7 @@ class PromptStage:
         self,
         ask: Ask,
         *,
-        counters: dict[str, int],
+        counters: DecisionCounters,
         live_sessions: Callable[[], Sequence[EffectSession]],
         clock_ms: Callable[[], int],
         agent_approvals: AgentApprovals | None = None,
@@ -180,12 +181,12 @@ class PromptStage:
             )
             is not None
         ):
-            self._counters["allowedByAgentApproval"] += 1
+            self._counters.count(session.session_id, "allowedByAgentApproval")
             return "allowed"
         principal = originator(session)
         key = cache_key(skey, principal, fingerprint, decision)
         if self.cache.allowed(key, now_ms=now):
-            self._counters["allowedByCache"] += 1
+            self._counters.count(session.session_id, "allowedByCache")
             return "allowed"
         outcome = await self._shared_decision(
             session,
@@ -247,7 +248,7 @@ class PromptStage:
         content: str | None,
         cwd: str | None,
     ) -> Outcome:
-        self._counters["prompted"] += 1
+        self._counters.count(session.session_id, "prompted")
         outcome = await self._ask(
             session, effect, decision, offer_always=key is not None, content=content, cwd=cwd
         )

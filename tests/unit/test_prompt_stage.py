@@ -16,6 +16,7 @@ from serve.permissions.agent_approvals import AgentApproval
 from serve.permissions.approval import Decision, Effect, classify_read, decide, policy_fingerprint
 from serve.permissions.cache import ALWAYS_ALLOW_TTL_MS
 from serve.permissions.config import ApprovalConfig, CapabilitiesConfig
+from serve.permissions.counters import DecisionCounters
 from serve.permissions.effect_session import EffectSession
 from serve.permissions.grants import resolve_grants
 from serve.permissions.host_request import Outcome
@@ -76,15 +77,15 @@ class Clients:
         return self.answers.pop(0)
 
 
-def counters() -> dict[str, int]:
-    return dict.fromkeys(("prompted", "allowedByCache", "allowedByAgentApproval"), 0)
+def counters() -> DecisionCounters:
+    return DecisionCounters()
 
 
 def stage_for(
     clients: Clients,
     live: list[Session],
     now: list[int] | None = None,
-    counts: dict[str, int] | None = None,
+    counts: DecisionCounters | None = None,
 ) -> PromptStage:
     clock = now if now is not None else [1_000_000]
     return PromptStage(

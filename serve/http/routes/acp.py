@@ -43,7 +43,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import trio
-from quart import Blueprint, Response, make_response, request, websocket
+from quart import Blueprint, Response, g, make_response, request, websocket
 from quart.wrappers.base import ClientDisconnectedError
 
 from serve.acpfront import AcpFront, Connection, jsonrpc
@@ -53,7 +53,7 @@ from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
 from serve.acpfront.routing import Inline
 from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
 from serve.host import Host
-from serve.http.access import principal, ws_principal
+from serve.http.access import audit, principal, ws_principal
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.daemon_status import daemon_status
@@ -518,7 +518,12 @@ async def _delete() -> Response:
     found = _connection()
     if isinstance(found, Response):
         return found
+    held = list(found.sessions)
     the_front().close(found)
+    d = daemon()
+    # One line: the connection's end releases (closes or detaches) every session it held.
+    audit(d, principal(), "ok", 202, sessions=held)
+    g.audited = True
     return Response(b"", status=202)
 
 
@@ -614,7 +619,10 @@ async def _websocket(workspace_ref: str | None) -> None:
             nursery.start_soon(receiver)
     finally:
         conn.open_streams -= 1
+        held = list(conn.sessions)
         front.close(conn)
+        if held:  # the socket's end released (closed or detached) these: one line
+            audit(daemon(), conn.principal, "ok", 1000, ws=True, sessions=held)
 
 
 @blueprint.websocket("/acp")

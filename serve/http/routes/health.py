@@ -1,4 +1,7 @@
-"""``GET /health`` and ``GET /capabilities``."""
+"""``GET /health`` and ``GET /capabilities``.
+
+With multi-user auth, ``/health?deep=1`` shows its daemon-wide counts only to ``admin``
+(a ``user``, or an anonymous caller on a loopback daemon, gets ``{"status":"ok"}``)."""
 
 from __future__ import annotations
 
@@ -19,7 +22,12 @@ async def health() -> Response:
     deep = request.args.get("deep")
     if deep is None or deep not in ("", "1", "true"):
         return raw_json_response(_SHALLOW)
-    return json_response(daemon().deep_health())
+    host = daemon()
+    if host.multi_user and not principal().admin:
+        # Daemon-wide counts (sessions, permissions, clients) are for admins: a user or an
+        # anonymous probe gets the plain answer.
+        return raw_json_response(_SHALLOW)
+    return json_response(host.deep_health())
 
 
 @blueprint.get("/readyz")

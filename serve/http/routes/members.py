@@ -5,7 +5,8 @@
 | group:<name>: observer | collaborator}}`` (the owner stays the owner; at most
 :data:`serve.access.roles.MAX_MEMBERS`). The record is the session actor's own
 (``SetAccess``), journaled so it survives a restart. ``GET /daemon/audit?limit=&before=``
-(admin) pages the audit log newest first (``{entries, nextBefore, dropped}``). The access
+(admin) pages the audit log newest first (``{entries, nextBefore, dropped, refused}``:
+``refused`` counts the unauthenticated refusals by reason, which are only sampled). The access
 gate (``serve/http/access.py``) checks the roles; without multi-user auth the routes still
 answer (the operator owns every session) and the audit log is off (``404``).
 """
@@ -79,5 +80,10 @@ async def get_audit() -> Response:
         raise bad_request("`limit` and `before` must be non-negative integers", "invalid_page")
     page = await audit.page(int(raw_limit), int(raw_before) if raw_before else None)
     return json_response(
-        {"entries": page.entries, "nextBefore": page.next_before, "dropped": audit.dropped}
+        {
+            "entries": page.entries,
+            "nextBefore": page.next_before,
+            "dropped": audit.dropped,
+            "refused": dict(audit.refused_total),
+        }
     )

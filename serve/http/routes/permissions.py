@@ -7,7 +7,9 @@ alwaysAllow {ttlMs, entries}, agentApprovals {windowMs, usesPerApproval, entries
 decisions {auto, prompted, denied, allowedByCache, allowedByAgentApproval, rejected,
 cancelled}, sessions [{sessionId, agent, approvalMode, grants, approval, fingerprint}]}``;
 ``decisions`` counts since start-up, ``sessions`` covers the live sessions of the primary
-workspace. Grants show
+workspace. With multi-user auth a caller who is not ``admin`` sees only the sessions he
+holds a role on, and ``decisions``, ``alwaysAllow.entries``, ``agentApprovals.entries`` and
+``grants.sessions`` count only those (nothing of another user's activity). Grants show
 capability keys and scopes only; secrets appear as ``secret.bind:<NAME>`` keys, never
 values. A present ``X-Qwen-Client-Id`` must be registered on a live session (``400
 invalid_client_id``). Nothing is started and nothing is written; ``Cache-Control:
@@ -45,6 +47,13 @@ async def workspace_permissions() -> Response:
     if show is not None:  # multi-user: only what concerns sessions the caller may see
         allowed = {s.session_id for s in d.registry.live() if show(s)}
         _only(body, allowed)
+        # The counters and table sizes are the caller's sessions', not the daemon's.
+        effects = d.effects
+        body["decisions"] = effects.counters.of(allowed)
+        body["alwaysAllow"]["entries"] = effects.cache.count_of(allowed)
+        body["agentApprovals"]["entries"] = effects.agent_approvals.count_of(allowed)
+        sessions = body["grants"]["sessions"]
+        body["grants"]["sessions"] = {k: v for k, v in sessions.items() if k in allowed}
     return json_response(body, headers=NO_STORE)
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from serve.access.principal import ADMIN, DAEMON_ROLES, USER, Principal
+from serve.access.principal import ADMIN, ANONYMOUS, DAEMON_ROLES, USER, Principal
 from serve.settings import Settings
 
 if TYPE_CHECKING:
@@ -296,15 +296,23 @@ class PrincipalResolver:
         if principal is not None:
             scope[PRINCIPAL_KEY] = principal
             return True
-        if audit is not None:
-            audit.record(
-                principal=None,
-                peer=peer,
-                route=f"{scope.get('method', 'WS')} {scope['path']}",
-                outcome="denied",
-                status=401,
+        if audit is not None:  # counted and sampled, not one line each (audit.py)
+            audit.refused(
+                "no_credential" if credential is None else "bad_credential",
+                peer,
+                f"{scope.get('method', 'WS')} {scope['path']}",
             )
         return False
+
+    async def identify(
+        self, scope: MutableMapping[str, Any], auths: list[bytes], tokens: list[bytes]
+    ) -> None:
+        """On a route that needs no credential: the principal of a valid one, else
+        :data:`ANONYMOUS`, into the scope (nothing is refused, counted nor audited)."""
+        credential = bearer_credential(
+            [a.decode("latin-1") for a in auths], [t.decode("latin-1") for t in tokens]
+        )
+        scope[PRINCIPAL_KEY] = await self.resolve(credential) or ANONYMOUS
 
     async def resolve(self, credential: str | None) -> Principal | None:
         if credential is None:
