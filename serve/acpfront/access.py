@@ -18,12 +18,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from serve.access import COLLABORATOR, OPERATOR, Principal, at_least
-from serve.access.config import may_use, role_in
+from serve.access.config import may_use as may_use_config
+from serve.access.config import role_in
 from serve.access.errors import Forbidden, WorkspaceDenied
 from serve.access.quotas import session_quota
 from serve.access.roles import can_vote
 from serve.access.rules import ACP_READS, ACP_RULES, ADMIN, SESSION_RULES, VOTE
-from serve.acpfront.errors import not_found, not_owned
+from serve.acpfront.errors import not_found, not_owned, unserved
 from serve.acpfront.jsonrpc import RpcError
 from serve.api import ASK_TIMEOUT_S, SessionService
 from serve.permissions.mediator import SessionOf
@@ -42,6 +43,7 @@ __all__ = [
     "check_restore",
     "check_vote",
     "check_workspace",
+    "may_use",
     "may_vote",
     "owner_of",
     "visible",
@@ -122,7 +124,7 @@ def _check(host: Host, conn: Connection, method: str, params: dict[str, Any]) ->
     if need == ADMIN:
         raise Forbidden(ADMIN)
     config = host.config.access
-    if not may_use(config, who, conn.workspace):
+    if not may_use_config(config, who, conn.workspace):
         raise WorkspaceDenied(conn.workspace)
     sid = params.get("sessionId")
     if (need in SESSION_RULES or need == VOTE) and isinstance(sid, str):
@@ -143,10 +145,17 @@ def owner_of(host: Host, conn: Connection) -> tuple[str, int]:
     return who.id, session_quota(host.quotas, who)
 
 
-def check_workspace(host: Host, conn: Connection, workspace: str) -> None:
+def may_use(host: Host, conn: Connection, workspace: str) -> bool:
+    """Whether the connection's principal may use ``workspace`` (always: no multi-user
+    auth, an admin)."""
     who = _who(host, conn)
-    if who is not None and not may_use(host.config.access, who, workspace):
-        raise WorkspaceDenied(workspace)
+    return who is None or may_use_config(host.config.access, who, workspace)
+
+
+def check_workspace(host: Host, conn: Connection, workspace: str) -> None:
+    """A workspace the caller may not use is answered as one not served."""
+    if not may_use(host, conn, workspace):
+        raise unserved(workspace)
 
 
 async def check_restore(host: Host, conn: Connection, session_id: str) -> None:

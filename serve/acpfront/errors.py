@@ -23,10 +23,12 @@ __all__ = [
     "ConnectionLevel",
     "draining",
     "not_found",
+    "not_owned",
     "not_running",
     "params_error",
     "session_limit",
     "to_rpc",
+    "unserved",
 ]
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,15 @@ def params_error(message: str, **data: object) -> RpcError:
 
 def not_found(session_id: str) -> RpcError:
     return RpcError.of(session_not_found(session_id))
+
+
+def unserved(workspace: str) -> RpcError:
+    """A ``cwd`` naming no workspace of this daemon (or one the caller may not use)."""
+    return params_error(
+        f"Requested workspace {workspace} is not served by this daemon",
+        code="workspace_mismatch",
+        requestedWorkspace=workspace,
+    )
 
 
 def not_owned(session_id: str) -> ConnectionLevel:

@@ -46,14 +46,13 @@ from serve.acpfront.connections import (
     let_go,
 )
 from serve.acpfront.errors import (
-    ConnectionLevel,
     not_found,
     not_owned,
     params_error,
     session_limit,
     to_rpc,
 )
-from serve.acpfront.jsonrpc import INVALID_PARAMS, RESOURCE_NOT_FOUND, RpcError
+from serve.acpfront.jsonrpc import RESOURCE_NOT_FOUND, RpcError
 from serve.acpfront.outbox import Outbox
 from serve.acpfront.routing import Inline, push_session, reply_conn
 from serve.acpfront.translate import translate_frame

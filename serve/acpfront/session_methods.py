@@ -27,7 +27,7 @@ from actors import ActorStopped, InboxFull
 from serve.acpfront import access as acp_access
 from serve.acpfront import steering, v121
 from serve.acpfront.connections import ASK_TIMEOUT_S, Connection, Connections, SessionLink
-from serve.acpfront.errors import draining, not_found, params_error, to_rpc
+from serve.acpfront.errors import draining, not_found, params_error, to_rpc, unserved
 from serve.acpfront.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, SERVER_ERROR, RpcError
 from serve.acpfront.links import Replied, own_made, owned, reserve
 from serve.api import SessionService, parse_prompt, prompt_content
@@ -85,16 +85,12 @@ def workspace_of(front: Connections, conn: Connection, params: dict[str, Any]) -
         cwd = os.path.realpath(raw)
     except (OSError, ValueError):
         cwd = os.path.normpath(raw)
-    if cwd in registry.runtimes:
-        return cwd
-    runtime = registry.by_ref(raw)
-    if runtime is not None:
-        return str(runtime.path)
-    raise params_error(
-        f"Requested workspace {cwd} is not served by this daemon",
-        code="workspace_mismatch",
-        requestedWorkspace=cwd,
-    )
+    runtime = registry.by_ref(raw) if cwd not in registry.runtimes else None
+    found = cwd if cwd in registry.runtimes else str(runtime.path) if runtime else None
+    # One the caller may not use answers as one not served (nothing tells them apart).
+    if found is not None and acp_access.may_use(front.host, conn, found):
+        return found
+    raise unserved(cwd)
 
 
 async def _ticket_session(

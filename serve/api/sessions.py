@@ -216,18 +216,20 @@ class SessionService:
 
     # ---- where ---------------------------------------------------------------------------
 
-    def workspace(self, cwd: object) -> str:
-        """The served workspace a request's ``cwd`` names (None: the primary one)."""
+    def workspace(self, cwd: object, usable: Callable[[str], bool] | None = None) -> str:
+        """The served workspace a request's ``cwd`` names (None: the primary one); one the
+        caller may not use (``usable`` false) is answered as one not served."""
         settings, registry = self.host.settings, self.host.registry
         if cwd is None:
-            return settings.primary_workspace
-        if not isinstance(cwd, str) or not os.path.isabs(cwd):
+            path = settings.primary_workspace
+        elif not isinstance(cwd, str) or not os.path.isabs(cwd):
             raise InvalidRequest("`cwd` must be a string absolute path")
-        try:
-            path = os.path.realpath(cwd)
-        except (OSError, ValueError):
-            path = os.path.normpath(cwd)
-        if path in registry.runtimes:
+        else:
+            try:
+                path = os.path.realpath(cwd)
+            except (OSError, ValueError):
+                path = os.path.normpath(cwd)
+        if path in registry.runtimes and (usable is None or usable(path)):
             return path
         extra: dict[str, object] = {"workspaceCount": len(registry)} if len(registry) > 1 else {}
         raise SessionRequestError(
@@ -238,10 +240,11 @@ class SessionService:
             **extra,
         )
 
-    def listed(self, ref: str) -> str:
-        """The served workspace a listing's path or id names."""
+    def listed(self, ref: str, usable: Callable[[str], bool] | None = None) -> str:
+        """The served workspace a listing's path or id names (one the caller may not use,
+        ``usable`` false, is answered as one not served)."""
         runtime = self.host.registry.by_ref(ref)
-        if runtime is None:
+        if runtime is None or (usable is not None and not usable(runtime.path)):
             raise SessionRequestError(
                 f"Workspace {ref} is not served by this daemon",
                 "workspace_mismatch",

@@ -34,6 +34,7 @@ from serve.access.errors import Forbidden, WorkspaceDenied
 from serve.access.rules import (
     ADMIN,
     CONNECTION,
+    LISTING,
     PUBLIC,
     ROUTE_RULES,
     SESSION_RULES,
@@ -52,6 +53,7 @@ __all__ = [
     "audit",
     "check",
     "install",
+    "may_use_filter",
     "need_of",
     "needs",
     "principal",
@@ -60,12 +62,17 @@ __all__ = [
     "session_visible",
     "usable",
     "visible",
+    "ws_may_use_filter",
     "ws_principal",
 ]
 
 
 #: A (method, rule) that was not in the app's map when the gate was installed.
 _UNKNOWN = "?"
+#: Rules whose routes answer a workspace the caller may not use exactly as one not served
+#: (their own answer: a listing's ``workspace_mismatch``, ``/acp``'s JSON-RPC error), so the
+#: gate leaves it to them (:func:`may_use_filter`).
+_AS_UNSERVED = frozenset({LISTING, CONNECTION})
 #: Session routes whose answer for an unknown id is not ``404 session_not_found``: someone
 #: else's live session gets that same answer (detach of a missing session is a 204 no-op).
 _UNKNOWN_SESSION: dict[tuple[str, str], int] = {("POST", "/session/<session_id>/detach"): 204}
@@ -139,7 +146,7 @@ def check(host: Host, who: Principal, need: str | None, rule: str, args: dict[st
         raise Forbidden(ADMIN)
     config = host.config.access
     ref = args.get("workspace")
-    if isinstance(ref, str) and rule.startswith("/workspace"):
+    if isinstance(ref, str) and rule.startswith("/workspace") and need not in _AS_UNSERVED:
         runtime = host.registry.by_ref(ref)
         if runtime is not None and not may_use(config, who, runtime.path):
             raise WorkspaceDenied(ref)
@@ -256,6 +263,25 @@ def usable(workspace: str) -> str:
     if host.multi_user and not may_use(host.config.access, principal(), workspace):
         raise WorkspaceDenied(workspace)
     return workspace
+
+
+def may_use_filter() -> Callable[[str], bool] | None:
+    """Whether the caller may use a served workspace (None: every one, without multi-user
+    auth or for an admin): the routes answer one he may not as one not served."""
+    return _may_use(principal())
+
+
+def ws_may_use_filter() -> Callable[[str], bool] | None:
+    """:func:`may_use_filter` for the WebSocket being handled."""
+    return _may_use(ws_principal())
+
+
+def _may_use(who: Principal) -> Callable[[str], bool] | None:
+    host = daemon()
+    if not host.multi_user or who.admin:
+        return None
+    config = host.config.access
+    return lambda workspace: may_use(config, who, workspace)
 
 
 def visible() -> Callable[[SessionActor], bool] | None:

@@ -104,9 +104,9 @@ from serve.permissions.approval import (
     describe_policy,
     policy_fingerprint,
 )
-from serve.permissions.counters import DecisionCounters
 from serve.permissions.cache import ALWAYS_ALLOW_TTL_MS, ApprovalCache, cache_key
 from serve.permissions.config import APPROVAL_MODES, VERDICTS, ApprovalMode
+from serve.permissions.counters import DecisionCounters
 from serve.permissions.effect_session import ConfigSource, EffectSession, PermissionSections
 from serve.permissions.grants import EffectiveGrants, resolve_grants
 from serve.permissions.host_request import EFFECT_DENIED, ask_clients, fs_error

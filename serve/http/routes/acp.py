@@ -38,7 +38,7 @@ import hashlib
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -53,7 +53,13 @@ from serve.acpfront.jsonrpc import SERVER_ERROR, RpcError
 from serve.acpfront.routing import Inline
 from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
 from serve.host import Host
-from serve.http.access import audit, principal, ws_principal
+from serve.http.access import (
+    audit,
+    may_use_filter,
+    principal,
+    ws_may_use_filter,
+    ws_principal,
+)
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.daemon_status import daemon_status
@@ -277,12 +283,16 @@ def _status_of(error: RpcError, default: int = 400) -> int:
     return status if isinstance(status, int) and 400 <= status < 600 else default
 
 
-def _workspace(ref: str | None) -> str | None:
+def _workspace(ref: str | None, usable: Callable[[str], bool] | None) -> str | None:
+    """The workspace a connection is opened on (None: not served, or one the caller may
+    not use: both answer the same)."""
     d = daemon()
     if ref is None:
         return str(d.settings.primary_workspace)
     runtime = d.registry.by_ref(ref)
-    return str(runtime.path) if runtime is not None else None
+    if runtime is None or (usable is not None and not usable(str(runtime.path))):
+        return None
+    return str(runtime.path)
 
 
 def _connection() -> Connection | Response:
@@ -350,7 +360,7 @@ async def _post(workspace_ref: str | None) -> Response:
     if isinstance(message, jsonrpc.Invalid):
         return _rpc_response(400, message.id, message.error)
     if isinstance(message, jsonrpc.Request) and message.method == "initialize":
-        workspace = _workspace(workspace_ref)
+        workspace = _workspace(workspace_ref, may_use_filter())
         if workspace is None:
             return _invalid(404, f"Workspace {workspace_ref} is not served by this daemon")
         client = _client(request.scope)
@@ -563,7 +573,7 @@ async def _websocket(workspace_ref: str | None) -> None:
         )
         await websocket.close(1002)
         return
-    workspace = _workspace(workspace_ref)
+    workspace = _workspace(workspace_ref, ws_may_use_filter())
     client = _client(websocket.scope)
     try:
         if workspace is None:

@@ -29,7 +29,7 @@ from serve.events import (
     SubscriberLimitExceeded,
 )
 from serve.http import plural, prompt_steer
-from serve.http.access import principal, session_role, usable, visible
+from serve.http.access import may_use_filter, principal, session_role, visible
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request, service_unavailable, to_api_error
@@ -243,7 +243,7 @@ async def create_session() -> Response:
     model = body.get("modelServiceId")
     if model is not None and not isinstance(model, str):
         raise bad_request("`modelServiceId` must be a string", "invalid_model_service_id")
-    workspace = usable(api.workspace(body.get("cwd")))
+    workspace = api.workspace(body.get("cwd"), may_use_filter())
     created = await api.create(
         workspace, scope, client_id, request.remote_addr, principal=principal()
     )
@@ -260,7 +260,7 @@ async def _restore(session_id: str, action: str) -> Response:
     api.check_accepting()
     body = await json_body()
     client_id = header_client_id()
-    workspace = usable(api.workspace(body.get("cwd")))
+    workspace = api.workspace(body.get("cwd"), may_use_filter())
     restored = await api.restore(
         session_id,
         workspace,
@@ -294,7 +294,9 @@ async def resume_session(session_id: str) -> Response:
 @blueprint.get("/workspaces//<path:workspace>/sessions")
 async def list_sessions(workspace: str) -> Response:
     api = sessions_api()
-    return json_response({"sessions": await api.summaries(api.listed(workspace), visible())})
+    return json_response(
+        {"sessions": await api.summaries(api.listed(workspace, may_use_filter()), visible())}
+    )
 
 
 # ---- prompts ------------------------------------------------------------------------------
