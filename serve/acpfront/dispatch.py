@@ -205,7 +205,10 @@ async def handle(
                 ran = True
                 result = await handler(front, conn, params)
                 audited = True
-                acp_access.audit_outcome(front.host, conn, method, sid, None)
+                made = result.get("sessionId") if isinstance(result, dict) else None
+                acp_access.audit_outcome(
+                    front.host, conn, method, sid or (made if isinstance(made, str) else None), None
+                )
             except ConnectionLevel as exc:
                 if ran:
                     audited = True

@@ -38,6 +38,7 @@ import trio
 from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from actors import ActorError, ActorStopped
 from serve.access import OPERATOR, Principal, role_of
+from serve.access.errors import WorkspaceDenied
 from serve.access.quotas import Quotas, session_quota
 from serve.access.roles import can_vote, from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
@@ -231,6 +232,8 @@ class SessionService:
                 path = os.path.normpath(cwd)
         if path in registry.runtimes and (usable is None or usable(path)):
             return path
+        if path == settings.primary_workspace and path in registry.runtimes:
+            raise WorkspaceDenied(path)  # (every mismatch names it: nothing to hide)
         extra: dict[str, object] = {"workspaceCount": len(registry)} if len(registry) > 1 else {}
         raise SessionRequestError(
             f"Requested workspace {path} does not match the daemon's workspace",
@@ -244,6 +247,9 @@ class SessionService:
         """The served workspace a listing's path or id names (one the caller may not use,
         ``usable`` false, is answered as one not served)."""
         runtime = self.host.registry.by_ref(ref)
+        primary = self.host.settings.primary_workspace
+        if runtime is not None and runtime.path == primary and usable and not usable(primary):
+            raise WorkspaceDenied(primary)  # (every mismatch names it: nothing to hide)
         if runtime is None or (usable is not None and not usable(runtime.path)):
             raise SessionRequestError(
                 f"Workspace {ref} is not served by this daemon",

@@ -146,9 +146,14 @@ def check(host: Host, who: Principal, need: str | None, rule: str, args: dict[st
         raise Forbidden(ADMIN)
     config = host.config.access
     ref = args.get("workspace")
-    if isinstance(ref, str) and rule.startswith("/workspace") and need not in _AS_UNSERVED:
+    if isinstance(ref, str) and rule.startswith("/workspace"):
         runtime = host.registry.by_ref(ref)
-        if runtime is not None and not may_use(config, who, runtime.path):
+        if (
+            runtime is not None
+            and not may_use(config, who, runtime.path)
+            # (the primary workspace is named in every mismatch: nothing to hide there)
+            and (need not in _AS_UNSERVED or runtime.path == host.settings.primary_workspace)
+        ):
             raise WorkspaceDenied(ref)
     elif need == WORKSPACE and not may_use(config, who, host.settings.primary_workspace):
         raise WorkspaceDenied(host.settings.primary_workspace)
@@ -232,7 +237,7 @@ def _install_audit(app: QuartTrio, host: Host) -> None:
             and known.get((request.method, rule.rule)) == CONNECTION
         ):
             return response  # an /acp POST: each message is audited by its method
-        sid = (request.view_args or {}).get("session_id")
+        sid = (request.view_args or {}).get("session_id", getattr(g, "audit_session", None))
         outcome = "ok" if status < 400 else "denied" if status in (401, 403, 404) else "error"
         audit(host, principal(), outcome, status, sid if isinstance(sid, str) else None)
         return response

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from quart import Blueprint, Response, make_response, request
+from quart import Blueprint, Response, g, make_response, request
 
 from actors import ActorStopped, InboxFull
 from serve.access.roles import COLLABORATOR
@@ -248,6 +248,7 @@ async def create_session() -> Response:
         workspace, scope, client_id, request.remote_addr, principal=principal()
     )
     registered = created.attached.client_id
+    g.audit_session = created.session.session_id  # (the audit line names what was made)
     out = session_response(created.attached.view, attached=created.joined, client_id=registered)
     applied = await api.apply_settings(created.session, registered, approval_mode, model)
     if applied is not None:
