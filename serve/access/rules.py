@@ -32,6 +32,7 @@ __all__ = [
     "ANY",
     "CONNECTION",
     "LISTING",
+    "PROTECTS",
     "PUBLIC",
     "ROUTE_RULES",
     "RULES",
@@ -253,7 +254,30 @@ def markdown() -> str:
     lines += [f"| {m} | `{r}` | {rule} |" for (m, r), rule in ROUTE_RULES.items()]
     lines += ["", "| ACP method | rule |", "|---|---|"]
     lines += [f"| `{m}` | {rule} |" for m, rule in ACP_RULES.items()]
+    lines += ["", "## What each rule protects", "", "| rule | protects |", "|---|---|"]
+    lines += [f"| {rule} | {why} |" for rule, why in PROTECTS.items()]
     return "\n".join(lines) + "\n"
+
+
+#: What each rule protects (``docs/access-rules.md``; the details in ``docs/multi-user.md``).
+PROTECTS: Final[dict[str, str]] = {
+    PUBLIC: "nothing: probes and descriptions; `/health?deep=1`'s daemon-wide counts are "
+    'shown to `admin` only (others get `{"status":"ok"}`)',
+    ANY: "the daemon from anonymous callers; what is made (a session) is the caller's own",
+    LISTING: "other users' sessions: only what the caller holds a role on is listed, and "
+    "the permission counters are those of the caller's sessions",
+    WORKSPACE: "a restricted workspace: to a principal without access it answers exactly as "
+    "one the daemon does not serve",
+    OBSERVER: "a session's content: someone else's session answers as an unknown id "
+    "(`404 session_not_found`; detach: the no-op `204`; `/acp`: `session_not_owned`)",
+    COLLABORATOR: "a session's turns and votes (prompt, cancel, steer, vote, pending edits)",
+    OWNER: "a session's settings, members, budget and life (close, delete, rewind)",
+    VOTE: "a permission request by id: another user's answers as an unknown request",
+    CONNECTION: "an `/acp` connection: bound to its creator's address and credential; each "
+    "message checked by its method; its end is audited with the sessions it released",
+    ADMIN: "what every user's agents run or know (settings, memory, tools, MCP, login) and "
+    "the daemon itself (status, metrics, audit log, drain, bind)",
+}
 
 
 if __name__ == "__main__":

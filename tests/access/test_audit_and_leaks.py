@@ -25,6 +25,7 @@ import httpx
 import pytest
 import trio
 
+from serve.access.rules import PROTECTS, RULES
 from serve.workspaces.runtimes import workspace_id
 from tests.acpfront.helpers import Stream, Ws
 from tests.support.daemon import DaemonProcess, spawn_daemon
@@ -448,3 +449,7 @@ async def test_a_restricted_workspace_answers_as_an_unserved_one(tmp_path: Path)
         assert r.status_code == 200, r.text
     finally:
         d.stop()
+
+
+def test_every_rule_says_what_it_protects() -> None:
+    assert set(PROTECTS) == set(RULES)
