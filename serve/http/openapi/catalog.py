@@ -187,7 +187,7 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ("GET", "/daemon/audit"): Operation(
         "The audit log, newest first (admin; `limit` <= 500, `before` = a `seq`)",
         (
-            ok(OPEN_OBJECT, "`{entries, nextBefore, dropped}`."),
+            ok(OPEN_OBJECT, "`{entries, nextBefore, dropped, refused}`."),
             BAD_REQUEST,
             err(404, "The audit log is off (`audit_log_off`: no multi-user auth)."),
         ),
