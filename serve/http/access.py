@@ -196,11 +196,12 @@ def _install_gate(app: QuartTrio, host: Host) -> None:
         except (Forbidden, SessionNotFound, WorkspaceDenied) as exc:
             status = 403 if isinstance(exc, Forbidden) else 404
             sid = (request.view_args or {}).get("session_id")
-            audit(host, who, "denied", status, sid if isinstance(sid, str) else None)
-            g.audited = True
             unknown = _UNKNOWN_SESSION.get((request.method, canonical(rule.rule)))
-            if isinstance(exc, SessionNotFound) and unknown is not None:
-                return Response(b"", status=unknown)  # as for an unknown id (a no-op)
+            answered = unknown if isinstance(exc, SessionNotFound) and unknown else status
+            audit(host, who, "denied", answered, sid if isinstance(sid, str) else None)
+            g.audited = True
+            if answered != status:
+                return Response(b"", status=answered)  # as for an unknown id (a no-op)
             raise
         return None
 

@@ -319,6 +319,9 @@ def test_detach_answers_alike_for_another_users_session_and_an_unknown_id(
     assert (theirs.status_code, theirs.content) == (unknown.status_code, unknown.content)
     assert theirs.status_code == 204
     assert alice.get(f"/session/{sid}/context").status_code == 200  # nothing was detached
+    # The audit log, for admins, tells the truth: bob was refused.
+    refused = lines(settled(daemon), "bob", "POST /session/<session_id>/detach", sid)
+    assert [(e["outcome"], e["status"]) for e in refused] == [("denied", 204)], refused
     # Every other session route: the same 404 for both.
     for method, route in (("GET", "context"), ("POST", "heartbeat"), ("DELETE", "")):
         answers = []
