@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from serve.access.config import may_use
 from serve.access.principal import OPERATOR, Principal
 from serve.http.forks import capabilities_agents
 
@@ -182,6 +183,18 @@ class Advertiser:
             "agents": capabilities_agents(host),
         }
         if host.multi_user:
-            body["principal"] = (principal or OPERATOR).describe()
+            who = principal or OPERATOR
+            body["principal"] = who.describe()
             body["auth"] = {"modes": list(host.settings.auth.modes())}
+            if not who.admin:  # a restricted workspace is not listed to who may not use it
+                shows = shown_workspace(host, who)
+                body["workspaces"] = [w for w in body["workspaces"] if shows(w["cwd"])]
+                body["agents"] = [a for a in body["agents"] if shows(a["workspaceCwd"])]
         return body
+
+
+def shown_workspace(host: Host, who: Principal) -> Callable[[str], bool]:
+    """Whether a served workspace is shown to ``who`` (multi-user auth): the primary one
+    (every answer names it), and those he may use."""
+    config, primary = host.config.access, host.settings.primary_workspace
+    return lambda path: path == primary or may_use(config, who, path)

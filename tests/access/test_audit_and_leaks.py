@@ -28,6 +28,7 @@ import trio
 from serve.access.rules import PROTECTS, RULES
 from serve.workspaces.runtimes import workspace_id
 from tests.acpfront.helpers import Stream, Ws
+from tests.serve.test_agent_pool import flaky_agent
 from tests.support.daemon import DaemonProcess, spawn_daemon
 
 TOKEN = "operator-token-0123456789"
@@ -386,9 +387,15 @@ async def test_a_restricted_workspace_answers_as_an_unserved_one(tmp_path: Path)
     primary.mkdir()
     private.mkdir()
     (private / "note.txt").write_text("secret")
+    (private / ".agent-down").touch()  # its agent fails: /readyz would name it
     config = tmp_path / "config.yaml"
     config.write_text(f"access:\n  workspaces:\n    {private}: [alice]\n")
-    d = start(tmp_path, "--workspace", str(private), "--config", str(config), workspace=primary)
+    agent = flaky_agent("--down", ".agent-down")
+    d = start(
+        tmp_path,
+        *("--workspace", str(private), "--config", str(config), "--agent", agent),
+        workspace=primary,
+    )
     try:
         unserved = tmp_path / "unserved"
         unserved.mkdir()
@@ -445,11 +452,20 @@ async def test_a_restricted_workspace_answers_as_an_unserved_one(tmp_path: Path)
                 await ws.abort()
             replies.append(json.dumps(reply).replace(path, "<ws>"))
         assert replies[0] == replies[2] and replies[1] == replies[3], replies
-        # Alice, who may use it, is served.
-        r = await trio.to_thread.run_sync(
-            lambda: client(d, ALICE).post("/session", json={"cwd": str(private)})
-        )
-        assert r.status_code == 200, r.text
+        # Nor is it listed to bob: capabilities, and /readyz's failing agents.
+        private_path = refs["private"][0]
+
+        def listed(headers: dict[str, str]) -> tuple[list[str], list[str]]:
+            caps = httpx.get(f"{d.url}/capabilities", headers=headers, timeout=30).json()
+            ready = httpx.get(f"{d.url}/readyz", headers=headers, timeout=30).json()
+            return [w["cwd"] for w in caps["workspaces"]], ready.get("agentsFailing", [])
+
+        await wait_for(lambda: private_path in listed(OP)[1])
+        assert await trio.to_thread.run_sync(listed, BOB) == ([str(primary.resolve())], [])
+        ready = await trio.to_thread.run_sync(lambda: httpx.get(f"{d.url}/readyz").json())
+        assert "agentsFailing" not in ready, ready  # an anonymous probe
+        shown, failing = await trio.to_thread.run_sync(listed, ALICE)
+        assert private_path in shown and failing == [private_path]
     finally:
         d.stop()
 

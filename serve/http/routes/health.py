@@ -39,8 +39,14 @@ async def readyz() -> Response:
     host = daemon()
     ready, reason = host.readiness()
     failing = host.agents_failing()
+    denied = host.sandbox_denials()
+    who = principal()
+    if host.multi_user and not who.admin:  # only the workspaces the caller may see
+        shows = capabilities.shown_workspace(host, who)
+        failing = [path for path in failing if shows(path)]
+        denied = [d for d in denied if shows(d["workspaceCwd"])]
     extra: dict[str, object] = {"agentsFailing": failing} if failing else {}
-    if denied := host.sandbox_denials():
+    if denied:
         extra["sandboxDenied"] = denied  # the path, the flag that grants it, the message
     if ready:
         return json_response({"status": "ready", **extra})
