@@ -25,7 +25,6 @@ import httpx
 import pytest
 import trio
 
-from serve.access.rules import PROTECTS, RULES
 from serve.workspaces.runtimes import workspace_id
 from tests.acpfront.helpers import Stream, Ws
 from tests.serve.test_agent_pool import flaky_agent
@@ -146,6 +145,32 @@ async def test_a_vote_sent_as_a_json_rpc_response_is_audited_once(
     entries = await trio.to_thread.run_sync(settled, daemon)
     votes = lines(entries, "bob", "session/request_permission", sid)
     assert [(e["outcome"], e["status"]) for e in votes] == [("ok", 200)], entries
+
+
+async def test_an_elicitation_answered_as_a_json_rpc_response_is_audited_once(
+    daemon: DaemonProcess,
+) -> None:
+    """Bob's answer to a forwarded ``elicitation/create`` (a JSON-RPC response on his
+    WebSocket) is a vote too: one line, his, naming the session."""
+    ws = await Ws.connect(daemon.port, headers=BOB)
+    try:
+        init = {"protocolVersion": 1, "clientCapabilities": {"elicitation": {"form": {}}}}
+        await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+        await ws.until(lambda m: m.get("id") == 1)
+        params = {"cwd": str(daemon.workspace), "mcpServers": []}
+        await ws.send({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": params})
+        sid = (await ws.until(lambda m: m.get("id") == 2))[-1]["result"]["sessionId"]
+        ask = {"sessionId": sid, "prompt": [{"type": "text", "text": "[elicit form]"}]}
+        await ws.send({"jsonrpc": "2.0", "id": 3, "method": "session/prompt", "params": ask})
+        asked = (await ws.until(lambda m: m.get("method") == "elicitation/create"))[-1]
+        await ws.send({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "decline"}})
+        done = (await ws.until(lambda m: m.get("id") == 3))[-1]
+        assert done["result"]["stopReason"] == "end_turn", done
+    finally:
+        await ws.abort()
+    entries = await trio.to_thread.run_sync(settled, daemon)
+    answers = lines(entries, "bob", "elicitation/create", sid)
+    assert [(e["outcome"], e["status"]) for e in answers] == [("ok", 200)], entries
 
 
 async def test_delete_acp_is_audited_once_with_the_sessions_it_closed(
@@ -471,4 +496,6 @@ async def test_a_restricted_workspace_answers_as_an_unserved_one(tmp_path: Path)
 
 
 def test_every_rule_says_what_it_protects() -> None:
+    from serve.access.rules import PROTECTS, RULES  # (here: the other tests run on old code)
+
     assert set(PROTECTS) == set(RULES)
