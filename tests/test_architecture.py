@@ -444,12 +444,20 @@ def count_any(source: str) -> tuple[int, int]:
     return own, json
 
 
-def test_any_is_counted() -> None:
-    """Reported (``scripts/check`` prints it), not yet bounded: the aim is the first number
-    under 60."""
+#: ``Any`` on our own objects stays below this (``scripts/check`` prints the figure). A new
+#: one is a type a reader must guess: declare it (a ``Request[R]``, a ``Protocol``, a
+#: ``TypedDict``, ``object``) instead of raising the ceiling.
+MAX_ANY_ON_OWN_OBJECTS = 30
+
+
+def test_any_on_our_own_objects_stays_under_the_ceiling() -> None:
     own, json = any_counts()
     assert own > 0 and json > 0  # the walk sees annotations at all
     print(f"\nAny in annotations: {own} on our own objects, {json} in JSON bodies")
+    assert own < MAX_ANY_ON_OWN_OBJECTS, (
+        f"{own} Any on our own objects (the ceiling is below {MAX_ANY_ON_OWN_OBJECTS}): type "
+        "the new ones"
+    )
 
 
 def test_the_counters_classify() -> None:

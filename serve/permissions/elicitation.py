@@ -191,7 +191,7 @@ class Answer(msgspec.Struct, frozen=True):
     meta: dict[str, Any] | None = None
 
 
-def _choices(prop: dict[str, Any]) -> list[Any] | None:
+def _choices(prop: dict[str, Any]) -> list[object] | None:
     """A field's allowed values (``enum``, ``oneOf[].const``; arrays: of their items)."""
     source = prop.get("items") if prop.get("type") == "array" else prop
     if not isinstance(source, dict):
