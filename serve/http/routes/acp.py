@@ -43,7 +43,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import trio
-from quart import Blueprint, Response, make_response, request, websocket
+from quart import Blueprint, Response, request, websocket
 from quart.wrappers.base import ClientDisconnectedError
 
 from serve.acpfront import AcpFront, Connection, jsonrpc
@@ -66,6 +66,7 @@ from serve.http.security import (
 )
 from serve.http.security.peers import parse_trusted_proxies, scope_client_address
 from serve.http.security.strict import approval_mode_change_allowed
+from serve.http.wire import stream_response
 
 log = logging.getLogger(__name__)
 
@@ -493,9 +494,7 @@ async def _get(workspace_ref: str | None) -> Response:
             d.front.sse_streams -= 1
             conn.touch()
 
-    response = await make_response(stream(), 200, headers)
-    response.timeout = None  # type: ignore[union-attr]
-    return response  # type: ignore[return-value]
+    return await stream_response(stream(), headers)
 
 
 @blueprint.get("/acp")
