@@ -578,14 +578,14 @@ async def events(session_id: str) -> Response:
 # ---- permission votes ---------------------------------------------------------------------
 
 
-def _from_loopback() -> bool:
-    addr = request.remote_addr or ""
-    return is_loopback_address(addr)
+def from_loopback() -> bool:
+    """Whether the request comes from this host (a vote's ``local-only`` policy)."""
+    return is_loopback_address(request.remote_addr or "")
 
 
 async def _vote(request_id: str, session_id: str | None, client_id: str | None) -> Response:
     body = await json_body(allow_empty=False)
-    vote = await sessions_api().vote(request_id, session_id, body, client_id, _from_loopback())
+    vote = await sessions_api().vote(request_id, session_id, body, client_id, from_loopback())
     return json_response(vote.body, vote.status)
 
 
