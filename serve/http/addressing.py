@@ -74,8 +74,8 @@ def agent_session(daemon: Host) -> SessionActor | None:
     """The newest live session of the primary workspace whose agent finished set-up."""
     best: SessionActor | None = None
     for session in daemon.registry.live(addressed_path(daemon)):
-        conn = getattr(session, "conn", None)
-        if conn is None or getattr(conn, "closed", True) or getattr(session, "setup", None) is None:
+        conn = session.conn
+        if conn is None or conn.closed or session.setup is None:
             continue
         if best is None or session.created_monotonic > best.created_monotonic:
             best = session
