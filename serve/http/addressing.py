@@ -66,7 +66,7 @@ def primary_workspace(daemon: Host) -> Workspace:
     """The workspace the request addresses (see :func:`addressed_path`), with its trust:
     the primary for singular routes."""
     path = addressed_path(daemon)
-    trusted = path not in tuple(getattr(daemon.settings, "untrusted_workspaces", ()))
+    trusted = path not in daemon.settings.untrusted_workspaces
     return daemon.workspaces.get(path, trusted=trusted)
 
 
@@ -94,9 +94,7 @@ def check_workspace_client(daemon: Host, client_id: str | None) -> str | None:
     """A present client id must be registered on some live session of the daemon."""
     if client_id is None:
         return None
-    registry = getattr(daemon, "registry", None)
-    known = registry.known_client_ids(addressed_path(daemon)) if registry is not None else set()
-    if client_id not in known:
+    if client_id not in daemon.registry.known_client_ids(addressed_path(daemon)):
         raise ApiError(
             400,
             {
