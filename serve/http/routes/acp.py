@@ -548,10 +548,10 @@ async def _websocket(workspace_ref: str | None) -> None:
     raw = first.encode() if isinstance(first, str) else first
     message = jsonrpc.parse(raw) if isinstance(raw, bytes) else None
     if not (isinstance(message, jsonrpc.Request) and message.method == "initialize"):
-        rid = getattr(message, "id", None)
+        with_id = jsonrpc.Request | jsonrpc.Response | jsonrpc.Invalid
         await websocket.send(
             jsonrpc.error_bytes(
-                rid if isinstance(rid, str | int) else None,
+                message.id if isinstance(message, with_id) else None,
                 RpcError(jsonrpc.INVALID_REQUEST, "The first message must be initialize"),
             ).decode()
         )
