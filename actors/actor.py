@@ -156,7 +156,8 @@ class Actor[M]:
                 await self._dispatch(envelope)
                 # Drop the message (and its answer) now: a loop local would keep the last
                 # one, and all it refers to, alive until the next message arrives.
-                current = envelope = None  # type: ignore[assignment]
+                current = None
+                del envelope
         except BaseException as exc:
             if current is not None and current.reply is not None:
                 if isinstance(exc, trio.Cancelled):

@@ -35,6 +35,7 @@ def build(
 ) -> tuple[McpPool, ChildSpec]:
     """The pool and its ChildSpec; ``sessions_for(workspace)`` lists its live sessions (the
     actors it publishes events to: it needs no more of a session)."""
+    # The flag parser accepts only BudgetMode's values; Settings keeps the string.
     mode: BudgetMode = settings.mcp_budget_mode  # type: ignore[assignment]
     pool = McpPool(
         workspaces=settings.workspaces,

@@ -56,12 +56,14 @@ from actors.outbox import Outbox
 from serve.events.messages import PublishEvent
 from serve.permissions import elicitation
 from serve.permissions.voting import (
+    CancelReason,
     Mediator,
     NotPending,
     OpenRejected,
     PartialVote,
     PermissionEvent,
     PermissionOption,
+    Policy,
     Resolved,
     Selected,
     Vote,
@@ -153,7 +155,7 @@ class CastElicitation(msgspec.Struct, Request[VoteResult | str], frozen=True):
 
 class CancelSessionPermissions(msgspec.Struct, frozen=True):
     session_id: str
-    reason: str = "session_closed"
+    reason: CancelReason = "session_closed"
     forget: bool = False  # the session is gone: drop its log too
 
 
@@ -193,7 +195,7 @@ class PermissionMediator(Actor[MediatorMsg]):
     def __init__(
         self,
         *,
-        policy: str = "first-responder",
+        policy: Policy = "first-responder",
         consensus_quorum: int | None = None,
         response_timeout_ms: int = 300_000,
     ) -> None:
@@ -214,7 +216,7 @@ class PermissionMediator(Actor[MediatorMsg]):
 
     def _fresh(self) -> Mediator:
         return Mediator(
-            policy=self.policy,  # type: ignore[arg-type]
+            policy=self.policy,
             consensus_quorum=self.consensus_quorum,
             response_timeout_ms=self.response_timeout_ms,
         )
@@ -282,7 +284,7 @@ class PermissionMediator(Actor[MediatorMsg]):
                 self._apply(result)
                 return result
             case CancelSessionPermissions(session_id=sid, reason=reason, forget=forget):
-                for resolved in self.state.cancel_session(sid, reason):  # type: ignore[arg-type]
+                for resolved in self.state.cancel_session(sid, reason):
                     self._apply(resolved)
                 if forget:
                     self._sessions.pop(sid, None)
