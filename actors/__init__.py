@@ -2,12 +2,13 @@
 
 Knows nothing of HTTP or ACP. Public surface:
 
-* :class:`Actor` with ``tell`` / ``tell_nowait`` / ``ask`` and a ``run()`` loop;
+* :class:`Actor` with ``tell`` / ``tell_nowait`` / ``ask`` and a ``run()`` loop, and
+  :class:`Mailbox`, what a sender needs of one;
 * :class:`Supervisor`, :class:`ChildSpec`, :class:`Restart`, :class:`SupervisorEvent`;
 * the error tree rooted at :class:`ActorError`, plus :class:`Crash`.
 """
 
-from actors.actor import Actor, Reply
+from actors.actor import Actor, Mailbox, Reply
 from actors.errors import (
     ActorCrashed,
     ActorError,
@@ -37,6 +38,7 @@ __all__ = [
     "Crash",
     "EventKind",
     "InboxFull",
+    "Mailbox",
     "Reply",
     "Restart",
     "RestartWindow",

@@ -15,7 +15,8 @@ messages) and handles one message at a time in :meth:`Actor.run`. Messages are f
 * ``ask(msg, timeout_s=...)`` enqueues with a reply slot and waits for the answer. The
   handler's return value is the answer. A message that declares its reply type (a
   :class:`Request` ``[R]``: ``class Describe(msgspec.Struct, Request[SessionView])``) is
-  answered, for the type checker, with an ``R``; other messages with an untyped answer.
+  answered, for the type checker, with an ``R``; other messages with an ``object`` (a
+  caller that needs the answer's type declares it on the message).
   An exception raised by the handler is re-raised in the caller (the same object, so
   callers catch their own domain types) and the actor keeps running. If the handler raises
   :class:`Crash` (or a ``BaseException`` other than cancellation), the actor stops: the
@@ -37,7 +38,7 @@ caller that is cancelled (or times out) simply abandons its slot; a late answer 
 from __future__ import annotations
 
 import logging
-from typing import Any, cast, overload
+from typing import Protocol, cast, overload
 
 import trio
 
@@ -88,10 +89,26 @@ class Reply[T]:
         return self._value
 
 
+class Mailbox[M](Protocol):
+    """What a sender needs of an actor that takes ``M`` among its messages: an
+    ``Actor[SessionMsg]`` is a ``Mailbox[PublishEvent]`` to a party that only ever sends it
+    a ``PublishEvent`` (``M`` is contravariant: an actor that takes more takes this one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def inbox_size(self) -> int: ...
+
+    def post(self, msg: M) -> Reply[object]: ...
+
+    async def ask(self, msg: M, *, timeout_s: float = 30.0) -> object: ...
+
+
 class _Envelope[M]:
     __slots__ = ("msg", "reply")
 
-    def __init__(self, msg: M, reply: Reply[Any] | None) -> None:
+    def __init__(self, msg: M, reply: Reply[object] | None) -> None:
         self.msg = msg
         self.reply = reply
 
@@ -139,7 +156,8 @@ class Actor[M]:
                 await self._dispatch(envelope)
                 # Drop the message (and its answer) now: a loop local would keep the last
                 # one, and all it refers to, alive until the next message arrives.
-                current = envelope = None  # type: ignore[assignment]
+                current = None
+                del envelope
         except BaseException as exc:
             if current is not None and current.reply is not None:
                 if isinstance(exc, trio.Cancelled):
@@ -201,9 +219,9 @@ class Actor[M]:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise ActorStopped(self.name) from None
 
-    def post(self, msg: M) -> Reply[Any]:
+    def post(self, msg: M) -> Reply[object]:
         """Enqueue ``msg`` with a reply slot at once (:class:`InboxFull` when full)."""
-        reply: Reply[Any] = Reply()
+        reply: Reply[object] = Reply()
         try:
             self._send.send_nowait(_Envelope(msg, reply))
         except trio.WouldBlock:
@@ -216,16 +234,16 @@ class Actor[M]:
     async def ask[R](self, msg: Request[R], *, timeout_s: float = 30.0) -> R: ...
 
     @overload
-    async def ask(self, msg: M, *, timeout_s: float = 30.0) -> Any: ...
+    async def ask(self, msg: M, *, timeout_s: float = 30.0) -> object: ...
 
-    async def ask(self, msg: M | Request[Any], *, timeout_s: float = 30.0) -> Any:
+    async def ask(self, msg: M | Request[object], *, timeout_s: float = 30.0) -> object:
         """Send ``msg`` and wait for the handler's answer (or its exception).
 
         ``timeout_s`` bounds the whole exchange, queueing included; ``math.inf`` waits
         forever. Raises :class:`AskTimeout`, :class:`ActorStopped`, :class:`ActorCrashed`
         or whatever the handler raised.
         """
-        reply: Reply[Any] = Reply()
+        reply: Reply[object] = Reply()
         with trio.move_on_after(timeout_s) as scope:
             try:
                 # A Request is one of the actor's messages: M names them all.

@@ -35,7 +35,7 @@ from functools import partial
 
 import trio
 
-from actors.actor import Actor, Reply
+from actors.actor import Mailbox, Reply
 from actors.errors import ActorError, AskTimeout, InboxFull
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class Outbox:
         """Messages waiting in spill FIFOs (for status pages)."""
         return sum(len(q) for q in self._spilled.values())
 
-    def post[M](self, dest: Actor[M], msg: M) -> Reply[object]:
+    def post[M](self, dest: Mailbox[M], msg: M) -> Reply[object]:
         """Send ``msg`` to ``dest`` behind everything posted to it before; never blocks."""
         queue = self._spilled.get(dest)
         if queue is None:
@@ -118,7 +118,7 @@ class Outbox:
         queue.append(_Item(deliver, reply, _kind(msg)))
         return reply
 
-    def _spill[M](self, dest: Actor[M]) -> deque[_Item] | None:
+    def _spill[M](self, dest: Mailbox[M]) -> deque[_Item] | None:
         if self._nursery is None:
             return None
         queue: deque[_Item] = deque()
@@ -130,7 +130,7 @@ class Outbox:
         self.spills += 1
         return queue
 
-    async def _courier[M](self, dest: Actor[M], queue: deque[_Item]) -> None:
+    async def _courier[M](self, dest: Mailbox[M], queue: deque[_Item]) -> None:
         try:
             while queue:
                 item = queue[0]

@@ -17,7 +17,7 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Final
+from typing import Final
 
 _TRACEPARENT: Final = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
@@ -27,7 +27,7 @@ current: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar
 )
 
 
-def parse(value: Any) -> tuple[str, str] | None:
+def parse(value: object) -> tuple[str, str] | None:
     """``(trace_id, span_id)`` of a valid ``traceparent``, else None."""
     if not isinstance(value, str) or len(value) > 128:
         return None
@@ -40,7 +40,7 @@ def parse(value: Any) -> tuple[str, str] | None:
     return trace_id, span_id
 
 
-def from_meta(params: Any) -> tuple[str, str] | None:
+def from_meta(params: object) -> tuple[str, str] | None:
     """The trace context of a JSON-RPC request's ``params._meta.traceparent``."""
     meta = params.get("_meta") if isinstance(params, dict) else None
     return parse(meta.get("traceparent")) if isinstance(meta, dict) else None

@@ -13,6 +13,7 @@ import msgspec
 
 from acp.process import ExitInfo
 from actors import Reply
+from actors.actor import Request
 from serve.agents.child import AgentChild
 from serve.agents.primed import PrimedSession
 from serve.agents.slots import AgentLease
@@ -20,7 +21,7 @@ from serve.isolation import ChildLimits
 from serve.sessions.errors import AgentSandboxDenied
 
 
-class Acquire(msgspec.Struct, frozen=True):
+class Acquire(msgspec.Struct, Request[Reply[AgentLease]], frozen=True):
     """Answered with a :class:`Reply` that resolves to an :class:`AgentLease`."""
 
 
@@ -38,7 +39,7 @@ class Bound(msgspec.Struct, frozen=True):
     session_id: str
 
 
-class ChargeExit(msgspec.Struct, frozen=True):
+class ChargeExit(msgspec.Struct, Request[bool], frozen=True):
     """A session restoring itself after its shared child exited: answered True while the
     window of shared-child restarts allows (each child's exit counted once)."""
 

@@ -167,6 +167,7 @@ class TurnCompleted:
 def turn_outcome(admission: Admission) -> TurnCompleted:
     """The finished admission's terminal: completed, or :class:`TurnFailed` raised."""
     terminal = admission.job.terminal
+    assert terminal is not None, "the admission's done event is set after its terminal"
     data: dict[str, Any] = terminal.data
     if terminal.kind != "turn_complete":
         raise TurnFailed.of(admission.prompt_id, data)

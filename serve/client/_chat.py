@@ -312,6 +312,7 @@ class Chat:
                 result = await self.client.set_model(self.session_id, arg)
                 self.renderer.note(f"· model: {result.model_id or arg}")
             elif name == "/mode" and arg:
+                # The user's word as typed: the daemon checks it (the agent's modes or qwen's).
                 mode = await self.client.set_approval_mode(self.session_id, arg)  # type: ignore[arg-type]
                 self.renderer.note(f"· approval mode: {mode.previous} → {mode.mode}")
             else:

@@ -36,6 +36,7 @@ import msgspec
 import trio
 
 from actors import Actor, Reply
+from actors.actor import Request
 
 if TYPE_CHECKING:
     import httpx
@@ -107,7 +108,7 @@ class Ticket(Reply[tuple[str, bool]]):
 # ---- messages -----------------------------------------------------------------------------
 
 
-class StartFlow(msgspec.Struct, frozen=True):
+class StartFlow(msgspec.Struct, Request[Ticket], frozen=True):
     provider_id: str
     client_id: str | None
 

@@ -66,7 +66,7 @@ def primary_workspace(daemon: Host) -> Workspace:
     """The workspace the request addresses (see :func:`addressed_path`), with its trust:
     the primary for singular routes."""
     path = addressed_path(daemon)
-    trusted = path not in tuple(getattr(daemon.settings, "untrusted_workspaces", ()))
+    trusted = path not in daemon.settings.untrusted_workspaces
     return daemon.workspaces.get(path, trusted=trusted)
 
 
@@ -74,8 +74,8 @@ def agent_session(daemon: Host) -> SessionActor | None:
     """The newest live session of the primary workspace whose agent finished set-up."""
     best: SessionActor | None = None
     for session in daemon.registry.live(addressed_path(daemon)):
-        conn = getattr(session, "conn", None)
-        if conn is None or getattr(conn, "closed", True) or getattr(session, "setup", None) is None:
+        conn = session.conn
+        if conn is None or conn.closed or session.setup is None:
             continue
         if best is None or session.created_monotonic > best.created_monotonic:
             best = session
@@ -94,9 +94,7 @@ def check_workspace_client(daemon: Host, client_id: str | None) -> str | None:
     """A present client id must be registered on some live session of the daemon."""
     if client_id is None:
         return None
-    registry = getattr(daemon, "registry", None)
-    known = registry.known_client_ids(addressed_path(daemon)) if registry is not None else set()
-    if client_id not in known:
+    if client_id not in daemon.registry.known_client_ids(addressed_path(daemon)):
         raise ApiError(
             400,
             {

@@ -147,6 +147,7 @@ def create_app(host: Host) -> QuartTrio:
     access.install(app, host)  # the route rules, only with multi-user auth
     # Around the framework: a keep-alive connection becomes idle again after any response
     # of the app, and the app's calls in flight are counted for the drain.
+    # quart types asgi_app as its own method; any ASGI callable serves (ASGI middleware).
     inner = ShieldLastBody(app.asgi_app, host.front)  # type: ignore[arg-type]
     app.asgi_app = inner  # type: ignore[assignment,method-assign]
     # Outermost: the security front (it counts the requests it answers itself).

@@ -16,9 +16,9 @@ FEATURES_KEY = "acp_serve.features"
 
 def daemon() -> Host:
     """The Host of the daemon this request reached."""
-    return current_app.extensions[HOST_KEY]  # type: ignore[no-any-return]
+    return current_app.extensions[HOST_KEY]  # type: ignore[no-any-return]  # quart: dict[str, Any]
 
 
 def features() -> tuple[Feature, ...]:
     """Every feature the app serves (advertised or not), in ``/capabilities`` order."""
-    return current_app.extensions[FEATURES_KEY]  # type: ignore[no-any-return]
+    return current_app.extensions[FEATURES_KEY]  # type: ignore[no-any-return]  # as above

@@ -80,7 +80,7 @@ def isolation_section(daemon: Host) -> dict[str, Any]:
     (serve/isolation: ``backend``, ``limits``, ``ceiling``, ``children`` with each child's
     memory current/peak and tasks, read from its cgroup's files: in-kernel, no disk I/O)
     are at the top level; other parts (the file sandbox) add their own keys."""
-    iso = getattr(daemon, "isolation", None)
+    iso = daemon.isolation
     if iso is None:
         return {"backend": "off", "limits": None, "ceiling": None, "children": []}
     out: dict[str, Any] = iso.status()
@@ -88,8 +88,8 @@ def isolation_section(daemon: Host) -> dict[str, Any]:
 
 
 def _raw_history(daemon: Host) -> list[SupervisorEvent]:
-    events: list[SupervisorEvent] = list(getattr(getattr(daemon, "root", None), "events", ()))
-    events.extend(getattr(getattr(daemon, "registry", None), "supervisor_events", ()))
+    events: list[SupervisorEvent] = list(daemon.root.events)
+    events.extend(daemon.registry.supervisor_events)
     events.sort(key=lambda e: e.at)
     return events
 
@@ -121,15 +121,10 @@ def _rollup(issues: list[dict[str, Any]]) -> str:
 
 def _rate_limit(daemon: Host) -> dict[str, Any] | None:
     limiter = daemon.front.rate_limiter
-    statistics = getattr(limiter, "statistics", None)
-    if not callable(statistics):
+    if limiter is None:
         return None
-    stats = statistics()
-    hits = getattr(stats, "hits", None)
-    return {
-        "enabled": bool(getattr(stats, "enabled", False)),
-        "hits": dict(hits) if isinstance(hits, dict) else {},
-    }
+    stats = limiter.statistics()
+    return {"enabled": stats.enabled, "hits": dict(stats.hits)}
 
 
 def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature]) -> dict[str, Any]:
@@ -194,14 +189,9 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
                 "supervisor",
             )
         )
-    runtimes = getattr(daemon, "registry", None)
-    pools = (
-        [rt.agents for rt in runtimes]
-        if runtimes is not None and hasattr(runtimes, "runtimes")
-        else []
-    )
+    pools = [rt.agents for rt in daemon.registry]
     for pool in pools:
-        denied = getattr(getattr(pool, "health", None), "denied", None)
+        denied = pool.health.denied
         if denied is not None:
             issues.append(
                 _issue("agent_sandbox_denied", "error", f"{pool.workspace}: {denied}", "agents")
@@ -234,7 +224,7 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
     for event in history:
         counts[event["kind"]] = counts.get(event["kind"], 0) + 1
 
-    binding = getattr(daemon, "binding", None)
+    binding = daemon.binding
     body: dict[str, Any] = {
         "v": 1,
         "detail": detail,
@@ -284,13 +274,13 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
         "runtime": {
             "sessions": {"active": len(live), "admissionInFlight": inflight},
             "permissions": permissions,
-            "channel": {"live": any(not getattr(s.conn, "closed", True) for s in live)},
+            "channel": {"live": any(s.conn is not None and not s.conn.closed for s in live)},
             "transport": {"restSseActive": daemon.front.sse_streams},
             "activity": {
                 "activePrompts": sum(1 for s in live if s.has_active_prompt),
                 "pendingPrompts": sum(s.pending_count for s in live),
-                "queuedPrompts": sum(len(getattr(s, "queue", ())) for s in live),
-                "sseSubscribers": sum(getattr(s, "subscribers", 0) for s in live),
+                "queuedPrompts": sum(len(s.queue) for s in live),
+                "sseSubscribers": sum(s.subscribers for s in live),
             },
         },
         "supervisor": {
@@ -305,23 +295,22 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
         if "lastError" in entry:
             entry["lastError"] = _scrub(entry["lastError"], settings.token)
     body["runtime"]["agents"] = agents
-    if runtimes is not None and hasattr(runtimes, "runtimes"):
-        body["workspaces"] = [
-            {
-                **rt.descriptor(),
-                "sessions": len(rt.registry.live()),
-                "activePrompts": sum(1 for s in rt.registry.live() if s.has_active_prompt),
-                "pendingPrompts": sum(s.pending_count for s in rt.registry.live()),
-            }
-            for rt in runtimes
-        ]
+    body["workspaces"] = [
+        {
+            **rt.descriptor(),
+            "sessions": len(rt.registry.live()),
+            "activePrompts": sum(1 for s in rt.registry.live() if s.has_active_prompt),
+            "pendingPrompts": sum(s.pending_count for s in rt.registry.live()),
+        }
+        for rt in daemon.registry
+    ]
     body["isolation"] = isolation_section(daemon)
     # The agents' file sandbox (serve/isolation/sandbox.py).
     body.setdefault("isolation", {})["sandbox"] = sandbox.status(settings)
     chaos = daemon.chaos
     if chaos is not None:
         body["runtime"]["chaos"] = chaos.status()
-    journal = getattr(daemon, "journal", None)
+    journal = daemon.journal
     if journal is not None:
         body["runtime"]["journal"] = journal.statistics()
     if detail == "full":

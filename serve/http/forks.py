@@ -11,23 +11,26 @@ capabilities from its ``initialize`` answer: a session's own agent for ``/contex
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from acp.schema import InitializeResult
 from serve.sessions.fork import fork_path
 from serve.workspaces.state import agent_ext
 
+if TYPE_CHECKING:
+    from serve.host import Host
+    from serve.sessions.actor import SessionActor
+
 
 def _kind(info: InitializeResult) -> str | None:
     implementation = info.agent_info
-    name = getattr(implementation, "name", None)
-    if not isinstance(name, str) or not name:
+    if implementation is None or not implementation.name:
         return None
-    version = getattr(implementation, "version", None)
-    return f"{name}@{version}" if isinstance(version, str) and version else name
+    name, version = implementation.name, implementation.version
+    return f"{name}@{version}" if version else name
 
 
-def fork_report(daemon: object, info: InitializeResult | None) -> dict[str, Any]:
+def fork_report(daemon: Host, info: InitializeResult | None) -> dict[str, Any]:
     """``{supported, via}`` for an agent whose ``initialize`` answer is ``info`` (or None)."""
     if info is None:
         return {"supported": None, "via": None}
@@ -37,7 +40,7 @@ def fork_report(daemon: object, info: InitializeResult | None) -> dict[str, Any]
     return {"supported": via is not None, "via": via}
 
 
-def agent_entry(daemon: object, info: InitializeResult | None) -> dict[str, Any]:
+def agent_entry(daemon: Host, info: InitializeResult | None) -> dict[str, Any]:
     """``agentInfo`` (name, version) and ``fork`` of an agent (null/unknown before one ran)."""
     implementation = info.agent_info if info is not None else None
     return {
@@ -50,27 +53,24 @@ def agent_entry(daemon: object, info: InitializeResult | None) -> dict[str, Any]
     }
 
 
-def capabilities_agents(daemon: object) -> list[dict[str, Any]]:
+def capabilities_agents(daemon: Host) -> list[dict[str, Any]]:
     """``/capabilities`` ``agents``: per served workspace, its agent and whether it forks."""
-    out = []
-    for runtime in getattr(daemon, "registry", ()):
-        pool = getattr(runtime, "agents", None)
-        info: InitializeResult | None = getattr(pool, "agent_info", None)
-        out.append({"workspaceCwd": runtime.path, **agent_entry(daemon, info)})
-    return out
+    return [
+        {"workspaceCwd": runtime.path, **agent_entry(daemon, runtime.agents.agent_info)}
+        for runtime in daemon.registry
+    ]
 
 
-def known_info(daemon: object, session: object) -> InitializeResult | None:
+def known_info(daemon: Host, session: SessionActor) -> InitializeResult | None:
     """The ``initialize`` answer of the session's agent; while it has none bound (released
     while idle), its workspace pool's last known one; None before any agent came up."""
-    info: InitializeResult | None = getattr(getattr(session, "conn", None), "info", None)
-    if info is None:
-        runtimes = getattr(getattr(daemon, "registry", None), "runtimes", {})
-        pool = getattr(runtimes.get(getattr(session, "workspace", None)), "agents", None)
-        info = getattr(pool, "agent_info", None)
-    return info
+    conn = session.conn
+    if conn is not None and conn.info is not None:
+        return conn.info
+    runtime = daemon.registry.runtimes.get(session.workspace)
+    return runtime.agents.agent_info if runtime is not None else None
 
 
-def session_agent(daemon: object, session: object) -> dict[str, Any]:
+def session_agent(daemon: Host, session: SessionActor) -> dict[str, Any]:
     """``/session/:id/context`` ``agent``: the session's agent (:func:`known_info`)."""
     return agent_entry(daemon, known_info(daemon, session))

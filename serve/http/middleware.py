@@ -667,6 +667,7 @@ def install_middleware(
     gate first among the ``before_request`` hooks.
     """
     settings = host.settings
+    # quart types asgi_app as its own method; any ASGI callable serves (ASGI middleware).
     front = SecurityFront(app.asgi_app, host, features, metrics)  # type: ignore[arg-type]
     app.asgi_app = front  # type: ignore[assignment,method-assign]
     install_redaction([settings.token])

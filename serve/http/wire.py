@@ -13,10 +13,11 @@ hostile keys finds it (the walk is iterative, so it cannot overflow the stack it
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-from quart import Response, request
+from quart import Response, make_response, request
 
 from serve.http.errors import ApiError, invalid_json
 
@@ -41,6 +42,16 @@ def json_response(
 
 def raw_json_response(body: bytes, status: int = 200) -> Response:
     return Response(body, status=status, content_type=JSON_TYPE)
+
+
+async def stream_response(body: AsyncIterator[bytes], headers: dict[str, str]) -> Response:
+    """A 200 that streams ``body`` (an event stream) with no response timeout: it lasts as
+    long as its client reads it."""
+    response = await make_response(body, 200, headers)
+    # quart types make_response as a Quart or a werkzeug Response; it makes the app's own.
+    assert isinstance(response, Response)
+    response.timeout = None
+    return response
 
 
 def too_deep() -> ApiError:

@@ -72,7 +72,8 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from actors import Actor, Reply
+from actors import Actor, Mailbox, Reply
+from actors.actor import Request
 from actors.outbox import Outbox
 from serve.events.messages import PublishEvent
 from serve.mcp.budget import (
@@ -124,13 +125,13 @@ class Ticket[T](Reply[T]):
 # ---- messages -----------------------------------------------------------------------------
 
 
-class ServersFor(msgspec.Struct, frozen=True):
+class ServersFor(msgspec.Struct, Request[Ticket[list[dict[str, Any]]]], frozen=True):
     workspace: str
     #: The session actor being created (gets the pass's events), or None.
-    requester: Actor[Any] | None
+    requester: Mailbox[PublishEvent] | None
 
 
-class RestartServer(msgspec.Struct, frozen=True):
+class RestartServer(msgspec.Struct, Request[Ticket[dict[str, Any]]], frozen=True):
     workspace: str
     name: str
     originator: str | None = None
@@ -149,7 +150,7 @@ class McpPool(Actor[PoolMsg]):
         policy: BudgetPolicy,
         pooling: bool,
         socket_dir: str,
-        sessions_for: Callable[[str], Sequence[Actor[Any]]],
+        sessions_for: Callable[[str], Sequence[Mailbox[PublishEvent]]],
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
         environ: Mapping[str, str] | None = None,
     ) -> None:
@@ -224,7 +225,7 @@ class McpPool(Actor[PoolMsg]):
         self,
         workspace: str,
         *,
-        requester: Actor[Any] | None = None,
+        requester: Mailbox[PublishEvent] | None = None,
         http: bool = True,
         sse: bool = True,
         timeout_s: float = PASS_TIMEOUT_S,
@@ -300,7 +301,10 @@ class McpPool(Actor[PoolMsg]):
         return ws
 
     async def _run_pass(
-        self, ws: WorkspaceMcp, requester: Actor[Any] | None, ticket: Ticket[list[dict[str, Any]]]
+        self,
+        ws: WorkspaceMcp,
+        requester: Mailbox[PublishEvent] | None,
+        ticket: Ticket[list[dict[str, Any]]],
     ) -> None:
         try:
             async with ws.lock:
@@ -310,7 +314,7 @@ class McpPool(Actor[PoolMsg]):
             ticket.fail(exc)
 
     async def _pass_locked(
-        self, ws: WorkspaceMcp, requester: Actor[Any] | None
+        self, ws: WorkspaceMcp, requester: Mailbox[PublishEvent] | None
     ) -> list[dict[str, Any]]:
         first = not ws.activated
         ws.joining = [requester] if requester is not None else []
@@ -581,7 +585,7 @@ class McpPool(Actor[PoolMsg]):
         if self.pooling:
             self._recount(ws)
 
-    def _audience(self, ws: WorkspaceMcp) -> list[Actor[Any]]:
+    def _audience(self, ws: WorkspaceMcp) -> list[Mailbox[PublishEvent]]:
         sessions = list(self._sessions_for(ws.path))
         for extra in ws.joining:
             if all(extra is not known for known in sessions):
@@ -590,7 +594,7 @@ class McpPool(Actor[PoolMsg]):
 
     def _publish(
         self,
-        sessions: list[Actor[Any]],
+        sessions: list[Mailbox[PublishEvent]],
         event_type: str,
         data: dict[str, Any],
         originator: str | None = None,

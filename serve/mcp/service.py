@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from actors import Actor, ChildSpec, Restart
+from actors import ChildSpec, Mailbox, Restart
+from serve.events.messages import PublishEvent
 from serve.mcp.budget import BudgetMode, BudgetPolicy
 from serve.mcp.pool import McpPool
 
@@ -30,10 +31,11 @@ def pooling_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def build(
-    settings: Settings, sessions_for: Callable[[str], Sequence[Actor[Any]]]
+    settings: Settings, sessions_for: Callable[[str], Sequence[Mailbox[PublishEvent]]]
 ) -> tuple[McpPool, ChildSpec]:
     """The pool and its ChildSpec; ``sessions_for(workspace)`` lists its live sessions (the
     actors it publishes events to: it needs no more of a session)."""
+    # The flag parser accepts only BudgetMode's values; Settings keeps the string.
     mode: BudgetMode = settings.mcp_budget_mode  # type: ignore[assignment]
     pool = McpPool(
         workspaces=settings.workspaces,

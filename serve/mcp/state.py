@@ -14,11 +14,10 @@ snapshot (:mod:`serve.mcp.snapshot`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
 
-from actors import Actor
+from actors import Mailbox
+from serve.events.messages import PublishEvent
 from serve.mcp.budget import BudgetPolicy, WarningLatch, admit
 from serve.mcp.config import McpConfig, McpServerConfig
 from serve.mcp.server import PoolEntry
@@ -37,7 +36,7 @@ class WorkspaceMcp:
         self.latch = WarningLatch()
         self.lock = trio.Lock()
         #: Who else gets the events of the pass under way (the session being created).
-        self.joining: list[Actor[Any]] = []
+        self.joining: list[Mailbox[PublishEvent]] = []
         self.restarting: set[str] = set()
         self.session_counts = (0, 0)
         self.serial = 0

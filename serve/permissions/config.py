@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 import types
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Literal, Union, get_args, get_origin
 
 import msgspec
 
@@ -208,17 +208,17 @@ def _split_msg(exc: msgspec.ValidationError) -> tuple[str, str]:
     return msg, rel
 
 
-def _unwrap(tp: Any) -> Any:
+def _unwrap(tp: object) -> object:
     while get_origin(tp) is Annotated:
         tp = get_args(tp)[0]
     return tp
 
 
-def _is_mapping_type(tp: Any) -> bool:
+def _is_mapping_type(tp: object) -> bool:
     return get_origin(tp) is dict or (isinstance(tp, type) and issubclass(tp, msgspec.Struct))
 
 
-def _locate(raw: Any, tp: Any, path: str) -> tuple[str, str] | None:
+def _locate(raw: object, tp: object, path: str) -> tuple[str, str] | None:
     """Return (path, message) of the first validation error of ``raw`` against ``tp``."""
     try:
         msgspec.convert(raw, tp)

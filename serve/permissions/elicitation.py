@@ -191,7 +191,7 @@ class Answer(msgspec.Struct, frozen=True):
     meta: dict[str, Any] | None = None
 
 
-def _choices(prop: dict[str, Any]) -> list[Any] | None:
+def _choices(prop: dict[str, Any]) -> list[object] | None:
     """A field's allowed values (``enum``, ``oneOf[].const``; arrays: of their items)."""
     source = prop.get("items") if prop.get("type") == "array" else prop
     if not isinstance(source, dict):
@@ -235,11 +235,11 @@ def _field_error(name: str, prop: dict[str, Any], value: object) -> str | None:
                 return f"`content.{name}` must have at least {lo} items"
             if isinstance(hi, int) and len(value) > hi:
                 return f"`content.{name}` must have at most {hi} items"
-    if kind in ("integer", "number"):
+    if kind in ("integer", "number") and isinstance(value, int | float):  # checked above
         lo, hi = prop.get("minimum"), prop.get("maximum")
-        if isinstance(lo, int | float) and value < lo:  # type: ignore[operator]
+        if isinstance(lo, int | float) and value < lo:
             return f"`content.{name}` must be >= {lo}"
-        if isinstance(hi, int | float) and value > hi:  # type: ignore[operator]
+        if isinstance(hi, int | float) and value > hi:
             return f"`content.{name}` must be <= {hi}"
     choices = _choices(prop)
     if choices is not None:

@@ -50,18 +50,20 @@ from typing import Any
 import msgspec
 import trio
 
-from actors import Actor, ActorError, Reply
+from actors import Actor, ActorError, Mailbox, Reply
 from actors.actor import Request
 from actors.outbox import Outbox
 from serve.events.messages import PublishEvent
 from serve.permissions import elicitation
 from serve.permissions.voting import (
+    CancelReason,
     Mediator,
     NotPending,
     OpenRejected,
     PartialVote,
     PermissionEvent,
     PermissionOption,
+    Policy,
     Resolved,
     Selected,
     Vote,
@@ -94,7 +96,7 @@ class Waiter(Reply[dict[str, Any]]):
     def __init__(self, request_id: str) -> None:
         super().__init__()
         self.request_id = request_id
-        self.published: Reply[Any] | None = None
+        self.published: Reply[object] | None = None
 
     async def answer(self) -> dict[str, Any]:
         """The answer, returned once its events are in the session's log (bounded)."""
@@ -109,7 +111,7 @@ class Waiter(Reply[dict[str, Any]]):
         return response
 
 
-class OpenPermission(msgspec.Struct, frozen=True):
+class OpenPermission(msgspec.Struct, Request[Waiter], frozen=True):
     session_id: str
     session: object  # the session actor (receives PublishEvent); messages within one process
     tool_call: msgspec.Raw
@@ -124,12 +126,12 @@ class OpenPermission(msgspec.Struct, frozen=True):
 class CastVote(msgspec.Struct, Request[VoteResult], frozen=True):
     request_id: str
     session_id: str | None  # None: the legacy POST /permission/:requestId route
-    body: Any
+    body: object  # the client's JSON, checked by the vote
     client_id: str | None
     from_loopback: bool
 
 
-class OpenElicitation(msgspec.Struct, frozen=True):
+class OpenElicitation(msgspec.Struct, Request[Waiter], frozen=True):
     """An agent's ``elicitation/create`` (validated): held and voted like a permission."""
 
     session_id: str
@@ -146,14 +148,14 @@ class CastElicitation(msgspec.Struct, Request[VoteResult | str], frozen=True):
 
     request_id: str
     session_id: str | None
-    body: Any
+    body: object  # the client's JSON, checked by the vote
     client_id: str | None
     from_loopback: bool
 
 
 class CancelSessionPermissions(msgspec.Struct, frozen=True):
     session_id: str
-    reason: str = "session_closed"
+    reason: CancelReason = "session_closed"
     forget: bool = False  # the session is gone: drop its log too
 
 
@@ -193,7 +195,7 @@ class PermissionMediator(Actor[MediatorMsg]):
     def __init__(
         self,
         *,
-        policy: str = "first-responder",
+        policy: Policy = "first-responder",
         consensus_quorum: int | None = None,
         response_timeout_ms: int = 300_000,
     ) -> None:
@@ -203,7 +205,7 @@ class PermissionMediator(Actor[MediatorMsg]):
         self.response_timeout_ms = response_timeout_ms
         self.state = self._fresh()
         self._waiters: dict[str, Waiter] = {}
-        self._sessions: dict[str, Actor[Any]] = {}  # session id -> its actor (PublishEvent)
+        self._sessions: dict[str, Mailbox[PublishEvent]] = {}  # session id -> its actor
         self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
         #: Open elicitations (a subset of the state's pending requests), by request id, and
         #: the last resolved ones (as many as the state remembers resolved requests).
@@ -214,7 +216,7 @@ class PermissionMediator(Actor[MediatorMsg]):
 
     def _fresh(self) -> Mediator:
         return Mediator(
-            policy=self.policy,  # type: ignore[arg-type]
+            policy=self.policy,
             consensus_quorum=self.consensus_quorum,
             response_timeout_ms=self.response_timeout_ms,
         )
@@ -282,7 +284,7 @@ class PermissionMediator(Actor[MediatorMsg]):
                 self._apply(result)
                 return result
             case CancelSessionPermissions(session_id=sid, reason=reason, forget=forget):
-                for resolved in self.state.cancel_session(sid, reason):  # type: ignore[arg-type]
+                for resolved in self.state.cancel_session(sid, reason):
                     self._apply(resolved)
                 if forget:
                     self._sessions.pop(sid, None)
@@ -434,12 +436,14 @@ class PermissionMediator(Actor[MediatorMsg]):
         if session is not None:
             self.outbox.post(session, event)
 
-    def _publish(self, session_id: str, events: tuple[PermissionEvent, ...]) -> Reply[Any] | None:
+    def _publish(
+        self, session_id: str, events: tuple[PermissionEvent, ...]
+    ) -> Reply[object] | None:
         """Post ``events`` to the session in order; the last one's delivery Reply."""
         session = self._sessions.get(session_id)
         if session is None:
             return None
-        last: Reply[Any] | None = None
+        last: Reply[object] | None = None
         for event in events:
             last = self.outbox.post(
                 session,

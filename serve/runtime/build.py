@@ -41,7 +41,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
 import trio
@@ -303,14 +302,14 @@ def build_host(
     return host, children
 
 
-def _rerunnable(spec: ChildSpec, actor: Actor[Any]) -> ChildSpec:
+def _rerunnable[M](spec: ChildSpec, actor: Actor[M]) -> ChildSpec:
     """``spec`` for a service actor under the services supervisor. When that supervisor
     gives up it stops its children (``stop`` closes an actor for good); when the root then
     restarts it, the same actor (the Host and the routes hold it) runs again with a fresh
     inbox instead of ending at once."""
     target = spec.target
 
-    async def run(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(*, task_status: trio.TaskStatus[object] = trio.TASK_STATUS_IGNORED) -> None:
         actor.reopen()
         await target(task_status=task_status)
 

@@ -35,7 +35,7 @@ session of a given agent (``session/fork``, the qwen vendor method, or none).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import msgspec
 import trio
@@ -49,7 +49,7 @@ from serve.sessions.messages import (
     SetApprovalMode,
     SetModel,
 )
-from serve.sessions.registry import OWNER, ForkSession
+from serve.sessions.registry import OWNER, ForkSession, Ticket
 
 if TYPE_CHECKING:
     from serve.sessions.actor import SessionActor
@@ -123,8 +123,15 @@ def _with_current(option: object, current: dict[str, str | None]) -> object:
     return option if value is None else {**option, "currentValue": value}
 
 
+class Registries(Protocol):
+    """What a fork needs of the session registries (``WorkspaceRuntimes`` is one): the
+    parent's workspace registry makes the fork."""
+
+    async def ask(self, msg: ForkSession, *, timeout_s: float = 30.0) -> Ticket: ...
+
+
 async def fork_session(
-    runtimes: Any, parent: SessionActor, owner: str = OWNER, quota: int = 0
+    runtimes: Registries, parent: SessionActor, owner: str = OWNER, quota: int = 0
 ) -> Forked:
     """Fork ``parent`` (see the module docstring); raises the domain errors of the registry
     (limits, draining), :class:`NotSupportedByAgent` and :class:`AgentRefusedError`

@@ -26,7 +26,7 @@ from serve.sessions.errors import (  # re-exported: the errors a session call ra
     ModelSwitchFailed,
     SessionBusy,
 )
-from serve.sessions.prompt_queue import PromptQueueFull, PromptRequest, PromptRunning
+from serve.sessions.prompt_queue import Job, PromptQueueFull, PromptRequest, PromptRunning
 
 # ---- errors -------------------------------------------------------------------------------
 
@@ -232,7 +232,7 @@ class Admission(msgspec.Struct, frozen=True):
     prompt_id: str
     last_event_id: int
     epoch: str
-    job: Any  # serve.sessions.prompt_queue.Job (the fronts read it loosely)
+    job: Job
     done: trio.Event  # set once the job's terminal is published
 
 

@@ -65,7 +65,9 @@ def admit(session: SessionCore, msg: PromptRequest, *, front: bool = False) -> A
     admitted = session.prompts.admit(msg, now=trio.current_time(), queued_at=iso_now(), front=front)
     job: Job = admitted.job
     if not admitted.fresh:
-        return job.token  # type: ignore[no-any-return]  # the same turn, not a second one
+        # The same turn, not a second one. Job.token is its Admission (Any: the queue
+        # module sits below the messages that define Admission).
+        return job.token  # type: ignore[no-any-return]
     done = trio.Event()
     job.notify = done.set
     watermark = session.log.last_id
@@ -84,7 +86,7 @@ def admit(session: SessionCore, msg: PromptRequest, *, front: bool = False) -> A
     job.token = Admission(job.prompt_id, watermark, session.log.epoch, job, done)
     session.work.set()  # wake the worker
     session.binding.ensure_bound("prompt")
-    return job.token  # type: ignore[no-any-return]
+    return job.token  # type: ignore[no-any-return]  # the Admission just set
 
 
 def remove_pending(session: SessionCore, prompt_id: str, client_id: str | None) -> bool:

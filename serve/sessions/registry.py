@@ -44,6 +44,7 @@ import msgspec
 import trio
 
 from actors import Actor, ActorError, ChildSpec, Restart, Supervisor, unwrap_group
+from actors.actor import Request
 from serve.access.errors import QuotaExceeded
 from serve.access.principal import OPERATOR
 from serve.access.roles import SessionAccess
@@ -97,7 +98,7 @@ class Pending:
         return self.session
 
 
-class CreateSession(msgspec.Struct, frozen=True):
+class CreateSession(msgspec.Struct, Request["Ticket"], frozen=True):
     workspace: str
     scope: str = "single"
     #: ACP additionalDirectories (validated by the caller): a child of its own, see _source.
@@ -108,7 +109,7 @@ class CreateSession(msgspec.Struct, frozen=True):
     quota: int = 0
 
 
-class RestoreSession(msgspec.Struct, frozen=True):
+class RestoreSession(msgspec.Struct, Request["Ticket"], frozen=True):
     session_id: str
     workspace: str
     action: str  # "load" | "resume"
@@ -118,7 +119,7 @@ class RestoreSession(msgspec.Struct, frozen=True):
     quota: int = 0
 
 
-class ForkSession(msgspec.Struct, frozen=True):
+class ForkSession(msgspec.Struct, Request["Ticket"], frozen=True):
     """A new session forked (ACP ``session/fork``) from ``parent_id``'s context."""
 
     parent_id: str

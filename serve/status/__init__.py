@@ -1,11 +1,9 @@
-"""Workspace status snapshots and workspace-wide helpers behind the workspace routes.
+"""Workspace status snapshots behind the workspace routes.
 
-Sans-HTTP where it can be (the routes in :mod:`serve.http.routes.files`,
-:mod:`serve.http.routes.workspace` and :mod:`serve.http.routes.status` parse, call, encode):
+Sans-HTTP where it can be (the routes in :mod:`serve.http.routes.workspace`,
+:mod:`serve.http.routes.status` and :mod:`serve.http.routes.memory_settings` parse, call,
+encode):
 
-* :mod:`.shared`        the daemon's shared :class:`~serve.workspaces.files.Workspace` objects
-                        (one per canonical root, also for the ACP ``fs/*`` handlers), the
-                        live-session picker, and workspace-wide event fan-out;
 * :mod:`.env`           ``GET /workspace/env`` cells from an environment mapping (pure;
                         secrets as presence only, proxies stripped to ``host:port``);
 * :mod:`.preflight`     ``GET /workspace/preflight`` cells (daemon-local probes, cached);

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 import trio
 
-from actors import Actor, ActorError, Reply
+from actors import Actor, ActorError, Mailbox, Reply
+from actors.actor import Request
 from actors.outbox import Outbox
 from serve.events.messages import PublishEvent
 
@@ -62,12 +63,12 @@ DELIVERY_WAIT_S: Final = 2.0
 ASK_TIMEOUT_S: Final = 5.0
 
 
-class Broadcast(msgspec.Struct, frozen=True):
+class Broadcast(msgspec.Struct, Request["Fanout"], frozen=True):
     """Publish ``event_type``/``data`` on every live session of ``workspace`` (None: all)."""
 
     workspace: str | None
     event_type: str
-    data: Any
+    data: object  # the event's JSON body
     originator: str | None = None
 
 
@@ -76,7 +77,7 @@ class Fanout:
 
     __slots__ = ("replies",)
 
-    def __init__(self, replies: Sequence[Reply[Any]]) -> None:
+    def __init__(self, replies: Sequence[Reply[object]]) -> None:
         self.replies = tuple(replies)
 
     async def delivered(self, timeout_s: float = DELIVERY_WAIT_S) -> int:
@@ -95,7 +96,9 @@ class Fanout:
 class WorkspaceHub(Actor[Broadcast]):
     """See the module docstring. ``sessions_for(workspace)`` lists live session actors."""
 
-    def __init__(self, sessions_for: Callable[[str | None], list[Any]]) -> None:
+    def __init__(
+        self, sessions_for: Callable[[str | None], Sequence[Mailbox[PublishEvent]]]
+    ) -> None:
         super().__init__("workspace-hub", inbox_size=INBOX_SIZE)
         self._sessions_for = sessions_for
         self.outbox = Outbox("workspace-hub")
@@ -121,7 +124,7 @@ class WorkspaceHub(Actor[Broadcast]):
         return Fanout([self.outbox.post(session, event) for session in sessions])
 
     async def broadcast(
-        self, workspace: str | None, event_type: str, data: Any, originator: str | None
+        self, workspace: str | None, event_type: str, data: object, originator: str | None
     ) -> int:
         """Fan the event out and wait (bounded) until the sessions have it; how many do."""
         try:

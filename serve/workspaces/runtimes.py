@@ -27,7 +27,7 @@ import trio
 from actors import ActorError, ChildSpec, Restart, SupervisorEvent
 from serve.agents.pool import AgentPool, Drain
 from serve.sessions.messages import ReleaseAgent
-from serve.sessions.registry import SessionRegistry
+from serve.sessions.registry import RegistryMsg, SessionRegistry, Ticket
 
 if TYPE_CHECKING:
     from serve.config import RestartIntensity
@@ -237,7 +237,7 @@ class WorkspaceRuntimes:
 
     # ---- the registry facade -----------------------------------------------------------
 
-    async def ask(self, msg: Any, *, timeout_s: float = 30.0) -> Any:
+    async def ask(self, msg: RegistryMsg, *, timeout_s: float = 30.0) -> Ticket:
         return await self.registry_for(msg.workspace).ask(msg, timeout_s=timeout_s)
 
     def get(self, session_id: str) -> SessionActor | None:

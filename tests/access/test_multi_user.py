@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -126,11 +126,21 @@ def new_session(http: httpx.Client, d: DaemonProcess) -> str:
     return str(r.json()["sessionId"])
 
 
-def audit(d: DaemonProcess) -> list[dict[str, Any]]:
-    time.sleep(0.3)  # the audit actor writes in the background
-    r = httpx.get(f"{d.url}/daemon/audit?limit=500", headers=OP)
-    assert r.status_code == 200, r.text
-    return list(r.json()["entries"])
+Entries = list[dict[str, Any]]
+
+
+def audit(d: DaemonProcess, until: Callable[[Entries], bool]) -> Entries:
+    """The audit log (newest first) once ``until`` holds of it: the audit actor writes in
+    the background. Bounded: after 10 s, the entries as they are (the caller's assertion
+    then says what is missing)."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        r = httpx.get(f"{d.url}/daemon/audit?limit=500", headers=OP)
+        assert r.status_code == 200, r.text
+        entries: Entries = r.json()["entries"]
+        if until(entries) or time.monotonic() > deadline:
+            return entries
+        time.sleep(0.05)
 
 
 def test_bad_jwts_are_one_uniform_401_and_audited(daemon: DaemonProcess, jwks: Jwks) -> None:
@@ -153,7 +163,11 @@ def test_bad_jwts_are_one_uniform_401_and_audited(daemon: DaemonProcess, jwks: J
     assert body["principal"] == {"id": "alice", "kind": "jwt", "roles": ["user"]}
     assert "multi_user_auth" in body["features"]
     assert body["auth"] == {"modes": ["jwt", "tokens"]}
-    denied = [e for e in audit(daemon) if e.get("status") == 401]
+
+    def unauthorized(entries: Entries) -> Entries:
+        return [e for e in entries if e.get("status") == 401]
+
+    denied = unauthorized(audit(daemon, lambda es: bool(unauthorized(es))))
     assert denied and all(e["reason"] == "bad_credential" for e in denied), denied
     # Counted, and sampled rather than written one by one (serve/access/audit.py).
     page = httpx.get(f"{daemon.url}/daemon/audit", headers=OP).json()
@@ -215,7 +229,13 @@ def test_b_cannot_reach_a_session_over_rest_and_sse(daemon: DaemonProcess, jwks:
         "sessionId": sid,
     }
     assert b.delete(f"/session/{sid}").json()["need"] == "owner"
-    denials = [e for e in audit(daemon) if e.get("principal") == "bob"]
+
+    def bobs(entries: Entries) -> Entries:
+        return [e for e in entries if e.get("principal") == "bob"]
+
+    # The refused close is the last of bob's requests: once it is in, every one is.
+    closed = "DELETE /session/<session_id>"
+    denials = bobs(audit(daemon, lambda es: any(e["route"] == closed for e in bobs(es))))
     assert {e["status"] for e in denials if e["outcome"] == "denied"} >= {403, 404}
     routes = {e["route"] for e in denials if e["outcome"] == "denied"}
     assert "POST /session/<session_id>/prompt" in routes
@@ -276,12 +296,20 @@ def test_members_routes_two_users(daemon: DaemonProcess, jwks: Jwks) -> None:
     ):
         r = a.put(path, json=bad)
         assert (r.status_code, r.json()["code"]) == (400, "invalid_members"), bad
-    denied = [e for e in audit(daemon) if e.get("principal") == "bob6"]
-    assert {(e["route"], e["status"]) for e in denied if e["outcome"] == "denied"} >= {
+    expected = {
         ("GET /session/<session_id>/members", 404),
         ("PUT /session/<session_id>/members", 404),
         ("PUT /session/<session_id>/members", 403),
     }
+
+    def refused(entries: Entries) -> set[tuple[str, int]]:
+        return {
+            (e["route"], e["status"])
+            for e in entries
+            if e.get("principal") == "bob6" and e["outcome"] == "denied"
+        }
+
+    assert refused(audit(daemon, lambda es: refused(es) >= expected)) >= expected
 
 
 def test_the_audit_log_is_for_admins(daemon: DaemonProcess, jwks: Jwks) -> None:
@@ -290,7 +318,16 @@ def test_the_audit_log_is_for_admins(daemon: DaemonProcess, jwks: Jwks) -> None:
     r = client(daemon, bearer(jwks.token("bob5"))).get("/daemon/audit")
     assert (r.status_code, r.json()["code"], r.json()["need"]) == (403, "forbidden", "admin")
     admin = client(daemon, bearer(jwks.token("ada", groups=["admin"])))
-    time.sleep(0.3)  # the audit actor writes in the background
+
+    def bob5_refused(entries: Entries) -> bool:
+        return any(
+            e.get("principal") == "bob5"
+            and e["route"] == "GET /daemon/audit"
+            and e["status"] == 403
+            for e in entries
+        )
+
+    assert bob5_refused(audit(daemon, bob5_refused))
     r = admin.get("/daemon/audit", params={"limit": 2})
     assert r.status_code == 200, r.text
     page = r.json()
@@ -298,10 +335,6 @@ def test_the_audit_log_is_for_admins(daemon: DaemonProcess, jwks: Jwks) -> None:
     assert page["entries"][0]["seq"] > page["entries"][1]["seq"]
     older = admin.get("/daemon/audit", params={"limit": 500, "before": page["nextBefore"]})
     assert all(e["seq"] < page["nextBefore"] for e in older.json()["entries"])
-    assert any(
-        e.get("principal") == "bob5" and e["route"] == "GET /daemon/audit" and e["status"] == 403
-        for e in audit(daemon)
-    )
     for query in ({"limit": "x"}, {"before": "-1"}):
         r = admin.get("/daemon/audit", params=query)
         assert (r.status_code, r.json()["code"]) == (400, "invalid_page"), query
@@ -377,7 +410,13 @@ async def test_acp_websocket_b_never_reaches_a(daemon: DaemonProcess, jwks: Jwks
         assert status["error"]["data"]["need"] == "admin"
     finally:
         await ws.abort()
-    entries = await trio.to_thread.run_sync(audit, daemon)
+
+    def refused_status(entries: Entries) -> bool:  # the last of bob3's requests
+        return any(
+            e.get("principal") == "bob3" and e.get("method") == "_qwen/status" for e in entries
+        )
+
+    entries = await trio.to_thread.run_sync(audit, daemon, refused_status)
     bobs = [
         (e.get("method"), e["outcome"], e["status"])
         for e in entries
@@ -418,7 +457,14 @@ async def test_the_audit_log_alone_records_mutations_without_multi_user_auth(
             await ws.until(lambda m: m.get("id") == 3)
         finally:
             await ws.abort()
-        entries = await trio.to_thread.run_sync(audit, d)
+        # A last mutation: once its entry is in, every request before it has been audited
+        # (the actor writes in order), so a read recorded by mistake would show too.
+        closed = await trio.to_thread.run_sync(http.delete, "/session/" + sid)
+        assert closed.status_code == 204, closed.text
+        last = "DELETE /session/<session_id>"
+        entries = await trio.to_thread.run_sync(
+            audit, d, lambda es: any(e.get("route") == last for e in es)
+        )
         seen = {
             (e.get("route") or e.get("method"), e.get("session"), e["outcome"]) for e in entries
         }
@@ -465,7 +511,11 @@ def test_workspace_access_rules(jwks: Jwks, tmp_path: Path) -> None:
         with pytest.raises(WsClosed) as refused:
             trio.run(Ws.connect, d.port, path, bearer(jwks.token("eve")))
         assert str(refused.value) == "closed -404"
-        denied = [e for e in audit(d) if e["principal"] == "eve" and e["route"].startswith("WS ")]
+
+        def eves(entries: Entries) -> Entries:
+            return [e for e in entries if e["principal"] == "eve" and e["route"].startswith("WS ")]
+
+        denied = eves(audit(d, lambda es: bool(eves(es))))
         assert [(e["outcome"], e["status"]) for e in denied] == [("denied", 404)], denied
     finally:
         d.stop()

@@ -14,7 +14,7 @@ import trio
 from acp import AgentConnection, BaseClientHandler, ChannelClosed, ProtocolError
 from acp.errors import INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_CANCELLED
 from acp.schema import PermissionOutcome, RequestPermissionParams
-from tests.acp.util import eventually
+from tests.acp.util import eventually, pending_calls
 
 PUPPET = str(Path(__file__).with_name("puppet_agent.py"))
 INIT = {"protocolVersion": 1, "agentCapabilities": {"loadSession": False}}
@@ -217,7 +217,7 @@ async def test_pending_calls_fail_when_the_agent_dies(
 
     for _ in range(3):
         nursery.start_soon(call)
-    await trio.sleep(0.05)
+    await eventually(lambda: pending_calls(conn) == 3)  # all three sent, none answered
     conn.process.signal_group(9)
     await eventually(lambda: len(failures) == 3)
     assert all(f.exit is not None and f.exit.signal == 9 for f in failures)

@@ -236,10 +236,11 @@ async def test_sleep_is_cancellable(agent: Agent, nursery: trio.Nursery) -> None
     results: list[str] = []
 
     async def run() -> None:
-        results.append(await agent.prompt("[sleep 60000] never"))
+        results.append(await agent.prompt("[think sleeping] [sleep 60000] never"))
 
     nursery.start_soon(run)
-    await trio.sleep(0.1)
+    # The thought comes right before the sleep: the cancel finds the agent asleep.
+    await eventually(lambda: agent.handler.texts("agent_thought_chunk") == ["sleeping"])
     await agent.conn.cancel(agent.session_id)
     await eventually(lambda: results)
     assert results == ["cancelled"]

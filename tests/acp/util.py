@@ -8,12 +8,20 @@ from collections.abc import Callable
 
 import trio
 
+from acp import AgentConnection
+
 
 async def eventually(predicate: Callable[[], object], timeout_s: float = 10.0) -> None:
     """Wait until ``predicate()`` is true (a safety deadline, not a timed assertion)."""
     with trio.fail_after(timeout_s):
         while not predicate():  # noqa: ASYNC110 - polling state written by another task
             await trio.sleep(0.005)
+
+
+def pending_calls(conn: AgentConnection) -> int:
+    """Requests ``conn`` sent (queued in order) and is still waiting on."""
+    stats = conn.statistics()
+    return 0 if stats is None else stats.pending_calls
 
 
 def scripted_argv(state_dir: str, *extra: str) -> list[str]:

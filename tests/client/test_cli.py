@@ -41,6 +41,15 @@ def spawn(daemon: DaemonProcess, *args: str) -> pexpect.spawn:
     return child
 
 
+def until_running(daemon: DaemonProcess, sid: str) -> None:
+    """Until the daemon runs a prompt of ``sid`` (bounded)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    url = f"{daemon.url}/session/{sid}/pending-prompts"
+    while [p["state"] for p in httpx.get(url, headers=AUTH).json()["pending"]] != ["running"]:
+        assert time.monotonic() < deadline, f"no prompt of {sid} runs"
+        time.sleep(0.02)
+
+
 def finish(child: pexpect.spawn) -> int:
     child.expect(pexpect.EOF)
     child.close()
@@ -137,7 +146,7 @@ def test_chat_streams_answers_permissions_cancels_and_exits_on_eof(
 
     child.sendline("[sleep 20000]")
     child.expect("thinking")
-    time.sleep(0.5)
+    until_running(daemon_proc, sid)  # before, the cancel would find no turn to end
     child.sendintr()
     child.expect("cancelling the running prompt")
     child.expect(r"turn complete \(cancelled\)")

@@ -367,11 +367,12 @@ async def test_an_idle_release_does_not_hold_up_the_session_while_the_agent_stop
             sid = created["sessionId"]
             assert (await client.post(f"/session/{sid}/prompt", json=text("hi"))).status_code == 200
             pid = (await session_diag(client, sid))["agentPid"]
-            for _ in range(400):  # until the release has begun (the agent saw stdin EOF)
-                if marker.exists():
-                    break
-                await trio.sleep(0.01)
-            assert marker.read_text().startswith(f"{pid} ")
+            # Until the release has begun: the agent saw stdin EOF and wrote its line (the
+            # file exists from the agent's open, before the line is in it).
+            with trio.fail_after(20):
+                while not (marker.exists() and marker.read_text().endswith("\n")):  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            assert marker.read_text().startswith(f"{pid} eof\n")
             beat = await client.post(
                 f"/session/{sid}/heartbeat", headers={"X-Qwen-Client-Id": created["clientId"]}
             )

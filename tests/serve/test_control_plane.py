@@ -22,6 +22,8 @@ from tests.support.daemon import DaemonProcess, running_daemon
 from tests.support.sse import collect_until
 
 STUBBORN = Path(__file__).resolve().parents[1] / "support" / "stubborn_agent.py"
+#: Bound of a wait for something the daemon or the agent does (seconds).
+WAIT_S = 20
 
 
 @pytest.fixture
@@ -63,8 +65,21 @@ async def pending_states(client: httpx.AsyncClient, sid: str) -> list[str]:
 
 
 async def until_running(client: httpx.AsyncClient, sid: str) -> None:
-    while await pending_states(client, sid) != ["running"]:  # noqa: ASYNC110
-        await trio.sleep(0.02)
+    with trio.fail_after(WAIT_S):
+        while await pending_states(client, sid) != ["running"]:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+
+
+async def until_agent_got(markers: Path, prefix: str) -> None:
+    """Until the stubborn agent received a request whose method starts with ``prefix``."""
+    log = markers / "methods.log"
+
+    def got() -> bool:
+        return log.exists() and any(m.startswith(prefix) for m in log.read_text().split())
+
+    with trio.fail_after(WAIT_S):
+        while not got():  # noqa: ASYNC110
+            await trio.sleep(0.02)
 
 
 async def session_detail(client: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
@@ -102,9 +117,11 @@ async def test_prompt_and_delete_are_not_stuck_behind_unanswered_set_model(
                 async with trio.open_nursery() as switches:
                     for i in range(4):
                         switches.start_soon(switch, i)
-                    await trio.sleep(0.2)  # the switches reach the session first
-                    # Admission and close are answered while all four switches (model and
-                    # mode) still wait on an agent that never answers them (up to 60 s).
+                    # The switches reach the session first: one is at the agent (which
+                    # never answers it), the others wait behind it.
+                    await until_agent_got(markers, "session/set_")
+                    # Admission and close are answered while the switches (model and mode)
+                    # still wait on an agent that never answers them (up to 60 s).
                     second = await submit(client, sid, "next")
                     assert answered == []
                     closed = await client.delete(f"/session/{sid}")
@@ -214,12 +231,14 @@ async def test_rewind_holds_back_a_prompt_admitted_meanwhile(markers: Path) -> N
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(rewind)
-                while not (markers / "rewind-started").exists():  # noqa: ASYNC110
-                    await trio.sleep(0.02)
+                with trio.fail_after(WAIT_S):  # the marker is empty: made when the rewind starts
+                    while not (markers / "rewind-started").exists():  # noqa: ASYNC110
+                        await trio.sleep(0.02)
                 nursery.start_soon(prompt)
                 # Admitted, but it waits: no turn starts while the rewind runs.
-                while await pending_states(client, sid) != ["queued"]:  # noqa: ASYNC110
-                    await trio.sleep(0.02)
+                with trio.fail_after(WAIT_S):
+                    while await pending_states(client, sid) != ["queued"]:  # noqa: ASYNC110
+                        await trio.sleep(0.02)
                 (markers / "rewind-release").touch()
             assert results["rewind"].status_code == 200, results["rewind"].text
             assert results["rewind"].json()["rewound"] is True

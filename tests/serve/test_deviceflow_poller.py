@@ -86,7 +86,8 @@ async def test_callers_during_the_start_attach_to_one_flow(idp: FakeIdp, tmp_pat
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(start, "c1")
-            await trio.sleep(0.05)
+            # c2 comes while c1's start waits on the IdP (its answer takes 0.3 s).
+            await until(lambda: len(idp.seen("corp", "device/code")) == 1)
             nursery.start_soon(start, "c2")
         assert len({flow_id for flow_id, _ in results}) == 1
         assert sorted(attached for _, attached in results) == [False, True]

@@ -212,8 +212,9 @@ async def test_allow_always_expires_after_eight_hours(tmp_path: Path) -> None:
             assert r.status_code == 202
             session = d.host.registry.get(sid)
             assert session is not None
-            while session.active is None or session.active.client_id != alice:  # noqa: ASYNC110
-                await trio.sleep(0.01)  # the prompt worker picks the job up
+            with trio.fail_after(20):  # until the prompt worker picks the job up
+                while session.active is None or session.active.client_id != alice:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
             await gate.check_terminal(session, params)  # asked: allow_always
             assert len(seen) == 1 and len(gate.cache) == 1
             now[0] += ALWAYS_ALLOW_TTL_MS - 1

@@ -52,13 +52,16 @@ async def test_drain_lets_the_running_prompt_finish_then_exits_cleanly() -> None
             )
             prompt_id = r.json()["promptId"]
             events: list[dict[str, Any]] = []
+            # The stream's subscription is made before its response starts: it sees the
+            # turn's end.
             async with client.stream("GET", f"/session/{sid}/events") as stream:
-                await trio.sleep(0.2)
                 daemon.proc.send_signal(signal.SIGTERM)
-                await trio.sleep(0.2)
                 async with httpx.AsyncClient(
                     base_url=daemon.url, headers=AUTH, timeout=10
                 ) as other:
+                    with trio.fail_after(10):  # until the daemon has begun to drain
+                        while (await other.get("/readyz")).status_code != 503:  # noqa: ASYNC110
+                            await trio.sleep(0.02)
                     refused = await other.post("/session", json={"sessionScope": "thread"})
                     assert refused.status_code == 503
                     assert refused.json()["code"] == "daemon_draining"

@@ -105,8 +105,9 @@ async def test_a_crash_in_one_workspace_leaves_the_other_streaming(tmp_path: Pat
             sb = (await client.post("/session", json={"cwd": str(b)})).json()["sessionId"]
             received: list[dict[str, Any]] = []
 
-            async def watch_b() -> None:
+            async def watch_b(*, task_status: trio.TaskStatus[None]) -> None:
                 async with client.stream("GET", f"/session/{sb}/events") as stream:
+                    task_status.started()  # subscribed: the route subscribes, then answers
                     async for event in iter_events(stream):
                         if "comment" not in event:
                             received.append(event)
@@ -114,8 +115,7 @@ async def test_a_crash_in_one_workspace_leaves_the_other_streaming(tmp_path: Pat
                             return
 
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_b)
-                await trio.sleep(0.2)
+                await nursery.start(watch_b)
                 for _ in range(4):  # past a's restart intensity: a dies for good
                     await client.post(
                         f"/session/{sa}/prompt",

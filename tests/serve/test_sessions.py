@@ -21,6 +21,16 @@ async def new_session(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
     return response.json()  # type: ignore[no-any-return]
 
 
+async def until_pending(client: httpx.AsyncClient, sid: str, states: list[str]) -> None:
+    """Until the session's prompts are in ``states`` (``running``, ``queued``), bounded."""
+    with trio.fail_after(20):
+        while True:
+            r = await client.get(f"/session/{sid}/pending-prompts")
+            if [p["state"] for p in r.json()["pending"]] == states:
+                return
+            await trio.sleep(0.02)
+
+
 def text(prompt: str) -> dict[str, Any]:
     return {"prompt": [{"type": "text", "text": prompt}]}
 
@@ -137,7 +147,7 @@ async def test_cancel_ends_the_running_prompt_cancelled(client: httpx.AsyncClien
             result.update(r.json())
 
         nursery.start_soon(blocking_prompt)
-        await trio.sleep(0.5)
+        await until_pending(client, sid, ["running"])
         r = await client.post(f"/session/{sid}/cancel")
         assert r.status_code == 204
     assert result["stopReason"] == "cancelled"
@@ -438,7 +448,7 @@ async def test_killed_agent_is_restarted_in_place(
     queued = await client.post(
         f"/session/{sid}/prompt", json=text("after restart"), headers={"Prefer": "respond-async"}
     )
-    await trio.sleep(0.3)
+    await until_pending(client, sid, ["running", "queued"])  # mid-prompt, one waiting
     os.kill(pid, 9)
     async with client.stream(
         "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
@@ -608,13 +618,18 @@ async def test_a_resume_while_a_load_is_in_flight_is_409() -> None:
             await client.post(f"/session/{sid}/prompt", json=text("persist me"))
             assert (await client.delete(f"/session/{sid}")).status_code == 204
             results: list[httpx.Response] = []
+            before = _children(daemon.proc.pid)
 
             async def restore(action: str) -> None:
                 results.append(await client.post(f"/session/{sid}/{action}", json={}))
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(restore, "load")
-                await trio.sleep(0.2)  # well inside the agent's 0.5 s start
+                # The load has spawned its agent, which takes 0.5 s to start: the resume
+                # arrives while the load waits for it.
+                with trio.fail_after(20):
+                    while not _children(daemon.proc.pid) - before:  # noqa: ASYNC110
+                        await trio.sleep(0.01)
                 nursery.start_soon(restore, "resume")
         assert sorted(r.status_code for r in results) == [200, 409], [r.text for r in results]
         conflict = next(r for r in results if r.status_code == 409)

@@ -134,10 +134,11 @@ async def test_max_connections_caps_event_streams() -> None:
                 assert third.json()["code"] == "connection_limit_exceeded"
                 assert third.headers["retry-after"] == "5"
             # Streams released (once the daemon has seen the disconnects): accepted again.
-            while (await client.get("/health", params={"deep": "1"})).json()[  # noqa: ASYNC110
-                "connectedClients"
-            ]:
-                await trio.sleep(0.05)
+            with trio.fail_after(20):
+                while (await client.get("/health", params={"deep": "1"})).json()[  # noqa: ASYNC110
+                    "connectedClients"
+                ]:
+                    await trio.sleep(0.05)
             async with client.stream("GET", f"/session/{sid}/events") as again:
                 assert again.status_code == 200
     finally:

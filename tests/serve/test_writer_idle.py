@@ -12,6 +12,18 @@ from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import spawn_daemon
 
 
+async def streams(client: httpx.AsyncClient) -> int:
+    """The event streams the daemon holds."""
+    return int((await client.get("/health", params={"deep": "1"})).json()["connectedClients"])
+
+
+async def until_streams(client: httpx.AsyncClient, count: int) -> None:
+    """Until the daemon holds ``count`` event streams (bounded)."""
+    with trio.fail_after(10):
+        while await streams(client) != count:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+
+
 async def test_stuck_reader_is_cut_and_does_not_slow_the_others() -> None:
     daemon = spawn_daemon(["--writer-idle-timeout-ms", "500"], env={"QWEN_SERVER_TOKEN": TOKEN})
     try:
@@ -26,10 +38,7 @@ async def test_stuck_reader_is_cut_and_does_not_slow_the_others() -> None:
                 f"GET /session/{sid}/events HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\n"
                 f"Authorization: Bearer {TOKEN}\r\n\r\n".encode()
             )
-            await trio.sleep(0.3)
-            assert (await client.get("/health", params={"deep": "1"})).json()[
-                "connectedClients"
-            ] == 1
+            await until_streams(client, 1)
             started = time.monotonic()
             r = await client.post(
                 f"/session/{sid}/prompt",
@@ -71,7 +80,7 @@ async def test_a_stuck_reader_is_evicted_and_gives_its_connection_slot_back() ->
                 f"GET /session/{sid}/events?maxQueued=16 HTTP/1.1\r\n"
                 f"Host: 127.0.0.1:{daemon.port}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
             )
-            await trio.sleep(0.3)
+            await until_streams(client, 1)
             refused = await client.get(f"/session/{sid}/events")
             assert refused.status_code == 503
             assert refused.json()["code"] == "connection_limit_exceeded"

@@ -43,7 +43,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import trio
-from quart import Blueprint, Response, g, make_response, request, websocket
+from quart import Blueprint, Response, g, request, websocket
 from quart.wrappers.base import ClientDisconnectedError
 
 from serve.acpfront import AcpFront, Connection, jsonrpc
@@ -72,6 +72,7 @@ from serve.http.security import (
 )
 from serve.http.security.peers import parse_trusted_proxies, scope_client_address
 from serve.http.security.strict import approval_mode_change_allowed
+from serve.http.wire import stream_response
 
 log = logging.getLogger(__name__)
 
@@ -503,9 +504,7 @@ async def _get(workspace_ref: str | None) -> Response:
             d.front.sse_streams -= 1
             conn.touch()
 
-    response = await make_response(stream(), 200, headers)
-    response.timeout = None  # type: ignore[union-attr]
-    return response  # type: ignore[return-value]
+    return await stream_response(stream(), headers)
 
 
 @blueprint.get("/acp")
@@ -564,10 +563,10 @@ async def _websocket(workspace_ref: str | None) -> None:
     raw = first.encode() if isinstance(first, str) else first
     message = jsonrpc.parse(raw) if isinstance(raw, bytes) else None
     if not (isinstance(message, jsonrpc.Request) and message.method == "initialize"):
-        rid = getattr(message, "id", None)
+        with_id = jsonrpc.Request | jsonrpc.Response | jsonrpc.Invalid
         await websocket.send(
             jsonrpc.error_bytes(
-                rid if isinstance(rid, str | int) else None,
+                message.id if isinstance(message, with_id) else None,
                 RpcError(jsonrpc.INVALID_REQUEST, "The first message must be initialize"),
             ).decode()
         )

@@ -45,12 +45,14 @@ FEATURES: tuple[Feature, ...] = (
 )
 
 
+def _unavailable() -> ApiError:
+    return service_unavailable("The device-flow poller is not running", "device_flow_unavailable")
+
+
 def _poller() -> DeviceFlowPoller:
     poller = daemon().device_flow
     if poller.closed:
-        raise service_unavailable(
-            "The device-flow poller is not running", "device_flow_unavailable"
-        )
+        raise _unavailable()
     return poller
 
 
@@ -103,9 +105,7 @@ async def start_device_flow() -> Response:
     except FlowNotFound as exc:  # evicted between start and view: only under a crash
         raise _not_found(exc.flow_id) from None
     except ActorError:
-        raise service_unavailable(
-            "The device-flow poller is not running", "device_flow_unavailable"
-        ) from None
+        raise _unavailable() from None
     return json_response(view, 200 if attached else 201)
 
 
@@ -126,9 +126,7 @@ async def cancel_device_flow(flow_id: str) -> Response:
     except FlowNotFound:
         raise _not_found(flow_id) from None
     except ActorError:
-        raise service_unavailable(
-            "The device-flow poller is not running", "device_flow_unavailable"
-        ) from None
+        raise _unavailable() from None
     return Response(b"", status=204)
 
 

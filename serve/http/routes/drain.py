@@ -77,7 +77,7 @@ async def post_drain() -> Response:
             await trio.sleep(_POLL_S)
     cancelled: set[str] = set()
     with trio.move_on_after(d.settings.cancel_grace_ms / 1000 + CANCEL_MARGIN_S):
-        while sessions := [s for s in d.registry.live() if s.pending_count]:
+        while sessions := busy():
             for session in sessions:
                 cancelled.add(session.session_id)
                 try:
@@ -85,7 +85,7 @@ async def post_drain() -> Response:
                 except Exception:  # gone or full: it is ending anyway, or we ask again
                     pass
             await trio.sleep(0.2)
-    still = [s for s in d.registry.live() if s.pending_count]
+    still = busy()
     if still:
         raise ApiError(
             503,

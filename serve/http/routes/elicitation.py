@@ -22,15 +22,14 @@ voterClientId?, reason?}``.
 
 from __future__ import annotations
 
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response
 
 from actors import ActorStopped
 from serve.errors.votes import elicitation_wire
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import service_unavailable
-from serve.http.routes.sessions import find_session, session_client
-from serve.http.security.hosts import is_loopback_address
+from serve.http.routes.sessions import find_session, from_loopback, session_client
 from serve.http.wire import json_body, json_response
 from serve.permissions.mediator import CastElicitation
 
@@ -49,13 +48,7 @@ async def answer_elicitation(session_id: str, request_id: str) -> Response:
     client_id = await session_client(session)
     try:
         result = await daemon().mediator.ask(
-            CastElicitation(
-                request_id,
-                session_id,
-                body,
-                client_id,
-                is_loopback_address(request.remote_addr or ""),
-            ),
+            CastElicitation(request_id, session_id, body, client_id, from_loopback()),
             timeout_s=_ASK_TIMEOUT_S,
         )
     except ActorStopped:

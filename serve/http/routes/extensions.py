@@ -115,7 +115,7 @@ def _agent_methods(d: Host) -> frozenset[str]:
     """The methods of :data:`_TAGS` some live session's agent is known (or was seen) to
     answer; ``branch`` also when one forks natively (ACP ``session/fork``). One walk over
     the live sessions for all the tags."""
-    live = agent_ext._live(d)
+    live = d.registry.live()
     if not live:
         return frozenset()
     found = agent_ext.live_supported(d, live, (method for _, method, _ in _TAGS))
@@ -408,7 +408,7 @@ async def _load_branch(session: SessionActor, new_id: str, client_id: str | None
     return out
 
 
-def _native_fork(session: object, d: Host) -> bool:
+def _native_fork(session: SessionActor, d: Host) -> bool:
     """ACP ``session/fork`` for an agent that advertises ``sessionCapabilities.fork``,
     unless it is known to answer qwen's vendor branch method (qwen keeps its path); a
     session released while idle is judged by its workspace's agent (``known_info``)."""

@@ -53,10 +53,14 @@ def workspace_client_id() -> str | None:
     return check_workspace_client(daemon(), header_client_id())
 
 
+def _unavailable() -> ApiError:
+    return service_unavailable("The MCP pool is not running", "mcp_pool_unavailable")
+
+
 def _pool() -> McpPool:
     pool = daemon().mcp_pool
     if pool.closed:
-        raise service_unavailable("The MCP pool is not running", "mcp_pool_unavailable")
+        raise _unavailable()
     return pool
 
 
@@ -113,7 +117,7 @@ async def restart_server(server: str) -> Response:
             },
         ) from None
     except ActorError:
-        raise service_unavailable("The MCP pool is not running", "mcp_pool_unavailable") from None
+        raise _unavailable() from None
     if entry_index is None:
         return json_response(result)
     entry = {k: v for k, v in result.items() if k != "serverName"}

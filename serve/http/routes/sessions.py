@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from quart import Blueprint, Response, g, make_response, request
+from quart import Blueprint, Response, g, request
 
 from actors import ActorStopped, InboxFull
 from serve.access.roles import COLLABORATOR
@@ -40,7 +40,7 @@ from serve.http.security.strict import (
     TOKEN_REQUIRED_CODE,
     approval_mode_change_allowed,
 )
-from serve.http.wire import json_body, json_response
+from serve.http.wire import json_body, json_response, stream_response
 from serve.permissions.modes import MAX_MODE_ID_CHARS
 from serve.sessions.errors import TurnFailed
 from serve.sessions.messages import (
@@ -308,10 +308,11 @@ async def prompt(session_id: str) -> Response:
     api = sessions_api()
     api.check_accepting()
     body = await json_body(allow_empty=False)
-    client_id = header_client_id()
+    client_id = header_client_id()  # a malformed one is refused before the body is read
     parsed = parse_prompt(body)  # serve/api/prompts.py: the one validation
     session = api.find(session_id)
-    client_id = await session_client(session)
+    if client_id is not None:
+        await require_registered(session, client_id)
     submitted = await api.submit(session, parsed, client_id, principal())
     admission = submitted.admission
     _, steered = prompt_steer.unpack(submitted.steered if submitted.steered else admission)
@@ -565,9 +566,8 @@ async def events(session_id: str) -> Response:
         finally:
             sub.close()  # runs ended() unless an eviction already did
 
-    response = await make_response(
+    return await stream_response(
         stream(),
-        200,
         {
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache, no-transform",
@@ -576,21 +576,19 @@ async def events(session_id: str) -> Response:
             "X-Qwen-SSE-Stream-Id": str(uuid.uuid4()),
         },
     )
-    response.timeout = None  # type: ignore[union-attr]
-    return response  # type: ignore[return-value]
 
 
 # ---- permission votes ---------------------------------------------------------------------
 
 
-def _from_loopback() -> bool:
-    addr = request.remote_addr or ""
-    return is_loopback_address(addr)
+def from_loopback() -> bool:
+    """Whether the request comes from this host (a vote's ``local-only`` policy)."""
+    return is_loopback_address(request.remote_addr or "")
 
 
 async def _vote(request_id: str, session_id: str | None, client_id: str | None) -> Response:
     body = await json_body(allow_empty=False)
-    vote = await sessions_api().vote(request_id, session_id, body, client_id, _from_loopback())
+    vote = await sessions_api().vote(request_id, session_id, body, client_id, from_loopback())
     return json_response(vote.body, vote.status)
 
 

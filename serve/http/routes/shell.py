@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 from quart import Blueprint, Response
 
-from acp.errors import AcpError, HandlerError, RemoteError
+from acp.errors import METHOD_NOT_FOUND, AcpError, HandlerError, RemoteError
 from acp.process import scrub_env
 from acp.schema import CreateTerminalParams
 from actors import ActorStopped, InboxFull
@@ -61,6 +61,7 @@ from serve.http.routes.sessions import (
 )
 from serve.http.wire import json_body, json_response
 from serve.isolation import sandbox
+from serve.permissions.host_request import EFFECT_DENIED
 from serve.sessions.messages import AgentCall, PublishEvent
 from serve.workspaces.state import agent_ext
 from serve.workspaces.state.shell_run import DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT_S, run_shell
@@ -81,8 +82,6 @@ MAX_SHELLS_PER_SESSION: Final = 4
 #: Output handed to the agent's shell history (characters), as qwen serve does.
 MAX_HISTORY_CHARS: Final = 10_000
 HISTORY_TIMEOUT_S: Final = 10.0
-#: JSON-RPC code of a Host refusal (serve.permissions.effects.EFFECT_DENIED).
-_EFFECT_DENIED: Final = -32003
 
 
 def shell_enabled(d: Host) -> bool:
@@ -98,7 +97,7 @@ FEATURES: tuple[Feature, ...] = (
 
 def _denied(err: HandlerError) -> ApiError:
     data = err.data if isinstance(err.data, dict) else {}
-    if err.code == _EFFECT_DENIED:
+    if err.code == EFFECT_DENIED:
         return ApiError(
             403,
             {
@@ -139,7 +138,7 @@ async def _share_history(
     try:
         await ask(session, AgentCall(agent_ext.SHELL_HISTORY, params, HISTORY_TIMEOUT_S), object)
     except RemoteError as err:
-        if err.code == -32601:
+        if err.code == METHOD_NOT_FOUND:
             support.observe(kind, agent_ext.SHELL_HISTORY, False)
         log.info("shell history not taken by %s: %s", kind, err)
     except (AcpError, ApiError) as err:

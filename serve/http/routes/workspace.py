@@ -185,12 +185,12 @@ async def workspace_providers(workspace: str | None = None) -> Response:
         body = _envelope(False, current=None, providers=[])
         return json_response(body, headers=NO_STORE)
     snapshot = providers_snapshot(session)
-    info = getattr(getattr(session, "conn", None), "info", None)
-    agent = getattr(info, "agent_info", None)
-    capabilities_raw = getattr(info, "agent_capabilities", None)
+    conn = session.conn
+    info = conn.info if conn is not None else None
+    agent = info.agent_info if info is not None else None
     agent_capabilities: dict[str, Any] = {}
-    if capabilities_raw is not None:
-        agent_capabilities = msgspec.to_builtins(capabilities_raw)
+    if info is not None:
+        agent_capabilities = msgspec.to_builtins(info.agent_capabilities)
         agent_capabilities.pop("_meta", None)
         agent_capabilities.pop("meta", None)
     body = _envelope(
@@ -200,7 +200,7 @@ async def workspace_providers(workspace: str | None = None) -> Response:
         agent=msgspec.to_builtins(agent) if agent is not None else None,
         authMethods=[
             {"id": m.id, "name": m.name, "description": m.description}
-            for m in getattr(info, "auth_methods", None) or ()
+            for m in (info.auth_methods if info is not None else ())
         ],
         agentCapabilities=agent_capabilities,
     )

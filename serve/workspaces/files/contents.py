@@ -438,7 +438,9 @@ def write_text(
         raise make_error("parse_error", "bom must be a boolean")
     if line_ending not in (None, "lf", "crlf"):
         raise make_error("parse_error", 'lineEnding must be "lf" or "crlf"')
-    ending: LineEnding | None = line_ending  # type: ignore[assignment]
+    ending: LineEnding | None = (
+        None if line_ending is None else "lf" if line_ending == "lf" else "crlf"
+    )
     text = _check_content(content, str(path))
     rp = ws.resolve(path, must_exist=False)
     with ws.locks.hold(rp.absolute, rp.relative):
