@@ -173,4 +173,5 @@ async def test_tokens_file_is_reloaded_when_it_changes(tmp_path: Path) -> None:
     assert await tokens.lookup("ann") is None  # revoked
     await trio.to_thread.run_sync(lambda: path.write_text("not json"))
     await trio.sleep(RELOAD_CHECK_S)
-    assert await tokens.lookup("ben") == Principal("ben", "token")  # the last good table
+    assert await tokens.lookup("ben") is None  # a bad file accepts nothing (fail closed)
+    assert (tokens.state, tokens.usable) == ("malformed", False)
