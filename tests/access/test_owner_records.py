@@ -58,7 +58,8 @@ def made_prompted_closed(http: httpx.Client, text: str) -> str:
 
 
 def refused(r: httpx.Response) -> None:
-    assert (r.status_code, r.json()["code"]) == (404, "session_not_found"), r.text
+    assert r.status_code == 404, r.text
+    assert r.json()["code"] == "session_not_found", r.text
 
 
 def owner(http: httpx.Client, sid: str) -> str:
@@ -230,6 +231,42 @@ def test_a_vendor_branch_belongs_to_its_brancher(tmp_path: Path) -> None:
         assert owner(ben, "puppet-branch") == "ben"
         refused(ann.get("/session/puppet-branch/members"))  # a fork is its brancher's
         assert ben.delete("/session/puppet-branch").status_code in (200, 204)
+        refused(ann.post("/session/puppet-branch/load", json={}))
+        assert ben.post("/session/puppet-branch/load", json={}).status_code == 200
+        assert owner(ben, "puppet-branch") == "ben"
+    finally:
+        d.stop()
+
+
+def test_a_vendor_branch_only_persisted_is_its_branchers_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Item 1: a branch the agent only persisted (``atRecordId``: not loaded) had no owner
+    on record, so anyone could load it and own it; it is its brancher's, also after a
+    daemon restart (a journal holding only the record)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    state = tmp_path / "state"
+    args = [
+        "--agent",
+        shlex.join(_puppet(tmp_path)),
+        "--auth-tokens-file",
+        str(tokens_file(tmp_path)),
+    ]
+    d = spawn_daemon(args, workspace=ws, state_dir=state, env=ENV)
+    try:
+        ann, ben = client(d, ANN), client(d, BEN)
+        parent = ann.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+        r = ann.put(f"/session/{parent}/members", json={"members": {"ben": "collaborator"}})
+        assert r.is_success, r.text
+        r = ben.post(f"/session/{parent}/branch", json={"atRecordId": "r1"})
+        assert r.status_code == 201, r.text
+        assert (r.json()["sessionId"], r.json()["restored"]) == ("puppet-branch", False)
+    finally:
+        d.stop()
+    d = spawn_daemon(args, workspace=ws, state_dir=state, env=ENV)
+    try:
+        ann, ben = client(d, ANN), client(d, BEN)
         refused(ann.post("/session/puppet-branch/load", json={}))
         assert ben.post("/session/puppet-branch/load", json={}).status_code == 200
         assert owner(ben, "puppet-branch") == "ben"

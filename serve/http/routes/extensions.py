@@ -90,7 +90,6 @@ MAX_LANGUAGE_CHARS: Final = 64
 MAX_PROMPT_ID_CHARS: Final = 512
 NO_STORE: Final = {"Cache-Control": "no-store"}
 _CONTROL_CHARS: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_REGISTRY_TIMEOUT_S: Final = 30.0
 
 _P = "/session/<session_id>"
 _TAGS: Final = (
