@@ -45,7 +45,7 @@ import trio
 
 from actors import Actor, ActorError, ChildSpec, Restart, Supervisor, unwrap_group
 from serve.access.errors import QuotaExceeded
-from serve.access.owners import OwnerRecords
+from serve.access.owner_records import OwnerRecords
 from serve.access.principal import OPERATOR
 from serve.access.roles import SessionAccess
 from serve.sessions.actor import CloseSession, SessionActor
@@ -190,7 +190,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         #: Per-child limits for sessions that spawn their own agent (no pool).
         self.isolation = isolation
         #: The access records of sessions that left (daemon-wide, shared by the workspace
-        #: registries): a restore by id gets its record back (serve/access/owners.py).
+        #: registries): a restore by id gets its record back (serve/access/owner_records.py).
         self.owners = owners if owners is not None else OwnerRecords()
 
     # ---- lifecycle ---------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import trio
 
 from actors import ActorError, ChildSpec, Restart, SupervisorEvent
-from serve.access.owners import OwnerRecords
+from serve.access.owner_records import OwnerRecords
 from serve.access.roles import SessionAccess
 from serve.agents.pool import AgentPool, Drain
 from serve.sessions.messages import ReleaseAgent
@@ -127,7 +127,7 @@ class WorkspaceRuntimes:
         self.effects = effects
         self.journal = journal
         self.mcp_pool = mcp_pool
-        #: Who owns the sessions that left their registries (serve/access/owners.py).
+        #: Who owns the sessions that left their registries (serve/access/owner_records.py).
         self.owners = OwnerRecords()
         self.runtimes: dict[str, WorkspaceRuntime] = {}
         paths = [(p, True) for p in settings.workspaces] + [
