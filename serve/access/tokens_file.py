@@ -184,8 +184,8 @@ class TokensFile:
             self.reloads += 1
             if self.state != "ok":
                 self._since = time.time()
-                if self.state != "unread":
-                    log.info("tokens file %s usable again: %d tokens", self.path, len(found.table))
+                again = "" if self.state == "unread" else " again"
+                log.info("tokens file %s usable%s: %d tokens", self.path, again, len(found.table))
             self.state, self.problem = "ok", None
             return
         self.by_digest = {}

@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 import httpx
+import trio
 
+from tests.acpfront.helpers import Ws
 from tests.support.daemon import ROOT, DaemonProcess, spawn_daemon
 
 TOKEN = "operator-token-owner-records"
@@ -68,6 +70,24 @@ def owner(http: httpx.Client, sid: str) -> str:
     return str(r.json()["owner"])
 
 
+async def acp_restores(d: DaemonProcess, token: str, sid: str) -> list[int]:
+    """``session/load`` and ``session/resume`` of ``sid`` over the ``/acp`` WebSocket: the
+    ``httpStatus`` of each answer (200: restored)."""
+    ws = await Ws.connect(d.port, headers={"Authorization": f"Bearer {token}"})
+    out = []
+    try:
+        await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+        await ws.until(lambda m: m.get("id") == 1)
+        params = {"sessionId": sid, "cwd": str(d.workspace), "mcpServers": []}
+        for rid, method in ((2, "session/load"), (3, "session/resume")):
+            await ws.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+            reply = (await ws.until(lambda m, rid=rid: m.get("id") == rid))[-1]
+            out.append(200 if "result" in reply else reply["error"]["data"]["httpStatus"])
+    finally:
+        await ws.abort()
+    return out
+
+
 def test_a_closed_operator_session_is_not_taken_over(tmp_path: Path) -> None:
     """Item 1: the operator's session, closed, is not B's to load (it was: B owned it and
     read the operator's prompt); A cannot either; the operator still can."""
@@ -78,6 +98,7 @@ def test_a_closed_operator_session_is_not_taken_over(tmp_path: Path) -> None:
         refused(ben.post(f"/session/{sid}/load", json={}))
         refused(ben.post(f"/session/{sid}/resume", json={}))
         refused(ann.post(f"/session/{sid}/load", json={}))
+        assert trio.run(acp_restores, d, BEN, sid) == [404, 404]  # /acp load and resume
         refused(ben.get(f"/session/{sid}/members"))  # nothing was restored for them
         assert op.post(f"/session/{sid}/load", json={}).status_code == 200
         assert owner(op, sid) == "operator"
