@@ -21,9 +21,8 @@ signature, unknown token: one answer, so a caller learns nothing from it).
   ``--auth-max-token-age`` (``exp - iat`` and ``exp - now``, the leeway added to the
   latter); ``sub`` names the principal (``operator`` and ``group:<name>`` are refused: the
   operator token's, and how grants name a group); the ``--auth-groups-claim`` claim its
-  groups. A verified token is
-  remembered (at most :data:`MAX_VERIFIED` tokens, each until its ``exp`` or
-  :data:`VERIFIED_TTL_S`) so a client's next request costs one dict lookup.
+  groups. A verified token is remembered (at most :data:`MAX_VERIFIED` tokens, each until
+  its ``exp`` or :data:`VERIFIED_TTL_S`) so a client's next request costs one dict lookup.
 """
 
 from __future__ import annotations
