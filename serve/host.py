@@ -24,6 +24,7 @@ from serve.workspaces.files.set import WorkspaceSet
 if TYPE_CHECKING:
     from serve.access.audit import AuditLog
     from serve.access.quotas import Quotas
+    from serve.access.tokens_file import TokensFile
     from serve.config import ConfigCell, DaemonConfig
     from serve.deviceflow.poller import DeviceFlowPoller
     from serve.isolation import Isolation
@@ -128,6 +129,9 @@ class Host:
     #: ``--audit-log`` alone) and the per-principal quotas; None without them.
     audit: AuditLog | None = None
     quotas: Quotas | None = None
+    #: ``--auth-tokens-file``'s table and state (the security front looks tokens up in it;
+    #: ``/readyz`` and ``/daemon/status`` report it); None without the flag.
+    tokens_file: TokensFile | None = None
 
     @property
     def multi_user(self) -> bool:
@@ -209,6 +213,9 @@ class Host:
     def readiness(self) -> tuple[bool, str]:
         """For ``/readyz``: (ready, reason).
 
+        A tokens file that is missing, unreadable or malformed accepts no token (fail
+        closed): ``auth_tokens_file_unusable``, its users cannot be served here.
+
         Agent readiness is scoped to the primary workspace: its pool failing makes the
         daemon unready (``agent_unavailable``: a Service should route no new session here).
         A secondary workspace's failing pool does not: it is that workspace's trouble, the
@@ -219,6 +226,8 @@ class Host:
         states = {c["name"]: c["state"] for c in self.root.children()}
         if not self.root.running or any(state != "running" for state in states.values()):
             return False, "supervisor_not_running"
+        if self.tokens_file is not None and not self.tokens_file.usable:
+            return False, "auth_tokens_file_unusable"
         if self.registry.primary.agents.failing:
             if self.registry.primary.agents.health.denied is not None:
                 return False, "agent_sandbox_denied"  # deterministic: see sandbox_denials

@@ -28,6 +28,7 @@ No HTTP, no JSON-RPC, no quart: the fronts parse, call, render.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,12 +41,13 @@ from actors import ActorError, ActorStopped
 from serve.access import OPERATOR, Principal, role_of
 from serve.access.errors import WorkspaceDenied
 from serve.access.quotas import Quotas, session_quota
-from serve.access.roles import can_vote, from_attr
+from serve.access.roles import SessionAccess, can_vote, from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
 from serve.errors import wire_error
 from serve.errors.votes import vote_wire
-from serve.journal import Journal
+from serve.journal import Journal, JournalError, JournalNotFound
 from serve.permissions.mediator import CastVote, SessionOf
+from serve.sessions import ownership
 from serve.sessions.errors import (
     AgentStartFailed,
     InvalidRequest,
@@ -80,6 +82,8 @@ if TYPE_CHECKING:
     from serve.sessions.registry import Ticket
     from serve.settings import Settings
     from serve.workspaces.runtimes import WorkspaceRuntimes
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ASK_TIMEOUT_S",
@@ -332,18 +336,46 @@ class SessionService:
     async def check_journaled(
         self, session_id: str, principal: Principal, group_roles: Mapping[str, str] | None
     ) -> None:
-        live = self.host.registry.get(session_id)
-        access = live.access if live is not None else None
-        journal = _optional(self.host, "journal", Journal)
-        if access is None and journal is not None:
-            try:
-                access = from_attr((await journal.read(session_id, tail=1)).meta.attrs)
-            except Exception:  # no journal of it (or unreadable): the agent decides
-                access = None
-            if access is None:
-                return
-        if access is not None and role_of(access, principal, group_roles) is None:
+        """Whether ``principal`` (not an admin) may restore ``session_id``: the owner
+        record (the live or closing session's, the one kept when it left, else its
+        journal's) must give it a role. No record anywhere (a session journaled before
+        ``--auth-*``, an unreadable journal, one the agent alone knows) is restorable by
+        ``admin`` only: ``SessionNotFound``, as for a session that does not exist."""
+        access = await self.owner_record(session_id)
+        if access is None or role_of(access, principal, group_roles) is None:
             raise SessionNotFound(session_id)
+
+    async def claim(
+        self, session_id: str, workspace: str, principal: Principal, *, durable: bool = True
+    ) -> None:
+        """A session the agent just made for ``principal`` outside the registry (a vendor
+        branch): its owner on record, unless one already is (in memory, and, ``durable``,
+        in a journal holding only the record when the daemon journals; a session loaded
+        at once gets its journal record when it opens), so its brancher restores it later
+        and nobody else does."""
+        if await self.owner_record(session_id) is not None:
+            return
+        access = SessionAccess(owner=principal.id)
+        self.host.registry.owners.keep(session_id, access)
+        journal = _optional(self.host, "journal", Journal)
+        if journal is not None and durable:
+            await ownership.journal_record(journal, session_id, workspace, access)
+
+    async def owner_record(self, session_id: str) -> SessionAccess | None:
+        """The access record on file for ``session_id`` (None: none)."""
+        access = self.host.registry.access_of(session_id)
+        if access is not None:
+            return access
+        journal = _optional(self.host, "journal", Journal)
+        if journal is None:
+            return None
+        try:
+            return from_attr((await journal.read(session_id, tail=1)).meta.attrs)
+        except JournalNotFound:
+            return None
+        except JournalError as exc:
+            log.warning("session %s: journal unreadable, no owner on record: %s", session_id, exc)
+            return None
 
     async def create(
         self,

@@ -219,6 +219,17 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
         )
     if daemon.draining:
         issues.append(_issue("daemon_draining", "warning", "the daemon is shutting down", "daemon"))
+    tokens_file = daemon.tokens_file
+    if tokens_file is not None and not tokens_file.usable:
+        issues.append(
+            _issue(
+                "auth_tokens_file_unusable",
+                "error",
+                f"tokens file {tokens_file.path} is {tokens_file.state} ({tokens_file.problem}):"
+                " no token from it is accepted until it is fixed",
+                "auth",
+            )
+        )
 
     counts: dict[str, int] = {}
     for event in history:
@@ -304,6 +315,11 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
         }
         for rt in daemon.registry
     ]
+    if settings.auth.configured:
+        body["auth"] = {
+            "modes": list(settings.auth.modes()),
+            **({"tokensFile": tokens_file.status()} if tokens_file is not None else {}),
+        }
     body["isolation"] = isolation_section(daemon)
     # The agents' file sandbox (serve/isolation/sandbox.py).
     body.setdefault("isolation", {})["sandbox"] = sandbox.status(settings)

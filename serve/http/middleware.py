@@ -299,7 +299,7 @@ class SecurityFront:
         self._last_sweep = time.monotonic()
         # Multi-user auth (docs/multi-user.md): asked only when the operator token fails.
         self._principals = (
-            PrincipalResolver(settings, lambda: host.config.access.admin_groups)
+            PrincipalResolver(settings, lambda: host.config.access.admin_groups, host.tokens_file)
             if settings.auth.configured
             else None
         )

@@ -49,6 +49,7 @@ from acp.children import run_reaper
 from actors import Actor, ChildSpec, Restart, Supervisor, SupervisorGaveUp
 from serve.access.audit import AuditLog
 from serve.access.quotas import Quotas
+from serve.access.tokens_file import TokensFile
 from serve.config import ConfigCell, DaemonConfig, load_daemon_config
 from serve.deviceflow import service as device_flow_service
 from serve.host import FrontStats, Host, Lifecycle
@@ -284,6 +285,7 @@ def build_host(
         workspaces=workspaces,
         audit=audit,
         quotas=quotas,
+        tokens_file=TokensFile(auth.tokens_file) if auth.tokens_file else None,
     )
     # The /acp front is built over the Host (it reads the parts through it), so it is
     # the one part set here, before the Host is handed out.

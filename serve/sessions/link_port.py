@@ -166,4 +166,5 @@ class SessionLinkPort:
         origin: Literal["new", "load", "resume"] = (
             "load" if s.action == "load" else "resume" if s.action == "resume" else "new"
         )
+        ownership.stamp(s)  # the owner on record from the journal's first write
         await s.journal_link.open(nursery, s.log, workspace=s.workspace, origin=origin, fresh=fresh)

@@ -46,6 +46,7 @@ import trio
 from actors import Actor, ActorError, ChildSpec, Restart, Supervisor, unwrap_group
 from actors.actor import Request
 from serve.access.errors import QuotaExceeded
+from serve.access.owner_records import OwnerRecords
 from serve.access.principal import OPERATOR
 from serve.access.roles import SessionAccess
 from serve.sessions.actor import CloseSession, SessionActor
@@ -114,7 +115,8 @@ class RestoreSession(msgspec.Struct, Request["Ticket"], frozen=True):
     workspace: str
     action: str  # "load" | "resume"
     additional_directories: tuple[str, ...] = ()
-    #: The owner when the journal names none (a journaled owner wins: ownership.py).
+    #: The owner when no record names one (a kept or journaled record wins: the
+    #: registry's ``owners``, ownership.py).
     owner: str = OWNER
     quota: int = 0
 
@@ -155,6 +157,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         owned_count: Callable[[str], int] | None = None,
         agent_source: AgentSource | None = None,
         isolation: Isolation | None = None,
+        owners: OwnerRecords | None = None,
     ) -> None:
         super().__init__(name, inbox_size=1024)
         #: serve.config.RestartIntensity for the sessions' agent restarts (None: defaults).
@@ -187,6 +190,9 @@ class SessionRegistry(Actor[RegistryMsg]):
         self.agent_source = agent_source
         #: Per-child limits for sessions that spawn their own agent (no pool).
         self.isolation = isolation
+        #: The access records of sessions that left (daemon-wide, shared by the workspace
+        #: registries): a restore by id gets its record back (serve/access/owner_records.py).
+        self.owners = owners if owners is not None else OwnerRecords()
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -384,7 +390,8 @@ class SessionRegistry(Actor[RegistryMsg]):
                 mcp_pool=self.mcp_pool,
                 fork_from=fork_from,
                 additional_directories=dirs,
-                access=SessionAccess(owner=pending.owner),
+                access=(self.owners.get(session_id) if session_id is not None else None)
+                or SessionAccess(owner=pending.owner),
                 **self._restart_kwargs(),
             )
             session.supervisor = self.supervisor
@@ -436,6 +443,7 @@ class SessionRegistry(Actor[RegistryMsg]):
     def _forget(self, session: SessionActor) -> None:
         if self.sessions.get(session.session_id) is session:
             del self.sessions[session.session_id]
+            self.owners.keep(session.session_id, session.access)
             if self.retire_hook is not None:
                 self.retire_hook(session)
         key = _single_key(session.workspace, session.access.owner)

@@ -13,7 +13,14 @@ from collections.abc import Mapping
 
 import msgspec
 
-from serve.settings.record import ALGORITHMS, DEFAULT_ALGORITHMS, MIB, AuthSettings, SettingsError
+from serve.settings.record import (
+    ALGORITHMS,
+    DEFAULT_ALGORITHMS,
+    DEFAULT_MAX_TOKEN_AGE_S,
+    MIB,
+    AuthSettings,
+    SettingsError,
+)
 from serve.settings.values import parse_int
 
 __all__ = ["ALGORITHMS", "AuthSettings", "add_auth_flags", "parse_auth"]
@@ -25,6 +32,17 @@ def add_auth_flags(p: argparse.ArgumentParser) -> None:
     add("--auth-jwks-file", default=None, metavar="FILE", help="accept JWTs signed by this JWKS")
     add("--auth-issuer", default=None, help="the JWTs' required iss")
     add("--auth-audience", default=None, help="the JWTs' required aud")
+    add(
+        "--auth-allow-any-audience",
+        action="store_true",
+        help="accept JWTs minted for any audience (no --auth-audience): explicitly",
+    )
+    add(
+        "--auth-max-token-age",
+        default=str(DEFAULT_MAX_TOKEN_AGE_S),
+        metavar="SECONDS",
+        help="longest JWT lifetime accepted, exp-iat and exp-now, in seconds (a day)",
+    )
     add(
         "--auth-algorithms",
         default=None,
@@ -89,6 +107,10 @@ def parse_auth(
         audience=ns.auth_audience,
         algorithms=algorithms,
         groups_claim=ns.auth_groups_claim or "groups",
+        allow_any_audience=bool(ns.auth_allow_any_audience),
+        max_token_age_s=parse_int(
+            "--auth-max-token-age", ns.auth_max_token_age, minimum=60, maximum=366 * 24 * 3600
+        ),
         tokens_file=os.path.abspath(ns.auth_tokens_file) if ns.auth_tokens_file else None,
         quota_sessions=parse_int("--quota-sessions", ns.quota_sessions, minimum=0, maximum=100_000),
         quota_prompts_per_minute=parse_int(
@@ -102,12 +124,29 @@ def parse_auth(
             "--audit-max-bytes", ns.audit_max_bytes, minimum=4096, maximum=1024 * MIB
         ),
     )
+    jwt_only = (
+        ns.auth_issuer,
+        ns.auth_audience,
+        ns.auth_algorithms,
+        ns.auth_groups_claim,
+        ns.auth_allow_any_audience,
+        ns.auth_max_token_age != str(DEFAULT_MAX_TOKEN_AGE_S),
+    )
+    if not settings.jwt and any(jwt_only):
+        raise SettingsError(
+            "--auth-issuer, --auth-audience, --auth-allow-any-audience, --auth-algorithms, "
+            "--auth-groups-claim and --auth-max-token-age need --auth-jwks-url or "
+            "--auth-jwks-file"
+        )
+    if settings.jwt and settings.audience is None and not settings.allow_any_audience:
+        raise SettingsError(
+            "JWT auth needs --auth-audience (the aud your identity provider puts in tokens "
+            "meant for this daemon): without it a token minted for any other service of the "
+            "same provider is accepted here. Pass --auth-allow-any-audience to accept that"
+        )
+    if settings.audience is not None and settings.allow_any_audience:
+        raise SettingsError("--auth-audience and --auth-allow-any-audience exclude each other")
     if not settings.configured:
-        if ns.auth_issuer or ns.auth_audience or ns.auth_algorithms or ns.auth_groups_claim:
-            raise SettingsError(
-                "--auth-issuer, --auth-audience, --auth-algorithms and --auth-groups-claim "
-                "need --auth-jwks-url or --auth-jwks-file"
-            )
         return msgspec.structs.replace(settings, audit_log=ns.audit_log or "")
     if token is None:
         raise SettingsError(

@@ -45,6 +45,11 @@ ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES
 DEFAULT_ALGORITHMS = ("RS256", "ES256")
 
 
+#: ``--auth-max-token-age`` default: a day (seconds), the longest access token lifetime
+#: common identity providers issue by default.
+DEFAULT_MAX_TOKEN_AGE_S = 24 * 3600
+
+
 class AuthSettings(msgspec.Struct, frozen=True, kw_only=True):
     jwks_url: str | None = None
     jwks_file: str | None = None
@@ -52,6 +57,10 @@ class AuthSettings(msgspec.Struct, frozen=True, kw_only=True):
     audience: str | None = None
     algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
     groups_claim: str = "groups"
+    #: No ``aud`` check (``--auth-allow-any-audience``): only when the operator says so.
+    allow_any_audience: bool = False
+    #: Longest JWT lifetime accepted, in seconds (``exp - iat`` and ``exp - now``).
+    max_token_age_s: int = DEFAULT_MAX_TOKEN_AGE_S
     tokens_file: str | None = None
     #: Live sessions one principal may own (0: no limit; admins exempt).
     quota_sessions: int = 0

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import trio
 
 from actors import ActorError, ChildSpec, Restart, SupervisorEvent
+from serve.access.owner_records import OwnerRecords
+from serve.access.roles import SessionAccess
 from serve.agents.pool import AgentPool, Drain
 from serve.sessions.messages import ReleaseAgent
 from serve.sessions.registry import RegistryMsg, SessionRegistry, Ticket
@@ -125,6 +127,8 @@ class WorkspaceRuntimes:
         self.effects = effects
         self.journal = journal
         self.mcp_pool = mcp_pool
+        #: Who owns the sessions that left their registries (serve/access/owner_records.py).
+        self.owners = OwnerRecords()
         self.runtimes: dict[str, WorkspaceRuntime] = {}
         paths = [(p, True) for p in settings.workspaces] + [
             (p, False) for p in settings.untrusted_workspaces
@@ -167,6 +171,7 @@ class WorkspaceRuntimes:
                 owned_count=self.owned,
                 agent_source=source,
                 isolation=self.isolation,
+                owners=self.owners,
             )
 
         return WorkspaceRuntime(
@@ -256,6 +261,15 @@ class WorkspaceRuntimes:
     def all_sessions(self) -> list[SessionActor]:
         """Every session still registered, closing ones included (for counters)."""
         return [s for rt in self for s in rt.registry.sessions.values()]
+
+    def access_of(self, session_id: str) -> SessionAccess | None:
+        """The access record of ``session_id``: its actor's while it is registered (a
+        closing one included), else the one kept when it left; None: none on record here."""
+        for rt in self:
+            session = rt.registry.sessions.get(session_id)
+            if session is not None:
+                return session.access
+        return self.owners.get(session_id)
 
     def known_client_ids(self, workspace: str | None = None) -> set[str]:
         out: set[str] = set()

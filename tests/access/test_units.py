@@ -173,4 +173,33 @@ async def test_tokens_file_is_reloaded_when_it_changes(tmp_path: Path) -> None:
     assert await tokens.lookup("ann") is None  # revoked
     await trio.to_thread.run_sync(lambda: path.write_text("not json"))
     await trio.sleep(RELOAD_CHECK_S)
-    assert await tokens.lookup("ben") == Principal("ben", "token")  # the last good table
+    assert await tokens.lookup("ben") is None  # a bad file accepts nothing (fail closed)
+    assert (tokens.state, tokens.usable) == ("malformed", False)
+
+
+def test_owner_records_are_bounded_by_count_and_bytes() -> None:
+    from serve.access.owner_records import RECORD_OVERHEAD_BYTES, OwnerRecords
+    from serve.access.roles import to_attr
+
+    records = OwnerRecords(limit=3, max_bytes=10_000)
+    for n in range(5):
+        records.keep(f"s{n}", SessionAccess(f"p{n}"))
+    assert [records.get(f"s{n}") for n in range(5)] == [
+        None,
+        None,
+        SessionAccess("p2"),
+        SessionAccess("p3"),
+        SessionAccess("p4"),
+    ]
+    records.keep("s2", SessionAccess("p2", {"x": "observer"}))  # kept again: the newest
+    records.keep("s5", SessionAccess("p5"))
+    assert records.get("s3") is None and records.get("s2") is not None
+    big = SessionAccess("owner", {f"member-{n:04d}-" + "x" * 200: "observer" for n in range(40)})
+    cost = len("big") + len(to_attr(big)) + RECORD_OVERHEAD_BYTES
+    records = OwnerRecords(limit=3, max_bytes=cost + RECORD_OVERHEAD_BYTES)
+    records.keep("s0", SessionAccess("p0"))
+    records.keep("big", big)  # the older record goes to make room
+    assert records.get("big") == big and records.get("s0") is None
+    assert records.bytes == cost
+    records.keep("huge", SessionAccess("o", {"m" * (cost + 1): "observer"}))
+    assert len(records) == 0 and records.bytes == 0  # larger than the bound: not kept

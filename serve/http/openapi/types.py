@@ -181,7 +181,8 @@ class SandboxDenial(_Wire, frozen=True):
 class ReadyResponse(_Wire, frozen=True):
     """``GET /readyz``: ``ready`` (200) or ``not_ready`` with a ``reason`` (503;
     ``agent_sandbox_denied`` when the primary workspace's agent was refused a path by the
-    file sandbox); ``agentsFailing``: the workspaces whose agent command keeps failing
+    file sandbox; ``auth_tokens_file_unusable`` while the tokens file accepts no token);
+    ``agentsFailing``: the workspaces whose agent command keeps failing
     (only the primary's makes the daemon unready); ``sandboxDenied``: those the sandbox
     refused, with the path and the flag that grants it."""
 

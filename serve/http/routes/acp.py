@@ -45,6 +45,7 @@ from typing import Any
 import trio
 from quart import Blueprint, Response, g, request, websocket
 from quart.wrappers.base import ClientDisconnectedError
+from werkzeug.datastructures import Headers
 
 from serve.acpfront import AcpFront, Connection, jsonrpc
 from serve.acpfront import access as acp_access
@@ -319,14 +320,18 @@ def _client(scope: Mapping[str, Any]) -> str:
     return client_key(peer_ip=scope_client_address(scope, trusted))
 
 
-def _owner(client: str, authorization: str | None) -> str:
-    """What a connection is bound to: its creator's address and credential (a digest)."""
-    credential = hashlib.sha256(authorization.encode()).hexdigest() if authorization else "-"
-    return f"{client} {credential}"
+def _owner(client: str, headers: Headers) -> str:
+    """What a connection is bound to: its creator's address and credential (a digest of
+    ``Authorization`` and the ``--token-header`` header, whichever carried it)."""
+    name = daemon().settings.token_header
+    presented = [headers.get("Authorization") or "", (headers.get(name) or "") if name else ""]
+    if not any(presented):
+        return f"{client} -"
+    return f"{client} {hashlib.sha256(chr(10).join(presented).encode()).hexdigest()}"
 
 
 def _request_owner() -> str:
-    return _owner(_client(request.scope), request.headers.get("Authorization"))
+    return _owner(_client(request.scope), request.headers)
 
 
 def _last_event_id() -> int | None:
@@ -376,7 +381,7 @@ async def _post(workspace_ref: str | None) -> Response:
                 message,
                 loopback=is_loopback_address(request.remote_addr or ""),
                 client=client,
-                owner=_owner(client, request.headers.get("Authorization")),
+                owner=_owner(client, request.headers),
             )
             conn.principal = principal()  # fixed for the connection's life
         except RpcError as exc:
@@ -589,7 +594,7 @@ async def _websocket(workspace_ref: str | None) -> None:
             message,
             loopback=is_loopback_address(websocket.remote_addr or ""),
             client=client,
-            owner=_owner(client, websocket.headers.get("Authorization")),
+            owner=_owner(client, websocket.headers),
         )
         conn.principal = ws_principal()  # fixed at the handshake
     except RpcError as exc:

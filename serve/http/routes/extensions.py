@@ -53,6 +53,7 @@ from quart import Blueprint, Response, request
 from acp.errors import METHOD_NOT_FOUND, AcpError, RemoteError
 from actors import ActorStopped
 from serve.access.quotas import session_quota
+from serve.api import SessionService
 from serve.http.access import principal
 from serve.http.capabilities import Feature, SharedPredicate
 from serve.http.context import daemon
@@ -70,7 +71,6 @@ from serve.http.wire import JSON_TYPE, json_body, json_response
 from serve.sessions.fork import NATIVE as NATIVE_FORK
 from serve.sessions.fork import current_state, fork_path, fork_session
 from serve.sessions.messages import AgentCall, Attach, Attached, SessionGone
-from serve.sessions.registry import RestoreSession
 from serve.workspaces.state import agent_ext
 
 if TYPE_CHECKING:
@@ -90,7 +90,6 @@ MAX_LANGUAGE_CHARS: Final = 64
 MAX_PROMPT_ID_CHARS: Final = 512
 NO_STORE: Final = {"Cache-Control": "no-store"}
 _CONTROL_CHARS: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_REGISTRY_TIMEOUT_S: Final = 30.0
 
 _P = "/session/<session_id>"
 _TAGS: Final = (
@@ -388,21 +387,29 @@ async def rewind(session_id: str) -> Response:
 
 
 async def _load_branch(session: SessionActor, new_id: str, client_id: str | None) -> dict[str, Any]:
-    """Load the forked session into the daemon; its session response, or why not."""
+    """Load the forked session into the daemon, owned by who branched it (its owner on
+    record first, so a failed load leaves it the brancher's); its session response, or why
+    not."""
     d = daemon()
     if d.draining:
         return {"restored": False, "restoreError": {"code": "daemon_draining"}}
+    who = principal()
+    api = SessionService(d)
     try:
-        ticket = await d.registry.ask(
-            RestoreSession(new_id, session.workspace, "load"), timeout_s=_REGISTRY_TIMEOUT_S
+        await api.claim(new_id, session.workspace, who, durable=False)
+        opened = await api.open_restored(
+            new_id,
+            session.workspace,
+            "load",
+            principal=who,
+            group_roles=dict(d.config.access.session_groups),
         )
-        branch = await ticket.pending.wait()
-        attached = await ask(branch, Attach(client_id, request.remote_addr), Attached)
+        attached = await ask(opened.session, Attach(client_id, request.remote_addr), Attached)
     except Exception as exc:
         mapped = to_api_error(exc)
         error = mapped.body if mapped is not None else {"error": str(exc)}
         return {"restored": False, "restoreError": error}
-    out = session_response(attached.view, attached=ticket.attached, client_id=attached.client_id)
+    out = session_response(attached.view, attached=opened.joined, client_id=attached.client_id)
     out["state"] = attached.view.state
     out["restored"] = True
     return out
@@ -496,6 +503,7 @@ async def branch(session_id: str) -> Response:
     out: dict[str, Any] = {**result, "sessionId": new_id, "branchedFrom": session.session_id}
     if record is None:
         out.update(await _load_branch(session, new_id, client_id))
-    else:
+    else:  # persisted by the agent only: its owner on record, for a later load
+        await SessionService(daemon()).claim(new_id, session.workspace, principal())
         out["restored"] = False
     return json_response(out, 201)

@@ -32,11 +32,15 @@ async def health() -> Response:
 
 @blueprint.get("/readyz")
 async def readyz() -> Response:
-    """Readiness for orchestrators: 503 while draining, starting, at capacity, or while the
-    primary workspace's agent keeps failing; workspaces whose agent is failing are listed
-    (``agentsFailing``) when there are any, and those whose agent the file sandbox refused a
-    path (``sandboxDenied``: reason ``agent_sandbox_denied`` for the primary)."""
+    """Readiness for orchestrators: 503 while draining, starting, at capacity, while the
+    primary workspace's agent keeps failing, or while the tokens file is unusable
+    (``auth_tokens_file_unusable``: no token from it is accepted); workspaces whose agent
+    is failing are listed (``agentsFailing``) when there are any, and those whose agent the
+    file sandbox refused a path (``sandboxDenied``: reason ``agent_sandbox_denied`` for the
+    primary)."""
     host = daemon()
+    if host.tokens_file is not None:
+        await host.tokens_file.refresh()  # (at most once a second, in a worker thread)
     ready, reason = host.readiness()
     failing = host.agents_failing()
     denied = host.sandbox_denials()

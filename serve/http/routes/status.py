@@ -51,6 +51,9 @@ async def get_daemon_status() -> Response:
     detail = request.args.get("detail", "summary")
     if detail not in DETAILS:
         raise bad_request("detail must be one of: summary, full", "invalid_detail")
+    tokens_file = daemon().tokens_file
+    if tokens_file is not None:
+        await tokens_file.refresh()  # its state as of now (at most once a second)
     try:
         body = daemon_status(daemon(), "full" if detail == "full" else "summary", features())
     except Exception:

@@ -6,27 +6,27 @@ not match and multi-user auth is configured (``docs/multi-user.md``); it answers
 ``401 {"error":"Unauthorized"}`` (expired, wrong audience or issuer, unknown ``kid``, bad
 signature, unknown token: one answer, so a caller learns nothing from it).
 
-* :class:`TokensFile` — ``--auth-tokens-file``: a JSON array (or JSON lines) of
-  ``{"id", "sha256", "principal", "roles", "groups"?}``; a presented token is looked up by
-  its SHA-256 (hex). The file is re-read (in a worker thread) when its mtime changes,
-  looked at no more than once per :data:`RELOAD_CHECK_S`; a bad file keeps the last good
-  table and logs why.
+* :class:`~serve.access.tokens_file.TokensFile` — ``--auth-tokens-file`` (the Host's: its
+  state is reported by ``/readyz`` and ``/daemon/status``): a presented token is looked up
+  by its SHA-256; a missing, unreadable or malformed file accepts no token (fail closed).
 * :class:`JwksCache` — the keys of ``--auth-jwks-url`` (fetched with httpx's async client)
   or ``--auth-jwks-file`` (read in a worker thread), at most :data:`MAX_KEYS` keys. A token
   naming an unknown ``kid`` refreshes the set (key rotation), the same ``kid`` again only
   after :data:`REFRESH_MIN_S`, any refresh at most once per :data:`REFRESH_GAP_S`; a
   ``kid`` still unknown is a refusal.
 * JWT checks (PyJWT): the header's ``alg`` must be one of ``--auth-algorithms`` (never
-  ``none`` or HMAC), signature, ``exp`` (required), ``nbf``, ``iss`` and ``aud`` when
-  configured, 30 s leeway; ``sub`` names the principal (``operator`` is refused: it is the
-  operator token's); the ``--auth-groups-claim`` claim its groups. A verified token is
-  remembered (at most :data:`MAX_VERIFIED` tokens, each until its ``exp`` or
-  :data:`VERIFIED_TTL_S`) so a client's next request costs one dict lookup.
+  ``none`` or HMAC), signature, ``exp`` (required), ``nbf``, ``iss`` when configured,
+  ``aud`` (``--auth-audience``; a daemon checks no audience only with
+  ``--auth-allow-any-audience``), 30 s leeway; a lifetime of at most
+  ``--auth-max-token-age`` (``exp - iat`` and ``exp - now``, the leeway added to the
+  latter); ``sub`` names the principal (``operator`` and ``group:<name>`` are refused: the
+  operator token's, and how grants name a group); the ``--auth-groups-claim`` claim its
+  groups. A verified token is remembered (at most :data:`MAX_VERIFIED` tokens, each until
+  its ``exp`` or :data:`VERIFIED_TTL_S`) so a client's next request costs one dict lookup.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import trio
 
-from serve.access.principal import ADMIN, ANONYMOUS, DAEMON_ROLES, USER, Principal
+from serve.access.principal import ADMIN, ANONYMOUS, USER, Principal
+from serve.access.tokens_file import RELOAD_CHECK_S, TokensFile, parse_tokens, reserved_principal
 from serve.settings import Settings
 
 if TYPE_CHECKING:
@@ -50,10 +51,12 @@ __all__ = [
     "MAX_KEYS",
     "MAX_VERIFIED",
     "PRINCIPAL_KEY",
+    "RELOAD_CHECK_S",
     "JwksCache",
     "PrincipalResolver",
     "TokensFile",
     "bearer_credential",
+    "parse_tokens",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,15 +70,11 @@ MAX_KEYS = 64
 #: waits REFRESH_GAP_S after the last one: a flood of made-up kids costs one fetch a second.
 REFRESH_MIN_S = 10.0
 REFRESH_GAP_S = 1.0
-#: A tokens or JWKS file is looked at for changes at most this often (seconds).
-RELOAD_CHECK_S = 1.0
 #: Most verified JWTs remembered, and for how long at most (seconds).
 MAX_VERIFIED = 4096
 VERIFIED_TTL_S = 60.0
 #: Longest JWKS document accepted, in bytes.
 MAX_JWKS_BYTES = 1024 * 1024
-#: Most entries read from a tokens file.
-MAX_TOKENS = 10_000
 LEEWAY_S = 30
 FETCH_TIMEOUT_S = 5.0
 _MAX_CREDENTIAL_CHARS = 8192
@@ -127,61 +126,6 @@ class _Watched:
             return None
         self._mtime, data = got
         return data
-
-
-class TokensFile:
-    """Scoped static tokens by SHA-256 (see the module docstring)."""
-
-    def __init__(self, path: str) -> None:
-        self._file = _Watched(path)
-        self.by_digest: dict[str, Principal] = {}
-
-    async def refresh(self) -> None:
-        data = await self._file.changed()
-        if data is None:
-            return
-        try:
-            self.by_digest = parse_tokens(data)
-        except ValueError as exc:
-            log.warning("tokens file %s not reloaded: %s", self._file.path, exc)
-
-    async def lookup(self, credential: str) -> Principal | None:
-        await self.refresh()
-        return self.by_digest.get(hashlib.sha256(credential.encode()).hexdigest())
-
-
-def parse_tokens(data: bytes) -> dict[str, Principal]:
-    """A tokens file's table (``ValueError`` naming the bad entry)."""
-    text = data.decode("utf-8", "replace").strip()
-    if not text:
-        return {}
-    try:
-        entries = (
-            json.loads(text)
-            if text.startswith("[")
-            else [json.loads(line) for line in text.splitlines() if line.strip()]
-        )
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(entries, list) or len(entries) > MAX_TOKENS:
-        raise ValueError(f"expected a list of at most {MAX_TOKENS} entries")
-    out: dict[str, Principal] = {}
-    for n, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise ValueError(f"entry {n} is not an object")
-        digest, name = entry.get("sha256"), entry.get("principal")
-        roles = entry.get("roles", [USER])
-        groups = entry.get("groups", [])
-        if not (isinstance(digest, str) and len(digest) == 64):
-            raise ValueError(f"entry {n}: sha256 must be 64 hex digits")
-        if not isinstance(name, str) or not name or name == "operator":
-            raise ValueError(f"entry {n}: principal must be a name other than operator")
-        if not isinstance(roles, list) or not all(r in DAEMON_ROLES for r in roles) or not roles:
-            raise ValueError(f"entry {n}: roles must be some of {list(DAEMON_ROLES)}")
-        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-            raise ValueError(f"entry {n}: groups must be a list of names")
-        out[digest.lower()] = Principal(name, "token", tuple(roles), tuple(groups))
-    return out
 
 
 class JwksCache:
@@ -268,14 +212,22 @@ class JwksCache:
 class PrincipalResolver:
     """The principal a non-operator credential names (None: refused)."""
 
-    def __init__(self, settings: Settings, admin_groups: Callable[[], Sequence[str]]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        admin_groups: Callable[[], Sequence[str]],
+        tokens: TokensFile | None = None,
+    ) -> None:
         auth = settings.auth
-        self.tokens = TokensFile(auth.tokens_file) if auth.tokens_file else None
+        if tokens is None and auth.tokens_file:
+            tokens = TokensFile(auth.tokens_file)
+        self.tokens = tokens
         self.jwks = JwksCache(url=auth.jwks_url, path=auth.jwks_file) if auth.jwt else None
         self.issuer = auth.issuer
         self.audience = auth.audience
         self.algorithms = auth.algorithms
         self.groups_claim = auth.groups_claim
+        self.max_age_s = auth.max_token_age_s
         self.admin_groups = admin_groups
         self._verified: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
 
@@ -357,6 +309,8 @@ class PrincipalResolver:
             )
         except jwt.PyJWTError:
             return None
+        if not self._lifetime_ok(claims, now):
+            return None
         principal = self._principal(claims)
         if principal is None:
             return None
@@ -366,9 +320,23 @@ class PrincipalResolver:
             self._verified.popitem(last=False)
         return principal
 
+    def _lifetime_ok(self, claims: dict[str, Any], now: float) -> bool:
+        """``exp`` (verified present) at most ``--auth-max-token-age`` after ``iat`` (when
+        given) and after now (the leeway added): a token minted to live longer, or with a
+        far ``exp``, is refused however it is signed."""
+        exp, iat = claims.get("exp"), claims.get("iat")
+        if not isinstance(exp, int | float) or isinstance(exp, bool):
+            return False
+        if iat is not None:
+            if not isinstance(iat, int | float) or isinstance(iat, bool):
+                return False
+            if exp - iat > self.max_age_s:
+                return False
+        return exp - now <= self.max_age_s + LEEWAY_S
+
     def _principal(self, claims: dict[str, Any]) -> Principal | None:
         sub = claims.get("sub")
-        if not isinstance(sub, str) or not sub or sub == "operator":
+        if not isinstance(sub, str) or not sub or reserved_principal(sub) is not None:
             return None
         raw = claims.get(self.groups_claim, [])
         groups = tuple(g for g in (raw if isinstance(raw, list) else [raw]) if isinstance(g, str))
