@@ -134,9 +134,11 @@ async def own(
     if sum(1 for old in conn.sessions.values() if not old.ended) >= MAX_SESSIONS:
         raise session_limit(MAX_SESSIONS)
     voter = acp_access.may_vote(front.host, conn, session)
-    attached: Attached = await session.call(Attach(None, None, voter), timeout_s=ASK_TIMEOUT_S)
+    who = conn.principal.id
+    attach = Attach(None, None, voter, who)
+    attached: Attached = await session.call(attach, timeout_s=ASK_TIMEOUT_S)
     outbox = Outbox(max_messages=conn.max_messages, max_bytes=conn.max_bytes)
-    link = SessionLink(session, attached.client_id, outbox, attached.view)
+    link = SessionLink(session, attached.client_id, outbox, attached.view, who)
     sid = link.session_id
     conn.sessions[sid] = link
     try:
@@ -193,6 +195,7 @@ async def start_pump(
                 epoch=epoch,
                 max_queued=PUMP_MAX_QUEUED,
                 client_id=link.client_id,
+                principal=link.principal,
             ),
             timeout_s=ASK_TIMEOUT_S,
         )

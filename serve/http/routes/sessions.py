@@ -165,8 +165,9 @@ def find_session(session_id: str) -> SessionActor:
 
 
 async def require_registered(session: SessionActor, client_id: str) -> None:
-    """400 ``invalid_client_id`` unless ``client_id`` is registered on ``session``."""
-    await sessions_api().check_client(session, client_id)
+    """400 ``invalid_client_id`` unless the caller's principal registered ``client_id`` on
+    ``session`` (another principal's id is answered as an unknown one)."""
+    await sessions_api().check_client(session, client_id, principal())
 
 
 async def session_client(session: SessionActor) -> str | None:
@@ -521,6 +522,7 @@ async def events(session_id: str) -> Response:
                 max_queued=max_queued,
                 snapshot=request.args.get("snapshot") in ("1", "true"),
                 client_id=stream_client,
+                principal=principal().id,
             ),
             Subscription,
         )
