@@ -1,0 +1,258 @@
+"""Many users, round two (issue 45, items 3, 4 and 6), against real daemons with a tokens
+file (alice and bob, role ``user``), the operator token and the scripted agent.
+
+* A client id belongs to the principal that registered it: bob, holding alice's id, is
+  answered as for an unknown id when he heartbeats, detaches, re-attaches, votes or stamps a
+  workspace file event with it; alice's own actions still work.
+* Every path that starts or extends a turn is charged to the prompt quota and the budgets:
+  REST and ``/acp`` steering, ``btw`` and ``recap``.
+* Removing a member, his group's role, or his token ends his open REST SSE stream and his
+  ``/acp`` WebSocket within a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.acpfront.helpers import Ws, WsClosed
+from tests.support.daemon import DaemonProcess, spawn_daemon
+
+TOKEN = "operator-token-0123456789"
+OP = {"Authorization": f"Bearer {TOKEN}"}
+ALICE = "alice-scoped-token-0123456789"
+BOB = "bob-scoped-token-0123456789"
+PROMPT = {"prompt": [{"type": "text", "text": "hi"}]}
+ALLOW = {"outcome": {"outcome": "selected", "optionId": "allow"}}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def token_entry(token: str, principal: str, **extra: Any) -> dict[str, Any]:
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    return {"id": principal, "sha256": digest, "principal": principal, **extra}
+
+
+def write_tokens(path: Path, *entries: dict[str, Any]) -> None:
+    """Replace the tokens file at once (the daemon never reads half of it)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(list(entries)))
+    tmp.replace(path)
+
+
+def users_daemon(tmp: Path, *args: str, config: str | None = None) -> DaemonProcess:
+    tokens = tmp / "tokens.json"
+    write_tokens(tokens, token_entry(ALICE, "alice"), token_entry(BOB, "bob"))
+    argv = ["--auth-tokens-file", str(tokens), *args]
+    if config is not None:
+        (tmp / "config.yaml").write_text(config)
+        argv += ["--config", str(tmp / "config.yaml")]
+    return spawn_daemon(argv, env={"QWEN_SERVER_TOKEN": TOKEN})
+
+
+def client(d: DaemonProcess, token: str) -> httpx.Client:
+    return httpx.Client(base_url=d.url, headers=bearer(token), timeout=30)
+
+
+def new_session(http: httpx.Client, scope: str = "single") -> tuple[str, str]:
+    r = http.post("/session", json={"sessionScope": scope})
+    assert r.status_code == 200, r.text
+    return str(r.json()["sessionId"]), str(r.json()["clientId"])
+
+
+def first_event(http: httpx.Client, sid: str, after: int, kind: str) -> dict[str, Any]:
+    """The first ``kind`` event of ``sid`` after event ``after`` (its ``data``)."""
+    with http.stream(
+        "GET", f"/session/{sid}/events", headers={"Last-Event-ID": str(after)}
+    ) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: ") and f'"{kind}"' in line:
+                return dict(json.loads(line[6:])["data"])
+    raise AssertionError(f"no {kind} event")
+
+
+# ---- item 3: client ids ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def designated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    d = users_daemon(
+        tmp_path_factory.mktemp("designated"),
+        config="policy:\n  permissionStrategy: designated\n",
+    )
+    yield d
+    d.stop()
+
+
+def test_another_principals_client_id_is_an_unknown_one(designated: DaemonProcess) -> None:
+    d = designated
+    alice, bob = client(d, ALICE), client(d, BOB)
+    sid, mine = new_session(alice)
+    path = f"/session/{sid}"
+    assert alice.put(f"{path}/members", json={"members": {"bob": "observer"}}).is_success
+    as_alice = {"X-Qwen-Client-Id": mine}
+    # Re-attaching with alice's id gives bob an id of his own; alice's is untouched.
+    r = bob.post(f"{path}/load", json={}, headers=as_alice)
+    assert r.status_code == 200, r.text
+    his = r.json()["clientId"]
+    assert his != mine
+    # Heartbeat and detach with alice's id: as for an unknown id.
+    for what, r in (
+        ("heartbeat", bob.post(f"{path}/heartbeat", headers=as_alice)),
+        ("detach", bob.post(f"{path}/detach", headers=as_alice)),
+        ("pending", bob.get(f"{path}/pending-prompts", headers=as_alice)),
+    ):
+        assert (r.status_code, r.json()["code"]) == (400, "invalid_client_id"), (what, r.text)
+    assert bob.post(f"{path}/heartbeat", headers={"X-Qwen-Client-Id": his}).status_code == 200
+    # Workspace file events stamped with alice's id: refused; with his own: written.
+    write = {"path": "bob.txt", "content": "b", "mode": "create"}
+    r = bob.post("/file/write", json=write, headers=as_alice)
+    assert (r.status_code, r.json()["code"]) == (400, "invalid_client_id"), r.text
+    r = bob.post("/file/write", json=write, headers={"X-Qwen-Client-Id": his})
+    assert r.status_code == 201, r.text
+    # Alice's own client still works, and the session is still hers and open.
+    r = alice.post(f"{path}/heartbeat", headers=as_alice)
+    assert (r.status_code, r.json()["clientId"]) == (200, mine)
+    # Designated: only alice's client may answer her prompt's permission request. Bob, now
+    # a collaborator, cannot vote as her, by the session's route or the request id alone.
+    assert alice.put(f"{path}/members", json={"members": {"bob": "collaborator"}}).is_success
+    r = alice.post(
+        f"{path}/prompt",
+        json={"prompt": [{"type": "text", "text": "[write voted.txt by-alice]"}]},
+        headers={"Prefer": "respond-async", **as_alice},
+    )
+    assert r.status_code == 202, r.text
+    request = first_event(alice, sid, r.json()["lastEventId"], "permission_request")
+    rid = request["requestId"]
+    reject = {"outcome": {"outcome": "selected", "optionId": "reject"}}
+    for r in (
+        bob.post(f"{path}/permission/{rid}", json=reject, headers=as_alice),
+        bob.post(f"/permission/{rid}", json=reject, headers=as_alice),
+    ):
+        assert (r.status_code, r.json()["code"]) == (400, "invalid_client_id"), r.text
+    r = alice.post(f"{path}/permission/{rid}", json=ALLOW, headers=as_alice)
+    assert r.status_code == 200, r.text
+    first_event(alice, sid, 0, "turn_complete")
+    assert (d.workspace / "voted.txt").read_text() == "by-alice"
+
+
+async def test_an_acp_link_client_id_is_its_principals(designated: DaemonProcess) -> None:
+    """The client id an ``/acp`` link was given is its principal's too: bob presenting
+    alice's link id over REST is answered as for an unknown id."""
+    d = designated
+    ws = await Ws.connect(d.port, headers=bearer(ALICE))
+    try:
+        await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+        await ws.until(lambda m: m.get("id") == 1)
+        params = {"cwd": str(d.workspace), "mcpServers": [], "_meta": {}}
+        await ws.send({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": params})
+        made = (await ws.until(lambda m: m.get("id") == 2))[-1]["result"]
+        sid, link = made["sessionId"], made["clientId"]
+
+        def rest() -> None:
+            alice, bob = client(d, ALICE), client(d, BOB)
+            members = {"members": {"bob": "collaborator"}}
+            assert alice.put(f"/session/{sid}/members", json=members).is_success
+            r = bob.post(f"/session/{sid}/heartbeat", headers={"X-Qwen-Client-Id": link})
+            assert (r.status_code, r.json()["code"]) == (400, "invalid_client_id"), r.text
+            r = bob.post(f"/session/{sid}/detach", headers={"X-Qwen-Client-Id": link})
+            assert r.status_code == 400, r.text
+            r = alice.post(f"/session/{sid}/heartbeat", headers={"X-Qwen-Client-Id": link})
+            assert r.status_code == 200, r.text
+
+        await trio.to_thread.run_sync(rest)
+    finally:
+        await ws.abort()
+
+
+# ---- item 4: quotas and steering -----------------------------------------------------------
+
+
+async def acp_steer(d: DaemonProcess, token: str, sid: str) -> dict[str, Any]:
+    """One ``_session/steering`` of ``sid`` over a new ``/acp`` WebSocket (loaded first)."""
+    ws = await Ws.connect(d.port, headers=bearer(token))
+    try:
+        await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+        await ws.until(lambda m: m.get("id") == 1)
+        params = {"sessionId": sid, "cwd": str(d.workspace), "mcpServers": []}
+        await ws.send({"jsonrpc": "2.0", "id": 2, "method": "session/load", "params": params})
+        loaded = (await ws.until(lambda m: m.get("id") == 2))[-1]
+        assert "result" in loaded, loaded
+        steer = {"sessionId": sid, "prompt": [{"type": "text", "text": "steer [usage 600]"}]}
+        await ws.send({"jsonrpc": "2.0", "id": 3, "method": "_session/steering", "params": steer})
+        return (await ws.until(lambda m: m.get("id") == 3))[-1]
+    finally:
+        await ws.abort()
+
+
+async def test_steering_btw_and_recap_are_charged_to_the_prompt_quota(tmp_path: Path) -> None:
+    d = users_daemon(tmp_path, "--quota-prompts-per-minute", "1")
+    try:
+        bob = client(d, BOB)
+        sid, _ = await trio.to_thread.run_sync(new_session, bob)
+        r = await trio.to_thread.run_sync(lambda: bob.post(f"/session/{sid}/prompt", json=PROMPT))
+        assert r.status_code == 200, r.text
+        refused = await acp_steer(d, BOB, sid)
+        assert refused["error"]["data"]["httpStatus"] == 429, refused
+        assert refused["error"]["data"]["code"] == "quota_exceeded"
+
+        def rest() -> None:
+            for what, r in (
+                ("steer", bob.post(f"/session/{sid}/prompt", json={**PROMPT, "steer": True})),
+                ("btw", bob.post(f"/session/{sid}/btw", json={"question": "why?"})),
+                ("recap", bob.post(f"/session/{sid}/recap", json={})),
+            ):
+                assert r.status_code == 429, (what, r.text)
+                assert (r.json()["code"], r.json()["quota"]) == (
+                    "quota_exceeded",
+                    "prompts_per_minute",
+                ), what
+
+        await trio.to_thread.run_sync(rest)
+        # The operator (an admin) is exempt.
+        ok = await acp_steer(d, TOKEN, sid)
+        assert ok.get("result", {}).get("outcome") == "startedNewTurn", ok
+    finally:
+        d.stop()
+
+
+async def test_steering_is_refused_once_the_token_budget_is_spent(tmp_path: Path) -> None:
+    d = users_daemon(tmp_path, "--quota-token-budget", "1000")
+    try:
+        bob = client(d, BOB)
+        sid, _ = await trio.to_thread.run_sync(new_session, bob)
+        # Under the budget a steer starts a turn (and spends 600 tokens).
+        first = await acp_steer(d, BOB, sid)
+        assert first.get("result", {}).get("outcome") == "startedNewTurn", first
+        await trio.to_thread.run_sync(first_event, bob, sid, 0, "turn_complete")
+        spend = {"prompt": [{"type": "text", "text": "[usage 600] more"}]}
+        r = await trio.to_thread.run_sync(lambda: bob.post(f"/session/{sid}/prompt", json=spend))
+        assert r.status_code == 200, r.text
+        refused = await acp_steer(d, BOB, sid)
+        assert refused["error"]["data"]["httpStatus"] == 402, refused
+        assert refused["error"]["data"]["code"] == "budget_exhausted"
+
+        def rest() -> None:
+            for what, r in (
+                ("prompt", bob.post(f"/session/{sid}/prompt", json=PROMPT)),
+                ("steer", bob.post(f"/session/{sid}/prompt", json={**PROMPT, "steer": True})),
+                ("btw", bob.post(f"/session/{sid}/btw", json={"question": "why?"})),
+                ("recap", bob.post(f"/session/{sid}/recap", json={})),
+            ):
+                assert r.status_code == 402, (what, r.text)
+                assert r.json()["code"] == "budget_exhausted", what
+
+        await trio.to_thread.run_sync(rest)
+    finally:
+        d.stop()
