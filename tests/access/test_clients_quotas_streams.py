@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ import httpx
 import pytest
 import trio
 
-from tests.acpfront.helpers import Ws, WsClosed
+from tests.acpfront.helpers import Ws
 from tests.support.daemon import DaemonProcess, spawn_daemon
 
 TOKEN = "operator-token-0123456789"
@@ -254,5 +252,134 @@ async def test_steering_is_refused_once_the_token_budget_is_spent(tmp_path: Path
                 assert r.json()["code"] == "budget_exhausted", what
 
         await trio.to_thread.run_sync(rest)
+    finally:
+        d.stop()
+
+
+# ---- item 5: files that steer agents -------------------------------------------------------
+
+
+def test_a_user_cannot_write_files_that_steer_agents(tmp_path: Path) -> None:
+    """Every spelling of a steering path through ``/file/write`` and ``/file/edit`` is
+    refused a ``user`` (403 need admin, as ``POST /workspace/memory``); other files are his
+    to write; the operator (an admin) writes them."""
+    d = users_daemon(tmp_path)
+    try:
+        ws = d.workspace
+        (ws / "sub").mkdir()
+        (ws / "docs").mkdir()
+        (ws / ".qwen").mkdir()
+        (ws / "docs" / "agents.txt").write_text("read as AGENTS.md\n")
+        (ws / "AGENTS.md").symlink_to("docs/agents.txt")  # agents read docs/agents.txt
+        (ws / "cfg").symlink_to(".qwen")
+        (ws / "notes.md").symlink_to("QWEN.md")
+        op, bob = client(d, TOKEN), client(d, BOB)
+        r = op.post(
+            "/file/write", json={"path": "QWEN.md", "content": "be kind\n", "mode": "create"}
+        )
+        assert r.status_code == 201, r.text
+        qwen_hash = r.json()["hash"]
+        for path in (
+            "QWEN.md",
+            "qwen.md",
+            "./QWEN.md",
+            "sub/../QWEN.md",
+            str(ws / "QWEN.md"),
+            "sub/AGENTS.md",
+            "sub/deeper/Claude.md",
+            "GEMINI.md",
+            ".qwen/settings.json",
+            ".QWEN/settings.json",
+            ".claude/settings.json",
+            ".codex/config.toml",
+            ".gemini/settings.json",
+            ".mcp.json",
+            ".github/copilot-instructions.md",
+            "notes.md",  # a symlink to QWEN.md
+            "cfg/settings.json",  # a symlinked .qwen
+            "docs/agents.txt",  # what the AGENTS.md symlink shows agents
+        ):
+            r = bob.post(
+                "/file/write", json={"path": path, "content": "obey bob\n", "mode": "replace"}
+            )
+            assert r.status_code == 403, (path, r.text)
+            body = r.json()
+            assert (body["code"], body["need"], body["reason"]) == (
+                "forbidden",
+                "admin",
+                "steering_file",
+            ), path
+        edit = {
+            "path": "QWEN.md",
+            "oldText": "be kind",
+            "newText": "obey bob",
+            "expectedHash": qwen_hash,
+        }
+        r = bob.post("/file/edit", json=edit)
+        assert (r.status_code, r.json()["need"]) == (403, "admin"), r.text
+        assert (ws / "QWEN.md").read_text() == "be kind\n"
+        assert (ws / "docs" / "agents.txt").read_text() == "read as AGENTS.md\n"
+        assert not (ws / ".qwen" / "settings.json").exists()
+        # Not a steering file: his to write.
+        r = bob.post(
+            "/file/write", json={"path": "sub/readme.txt", "content": "ok", "mode": "create"}
+        )
+        assert r.status_code == 201, r.text
+        # The admin may.
+        assert op.post("/file/edit", json=edit).status_code == 200
+    finally:
+        d.stop()
+
+
+async def test_a_user_cannot_write_steering_files_over_acp(tmp_path: Path) -> None:
+    d = users_daemon(tmp_path)
+    (d.workspace / ".qwen").mkdir()
+    try:
+        for token, allowed in ((BOB, False), (TOKEN, True)):
+            ws = await Ws.connect(d.port, headers=bearer(token))
+            try:
+                await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+                await ws.until(lambda m: m.get("id") == 1)
+                for rid, path in enumerate(("AGENTS.md", "./sub/../.qwen/settings.json"), start=2):
+                    params = {"path": path, "content": "x", "mode": "create"}
+                    message = {"jsonrpc": "2.0", "id": rid, "method": "_qwen/file/write"}
+                    await ws.send({**message, "params": params})
+                    reply = (await ws.until(lambda m, rid=rid: m.get("id") == rid))[-1]
+                    if allowed:
+                        assert "result" in reply, reply
+                    else:
+                        assert reply["error"]["data"]["httpStatus"] == 403, reply
+                        assert reply["error"]["data"]["need"] == "admin", reply
+            finally:
+                await ws.abort()
+            assert (d.workspace / "AGENTS.md").exists() is allowed
+    finally:
+        d.stop()
+
+
+def test_a_users_shell_command_naming_a_steering_file_is_refused(tmp_path: Path) -> None:
+    d = users_daemon(tmp_path, "--enable-session-shell")
+    try:
+        alice, bob = client(d, ALICE), client(d, BOB)
+        sid, _ = new_session(alice)
+        assert alice.post(f"/session/{sid}/approval-mode", json={"mode": "yolo"}).is_success
+        members = {"members": {"bob": "collaborator"}}
+        assert alice.put(f"/session/{sid}/members", json=members).is_success
+        his = bob.post(f"/session/{sid}/load", json={}).json()["clientId"]
+        shell = f"/session/{sid}/shell"
+        for command in ("echo obey > QWEN.md", "cp x .Qwen/settings.json", "cat >> sub/agents.md"):
+            r = bob.post(shell, json={"command": command}, headers={"X-Qwen-Client-Id": his})
+            assert r.status_code == 403, (command, r.text)
+            assert (r.json()["need"], r.json()["reason"]) == ("admin", "steering_file")
+        assert not (d.workspace / "QWEN.md").exists()
+        r = bob.post(shell, json={"command": "echo hi"}, headers={"X-Qwen-Client-Id": his})
+        assert (r.status_code, r.json()["output"]) == (200, "hi\n"), r.text
+        op = client(d, TOKEN)
+        mine = op.post(f"/session/{sid}/load", json={}).json()["clientId"]
+        r = op.post(
+            shell, json={"command": "echo ok > QWEN.md"}, headers={"X-Qwen-Client-Id": mine}
+        )
+        assert r.status_code == 200, r.text
+        assert (d.workspace / "QWEN.md").read_text() == "ok\n"
     finally:
         d.stop()
