@@ -7,8 +7,9 @@ security middleware refuses it on a daemon without a bearer token); needs
 unknown: ``400 invalid_client_id``). With multi-user auth, a ``user``'s command that names
 a file or folder steering agents (``QWEN.md``, ``.qwen/`` ..., serve/access/steering_files.py)
 is refused ``403 forbidden need: admin`` (``reason: "steering_file"``): a tripwire, not a
-boundary (docs/multi-user.md says what the shell can and cannot be stopped from doing). Tag ``session_shell_command``, advertised only when
-the flag is on *and* a token is configured: the strict gate has no trusted-loopback
+boundary (docs/multi-user.md says what the shell can and cannot be stopped from doing).
+Tag ``session_shell_command``, advertised only when the flag is on *and* a token is
+configured: the strict gate has no trusted-loopback
 exception here, so without a token the route could never run and the tag would lie.
 
 Order of work:
