@@ -27,6 +27,7 @@ the actor's replies.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -49,7 +50,7 @@ from serve.acpfront.errors import ConnectionLevel, not_found, params_error, sess
 from serve.acpfront.jsonrpc import INVALID_PARAMS, RESOURCE_NOT_FOUND, RpcError
 from serve.acpfront.outbox import Outbox
 from serve.acpfront.routing import Inline, push_session, reply_conn
-from serve.acpfront.translate import translate_frame
+from serve.acpfront.translate import notify, translate_frame
 from serve.events import Subscriber
 from serve.sessions.actor import SessionActor
 from serve.sessions.messages import (
@@ -283,6 +284,24 @@ def finish_link(front: Connections, conn: Connection, link: SessionLink) -> None
     link.outbox.end()
     if conn.transport == "ws":
         conn.sessions.pop(link.session_id, None)
+
+
+def cut_links(front: Connections, conn: Connection, reads: Callable[[SessionActor], bool]) -> int:
+    """End the links of ``conn`` to the sessions ``reads`` refuses: the pump stops, the
+    session stream says ``_qwen/notify {kind: "session_access_revoked", data: {sessionId}}``
+    and ends (after what it already queued), the client registration is let go. A later
+    message naming the session is answered as for a session not owned."""
+    cut = 0
+    for link in list(conn.sessions.values()):
+        if link.ended or reads(link.session):
+            continue
+        if link.pump_scope is not None:
+            link.pump_scope.cancel()
+        notice = notify("session_access_revoked", {"sessionId": link.session_id})
+        push_session(front, conn, link, None, notice)
+        finish_link(front, conn, link)
+        cut += 1
+    return cut
 
 
 async def session_outbox(

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ import httpx
 import pytest
 import trio
 
-from tests.acpfront.helpers import Ws
+from tests.acpfront.helpers import Ws, WsClosed
 from tests.support.daemon import DaemonProcess, spawn_daemon
 
 TOKEN = "operator-token-0123456789"
@@ -381,5 +383,144 @@ def test_a_users_shell_command_naming_a_steering_file_is_refused(tmp_path: Path)
         )
         assert r.status_code == 200, r.text
         assert (d.workspace / "QWEN.md").read_text() == "ok\n"
+    finally:
+        d.stop()
+
+
+# ---- item 6: streams end with the access ----------------------------------------------------
+
+
+class SseReader:
+    """A REST SSE stream read in a thread: ``opened`` once its headers arrived, ``ended``
+    (with the time) once the daemon ended it."""
+
+    def __init__(self, d: DaemonProcess, token: str, sid: str) -> None:
+        self.opened = threading.Event()
+        self.ended = threading.Event()
+        self.ended_at = 0.0
+        self.status = 0
+        self.frames: list[str] = []
+        self._thread = threading.Thread(target=self._run, args=(d, token, sid), daemon=True)
+        self._thread.start()
+        assert self.opened.wait(30), "the stream did not open"
+        assert self.status == 200, self.status
+
+    def _run(self, d: DaemonProcess, token: str, sid: str) -> None:
+        with httpx.Client(base_url=d.url, headers=bearer(token), timeout=None) as http:
+            try:
+                with http.stream("GET", f"/session/{sid}/events") as stream:
+                    self.status = stream.status_code
+                    self.opened.set()
+                    for line in stream.iter_lines():
+                        self.frames.append(line)
+            except httpx.HTTPError:
+                pass
+            finally:
+                self.ended_at = time.monotonic()
+                self.opened.set()
+                self.ended.set()
+
+
+async def open_ws(d: DaemonProcess, token: str, sid: str) -> Ws:
+    """An ``/acp`` WebSocket with ``sid`` loaded."""
+    ws = await Ws.connect(d.port, headers=bearer(token))
+    await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+    await ws.until(lambda m: m.get("id") == 1)
+    params = {"sessionId": sid, "cwd": str(d.workspace), "mcpServers": []}
+    await ws.send({"jsonrpc": "2.0", "id": 2, "method": "session/load", "params": params})
+    loaded = (await ws.until(lambda m: m.get("id") == 2))[-1]
+    assert "result" in loaded, loaded
+    return ws
+
+
+def revoked(m: dict[str, Any]) -> bool:
+    params = m.get("params") or {}
+    return m.get("method") == "_qwen/notify" and params.get("kind") == "session_access_revoked"
+
+
+#: "Within a second", with room for a loaded test machine.
+BOUND_S = 2.0
+
+
+@pytest.mark.parametrize("grant", ["bob", "group:eng"])
+async def test_removing_a_member_or_his_groups_role_ends_his_streams(
+    tmp_path: Path, grant: str
+) -> None:
+    tokens = tmp_path / "tokens.json"
+    d = users_daemon(tmp_path)
+    write_tokens(tokens, token_entry(ALICE, "alice"), token_entry(BOB, "bob", groups=["eng"]))
+    try:
+        alice = client(d, ALICE)
+        sid, _ = await trio.to_thread.run_sync(new_session, alice)
+        members = {"members": {grant: "observer"}}
+
+        def share() -> SseReader:
+            # (bob's token now carries his group: a request resolves it again)
+            assert alice.put(f"/session/{sid}/members", json=members).is_success
+            return SseReader(d, BOB, sid)
+
+        sse = await trio.to_thread.run_sync(share)
+        ws = await open_ws(d, BOB, sid)
+        try:
+            r = await trio.to_thread.run_sync(
+                lambda: alice.put(f"/session/{sid}/members", json={"members": {}})
+            )
+            assert r.is_success, r.text
+            removed_at = time.monotonic()
+            with trio.fail_after(10):
+                await ws.until(revoked)
+            ws_s = time.monotonic() - removed_at
+            assert await trio.to_thread.run_sync(sse.ended.wait, 10)
+            sse_s = sse.ended_at - removed_at
+            assert ws_s < BOUND_S and sse_s < BOUND_S, (ws_s, sse_s)
+            # The socket stays open; the session is no longer bob's to use or see.
+            beat = {"sessionId": sid}
+            await ws.send(
+                {"jsonrpc": "2.0", "id": 9, "method": "_qwen/session/heartbeat", "params": beat}
+            )
+            reply = (await ws.until(lambda m: m.get("id") == 9))[-1]
+            assert "error" in reply, reply
+            events = await trio.to_thread.run_sync(
+                lambda: client(d, BOB).get(f"/session/{sid}/events")
+            )
+            assert events.status_code == 404
+        finally:
+            await ws.abort()
+    finally:
+        d.stop()
+
+
+async def test_revoking_a_token_ends_its_streams(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.json"
+    d = users_daemon(tmp_path)
+    try:
+        alice = client(d, ALICE)
+        sid, _ = await trio.to_thread.run_sync(new_session, alice)
+        members = {"members": {"bob": "collaborator"}}
+        assert (
+            await trio.to_thread.run_sync(
+                lambda: alice.put(f"/session/{sid}/members", json=members)
+            )
+        ).is_success
+        sse = await trio.to_thread.run_sync(SseReader, d, BOB, sid)
+        ws = await open_ws(d, BOB, sid)
+        try:
+            write_tokens(tokens, token_entry(ALICE, "alice"))  # bob's token is gone
+            revoked_at = time.monotonic()
+            with pytest.raises(WsClosed) as closed, trio.fail_after(10):
+                await ws.until(lambda m: False)
+            ws_s = time.monotonic() - revoked_at
+            assert closed.value.code == 1008
+            assert await trio.to_thread.run_sync(sse.ended.wait, 10)
+            sse_s = sse.ended_at - revoked_at
+            # The tokens file is looked at once a second: that, plus the streams' check.
+            assert ws_s < BOUND_S + 1 and sse_s < BOUND_S + 1, (ws_s, sse_s)
+        finally:
+            await ws.abort()
+        r = await trio.to_thread.run_sync(lambda: client(d, BOB).get("/capabilities"))
+        assert r.status_code == 401
+        # Alice's own streams go on.
+        mine = await trio.to_thread.run_sync(SseReader, d, ALICE, sid)
+        assert not mine.ended.is_set()
     finally:
         d.stop()
