@@ -32,6 +32,7 @@ __all__ = [
     "ANY",
     "CONNECTION",
     "LISTING",
+    "PROTECTS",
     "PUBLIC",
     "ROUTE_RULES",
     "RULES",
@@ -228,6 +229,27 @@ ACP_READS: Final = frozenset(
 )
 
 
+#: What each rule protects (the first table of ``docs/access-rules.md``).
+PROTECTS: Final[dict[str, str]] = {
+    PUBLIC: "nothing to protect: probes, the API description, the capabilities preflight",
+    ANY: "what the caller gets is its own (a new session owned by it, its own quotas)",
+    LISTING: "the existence of other users' sessions and requests: only what the caller "
+    "may see is listed",
+    WORKSPACE: "a restricted workspace (`access.workspaces`) from other principals; writes "
+    "of files that steer agents (`QWEN.md`, `AGENTS.md`, `.qwen/` ...: "
+    "`serve/access/steering_files.py`) need `admin`, as the memory and settings routes",
+    OBSERVER: "a session's events, context and files from non-members (404: not "
+    "disclosed); its streams end when the role is removed or the token revoked",
+    COLLABORATOR: "a session's turns, queue, votes and shell from observers; each turn, "
+    "steer and model query is charged to the principal's quotas and budgets",
+    OWNER: "a session's settings, members and life from collaborators",
+    VOTE: "a permission request from anyone without `collaborator` on its session (as "
+    "for an unknown request)",
+    CONNECTION: "nothing by itself: every `/acp` message is checked by its method",
+    ADMIN: "what every agent of a workspace or the whole daemon runs or knows",
+}
+
+
 def canonical(rule: str) -> str:
     """A Quart rule as the table spells it: the ``%2F``-encoded twins (``//<path:...>``)
     share their rule with the plain form."""
@@ -246,6 +268,10 @@ def markdown() -> str:
         "method has no rule or this page differs. Rules apply only with multi-user auth "
         "(`--auth-*`); without it the one token is `admin`. See "
         "[multi-user.md](multi-user.md) for what each rule means.",
+        "",
+        "| rule | what it protects |",
+        "|---|---|",
+        *(f"| {rule} | {why} |" for rule, why in PROTECTS.items()),
         "",
         "| method | route | rule |",
         "|---|---|---|",
