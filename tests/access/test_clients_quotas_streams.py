@@ -24,6 +24,9 @@ import httpx
 import pytest
 import trio
 
+from serve.access.steering_files import mentions, steering_part
+from serve.sessions.clients import ClientTable
+from serve.workspaces.runtimes import workspace_id
 from tests.acpfront.helpers import Ws, WsClosed
 from tests.support.daemon import DaemonProcess, spawn_daemon
 
@@ -83,6 +86,16 @@ def first_event(http: httpx.Client, sid: str, after: int, kind: str) -> dict[str
 
 
 # ---- item 3: client ids ------------------------------------------------------------------
+
+
+def test_a_client_table_knows_whose_each_client_is() -> None:
+    table = ClientTable(0)
+    table.register("c1", "10.0.0.1", principal="alice")
+    assert table.owned_by("c1", "alice") and not table.owned_by("c1", "bob")
+    assert table.of("alice") == {"c1"} and table.of("bob") == frozenset()
+    assert not table.stream_opened("c1", "bob")  # bob's stream naming it keeps nothing alive
+    with pytest.raises(ValueError):
+        table.register("c1", "10.0.0.2", principal="bob")
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +274,29 @@ async def test_steering_is_refused_once_the_token_budget_is_spent(tmp_path: Path
 # ---- item 5: files that steer agents -------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("parts", "found"),
+    [
+        (("QWEN.md",), "QWEN.md"),
+        (("sub", "deep", "agents.MD"), "sub/deep/agents.MD"),
+        ((".Qwen", "settings.json"), ".Qwen"),
+        ((".github", "copilot-instructions.md"), ".github/copilot-instructions.md"),
+        (("NOTES.md",), "NOTES.md"),  # the configured memory file name
+        (("src", "main.py"), None),
+        ((".github", "workflows", "ci.yml"), None),
+        (("qwen.md.bak",), None),
+    ],
+)
+def test_the_steering_list(parts: tuple[str, ...], found: str | None) -> None:
+    assert steering_part(parts, ("notes.md",)) == found
+
+
+def test_the_shell_tripwire() -> None:
+    assert mentions("echo hi > ./sub/Agents.md") == "Agents.md"
+    assert mentions("cat .mcp.json") == ".mcp.json"
+    assert mentions("ls -la src") is None
+
+
 def test_a_user_cannot_write_files_that_steer_agents(tmp_path: Path) -> None:
     """Every spelling of a steering path through ``/file/write`` and ``/file/edit`` is
     refused a ``user`` (403 need admin, as ``POST /workspace/memory``); other files are his
@@ -318,6 +354,9 @@ def test_a_user_cannot_write_files_that_steer_agents(tmp_path: Path) -> None:
             "expectedHash": qwen_hash,
         }
         r = bob.post("/file/edit", json=edit)
+        assert (r.status_code, r.json()["need"]) == (403, "admin"), r.text
+        qualified = f"/workspaces/{workspace_id(str(ws.resolve()))}/file/write"
+        r = bob.post(qualified, json={"path": "QWEN.md", "content": "x", "mode": "replace"})
         assert (r.status_code, r.json()["need"]) == (403, "admin"), r.text
         assert (ws / "QWEN.md").read_text() == "be kind\n"
         assert (ws / "docs" / "agents.txt").read_text() == "read as AGENTS.md\n"
