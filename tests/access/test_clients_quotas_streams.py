@@ -563,3 +563,30 @@ async def test_revoking_a_token_ends_its_streams(tmp_path: Path) -> None:
         assert not mine.ended.is_set()
     finally:
         d.stop()
+
+
+def test_a_queued_prompt_gets_no_new_content_once_the_budget_is_spent(tmp_path: Path) -> None:
+    """A pending-prompt edit adds no turn (no prompt is taken from the per-minute quota)
+    but is new content for the agent: refused 402 once the principal's budget is spent."""
+    d = users_daemon(tmp_path, "--quota-token-budget", "1000")
+    try:
+        bob = client(d, BOB)
+        sid, _ = new_session(bob)
+        run = {"prompt": [{"type": "text", "text": "[sleep 20000]"}]}
+        later = {"prompt": [{"type": "text", "text": "later"}]}
+        r = bob.post(f"/session/{sid}/prompt", json=run, headers={"Prefer": "respond-async"})
+        assert r.status_code == 202, r.text
+        q = bob.post(f"/session/{sid}/prompt", json=later, headers={"Prefer": "respond-async"})
+        assert q.status_code == 202, q.text
+        edit = {"prompt": [{"type": "text", "text": "[usage 5000] more"}]}
+        pending = f"/session/{sid}/pending-prompts/{q.json()['promptId']}"
+        assert bob.put(pending, json=edit).status_code == 200  # under the budget
+        other, _ = new_session(bob, "thread")  # his other session spends the budget
+        spend = {"prompt": [{"type": "text", "text": "[usage 1200] spend"}]}
+        assert bob.post(f"/session/{other}/prompt", json=spend).status_code == 200
+        r = bob.put(pending, json=edit)
+        assert r.status_code == 402, (r.status_code, r.text)
+        assert r.json()["code"] == "budget_exhausted", r.text
+        assert bob.post(f"/session/{sid}/cancel").status_code == 204
+    finally:
+        d.stop()
