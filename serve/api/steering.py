@@ -10,7 +10,9 @@ file or folder of :mod:`serve.access.steering_files` (the list, and why).
 A path counts as written (normalized: ``./QWEN.md``, ``sub/../QWEN.md``) and as resolved
 by the workspace (every symlink followed, so ``link.md -> QWEN.md`` or ``cfg -> .qwen``
 count), and a steering entry at the workspace root that is itself a symlink protects its
-target (``QWEN.md -> docs/x.md``: ``docs/x.md`` is what agents read). The workspace's
+target (``QWEN.md -> docs/x.md``: ``docs/x.md`` is what agents read), one that is a file
+with more than one hard link its other names. (Nested steering entries' links are not
+looked for: the files routes make neither symlinks nor hard links.) The workspace's
 memory file name (``--memory-file-name``, ``context.fileName`` of its settings) is one
 more steering name. Resolution and the settings read run in a worker thread under the
 file routes' limiter.
@@ -61,18 +63,29 @@ def _below(path: str, root: str) -> tuple[str, ...] | None:
     return tuple(rel.split(os.sep))
 
 
-def _linked_targets(root: str, extra: Iterable[str]) -> list[str]:
-    """Real paths of the steering entries at ``root`` that are symlinks."""
+def _linked_targets(root: str, extra: Iterable[str]) -> tuple[list[str], set[tuple[int, int]]]:
+    """Real paths of the steering entries at ``root`` that are symlinks, and the
+    ``(device, inode)`` of those that are files with more than one hard link."""
     wanted = FILES | DIRS | {n.lower() for n in extra}
-    out: list[str] = []
+    links: list[str] = []
+    inodes: set[tuple[int, int]] = set()
     try:
         entries = list(os.scandir(root))
     except OSError:
-        return out
+        return links, inodes
     for entry in entries:
-        if entry.name.lower() in wanted and entry.is_symlink():
-            out.append(os.path.realpath(entry.path))
-    return out
+        if entry.name.lower() not in wanted:
+            continue
+        try:
+            if entry.is_symlink():
+                links.append(os.path.realpath(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                if st.st_nlink > 1:
+                    inodes.add((st.st_dev, st.st_ino))
+        except OSError:
+            continue
+    return links, inodes
 
 
 def steering_target(ws: Workspace, user_path: str, extra: Iterable[str]) -> str | None:
@@ -96,9 +109,17 @@ def steering_target(ws: Workspace, user_path: str, extra: Iterable[str]) -> str 
     found = steering_part(resolved.parts, names)
     if found is not None:
         return found
-    for target in _linked_targets(root, names):
+    links, inodes = _linked_targets(root, names)
+    for target in links:
         if resolved.absolute == target or resolved.absolute.startswith(target + os.sep):
             return resolved.relative
+    if inodes and resolved.exists:
+        try:
+            st = os.stat(resolved.absolute)
+        except OSError:
+            return None
+        if (st.st_dev, st.st_ino) in inodes:
+            return resolved.relative  # a hard link of a steering file at the root
     return None
 
 
