@@ -248,29 +248,37 @@ def markdown() -> str:
         "(`--auth-*`); without it the one token is `admin`. See "
         "[multi-user.md](multi-user.md) for what each rule means.",
         "",
+        "| rule | what it protects |",
+        "|---|---|",
+        *(f"| {rule} | {why} |" for rule, why in PROTECTS.items()),
+        "",
         "| method | route | rule |",
         "|---|---|---|",
     ]
     lines += [f"| {m} | `{r}` | {rule} |" for (m, r), rule in ROUTE_RULES.items()]
     lines += ["", "| ACP method | rule |", "|---|---|"]
     lines += [f"| `{m}` | {rule} |" for m, rule in ACP_RULES.items()]
-    lines += ["", "## What each rule protects", "", "| rule | protects |", "|---|---|"]
-    lines += [f"| {rule} | {why} |" for rule, why in PROTECTS.items()]
     return "\n".join(lines) + "\n"
 
 
-#: What each rule protects (``docs/access-rules.md``; the details in ``docs/multi-user.md``).
+#: What each rule protects (the first table of ``docs/access-rules.md``; the details in
+#: ``docs/multi-user.md``).
 PROTECTS: Final[dict[str, str]] = {
     PUBLIC: "nothing: probes and descriptions; `/health?deep=1`'s daemon-wide counts are "
     'shown to `admin` only (others get `{"status":"ok"}`)',
-    ANY: "the daemon from anonymous callers; what is made (a session) is the caller's own",
+    ANY: "the daemon from anonymous callers; what is made (a session) is the caller's own, "
+    "charged to its own quotas",
     LISTING: "other users' sessions: only what the caller holds a role on is listed, and "
     "the permission counters are those of the caller's sessions",
-    WORKSPACE: "a restricted workspace: to a principal without access it answers exactly as "
-    "one the daemon does not serve",
-    OBSERVER: "a session's content: someone else's session answers as an unknown id "
-    "(`404 session_not_found`; detach: the no-op `204`; `/acp`: `session_not_owned`)",
-    COLLABORATOR: "a session's turns and votes (prompt, cancel, steer, vote, pending edits)",
+    WORKSPACE: "a restricted workspace (`access.workspaces`): to a principal without access "
+    "it answers exactly as one the daemon does not serve; writes of files that steer agents "
+    "(`QWEN.md`, `AGENTS.md`, `.qwen/` ...: `serve/access/steering_files.py`) need `admin`, "
+    "as the memory and settings routes",
+    OBSERVER: "a session's events, context and files: someone else's session answers as an "
+    "unknown id (`404 session_not_found`; detach: the no-op `204`; `/acp`: "
+    "`session_not_owned`); its streams end when the role is removed or the token revoked",
+    COLLABORATOR: "a session's turns, queue, votes and shell from observers; each turn, "
+    "steer and model query is charged to the principal's quotas and budgets",
     OWNER: "a session's settings, members, budget and life (close, delete, rewind)",
     VOTE: "a permission request by id: another user's answers as an unknown request",
     CONNECTION: "an `/acp` connection: bound to its creator's address and credential; each "

@@ -102,6 +102,7 @@ class SessionLink:
         "hold_end",
         "last_pushed",
         "outbox",
+        "principal",
         "pump_done",
         "pump_scope",
         "pushed",
@@ -112,9 +113,16 @@ class SessionLink:
     )
 
     def __init__(
-        self, session: SessionActor, client_id: str, outbox: Outbox, view: SessionView
+        self,
+        session: SessionActor,
+        client_id: str,
+        outbox: Outbox,
+        view: SessionView,
+        principal: str = OPERATOR.id,
     ) -> None:
         self.session = session
+        #: Who registered ``client_id`` (the connection's principal's id).
+        self.principal = principal
         #: The session's id and workspace, as its view answered (never read off the actor).
         self.session_id = view.session_id
         self.client_id = client_id
@@ -399,5 +407,7 @@ async def let_go(link: SessionLink, close_if_alone: bool) -> None:
 
 async def _others_attached(link: SessionLink) -> bool:
     summary = await link.session.call(Summarize(), timeout_s=ASK_TIMEOUT_S)
-    mine = await link.session.call(KnowsClient(link.client_id), timeout_s=ASK_TIMEOUT_S)
+    mine = await link.session.call(
+        KnowsClient(link.client_id, link.principal), timeout_s=ASK_TIMEOUT_S
+    )
     return int(summary.get("clientCount", 0)) - (1 if mine else 0) > 0

@@ -18,6 +18,7 @@ import trio
 from serve.acpfront.connections import Connection, Connections
 from serve.acpfront.errors import params_error
 from serve.acpfront.jsonrpc import RpcError
+from serve.api import steering
 from serve.errors import jsonrpc_file
 from serve.threads import file_routes_limiter
 from serve.workspaces.files import (
@@ -174,12 +175,26 @@ async def _publish_change(
     await front.host.hub.broadcast(conn.workspace, "workspace_file_changed", data, originator)
 
 
+async def _check_steering(front: Connections, conn: Connection, ws: Workspace, path: str) -> None:
+    """A ``user``'s change of a file that steers agents: ``403 need: admin``
+    (serve/api/steering.py)."""
+    host = front.host
+    await steering.check_write(
+        ws,
+        path,
+        conn.principal,
+        multi_user=host.multi_user,
+        memory_flag=host.settings.memory_file_name,
+    )
+
+
 async def file_write(front: Connections, conn: Connection, params: dict[str, Any]) -> WriteResult:
     path = _text(params, "path")
     content = params.get("content")
     if not isinstance(content, str):
         raise params_error("`content` must be a string")
     ws = _workspace(front, conn)
+    await _check_steering(front, conn, ws, path)
     result = await run(
         lambda: write_text(
             ws,
@@ -203,6 +218,7 @@ async def file_edit(front: Connections, conn: Connection, params: dict[str, Any]
         raise params_error("`oldText` and `newText` must be strings")
     expected = _text(params, "expectedHash")
     ws = _workspace(front, conn)
+    await _check_steering(front, conn, ws, path)
     result = await run(lambda: edit_text(ws, path, old, new, expected_hash=expected))
     await _publish_change(front, conn, result, "edited")
     return result

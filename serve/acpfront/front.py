@@ -48,6 +48,9 @@ hand it connections and messages through :meth:`AcpFront.initialize`,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from serve.acpfront import dispatch, elicit, jsonrpc, links, steering, v121
 from serve.acpfront.connections import (
     DEFAULT_IDLE_TIMEOUT_S,
@@ -67,6 +70,9 @@ from serve.acpfront.fork import fork_capability
 from serve.acpfront.jsonrpc import Request
 from serve.acpfront.outbox import Outbox
 from serve.acpfront.routing import INLINE_CLIENT, Inline
+
+if TYPE_CHECKING:
+    from serve.sessions.actor import SessionActor
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",
@@ -178,3 +184,8 @@ class AcpFront(Connections):
         return await links.session_outbox(
             self, conn, session_id, last_event_id=last_event_id, epoch=epoch
         )
+
+    def cut_links(self, conn: Connection, reads: Callable[[SessionActor], bool]) -> int:
+        """End the session links of ``conn`` whose session ``reads`` now refuses (its
+        principal's role on it is gone: a member or a role removed); how many ended."""
+        return links.cut_links(self, conn, reads)

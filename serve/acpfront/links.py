@@ -27,6 +27,7 @@ the actor's replies.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -55,7 +56,7 @@ from serve.acpfront.errors import (
 from serve.acpfront.jsonrpc import RESOURCE_NOT_FOUND, RpcError
 from serve.acpfront.outbox import Outbox
 from serve.acpfront.routing import Inline, push_session, reply_conn
-from serve.acpfront.translate import translate_frame
+from serve.acpfront.translate import notify, translate_frame
 from serve.events import Subscriber
 from serve.sessions.actor import SessionActor
 from serve.sessions.messages import (
@@ -135,9 +136,11 @@ async def own(
     if sum(1 for old in conn.sessions.values() if not old.ended) >= MAX_SESSIONS:
         raise session_limit(MAX_SESSIONS)
     voter = acp_access.may_vote(front.host, conn, session)
-    attached: Attached = await session.call(Attach(None, None, voter), timeout_s=ASK_TIMEOUT_S)
+    who = conn.principal.id
+    attach = Attach(None, None, voter, who)
+    attached: Attached = await session.call(attach, timeout_s=ASK_TIMEOUT_S)
     outbox = Outbox(max_messages=conn.max_messages, max_bytes=conn.max_bytes)
-    link = SessionLink(session, attached.client_id, outbox, attached.view)
+    link = SessionLink(session, attached.client_id, outbox, attached.view, who)
     sid = link.session_id
     conn.sessions[sid] = link
     try:
@@ -194,6 +197,7 @@ async def start_pump(
                 epoch=epoch,
                 max_queued=PUMP_MAX_QUEUED,
                 client_id=link.client_id,
+                principal=link.principal,
             ),
             timeout_s=ASK_TIMEOUT_S,
         )
@@ -281,6 +285,24 @@ def finish_link(front: Connections, conn: Connection, link: SessionLink) -> None
     link.outbox.end()
     if conn.transport == "ws":
         conn.sessions.pop(link.session_id, None)
+
+
+def cut_links(front: Connections, conn: Connection, reads: Callable[[SessionActor], bool]) -> int:
+    """End the links of ``conn`` to the sessions ``reads`` refuses: the pump stops, the
+    session stream says ``_qwen/notify {kind: "session_access_revoked", data: {sessionId}}``
+    and ends (after what it already queued), the client registration is let go. A later
+    message naming the session is answered as for a session not owned."""
+    cut = 0
+    for link in list(conn.sessions.values()):
+        if link.ended or reads(link.session):
+            continue
+        if link.pump_scope is not None:
+            link.pump_scope.cancel()
+        notice = notify("session_access_revoked", {"sessionId": link.session_id})
+        push_session(front, conn, link, None, notice)
+        finish_link(front, conn, link)
+        cut += 1
+    return cut
 
 
 async def session_outbox(

@@ -309,6 +309,8 @@ async def session_steering(
 ) -> dict[str, Any]:
     link = owned(conn, params)  # serve/acpfront/steering.py
     content = prompt_content(params.get("prompt"))
+    # A steer starts or extends a turn: charged as a prompt (multi-user quotas).
+    SessionService(front.host).check_prompt_quota(conn.principal)
     return await steering.steer(
         link.session, link.client_id, content.blocks, content.text, params, ASK_TIMEOUT_S
     )

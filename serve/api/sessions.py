@@ -204,9 +204,12 @@ class SessionService:
             raise TypeError(f"{type(msg).__name__} answered {type(reply).__name__}")
         return reply
 
-    async def check_client(self, session: SessionActor, client_id: str) -> None:
-        """:class:`UnknownClient` unless ``client_id`` is registered on ``session``."""
-        if not await self.ask(session, KnowsClient(client_id), bool):
+    async def check_client(
+        self, session: SessionActor, client_id: str, principal: Principal = OPERATOR
+    ) -> None:
+        """:class:`UnknownClient` unless ``principal`` registered ``client_id`` on
+        ``session`` (another principal's id is answered as an unknown one)."""
+        if not await self.ask(session, KnowsClient(client_id, principal.id), bool):
             raise UnknownClient(session.session_id, client_id)
 
     async def publish(
@@ -395,6 +398,7 @@ class SessionService:
                         client_id,
                         peer,
                         principal.admin or can_vote(opened.session.access, principal),
+                        principal.id,
                     ),
                     timeout_s=ASK_TIMEOUT_S,
                 )
@@ -421,7 +425,9 @@ class SessionService:
             session_id, workspace, action, principal=principal, group_roles=group_roles
         )
         voter = principal.admin or can_vote(opened.session.access, principal, group_roles)
-        attached = await self.ask(opened.session, Attach(client_id, peer, voter), Attached)
+        attached = await self.ask(
+            opened.session, Attach(client_id, peer, voter, principal.id), Attached
+        )
         return Created(opened.session, opened.joined, attached)
 
     async def apply_settings(
@@ -473,10 +479,20 @@ class SessionService:
 
     def check_prompt_quota(self, principal: Principal) -> None:
         """The principal's budgets (summed over its live sessions) and prompts per minute
-        (multi-user quotas; nothing without them, nothing for the operator or admins)."""
+        (multi-user quotas; nothing without them, nothing for the operator or admins).
+        Every path that starts or extends a turn or runs a model query is charged here:
+        a prompt, a steer (REST ``steer``, ``/acp`` ``_session/steering``), ``btw`` and
+        ``recap`` (docs/multi-user.md)."""
+        quotas = self.check_budget(principal)
+        if quotas is not None:
+            quotas.take_prompt(principal)
+
+    def check_budget(self, principal: Principal) -> Quotas | None:
+        """The principal's token and cost budgets only (a queued prompt given new content:
+        no new turn, but new content for the agent); the quotas, when there are any."""
         quotas = _optional(self.host, "quotas", Quotas)
         if quotas is None or principal is OPERATOR:
-            return
+            return None
         if quotas.budgets:
             # Closing sessions too: their spending joins the ended ones' (Quotas.retired)
             # only once they leave the registry, so none is missed in between.
@@ -485,7 +501,7 @@ class SessionService:
             tokens = sum(s.budget.tokens for s in owned)
             cost = sum(s.budget.cost or 0.0 for s in owned)
             quotas.check_budget(principal, tokens, cost)
-        quotas.take_prompt(principal)
+        return quotas
 
     async def outcome(
         self, session: SessionActor, submitted: Submitted, client_id: str | None

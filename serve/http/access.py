@@ -22,8 +22,8 @@ what they reach (the service takes the principal). Every denial here and every m
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from quart import Response, g, request, websocket
 from quart_trio import QuartTrio
@@ -42,7 +42,7 @@ from serve.access.rules import (
     canonical,
 )
 from serve.http.context import daemon
-from serve.http.security.principals import PRINCIPAL_KEY
+from serve.http.security.principals import PRINCIPAL_KEY, REVALIDATE_KEY
 from serve.sessions.errors import SessionNotFound
 
 if TYPE_CHECKING:
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from serve.sessions.actor import SessionActor
 
 __all__ = [
+    "LEASE_CHECK_S",
+    "Lease",
     "audit",
     "check",
     "install",
@@ -303,3 +305,52 @@ def session_role(session: SessionActor, need: str) -> bool:
     """Whether the caller holds ``need`` on ``session`` (always, without multi-user auth)."""
     host = daemon()
     return not host.multi_user or session_allows(host, principal(), session, need)
+
+
+# ---- long-lived streams: a lease on the principal ---------------------------------------
+
+#: How often a long-lived stream (REST SSE, ``/acp`` WebSocket and SSE) asks again whether
+#: its principal still holds its credential and its role (seconds): a member removed, a
+#: role removed or a token revoked ends it within this (plus the tokens file's own
+#: look-at interval when that is how it was revoked).
+LEASE_CHECK_S = 0.5
+
+
+class Lease:
+    """Whether the principal that opened a long-lived stream still may read it.
+
+    Made only with multi-user auth for a credential the security front resolved (a JWT or
+    a scoped token: the operator token is not revoked this way). :meth:`holds` resolves
+    the same credential again (a cached JWT or a tokens-file lookup: a dict lookup, the
+    file looked at for changes at most once a second) and answers False once it names no
+    principal or another one (its roles or groups changed); :meth:`reads` is the
+    principal's role on a session, from the session's access record now."""
+
+    def __init__(
+        self,
+        host: Host,
+        who: Principal,
+        revalidate: Callable[[], Awaitable[Principal | None]],
+    ) -> None:
+        self.host = host
+        self.who = who
+        self._revalidate = revalidate
+
+    @classmethod
+    def of(cls, host: Host, scope: Mapping[str, Any]) -> Lease | None:
+        """The lease of the request or WebSocket of ``scope`` (None: nothing to revoke)."""
+        who = scope.get(PRINCIPAL_KEY)
+        again = scope.get(REVALIDATE_KEY)
+        if not host.multi_user or not isinstance(who, Principal) or again is None:
+            return None
+        return cls(host, who, again)
+
+    async def holds(self) -> bool:
+        try:
+            now = await self._revalidate()
+        except Exception:  # the key set could not be fetched: not proof of revocation
+            return True
+        return now == self.who
+
+    def reads(self, session: SessionActor) -> bool:
+        return session_allows(self.host, self.who, session, None)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from quart import has_request_context, request
 
+from serve.access import OPERATOR
+from serve.http.access import principal
 from serve.http.errors import ApiError
 from serve.workspaces.files import Workspace
 
@@ -91,10 +93,12 @@ async def publish_workspace_event(
 
 
 def check_workspace_client(daemon: Host, client_id: str | None) -> str | None:
-    """A present client id must be registered on some live session of the daemon."""
+    """A present client id must be registered, by the caller's principal, on some live
+    session of the addressed workspace (another principal's id is answered as unknown)."""
     if client_id is None:
         return None
-    if client_id not in daemon.registry.known_client_ids(addressed_path(daemon)):
+    who = principal().id if has_request_context() else OPERATOR.id
+    if client_id not in daemon.registry.known_client_ids(addressed_path(daemon), who):
         raise ApiError(
             400,
             {

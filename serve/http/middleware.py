@@ -80,6 +80,7 @@ token or the CORS allowlist.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -123,7 +124,12 @@ from serve.http.security import (
 )
 from serve.http.security.cors import self_origins
 from serve.http.security.peers import parse_trusted_proxies, scope_client_address
-from serve.http.security.principals import PRINCIPAL_KEY, PrincipalResolver
+from serve.http.security.principals import (
+    PRINCIPAL_KEY,
+    REVALIDATE_KEY,
+    PrincipalResolver,
+    bearer_credential,
+)
 from serve.logs import install_redaction
 from serve.ratelimit import classify, limiter_for
 from serve.settings import Settings
@@ -512,7 +518,13 @@ class SecurityFront:
         if self._principals is None:
             return False
         peer = scope_client_address(scope, self._trusted_proxies)
-        return await self._principals.admit(scope, auths, tokens, peer, self._host.audit)
+        admitted = await self._principals.admit(scope, auths, tokens, peer, self._host.audit)
+        if admitted:  # a long-lived stream asks again later (serve/http/access.py Lease)
+            credential = bearer_credential(
+                [a.decode("latin-1") for a in auths], [t.decode("latin-1") for t in tokens]
+            )
+            scope[REVALIDATE_KEY] = functools.partial(self._principals.resolve, credential)
+        return admitted
 
     def _unbound_refused(self, method: str, path: str) -> bool:
         """A daemon awaiting its bind serves only the probes and ``POST /daemon/bind``."""

@@ -434,12 +434,13 @@ class SessionActor(Actor[SessionMsg]):
                     originator=cid,
                 )
                 return MetadataSet(self.session_id, name)
-            case Attach(client_id=cid, peer=peer, voter=voter):
-                return Attached(attachments.register_client(self, cid, peer, voter), self.view())
+            case Attach(client_id=cid, peer=peer, voter=voter, principal=who):
+                client = attachments.register_client(self, cid, peer, voter, who)
+                return Attached(client, self.view())
             case Detach(client_id=cid):
                 return await attachments.detach(self, cid)
-            case KnowsClient(client_id=cid):
-                return cid in self.clients
+            case KnowsClient(client_id=cid, principal=who):
+                return self.clients.owned_by(cid, who)
             case Subscribe():
                 return attachments.subscribe(self, msg)
             case StreamEnded():

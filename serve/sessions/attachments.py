@@ -16,6 +16,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from serve.sessions.clients import OPERATOR_ID
 from serve.sessions.messages import CloseSession, Detached, Subscription
 
 if TYPE_CHECKING:
@@ -34,15 +35,20 @@ def iso_now() -> str:
 
 
 def register_client(
-    session: SessionCore, requested: str | None, peer: str | None, voter: bool = True
+    session: SessionCore,
+    requested: str | None,
+    peer: str | None,
+    voter: bool = True,
+    principal: str = OPERATOR_ID,
 ) -> str:
-    """Reuse ``requested`` if already registered here, else mint a fresh id."""
+    """Reuse ``requested`` if ``principal`` registered it here, else mint a fresh id
+    (another principal's id is, to this one, an unknown id)."""
     client_id = (
         requested
-        if requested is not None and requested in session.clients
+        if requested is not None and session.clients.owned_by(requested, principal)
         else f"client_{uuid.uuid4()}"
     )
-    session.clients.register(client_id, peer, voter)
+    session.clients.register(client_id, peer, voter, principal)
     return client_id
 
 
@@ -73,7 +79,7 @@ def subscribe(session: SessionCore, msg: Subscribe) -> Subscription:
     )
     # a registered client streaming its events stays active (serve/sessions/clients.py)
     named = msg.client_id
-    streaming = named is not None and session.clients.stream_opened(named)
+    streaming = named is not None and session.clients.stream_opened(named, msg.principal)
     session.streams[sub] = named if streaming else None
     return Subscription(sub, session.log.epoch)
 

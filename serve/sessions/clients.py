@@ -13,6 +13,11 @@ accepted on the session's routes (400 ``invalid_client_id``; attaching again min
 new one). So 300 anonymous attaches that never come back leave the table within the
 timeout and consensus can be reached by the clients that are really there.
 
+A client id belongs to the principal that registered it (``docs/multi-user.md``): every
+check of an id presented by a caller names the caller's principal (:meth:`owned_by`), so
+another principal presenting it is answered as for an unknown id, and an attach naming it
+mints a fresh id (:func:`serve.sessions.attachments.register_client`).
+
 :class:`ClientTable` is pure (the clock is passed in or injected) and is owned by the
 session actor; expiry is lazy: every query first drops the clients idle past the timeout,
 so no timer task is needed and a read always sees the current membership. It behaves as a
@@ -34,6 +39,9 @@ from typing import Final
 
 __all__ = ["DEFAULT_CLIENT_IDLE_TIMEOUT_MS", "MAX_CLIENTS", "MAX_CLIENTS_PER_PEER", "ClientTable"]
 
+#: The principal of a daemon without multi-user auth (``serve.access.OPERATOR``'s id).
+OPERATOR_ID: Final = "operator"
+
 #: Default ``--client-idle-timeout-ms``.
 DEFAULT_CLIENT_IDLE_TIMEOUT_MS: Final = 300_000
 #: Clients remembered per session (the idlest is dropped beyond it).
@@ -47,9 +55,10 @@ def _wall_ms() -> int:
 
 
 class _Client:
-    __slots__ = ("attaches", "last_seen_ms", "peer", "streams", "voter")
+    __slots__ = ("attaches", "last_seen_ms", "peer", "principal", "streams", "voter")
 
-    def __init__(self, now_ms: int, peer: str | None) -> None:
+    def __init__(self, now_ms: int, peer: str | None, principal: str) -> None:
+        self.principal = principal
         self.voter = True
         self.attaches = 0
         self.streams = 0
@@ -80,10 +89,18 @@ class ClientTable:
 
     # ---- changes -----------------------------------------------------------------------
 
-    def register(self, client_id: str, peer: str | None = None, voter: bool = True) -> None:
+    def register(
+        self,
+        client_id: str,
+        peer: str | None = None,
+        voter: bool = True,
+        principal: str = OPERATOR_ID,
+    ) -> None:
         """One more attach of ``client_id`` (new or known) from ``peer`` (its address, None
-        when unknown); it is active now. A new client past a bound drops the idlest client
-        without an open stream: the peer's own past its bound, anyone's past the table's."""
+        when unknown) by ``principal`` (who registered it keeps it: a known id is
+        re-registered by its own principal only, see :meth:`owned_by`); it is active now. A
+        new client past a bound drops the idlest client without an open stream: the peer's
+        own past its bound, anyone's past the table's."""
         now = self._clock()
         self._expire(now)
         entry = self._clients.get(client_id)
@@ -92,9 +109,11 @@ class ClientTable:
                 self._drop_idlest(peer)
             if len(self._clients) >= self._max:
                 self._drop_idlest(None)
-            entry = self._clients[client_id] = _Client(now, peer)
+            entry = self._clients[client_id] = _Client(now, peer, principal)
             if peer is not None:
                 self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        elif entry.principal != principal:
+            raise ValueError(f"client {client_id} belongs to another principal")
         entry.attaches += 1
         entry.last_seen_ms = now
         entry.voter = voter  # the latest attach's role decides
@@ -137,9 +156,10 @@ class ClientTable:
         entry.last_seen_ms = now
         return True
 
-    def stream_opened(self, client_id: str) -> bool:
-        """An events stream names ``client_id``: it cannot expire while the stream is open."""
-        if not self.touch(client_id):
+    def stream_opened(self, client_id: str, principal: str = OPERATOR_ID) -> bool:
+        """An events stream of ``principal`` names ``client_id``: it cannot expire while the
+        stream is open (another principal's stream naming it does nothing)."""
+        if not self.owned_by(client_id, principal) or not self.touch(client_id):
             return False
         self._clients[client_id].streams += 1
         return True
@@ -162,6 +182,18 @@ class ClientTable:
         """The active clients whose votes count (an observer's do not): the electorate."""
         self._expire(self._clock())
         return frozenset(cid for cid, entry in self._clients.items() if entry.voter)
+
+    def owned_by(self, client_id: str, principal: str) -> bool:
+        """Whether ``client_id`` is registered here by ``principal`` (another principal's id
+        is, to that principal, an unknown one)."""
+        self._expire(self._clock())
+        entry = self._clients.get(client_id)
+        return entry is not None and entry.principal == principal
+
+    def of(self, principal: str) -> frozenset[str]:
+        """The active clients ``principal`` registered."""
+        self._expire(self._clock())
+        return frozenset(cid for cid, e in self._clients.items() if e.principal == principal)
 
     def last_seen_ms(self, client_id: str) -> int | None:
         entry = self._clients.get(client_id)

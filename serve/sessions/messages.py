@@ -19,6 +19,7 @@ from serve.access.roles import SessionAccess
 from serve.events import Subscriber
 from serve.events.messages import PublishEvent
 from serve.permissions.modes import APPROVAL_MODES  # qwen serve's five names
+from serve.sessions.clients import OPERATOR_ID
 from serve.sessions.errors import (  # re-exported: the errors a session call raises
     AgentUnavailable,
     ApprovalModeRefused,
@@ -130,6 +131,9 @@ class Attach(msgspec.Struct, Request["Attached"], frozen=True):
     #: Whether its votes count (multi-user: a principal with at least collaborator; an
     #: observer's client is no part of a consensus electorate).
     voter: bool = True
+    #: Who attaches: a known ``client_id`` is reused only for the principal that
+    #: registered it (serve/sessions/clients.py).
+    principal: str = OPERATOR_ID
 
 
 class Detach(msgspec.Struct, Request["Detached"], frozen=True):
@@ -139,7 +143,10 @@ class Detach(msgspec.Struct, Request["Detached"], frozen=True):
 
 
 class KnowsClient(msgspec.Struct, Request[bool], frozen=True):
+    """Whether ``client_id`` is registered on the session by ``principal``."""
+
     client_id: str
+    principal: str = OPERATOR_ID
 
 
 class Heartbeat(msgspec.Struct, Request[int], frozen=True):
@@ -154,6 +161,7 @@ class Subscribe(msgspec.Struct, Request["Subscription"], frozen=True):
     max_queued: int
     snapshot: bool = False
     client_id: str | None = None  # a registered client streaming stays active
+    principal: str = OPERATOR_ID  # (only when it registered that client)
 
 
 class StreamEnded(msgspec.Struct, frozen=True):

@@ -271,10 +271,14 @@ class WorkspaceRuntimes:
                 return session.access
         return self.owners.get(session_id)
 
-    def known_client_ids(self, workspace: str | None = None) -> set[str]:
+    def known_client_ids(
+        self, workspace: str | None = None, principal: str | None = None
+    ) -> set[str]:
+        """The client ids registered on the live sessions (of ``workspace``; by
+        ``principal`` when given: another principal's id is not this one's to present)."""
         out: set[str] = set()
         for session in self.live(workspace):
-            out.update(session.clients)
+            out.update(session.clients if principal is None else session.clients.of(principal))
         return out
 
     def total_count(self) -> int:

@@ -55,6 +55,8 @@ from serve.acpfront.routing import Inline
 from serve.events import HEARTBEAT_FRAME, RETRY_FRAME
 from serve.host import Host
 from serve.http.access import (
+    LEASE_CHECK_S,
+    Lease,
     audit,
     may_use_filter,
     principal,
@@ -486,14 +488,30 @@ async def _get(workspace_ref: str | None) -> Response:
     token = outbox.attach()
     conn.open_streams += 1
     d.front.sse_streams += 1
+    # Multi-user auth: a revoked token ends the connection, a role gone the session's link
+    # (serve/http/access.py Lease), within LEASE_CHECK_S.
+    lease = Lease.of(d, request.scope)
+    wait_s = HEARTBEAT_INTERVAL_S if lease is None else LEASE_CHECK_S
 
     async def stream() -> AsyncIterator[bytes]:
         try:
             yield RETRY_FRAME
+            beat_at = check_at = trio.current_time()
             while True:
-                batch = await outbox.take(token, HEARTBEAT_INTERVAL_S)
+                batch = await outbox.take(token, wait_s)
                 if batch is None:
                     return
+                if lease is not None:
+                    now = trio.current_time()
+                    if now - check_at >= LEASE_CHECK_S:
+                        check_at = now
+                        if not await lease.holds():
+                            front.close(conn)
+                            return
+                        front.cut_links(conn, lease.reads)
+                    if not batch and now - beat_at < HEARTBEAT_INTERVAL_S:
+                        continue
+                    beat_at = now
                 if not batch:
                     yield HEARTBEAT_FRAME
                     continue
@@ -603,8 +621,19 @@ async def _websocket(workspace_ref: str | None) -> None:
         return
     conn.open_streams += 1
     await websocket.send(reply.decode())
+    lease = Lease.of(daemon(), websocket.scope)
     try:
         async with trio.open_nursery() as nursery:
+
+            async def watcher(lease: Lease) -> None:
+                """Multi-user auth: a revoked token closes the socket (1008), a role gone
+                ends the session's link (serve/http/access.py Lease)."""
+                while await lease.holds():
+                    front.cut_links(conn, lease.reads)
+                    await trio.sleep(LEASE_CHECK_S)
+                with trio.move_on_after(1):
+                    await websocket.close(1008)
+                nursery.cancel_scope.cancel()
 
             async def sender() -> None:
                 token = conn.outbox.attach()
@@ -631,6 +660,8 @@ async def _websocket(workspace_ref: str | None) -> None:
 
             nursery.start_soon(sender)
             nursery.start_soon(receiver)
+            if lease is not None:
+                nursery.start_soon(watcher, lease)
     finally:
         conn.open_streams -= 1
         held = list(conn.sessions)

@@ -66,6 +66,7 @@ from serve.http.routes.sessions import (
     publish,
     session_client,
     session_response,
+    sessions_api,
 )
 from serve.http.wire import JSON_TYPE, json_body, json_response
 from serve.sessions.fork import NATIVE as NATIVE_FORK
@@ -276,6 +277,7 @@ async def recap(session_id: str) -> Response:
     await json_body()
     session = find_session(session_id)
     await session_client(session)
+    sessions_api().check_prompt_quota(principal())  # a model query: charged as a prompt
     raw = await forward(session, agent_ext.RECAP, {}, timeout_s=MODEL_CALL_TIMEOUT_S)
     return _relay(raw)
 
@@ -292,6 +294,7 @@ async def btw(session_id: str) -> Response:
             "invalid_question",
         )
     await session_client(session)
+    sessions_api().check_prompt_quota(principal())  # a model query: charged as a prompt
     raw = await forward(
         session, agent_ext.BTW, {"question": question.strip()}, timeout_s=MODEL_CALL_TIMEOUT_S
     )
@@ -404,7 +407,8 @@ async def _load_branch(session: SessionActor, new_id: str, client_id: str | None
             principal=who,
             group_roles=dict(d.config.access.session_groups),
         )
-        attached = await ask(opened.session, Attach(client_id, request.remote_addr), Attached)
+        attach = Attach(client_id, request.remote_addr, principal=who.id)
+        attached = await ask(opened.session, attach, Attached)
     except Exception as exc:
         mapped = to_api_error(exc)
         error = mapped.body if mapped is not None else {"error": str(exc)}
@@ -441,7 +445,7 @@ async def _fork(session: SessionActor, client_id: str | None, name: str | None) 
             raise
         raise mapped from None
     fork = forked.session
-    attached = await ask(fork, Attach(client_id), Attached)
+    attached = await ask(fork, Attach(client_id, principal=who.id), Attached)
     out = session_response(attached.view, attached=False, client_id=attached.client_id)
     out["state"] = current_state(attached.view.state, attached.view)
     out.update(

@@ -29,8 +29,11 @@ from typing import Any, Final
 import trio
 from quart import Blueprint, Response, request
 
+from serve.access.errors import AccessError
+from serve.api import steering
 from serve.errors import fs_error, rest
 from serve.http import plural
+from serve.http.access import principal
 from serve.http.addressing import check_workspace_client, primary_workspace, publish_workspace_event
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
@@ -98,7 +101,7 @@ def file_route[**P](
         except WorkspaceFsError as err:
             status, body, _ = rest(fs_error(err))
             return json_response(body, status)
-        except ApiError:
+        except (ApiError, AccessError):
             raise
         except Exception:
             log.exception("file route %s failed", request.path)
@@ -237,8 +240,18 @@ async def _publish_change(
 
 
 async def _caller() -> tuple[dict[str, Any], str | None]:
+    """The body and the client id of a write or an edit; a ``user``'s change of a file
+    that steers agents is refused ``403 need: admin`` (serve/api/steering.py)."""
     body = await json_body(allow_empty=False)
     client_id = check_workspace_client(daemon(), header_client_id())
+    d = daemon()
+    await steering.check_write(
+        primary_workspace(d),
+        body.get("path"),
+        principal(),
+        multi_user=d.multi_user,
+        memory_flag=d.settings.memory_file_name,
+    )
     return body, client_id
 
 

@@ -13,6 +13,7 @@ from typing import Final
 from quart import Blueprint, Response
 
 from serve.api import forwarded, prompt_content
+from serve.http.access import principal
 from serve.http.capabilities import Feature
 from serve.http.errors import ApiError, bad_request
 from serve.http.routes.sessions import (
@@ -20,6 +21,7 @@ from serve.http.routes.sessions import (
     find_session,
     header_client_id,
     session_client,
+    sessions_api,
 )
 from serve.http.wire import json_body, json_response
 from serve.sessions.messages import PendingReplaced, PromptRunning, ReplacePending, SubmitPrompt
@@ -45,6 +47,8 @@ async def replace_pending_prompt(session_id: str, prompt_id: str) -> Response:
     content, extra = prompt_content(body.get("prompt")), forwarded(body)
     session = find_session(session_id)
     client_id = await session_client(session)
+    # New content for the agent (no new turn: the prompt was charged when queued).
+    sessions_api().check_budget(principal())
     request = SubmitPrompt(content.blocks, content.text, client_id, extra or None)
     try:
         replaced = await ask(session, ReplacePending(prompt_id, request), object)

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import trio
 from quart import Blueprint, Response, g, request
 
 from actors import ActorStopped, InboxFull
@@ -29,7 +30,14 @@ from serve.events import (
     SubscriberLimitExceeded,
 )
 from serve.http import plural, prompt_steer
-from serve.http.access import may_use_filter, principal, session_role, visible
+from serve.http.access import (
+    LEASE_CHECK_S,
+    Lease,
+    may_use_filter,
+    principal,
+    session_role,
+    visible,
+)
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request, service_unavailable, to_api_error
@@ -165,8 +173,9 @@ def find_session(session_id: str) -> SessionActor:
 
 
 async def require_registered(session: SessionActor, client_id: str) -> None:
-    """400 ``invalid_client_id`` unless ``client_id`` is registered on ``session``."""
-    await sessions_api().check_client(session, client_id)
+    """400 ``invalid_client_id`` unless the caller's principal registered ``client_id`` on
+    ``session`` (another principal's id is answered as an unknown one)."""
+    await sessions_api().check_client(session, client_id, principal())
 
 
 async def session_client(session: SessionActor) -> str | None:
@@ -525,6 +534,7 @@ async def events(session_id: str) -> Response:
                 max_queued=max_queued,
                 snapshot=request.args.get("snapshot") in ("1", "true"),
                 client_id=stream_client,
+                principal=principal().id,
             ),
             Subscription,
         )
@@ -547,14 +557,28 @@ async def events(session_id: str) -> Response:
             pass
 
     sub.on_close = ended
+    # Multi-user auth: the stream ends once its principal's token is revoked or its role on
+    # the session is gone (a member or a role removed), within LEASE_CHECK_S.
+    lease = Lease.of(d, request.scope)
+    wait_s = HEARTBEAT_INTERVAL_S if lease is None else LEASE_CHECK_S
 
     async def stream() -> AsyncIterator[bytes]:
         try:
             yield RETRY_FRAME
+            beat_at = check_at = trio.current_time()
             while True:
-                chunk = await sub.next_chunk(HEARTBEAT_INTERVAL_S)
+                chunk = await sub.next_chunk(wait_s)
                 if chunk is None:
                     return
+                if lease is not None:
+                    now = trio.current_time()
+                    if now - check_at >= LEASE_CHECK_S:
+                        check_at = now
+                        if not (await lease.holds() and lease.reads(session)):
+                            return
+                    if not chunk and now - beat_at < HEARTBEAT_INTERVAL_S:
+                        continue
+                    beat_at = now
                 if len(chunk) <= SSE_WRITE_BYTES:
                     yield chunk or HEARTBEAT_FRAME
                     continue

@@ -4,8 +4,12 @@ Contract (spec §4.8, qwen serve 0.24.4): body ``{command: string}``; strict rou
 security middleware refuses it on a daemon without a bearer token); needs
 ``--enable-session-shell`` (else ``403 session_shell_disabled``) and an
 ``X-Qwen-Client-Id`` registered on the session (absent: ``403 client_id_required``;
-unknown: ``400 invalid_client_id``). Tag ``session_shell_command``, advertised only when
-the flag is on *and* a token is configured: the strict gate has no trusted-loopback
+unknown: ``400 invalid_client_id``). With multi-user auth, a ``user``'s command that names
+a file or folder steering agents (``QWEN.md``, ``.qwen/`` ..., serve/access/steering_files.py)
+is refused ``403 forbidden need: admin`` (``reason: "steering_file"``): a tripwire, not a
+boundary (docs/multi-user.md says what the shell can and cannot be stopped from doing).
+Tag ``session_shell_command``, advertised only when the flag is on *and* a token is
+configured: the strict gate has no trusted-loopback
 exception here, so without a token the route could never run and the tag would lie.
 
 Order of work:
@@ -49,6 +53,8 @@ from acp.errors import METHOD_NOT_FOUND, AcpError, HandlerError, RemoteError
 from acp.process import scrub_env
 from acp.schema import CreateTerminalParams
 from actors import ActorStopped, InboxFull
+from serve.api import steering
+from serve.http.access import principal
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request
@@ -180,6 +186,16 @@ async def session_shell(session_id: str) -> Response:
             f"`command` must be at most {MAX_COMMAND_CHARS} characters without NUL",
             "invalid_command",
         )
+    # A user's command that names a file steering agents (QWEN.md, .qwen/ ...) is refused
+    # as the files routes refuse it; a tripwire only (serve/api/steering.py).
+    untrusted = d.settings.untrusted_workspaces
+    await steering.check_command(
+        d.workspaces.get(session.workspace, trusted=session.workspace not in untrusted),
+        command,
+        principal(),
+        multi_user=d.multi_user,
+        memory_flag=d.settings.memory_file_name,
+    )
     running = d.front.shells  # the Host's table, not a module global
     if running.get(session_id, 0) >= MAX_SHELLS_PER_SESSION:
         raise ApiError(

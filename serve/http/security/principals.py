@@ -52,6 +52,7 @@ __all__ = [
     "MAX_VERIFIED",
     "PRINCIPAL_KEY",
     "RELOAD_CHECK_S",
+    "REVALIDATE_KEY",
     "JwksCache",
     "PrincipalResolver",
     "TokensFile",
@@ -64,6 +65,9 @@ log = logging.getLogger(__name__)
 #: Where the security front leaves a request's principal in the ASGI scope (absent: the
 #: operator token, or a daemon without multi-user auth).
 PRINCIPAL_KEY = "acp_serve.principal"
+#: Where it leaves, beside it, how to resolve the same credential again (an async callable
+#: answering the principal it names now, None once revoked: serve/http/access.py Lease).
+REVALIDATE_KEY = "acp_serve.revalidate"
 #: Most keys kept from a JWKS.
 MAX_KEYS = 64
 #: One unknown kid refreshes the key set at most this often (seconds), and any refresh
