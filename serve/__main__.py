@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -40,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = with_config_grants(settings, config)  # sandbox.allowWrite
     except SettingsError as exc:
         print(f"acp-serve: {exc}", file=sys.stderr)
+        return 1
+    problem = state_dir_problem(settings.state_dir)
+    if problem is not None:
+        print(f"acp-serve: {problem}", file=sys.stderr)
         return 1
     setup_logging(settings.log_format)
     log = logging.getLogger("serve")
@@ -88,7 +93,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseExceptionGroup as group:
         gave_up, _ = group.split(SupervisorGaveUp)
         if gave_up is None:
-            raise
+            bind_failed, _ = group.split(OSError)
+            if bind_failed is None:
+                raise
+            stop_logging()
+            error: BaseException = bind_failed
+            while isinstance(error, BaseExceptionGroup):
+                error = error.exceptions[0]
+            assert isinstance(error, OSError)
+            print(
+                f"acp-serve: {_listen_problem(settings.hostname, settings.port, error)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
         stop_logging()  # what was logged comes first; the exit is the last line
         first: BaseException = gave_up
         while isinstance(first, BaseExceptionGroup):
@@ -97,13 +115,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_SUPERVISOR_GAVE_UP
     except OSError as exc:
         print(
-            f"acp-serve: cannot listen on {settings.hostname}:{settings.port}: {exc}",
-            file=sys.stderr,
+            f"acp-serve: {_listen_problem(settings.hostname, settings.port, exc)}", file=sys.stderr
         )
         return 1
     except KeyboardInterrupt:
         return 130
     _exit_at_once(0)
+
+
+def state_dir_problem(path: str) -> str | None:
+    """Why the state directory cannot be used (it cannot be created, or a file cannot be
+    written in it), or None. Checked before anything starts: a daemon without one answers
+    ``/health`` but fails every create."""
+    hint = "pass a writable directory with --state-dir (or $ACP_SERVE_STATE_DIR)"
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        return f"the state directory {path} (--state-dir) cannot be created: {exc.strerror}; {hint}"
+    probe = os.path.join(path, f".write-check-{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"the state directory {path} (--state-dir) is not writable: {exc.strerror}; {hint}"
+    return None
+
+
+def _listen_problem(host: str, port: int, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"--port {port} on {host} is in use (another acp-serve?); stop it, or pass another "
+            "--port (0 = any free port)"
+        )
+    return f"cannot listen on {host}:{port}: {exc}"
 
 
 def _exit_at_once(code: int) -> NoReturn:

@@ -320,6 +320,23 @@ class SessionService:
             )
         )
 
+    async def persisted_not_loaded(
+        self, session_id: str, principal: Principal, group_roles: Mapping[str, str] | None
+    ) -> bool:
+        """True when ``session_id`` is not live here but has a journal that ``principal``
+        may restore (``POST /session/:id/load``): a not-found answer then says so."""
+        journal = _optional(self.host, "journal", Journal)
+        if journal is None or self.host.registry.get(session_id) is not None:
+            return False
+        try:
+            meta = (await journal.read(session_id, tail=1)).meta
+        except Exception:  # no journal of it, or unreadable: nothing to restore
+            return False
+        if principal is OPERATOR or principal.admin:
+            return True
+        access = from_attr(meta.attrs)
+        return access is None or role_of(access, principal, group_roles) is not None
+
     async def check_journaled(
         self, session_id: str, principal: Principal, group_roles: Mapping[str, str] | None
     ) -> None:

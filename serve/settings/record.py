@@ -81,6 +81,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     hostname: str = "127.0.0.1"
     port: int = DEFAULT_PORT
+    #: ``--port`` was given: a busy port stops start-up (only the default moves on to the
+    #: next free port, so a second daemon never starts where the caller did not ask).
+    port_explicit: bool = False
     token: str | None = None
     token_from_argv: bool = False
     token_generated: bool = False
