@@ -128,6 +128,8 @@ def state_dir_problem(path: str) -> str | None:
     written in it), or None. Checked before anything starts: a daemon without one answers
     ``/health`` but fails every create."""
     hint = "pass a writable directory with --state-dir (or $ACP_SERVE_STATE_DIR)"
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return f"the state directory {path} (--state-dir) is not a directory; {hint}"
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as exc:
