@@ -294,7 +294,12 @@ async def resume_session(session_id: str) -> Response:
 @blueprint.get("/workspaces//<path:workspace>/sessions")
 async def list_sessions(workspace: str) -> Response:
     api = sessions_api()
-    return json_response({"sessions": await api.summaries(api.listed(workspace), visible())})
+    path = api.listed(workspace)
+    sessions = await api.summaries(path, visible())
+    if request.args.get("include") == "persisted":  # acp-serve's: journaled, not loaded
+        groups = dict(daemon().config.access.session_groups)
+        sessions += await api.persisted_summaries(path, principal(), groups)
+    return json_response({"sessions": sessions})
 
 
 # ---- prompts ------------------------------------------------------------------------------
