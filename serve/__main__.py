@@ -15,7 +15,7 @@ from acp.children import become_subreaper, become_undumpable
 from actors import SupervisorGaveUp
 from serve.config import config_warnings, load_daemon_config, with_config_grants
 from serve.logs import setup_logging, stop_logging
-from serve.settings import SettingsError, parse_settings
+from serve.settings import Settings, SettingsError, parse_settings
 
 #: Exit status when the root supervisor gave up (EX_SOFTWARE).
 EXIT_SUPERVISOR_GAVE_UP = 70
@@ -83,10 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             mode = f"mode=http-bridge, workspace={settings.primary_workspace}"
             print(f"acp-serve listening on {urls[0]} ({mode})", flush=True)
             _release_startup_memory()
+            log.info("%s", auth_summary(settings))
             if settings.trusted_loopback:
-                log.warning(
-                    "no bearer token: local callers on this loopback listener have full API access"
-                )
+                log.warning("%s", no_token_warning())
 
     try:
         trio.run(run)
@@ -121,6 +120,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     _exit_at_once(0)
+
+
+def auth_summary(settings: Settings) -> str:
+    """The start-up line saying who may call the daemon."""
+    auth = settings.auth
+    if settings.bootstrap:
+        return "auth: bootstrap token (late binding): only POST /daemon/bind until bound"
+    if settings.token is None:
+        return "auth: none (loopback callers only; see the warning below)"
+    parts = ["operator bearer token"]
+    if auth.jwks_url or auth.jwks_file:
+        parts.append(f"JWTs signed by {auth.jwks_url or auth.jwks_file}")
+    if auth.tokens_file:
+        parts.append(f"scoped tokens from {auth.tokens_file}")
+    if settings.token_header:
+        parts.append(f"the token also in header {settings.token_header}")
+    return "auth: " + ", ".join(parts)
+
+
+def no_token_warning() -> str:
+    """What a caller without a token may do on a loopback daemon without one: every route
+    but the strict ones (serve/http/security/strict.py), which answer 401 token_required."""
+    from serve.http.security.strict import STRICT_ROUTES  # lazy: as the daemon below
+
+    strict = ", ".join(dict.fromkeys(route.what for route in STRICT_ROUTES))
+    return (
+        "no bearer token: local callers on this loopback listener may use every route except "
+        f"those that need a token (401 token_required): {strict}; start with --token or "
+        "$QWEN_SERVER_TOKEN to allow them"
+    )
 
 
 def state_dir_problem(path: str) -> str | None:
