@@ -225,7 +225,10 @@ class Supervisor:
         event = SupervisorEvent(self.name, child, kind, reason, time.time(), attempt)
         self.events.append(event)
         # Routine starts and stops are for debugging; restarts and failures are news.
-        level = logging.DEBUG if kind in (EventKind.START, EventKind.STOP) else logging.INFO
+        routine = kind in (EventKind.START, EventKind.STOP) or (
+            kind == EventKind.EXIT and reason == "normal"
+        )
+        level = logging.DEBUG if routine else logging.INFO
         log.log(level, "supervisor %s: %s %s (%s)", self.name, child, kind, reason)
         if self._listener is not None:
             try:
