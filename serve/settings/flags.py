@@ -77,6 +77,7 @@ _SECTION_OF = {
     "--state-dir": "sessions",
     "--config": "serving",
     "--no-journal": "sessions",
+    "--approval-mode": "sessions",
     "--max-sessions": "sessions",
     "--max-total-sessions": "sessions",
     "--max-pending-prompts-per-session": "sessions",
@@ -265,6 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="a directory every agent may write under the sandbox (repeatable; absolute, "
         "existing; not in the state directory nor a workspace)",
+    )
+    add(
+        "--approval-mode",
+        default=None,
+        metavar="MODE",
+        help="the approval mode a new session starts in when its agent offers it and the "
+        "create asks for none: plan, default (ask before writing), auto-edit, auto, yolo, or "
+        "the agent's own id (default: the agent's own; scripts/serve --agent: default)",
     )
     add("--no-journal", action="store_true", help="do not persist session events")
     add("--max-sessions", default="32", help="live sessions per workspace; 0 = unlimited")

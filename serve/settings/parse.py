@@ -287,6 +287,7 @@ def parse_settings(
         auth=auth,
         hostname=hostname,
         port=port,
+        approval_mode=_approval_mode(ns.approval_mode),
         port_explicit=ns.port is not None,
         token=token,
         token_from_argv=token_from_argv,
@@ -427,3 +428,12 @@ def parse_settings(
         ),
         inert_flags=inert,
     )
+
+
+def _approval_mode(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    mode = raw.strip()
+    if not mode or any(c.isspace() for c in mode):
+        raise SettingsError(f'Invalid --approval-mode "{raw}": give one mode id, e.g. default')
+    return mode

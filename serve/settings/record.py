@@ -104,6 +104,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     config_file: str | None = None
     journal: bool = True
     max_sessions: int = 32
+    #: ``--approval-mode``: the mode a new session is put in when its agent offers it and
+    #: the create asks for none (None: the agent's own). Not gated: the operator chose it.
+    approval_mode: str | None = None
     max_total_sessions: int | None = None
     max_pending_prompts_per_session: int = 5
     max_connections: int = 256

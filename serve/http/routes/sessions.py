@@ -249,6 +249,8 @@ async def create_session() -> Response:
     )
     registered = created.attached.client_id
     out = session_response(created.attached.view, attached=created.joined, client_id=registered)
+    if approval_mode is None and not created.joined:
+        approval_mode = daemon().settings.approval_mode  # --approval-mode, the operator's
     applied = await api.apply_settings(created.session, registered, approval_mode, model)
     if applied is not None:
         out["modelApplied"] = applied
