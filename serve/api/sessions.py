@@ -351,9 +351,13 @@ class SessionService:
                     "clientCount": 0,
                     "hasActivePrompt": False,
                     "activeWorkState": "persisted",
+                    "hasRunningBackgroundTasks": False,
                     "isWaitingForPermission": False,
+                    "isWaitingForUserQuestion": False,
                     "pendingInteractionCount": 0,
+                    "pendingPromptCount": 0,
                     "hasTurnError": False,
+                    "pendingInteractions": [],
                 }
             )
         return out[-MAX_PERSISTED_LISTED:]
