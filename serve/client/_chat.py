@@ -235,10 +235,11 @@ class Chat:
         """While replaying what came before the attach: keep the permission requests still
         unanswered, show nothing; at the last replayed event show those. True while
         replaying."""
-        if self.quiet_until is None or event.id is None or event.id > self.quiet_until:
-            if self.quiet_until is not None:
-                self.quiet_until = None
-                self._show_pending()
+        if self.quiet_until is None or event.id is None:
+            return False  # a synthetic frame (no id) is shown as it comes
+        if event.id > self.quiet_until:
+            self.quiet_until = None
+            self._show_pending()
             return False
         if event.type == "permission_request":
             request: PermissionRequest = event.payload
