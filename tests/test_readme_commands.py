@@ -87,6 +87,9 @@ def test_the_quick_start_commands_run(tmp_path: Path) -> None:
         def bash(block: str, stdin: str = "") -> str:
             script = block.replace(README_URL, daemon.url)
             script = script.replace("curl -sN ", "curl -sN --max-time 3 ")  # for Ctrl-C
+            # The attach example's pause before stdin closes (the bridge then exits at
+            # once): long enough for session/new on a loaded machine.
+            script = script.replace("sleep 2;", "sleep 10;")
             done = subprocess.run(
                 ["bash", "-c", script],
                 cwd=ROOT,
