@@ -224,7 +224,12 @@ class Supervisor:
     def _record(self, child: str, kind: EventKind, reason: str, attempt: int = 0) -> None:
         event = SupervisorEvent(self.name, child, kind, reason, time.time(), attempt)
         self.events.append(event)
-        log.info("supervisor %s: %s %s (%s)", self.name, child, kind, reason)
+        # Routine starts and stops are for debugging; restarts and failures are news.
+        routine = kind in (EventKind.START, EventKind.STOP) or (
+            kind == EventKind.EXIT and reason == "normal"
+        )
+        level = logging.DEBUG if routine else logging.INFO
+        log.log(level, "supervisor %s: %s %s (%s)", self.name, child, kind, reason)
         if self._listener is not None:
             try:
                 self._listener(event)

@@ -24,6 +24,11 @@ find_python313() {
   return 1
 }
 
+# One line per install step, on stderr (stdout stays the daemon's).
+step() {
+  echo "==> $*" >&2
+}
+
 ensure_venv() {
   local extras="${1:-}"
   if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 13) else 1)' 2>/dev/null; then
@@ -34,16 +39,20 @@ ensure_venv() {
       exit 1
     fi
     rm -rf "$VENV"
+    step "creating $VENV with $py"
     "$py" -m venv "$VENV"
   fi
   local spec="."
   [ -n "$extras" ] && spec=".[$extras]"
   local stamp="$VENV/.installed-$(echo "$extras" | tr ',' '-')"
   if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT$([ -n "$extras" ] && echo "[$extras]")" 2>&1 \
-      | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+    step "installing acp-serve${extras:+ with [$extras]} and its dependencies into $VENV (pip; ~30 s the first time)"
+    # pip's own lines (what it collects, downloads and installs) show the progress.
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar on -e "$ROOT$([ -n "$extras" ] && echo "[$extras]")" 2>&1 \
+      | grep --line-buffered -v -e "is ignored: it is neither a file nor a directory" -e "^Requirement already satisfied" >&2 || true
     "$VENV/bin/python" -c 'import serve, trio, quart_trio, msgspec' || { echo "install failed" >&2; exit 1; }
     touch "$stamp"
+    step "installed"
   fi
   # Byte-compile our own packages (an editable install does not; start-up then never
   # compiles them, even where PYTHONDONTWRITEBYTECODE is set). Cheap when up to date.

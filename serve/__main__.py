@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -14,7 +15,7 @@ from acp.children import become_subreaper, become_undumpable
 from actors import SupervisorGaveUp
 from serve.config import config_warnings, load_daemon_config, with_config_grants
 from serve.logs import setup_logging, stop_logging
-from serve.settings import SettingsError, parse_settings
+from serve.settings import Settings, SettingsError, parse_settings
 
 #: Exit status when the root supervisor gave up (EX_SOFTWARE).
 EXIT_SUPERVISOR_GAVE_UP = 70
@@ -40,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = with_config_grants(settings, config)  # sandbox.allowWrite
     except SettingsError as exc:
         print(f"acp-serve: {exc}", file=sys.stderr)
+        return 1
+    problem = state_dir_problem(settings.state_dir)
+    if problem is not None:
+        print(f"acp-serve: {problem}", file=sys.stderr)
         return 1
     setup_logging(settings.log_format)
     log = logging.getLogger("serve")
@@ -78,17 +83,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             mode = f"mode=http-bridge, workspace={settings.primary_workspace}"
             print(f"acp-serve listening on {urls[0]} ({mode})", flush=True)
             _release_startup_memory()
+            log.info("%s", auth_summary(settings))
             if settings.trusted_loopback:
-                log.warning(
-                    "no bearer token: local callers on this loopback listener have full API access"
-                )
+                log.warning("%s", no_token_warning())
 
     try:
         trio.run(run)
     except BaseExceptionGroup as group:
         gave_up, _ = group.split(SupervisorGaveUp)
         if gave_up is None:
-            raise
+            bind_failed, _ = group.split(OSError)
+            if bind_failed is None:
+                raise
+            stop_logging()
+            error: BaseException = bind_failed
+            while isinstance(error, BaseExceptionGroup):
+                error = error.exceptions[0]
+            assert isinstance(error, OSError)
+            print(
+                f"acp-serve: {_listen_problem(settings.hostname, settings.port, error)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
         stop_logging()  # what was logged comes first; the exit is the last line
         first: BaseException = gave_up
         while isinstance(first, BaseExceptionGroup):
@@ -97,13 +114,72 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_SUPERVISOR_GAVE_UP
     except OSError as exc:
         print(
-            f"acp-serve: cannot listen on {settings.hostname}:{settings.port}: {exc}",
-            file=sys.stderr,
+            f"acp-serve: {_listen_problem(settings.hostname, settings.port, exc)}", file=sys.stderr
         )
         return 1
     except KeyboardInterrupt:
         return 130
     _exit_at_once(0)
+
+
+def auth_summary(settings: Settings) -> str:
+    """The start-up line saying who may call the daemon."""
+    auth = settings.auth
+    if settings.bootstrap:
+        return "auth: bootstrap token (late binding): only POST /daemon/bind until bound"
+    if settings.token is None:
+        return "auth: none (loopback callers only; see the warning below)"
+    parts = ["operator bearer token"]
+    if auth.jwks_url or auth.jwks_file:
+        parts.append(f"JWTs signed by {auth.jwks_url or auth.jwks_file}")
+    if auth.tokens_file:
+        parts.append(f"scoped tokens from {auth.tokens_file}")
+    if settings.token_header:
+        parts.append(f"the token also in header {settings.token_header}")
+    return "auth: " + ", ".join(parts)
+
+
+def no_token_warning() -> str:
+    """What a caller without a token may do on a loopback daemon without one: every route
+    but the strict ones (serve/http/security/strict.py), which answer 401 token_required."""
+    from serve.http.security.strict import STRICT_ROUTES  # lazy: as the daemon below
+
+    strict = ", ".join(dict.fromkeys(route.what for route in STRICT_ROUTES))
+    return (
+        "no bearer token: local callers on this loopback listener may use every route except "
+        f"those that need a token (401 token_required): {strict}; start with --token or "
+        "$QWEN_SERVER_TOKEN to allow them"
+    )
+
+
+def state_dir_problem(path: str) -> str | None:
+    """Why the state directory cannot be used (it cannot be created, or a file cannot be
+    written in it), or None. Checked before anything starts: a daemon without one answers
+    ``/health`` but fails every create."""
+    hint = "pass a writable directory with --state-dir (or $ACP_SERVE_STATE_DIR)"
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return f"the state directory {path} (--state-dir) is not a directory; {hint}"
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        return f"the state directory {path} (--state-dir) cannot be created: {exc.strerror}; {hint}"
+    probe = os.path.join(path, f".write-check-{os.getpid()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return f"the state directory {path} (--state-dir) is not writable: {exc.strerror}; {hint}"
+    return None
+
+
+def _listen_problem(host: str, port: int, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"--port {port} on {host} is in use (another acp-serve?); stop it, or pass another "
+            "--port (0 = any free port)"
+        )
+    return f"cannot listen on {host}:{port}: {exc}"
 
 
 def _exit_at_once(code: int) -> NoReturn:

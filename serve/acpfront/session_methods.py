@@ -158,6 +158,8 @@ async def session_new(
         conn.reserved_sessions -= reserved
     out = session_result(view, link, attached)
     mode = params.get("approvalMode")
+    if not mode and not attached:
+        mode = front.host.settings.approval_mode  # --approval-mode, the operator's
     if isinstance(mode, str) and mode:
         try:
             await session.call(SetApprovalMode(mode, False, link.client_id), timeout_s=30)

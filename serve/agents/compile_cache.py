@@ -194,10 +194,10 @@ async def warm_up(settings: Settings, *, cwd: str, env: Mapping[str, str]) -> bo
         return False
     wrote = await trio.to_thread.run_sync(_write_stamp, cache, stamp)
     log.info(
-        "node compile cache %s: probe exited %s after %.2fs (%s)",
+        "node compile cache %s %s by a probe run of the agent (%s after %.2fs)",
         cache,
+        "populated" if wrote else "not written (node older than 22.1?)",
         info.describe(),
         trio.current_time() - started,
-        "populated" if wrote else "node wrote nothing: older than 22.1?",
     )
     return wrote

@@ -32,6 +32,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -97,6 +98,9 @@ __all__ = [
 
 #: The default bound of one ask of a session, the registry or the mediator (seconds).
 ASK_TIMEOUT_S = 30.0
+#: Persisted (not live) sessions a listing with ``include=persisted`` names at most (the
+#: newest; entries).
+MAX_PERSISTED_LISTED = 200
 #: A model switch asked of the agent (seconds).
 MODEL_SWITCH_TIMEOUT_S = 60.0
 #: Attempts at attaching to a single-scope session that closes under the caller.
@@ -335,6 +339,61 @@ class SessionService:
                 session_id, workspace, action, dirs, principal.id, self._quota(principal)
             )
         )
+
+    async def persisted_summaries(
+        self, workspace: str, principal: Principal, group_roles: Mapping[str, str] | None
+    ) -> list[dict[str, Any]]:
+        """List entries of the sessions of ``workspace`` that are journaled but not live
+        (``activeWorkState: "persisted"``: ``POST /session/:id/load`` restores one), those
+        ``principal`` may load, oldest first; at most :data:`MAX_PERSISTED_LISTED`."""
+        journal = _optional(self.host, "journal", Journal)
+        if journal is None:
+            return []
+        out: list[dict[str, Any]] = []
+        for meta in await journal.list_sessions():
+            if meta.workspace != workspace or self.host.registry.get(meta.session_id):
+                continue
+            if principal is not OPERATOR and not principal.admin:
+                access = from_attr(meta.attrs)
+                if access is not None and role_of(access, principal, group_roles) is None:
+                    continue
+            created = datetime.fromtimestamp(meta.created_at_ms / 1000, UTC)
+            out.append(
+                {
+                    "sessionId": meta.session_id,
+                    "workspaceCwd": meta.workspace,
+                    "createdAt": created.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                    "displayName": meta.session_id,
+                    "clientCount": 0,
+                    "hasActivePrompt": False,
+                    "activeWorkState": "persisted",
+                    "hasRunningBackgroundTasks": False,
+                    "isWaitingForPermission": False,
+                    "isWaitingForUserQuestion": False,
+                    "pendingInteractionCount": 0,
+                    "pendingPromptCount": 0,
+                    "hasTurnError": False,
+                    "pendingInteractions": [],
+                }
+            )
+        return out[-MAX_PERSISTED_LISTED:]
+
+    async def persisted_not_loaded(
+        self, session_id: str, principal: Principal, group_roles: Mapping[str, str] | None
+    ) -> bool:
+        """True when ``session_id`` is not live here but has a journal that ``principal``
+        may restore (``POST /session/:id/load``): a not-found answer then says so."""
+        journal = _optional(self.host, "journal", Journal)
+        if journal is None or self.host.registry.get(session_id) is not None:
+            return False
+        try:
+            meta = (await journal.read(session_id, tail=1)).meta
+        except Exception:  # no journal of it, or unreadable: nothing to restore
+            return False
+        if principal is OPERATOR or principal.admin:
+            return True
+        access = from_attr(meta.attrs)
+        return access is None or role_of(access, principal, group_roles) is not None
 
     async def check_journaled(
         self, session_id: str, principal: Principal, group_roles: Mapping[str, str] | None

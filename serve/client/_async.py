@@ -317,13 +317,21 @@ class AcpServeClient:
         """``POST /session/:id/resume``."""
         return await self._restore(session_id, "resume", cwd)
 
-    async def list_sessions(self, workspace: str | None = None) -> SessionList:
-        """``GET /workspace/:id/sessions`` (default: the daemon's primary workspace)."""
+    async def list_sessions(
+        self, workspace: str | None = None, *, persisted: bool = False
+    ) -> SessionList:
+        """``GET /workspace/:id/sessions`` (default: the daemon's primary workspace);
+        ``persisted``: also the journaled sessions not loaded (``active_work_state``
+        ``"persisted"``; :meth:`load_session` restores one)."""
         if workspace is None:
             workspace = (await self.capabilities(refresh=False)).workspace_cwd
         ref = urllib.parse.quote(workspace, safe="")
         return await self._call(
-            SessionList, "GET", f"/workspace/{ref}/sessions", headers=self._headers()
+            SessionList,
+            "GET",
+            f"/workspace/{ref}/sessions",
+            params={"include": "persisted"} if persisted else None,
+            headers=self._headers(),
         )
 
     async def prompt(

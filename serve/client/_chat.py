@@ -100,8 +100,20 @@ class _Recent:
 class Chat:
     """One interactive chat on one session; see the module docstring."""
 
-    def __init__(self, client: AcpServeClient, console: Console, session_id: str) -> None:
+    def __init__(
+        self,
+        client: AcpServeClient,
+        console: Console,
+        session_id: str,
+        *,
+        quiet_until: int | None = None,
+    ) -> None:
         self.client = client
+        #: Attached to a session waiting for a permission: its stream is read from the
+        #: start, and events up to this id only recover the pending requests (not shown).
+        self.quiet_until = quiet_until
+        #: Requests asked for a prompt of this client (only those are cancelled at EOF).
+        self.asked_mine: set[str] = set()
         self.console = console
         self.session_id = session_id
         self.mine = _Recent()
@@ -115,6 +127,7 @@ class Chat:
         self._changed = trio.Event()
         self._status: Status | None = None
         self._last_interrupt: float | None = None
+        self._pending_events: dict[str, Event] = {}
 
     # ---- small helpers -------------------------------------------------------------------
 
@@ -218,15 +231,50 @@ class Chat:
 
     # ---- events --------------------------------------------------------------------------
 
+    async def _catch_up(self, event: Event) -> bool:
+        """While replaying what came before the attach: keep the permission requests still
+        unanswered, show nothing; at the last replayed event show those. True while
+        replaying."""
+        if self.quiet_until is None or event.id is None:
+            return False  # a synthetic frame (no id) is shown as it comes
+        if event.id > self.quiet_until:
+            self.quiet_until = None
+            self._show_pending()
+            return False
+        if event.type == "permission_request":
+            request: PermissionRequest = event.payload
+            self.pending[request.request_id] = request
+            self._pending_events[request.request_id] = event
+        elif event.type == "permission_resolved":
+            rid = event.data.get("requestId", "")
+            self.pending.pop(rid, None)
+            self._pending_events.pop(rid, None)
+        if event.id == self.quiet_until:
+            self.quiet_until = None
+            self._show_pending()
+        return True
+
+    def _show_pending(self) -> None:
+        for event in self._pending_events.values():
+            self.renderer.note("· a permission is waiting for an answer:")
+            self.renderer.render(event)
+        if self._pending_events:
+            self._show_prompt()
+        self._pending_events.clear()
+
     async def _on_event(self, event: Event) -> None:
+        if await self._catch_up(event):
+            return
         self._unspin()
         self.renderer.render(event)
         if event.type == "permission_request":
             request: PermissionRequest = event.payload
             self.pending[request.request_id] = request
-            if self.eof:
+            if event.prompt_id is not None and event.prompt_id in self.mine:
+                self.asked_mine.add(request.request_id)
+            if self.eof and request.request_id in self.asked_mine:
                 await self._answer(request, CANCEL)
-            else:
+            elif not self.eof:
                 self._show_prompt()
         elif event.type == "permission_resolved":
             if self.pending.pop(event.data.get("requestId", ""), None) is not None:
@@ -323,10 +371,13 @@ class Chat:
         return False
 
     async def _finish(self) -> None:
-        """EOF: nobody can answer any more; wait for this client's prompts to end."""
+        """EOF: nobody can answer any more here: cancel what this client's prompts asked
+        (a request found waiting at the attach is left to its other clients), and wait for
+        this client's prompts to end."""
         self.eof = True
         for request in list(self.pending.values()):
-            await self._answer(request, CANCEL)
+            if request.request_id in self.asked_mine:
+                await self._answer(request, CANCEL)
         while self.active:
             await self._changed.wait()
 
@@ -340,6 +391,7 @@ async def run_chat(
     replay: bool = False,
 ) -> int:
     """Create or attach, open the stream, chat until EOF. Returns the exit code."""
+    quiet_until: int | None = None
     with console.status("connecting…", spinner="dots"):
         if session_id is not None:
             restored = await client.load_session(session_id)
@@ -349,16 +401,20 @@ async def run_chat(
                 restored.workspace_cwd,
             )
             start = 0 if replay else restored.last_event_id
+            how = "attached" if attached else "restored"
+            if not replay and await _waiting_for_permission(client, sid, workspace):
+                quiet_until, start = restored.last_event_id, 0
         else:
             created = await client.create_session(scope="thread" if new else "single")
             sid, attached = created.session_id, created.attached
             workspace = created.workspace_cwd
             start = 0 if replay else None
+            how = "attached" if attached else "new"
         stream = client.events(sid, last_event_id=start)
         await stream.open()
     async with stream:
         console.print(
-            f"session {sid} ({'attached' if attached else 'new'}) in {workspace}",
+            f"session {sid} ({how}) in {workspace}",
             style="bold",
             markup=False,
             highlight=False,
@@ -368,4 +424,13 @@ async def run_chat(
             style="dim",
             markup=False,
         )
-        return await Chat(client, console, sid).run(stream)
+        return await Chat(client, console, sid, quiet_until=quiet_until).run(stream)
+
+
+async def _waiting_for_permission(client: AcpServeClient, session_id: str, workspace: str) -> bool:
+    """Whether the session has a permission request nobody answered yet (its list entry)."""
+    try:
+        listed = await client.list_sessions(workspace or None)
+    except AcpServeClientError:
+        return False
+    return any(s.session_id == session_id and s.is_waiting_for_permission for s in listed.sessions)

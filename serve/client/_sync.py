@@ -213,8 +213,12 @@ class SyncAcpServeClient:
     def resume_session(self, session_id: str, *, cwd: str | None = None) -> RestoredSession:
         return self._run(self._client.resume_session, session_id, cwd=cwd)
 
-    def list_sessions(self, workspace: str | None = None) -> SessionList:
-        return self._run(self._client.list_sessions, workspace)
+    def list_sessions(
+        self, workspace: str | None = None, *, persisted: bool = False
+    ) -> SessionList:
+        return self._run(
+            functools.partial(self._client.list_sessions, persisted=persisted), workspace
+        )
 
     def prompt(
         self,

@@ -19,7 +19,12 @@ Theory of operation
   and delivered on the new stream. If the daemon no longer knows the connection (404: it
   expired or the daemon restarted), a new connection is initialised with the saved params
   and every session is taken back with ``session/resume`` before its stream reopens.
-* stdin EOF: the connection is deleted and the process exits 0.
+* stdin EOF: the connection is deleted and the process exits 0, at once, even while the
+  daemon is still being reached.
+* No daemon: ``initialize`` is tried for at most :data:`CONNECT_RETRY_S` (each failure named
+  on stderr), then answered with a JSON-RPC error saying what was tried; every later request
+  gets that error too (a later ``initialize`` tries again). No ACP endpoint at the URL (404,
+  a wrong path): the JSON-RPC error, then exit 1. stdout only ever carries JSON-RPC.
 * ``fs/*`` and ``terminal/*`` requests from the daemon are refused (``-32601``, answered to
   the daemon, never shown to the editor): the daemon serves an agent's files and terminals
   itself and never sends them, so one that arrives is not the editor's to run.
@@ -53,6 +58,10 @@ log = logging.getLogger("acp-serve.attach")
 MAX_LINE_BYTES = 16 * 1024 * 1024
 MAX_SESSIONS = 64
 POST_RETRY_S = 30.0
+#: How long ``initialize`` keeps trying to reach a daemon that does not answer (seconds).
+CONNECT_RETRY_S = 10.0
+#: Editor messages read ahead of the one being handled (messages).
+MAX_READ_AHEAD = 256
 BACKOFF_START_S = 0.2
 BACKOFF_MAX_S = 5.0
 #: How long a renewal waits for the daemon to answer one session/resume.
@@ -68,6 +77,14 @@ _encoder = msgspec.json.Encoder()
 
 class Gone(Exception):
     """The daemon does not know our connection any more (404)."""
+
+
+class Unreachable(httpx.HTTPError):
+    """``initialize`` could not reach the daemon within :data:`CONNECT_RETRY_S`."""
+
+
+class NoEndpoint(Exception):
+    """The URL has no ACP endpoint (404 to ``initialize``): a wrong path."""
 
 
 class Bridge:
@@ -101,6 +118,8 @@ class Bridge:
         self.internal: dict[object, trio.Event] = {}
         self.nursery: trio.Nursery | None = None
         self._internal = 0
+        #: Why the daemon could not be reached at ``initialize`` (answered to every request).
+        self.unreachable: str | None = None
 
     # ---- output --------------------------------------------------------------------------
 
@@ -114,16 +133,34 @@ class Bridge:
     # ---- connection ----------------------------------------------------------------------
 
     async def initialize(self, message: dict[str, Any]) -> None:
+        """Answer the editor's ``initialize``; raises :class:`NoEndpoint` after answering
+        when the URL has no ACP endpoint."""
         self.init_params = dict(message.get("params") or {})
-        reply = await self._post_initialize(message)
+        try:
+            reply = await self._post_initialize(message, retry_s=CONNECT_RETRY_S)
+        except Unreachable as exc:
+            self.unreachable = str(exc)
+            log.warning("%s; every request is answered with this error until stdin closes", exc)
+            await self.emit_obj(_error(message.get("id"), -32603, str(exc)))
+            return
+        except NoEndpoint as exc:
+            log.warning("%s", exc)
+            await self.emit_obj(_error(message.get("id"), -32601, str(exc)))
+            raise
+        self.unreachable = None
         await self.emit(reply)
-        assert self.nursery is not None
-        self.nursery.start_soon(self._connection_stream)
+        if self.conn_id is not None:
+            assert self.nursery is not None
+            self.nursery.start_soon(self._connection_stream)
 
-    async def _post_initialize(self, message: dict[str, Any]) -> bytes:
+    async def _post_initialize(
+        self, message: dict[str, Any], retry_s: float = POST_RETRY_S
+    ) -> bytes:
         delay = BACKOFF_START_S
-        deadline = trio.current_time() + POST_RETRY_S
+        started = trio.current_time()
+        attempts = 0
         while True:
+            attempts += 1
             try:
                 response = await self.http.post(
                     self.endpoint,
@@ -131,16 +168,29 @@ class Bridge:
                     headers={**self.headers, "Content-Type": "application/json"},
                 )
             except httpx.HTTPError as exc:
-                if trio.current_time() > deadline:
-                    raise
-                log.warning("initialize failed (%s); retrying", exc)
+                waited = trio.current_time() - started
+                if waited + delay > retry_s:
+                    raise Unreachable(
+                        f"daemon unreachable: POST {self.endpoint} failed {attempts} times over "
+                        f"{waited:.1f} s ({_why(exc)}); is acp-serve running there?"
+                    ) from exc
+                log.warning(
+                    "cannot reach %s (%s); try %d, again in %.1f s",
+                    self.endpoint,
+                    _why(exc),
+                    attempts,
+                    delay,
+                )
                 await trio.sleep(delay)
                 delay = min(BACKOFF_MAX_S, delay * 2)
                 continue
-            if response.status_code != 200:
-                return response.content or _encoder.encode(
-                    _error(message.get("id"), -32000, f"initialize: HTTP {response.status_code}")
+            if response.status_code == 404 and self.conn_id is None and self.generation == 0:
+                raise NoEndpoint(
+                    f"no ACP endpoint at {self.endpoint} (HTTP 404): give the daemon's base "
+                    "URL (http://host:port) or its /acp URL"
                 )
+            if response.status_code != 200:
+                return _encoder.encode(_http_error(message.get("id"), response, "initialize"))
             self.conn_id = response.headers.get("acp-connection-id")
             self.generation += 1
             return response.content
@@ -245,15 +295,7 @@ class Bridge:
                 await self.emit_obj(_error(message["id"], -32603, f"daemon unreachable: {exc}"))
             return
         if response.status_code >= 400 and "method" in message and message.get("id") is not None:
-            try:
-                body = _decoder.decode(response.content)
-            except (msgspec.DecodeError, RecursionError):
-                body = None
-            if isinstance(body, dict) and isinstance(body.get("error"), dict):
-                body["id"] = message["id"]
-                await self.emit_obj(body)
-            else:
-                await self.emit_obj(_error(message["id"], -32603, f"HTTP {response.status_code}"))
+            await self.emit_obj(_http_error(message["id"], response, str(message["method"])))
         elif response.status_code == 200 and response.content:
             # The reply answered in the POST itself (the daemon does so for a connection
             # whose clientInfo names the qwen SDK): handled as the stream's would be.
@@ -414,6 +456,28 @@ def _error(rid: object, code: int, message: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
 
 
+def _http_error(rid: object, response: httpx.Response, what: str) -> dict[str, Any]:
+    """A JSON-RPC error for an HTTP error answer: the daemon's own JSON-RPC error when it
+    sent one, else one naming the status and the daemon's message."""
+    try:
+        body = _decoder.decode(response.content)
+    except (msgspec.DecodeError, RecursionError):
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return {**body, "jsonrpc": "2.0", "id": rid}
+    detail = body.get("error") if isinstance(body, dict) else None
+    text = f"{what}: HTTP {response.status_code}"
+    if isinstance(detail, str) and detail:
+        text += f": {detail[:200]}"
+    return _error(rid, -32603, text)
+
+
+def _why(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return f"connection refused or no route: {exc}" if str(exc) else "cannot connect"
+    return str(exc) or type(exc).__name__
+
+
 async def _lines(stdin: trio.abc.ReceiveStream) -> AsyncIterator[bytes]:
     buffer = b""
     while True:
@@ -432,14 +496,28 @@ async def _lines(stdin: trio.abc.ReceiveStream) -> AsyncIterator[bytes]:
             yield b"\x00"  # an over-long line: answered as a parse error
 
 
+async def _read_stdin(
+    stdin: trio.abc.ReceiveStream, send: trio.MemorySendChannel[bytes], scope: trio.CancelScope
+) -> None:
+    """Read the editor's lines ahead of their handling; at EOF stop everything at once (even
+    an ``initialize`` still trying to reach the daemon)."""
+    async with send:
+        async for line in _lines(stdin):
+            await send.send(line)
+    scope.cancel()
+
+
 async def run(url: str, token: str | None, token_header: str | None = None) -> int:
     stdin = trio.lowlevel.FdStream(os.dup(0))
     stdout = trio.lowlevel.FdStream(os.dup(1))
     bridge = Bridge(url, token, stdout, token_header)
+    status = 0
     try:
         async with trio.open_nursery() as nursery:
             bridge.nursery = nursery
-            async for line in _lines(stdin):
+            send, receive = trio.open_memory_channel[bytes](MAX_READ_AHEAD)
+            nursery.start_soon(_read_stdin, stdin, send, nursery.cancel_scope)
+            async for line in receive:
                 try:
                     message = _decoder.decode(line)
                 except (msgspec.DecodeError, RecursionError):
@@ -454,17 +532,16 @@ async def run(url: str, token: str | None, token_header: str | None = None) -> i
                             await bridge.emit_obj(
                                 _error(
                                     message.get("id"),
-                                    -32600,
-                                    "The first message must be initialize",
+                                    -32603 if bridge.unreachable else -32600,
+                                    bridge.unreachable or "The first message must be initialize",
                                 )
                             )
                         continue
                     try:
                         await bridge.initialize(message)
-                    except httpx.HTTPError as exc:
-                        await bridge.emit_obj(
-                            _error(message.get("id"), -32603, f"daemon unreachable: {exc}")
-                        )
+                    except NoEndpoint:
+                        status = 1
+                        break
                     continue
                 nursery.start_soon(bridge.forward, line, message)
             nursery.cancel_scope.cancel()
@@ -473,7 +550,7 @@ async def run(url: str, token: str | None, token_header: str | None = None) -> i
             await bridge.close()
             await stdin.aclose()
             await stdout.aclose()
-    return 0
+    return status
 
 
 def main(argv: Sequence[str]) -> int:

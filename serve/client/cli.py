@@ -6,7 +6,7 @@ Usage::
 
     status                      daemon status, health and capabilities
     caps                        the advertised feature tags
-    sessions [--workspace W]    live sessions of a workspace
+    sessions [--workspace W]    live and persisted sessions of a workspace
     chat [--session ID] [--new] [--replay]
                                 interactive chat with live output (see serve.client._chat)
     tail SID [--from ID]        stream a session's events until it closes (Ctrl-C stops)
@@ -140,13 +140,13 @@ async def cmd_caps(client: AcpServeClient, io: _Io, args: argparse.Namespace) ->
 
 async def cmd_sessions(client: AcpServeClient, io: _Io, args: argparse.Namespace) -> int:
     with io.spinner("listing sessions…"):
-        listed = await client.list_sessions(args.workspace)
+        listed = await client.list_sessions(args.workspace, persisted=True)
     if io.json:
         for summary in listed.sessions:
             io.emit(summary)
         return EXIT_OK
     if not listed.sessions:
-        io.out.print("no live sessions", style="dim")
+        io.out.print("no sessions (none live, none persisted)", style="dim")
         return EXIT_OK
     table = Table("session", "name", "clients", "state", "waiting", "created")
     for s in listed.sessions:
@@ -156,6 +156,12 @@ async def cmd_sessions(client: AcpServeClient, io: _Io, args: argparse.Namespace
             s.session_id, name, str(s.client_count), s.active_work_state, waiting, s.created_at
         )
     io.out.print(table)
+    if any(s.active_work_state == "persisted" for s in listed.sessions):
+        io.out.print(
+            "persisted: on disk, not loaded; `chat --session ID` restores one",
+            style="dim",
+            markup=False,
+        )
     return EXIT_OK
 
 
@@ -351,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("caps", help="advertised capabilities")
     p.set_defaults(run=cmd_caps)
 
-    p = sub.add_parser("sessions", help="list live sessions")
+    p = sub.add_parser("sessions", help="list live and persisted sessions")
     p.add_argument("--workspace", default=None, help="workspace path (default: primary)")
     p.set_defaults(run=cmd_sessions)
 

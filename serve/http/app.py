@@ -17,7 +17,7 @@ from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from serve.http import access, capabilities, metrics, middleware, tracing
+from serve.http import access, capabilities, metrics, middleware, restore_hint, tracing
 from serve.http.capabilities import Feature
 from serve.http.context import FEATURES_KEY, HOST_KEY
 from serve.http.errors import ApiError, to_api_error
@@ -44,6 +44,7 @@ from serve.http.routes import (
     workspace,
 )
 from serve.http.wire import json_response
+from serve.sessions.errors import SessionNotFound
 
 if TYPE_CHECKING:
     from serve.host import Host
@@ -172,6 +173,8 @@ def create_app(host: Host) -> QuartTrio:
     async def _unexpected(exc: Exception) -> Response:
         mapped = to_api_error(exc)
         if mapped is not None:
+            if isinstance(exc, SessionNotFound):
+                await restore_hint.add_load_hint(exc.session_id, mapped.body)
             return json_response(mapped.body, mapped.status, mapped.headers)
         log.exception("unhandled error", exc_info=exc)
         return json_response({"error": "Internal server error"}, 500)

@@ -369,6 +369,7 @@ class PermissionMediator(Actor[MediatorMsg]):
                     "permission_request", data, prompt_id=msg.prompt_id, originator=msg.originator
                 ),
             )
+            log.info("session %s: permission %s asked", msg.session_id, waiter.request_id)
         return waiter
 
     def _open_elicitation(self, msg: OpenElicitation) -> Waiter:

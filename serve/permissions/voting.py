@@ -44,6 +44,7 @@ returned as ``OpenRejected`` so the actor can answer the agent ``cancelled``.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal
@@ -51,6 +52,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from serve.permissions.config import POLICIES, Policy
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CANCEL_SENTINEL",
@@ -566,6 +569,13 @@ class Mediator:
         if voter is not None:
             data["voterClientId"] = voter
         event = PermissionEvent("permission_resolved", data, voter)
+        log.info(
+            "session %s: permission %s answered: %s (%s)",
+            req.session_id,
+            req.request_id,
+            outcome.option_id if isinstance(outcome, Selected) else "cancelled",
+            f"by {voter}" if voter is not None else reason,
+        )
         if voter is not None and not voters and reason == "voter":
             voters = (voter,)
         return Resolved(req, outcome, voter, reason, voters, meta, (event,))

@@ -225,6 +225,7 @@ class Daemon:
             self.settings.hostname,
             lifecycle.port,
             user_timeout_ms=self.settings.writer_idle_timeout_ms,
+            move_on=not self.settings.port_explicit,
         )
         lifecycle.port = port
         config.bind = [f"fd://{fd}"]
@@ -271,8 +272,11 @@ def shut_down_connections(port: int) -> int:
     return cut
 
 
-def bind_listener(host: str, port: int, *, user_timeout_ms: int | None = None) -> tuple[int, int]:
-    """Bind a listening TCP socket; on EADDRINUSE try the next port (10 attempts).
+def bind_listener(
+    host: str, port: int, *, user_timeout_ms: int | None = None, move_on: bool = True
+) -> tuple[int, int]:
+    """Bind a listening TCP socket; on EADDRINUSE try the next port (10 attempts) when
+    ``move_on`` (the default port; a port the caller named is refused when busy).
 
     ``user_timeout_ms`` (``--writer-idle-timeout-ms``) sets ``TCP_USER_TIMEOUT`` on the
     listener, inherited by every accepted connection: when written data stays
@@ -288,7 +292,7 @@ def bind_listener(host: str, port: int, *, user_timeout_ms: int | None = None) -
     if bind_host == "localhost":
         bind_host = "127.0.0.1"
     family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    attempts = 1 if port == 0 else PORT_ATTEMPTS
+    attempts = 1 if port == 0 or not move_on else PORT_ATTEMPTS
     last_error: OSError | None = None
     for offset in range(attempts):
         candidate = port + offset

@@ -12,11 +12,14 @@ the log closed (SSE streams drain and end).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from serve.sessions import cancelling, turns
 from serve.sessions.binding import signal_name
 from serve.sessions.prompt_events import publish_terminal
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from acp.process import ExitInfo
@@ -52,10 +55,12 @@ async def abort_everything(
             final["exitCode"] = exit_info.exit_code
             final["signalCode"] = signal_name(exit_info.signal)
         session.log.publish("session_died", final)
+        log.info("session %s died (%s)", sid, reason)
     else:
         final = {"sessionId": sid, "reason": reason}
         if closed_by is not None:
             final["closedBy"] = closed_by
         session.log.publish("session_closed", final, originator=closed_by)
+        log.info("session %s closed (%s)", sid, reason)
     session.log.close()
     session.ended.set()

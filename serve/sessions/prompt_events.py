@@ -28,6 +28,7 @@ Functions of the session's inbox and its nursery's tasks (one trio thread), over
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -130,7 +131,25 @@ def publish_terminal(session: SessionCore, terminal: Terminal | None) -> None:
         )
     session.last_settled_ms = now_ms()
     if terminal.started:
+        _log_turn(session, job, terminal)
         _turn_ended(session, job)
+
+
+def _log_turn(session: SessionCore, job: Job, terminal: Terminal) -> None:
+    """One line a person reads per turn: how it ended, how long it took, the tokens."""
+    data = terminal.data
+    how = data.get("stopReason") or data.get("code") or terminal.kind
+    took = "" if job.started_at is None else f" after {time.monotonic() - job.started_at:.1f} s"
+    usage = session.turn_usage
+    tokens = usage.get("totalTokens") if isinstance(usage, dict) else None
+    log.info(
+        "session %s: turn %s ended: %s%s%s",
+        session.session_id,
+        job.prompt_id,
+        how,
+        took,
+        f", {tokens} tokens" if isinstance(tokens, int) else "",
+    )
 
 
 def _turn_ended(session: SessionCore, job: Job) -> None:

@@ -27,6 +27,7 @@ Times are plain floats from the caller's clock (seconds); ids come from ``new_id
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -87,6 +88,7 @@ class Job:
         "queued",
         "queued_at",
         "started",
+        "started_at",
         "state",
         "terminal",
         "text",
@@ -113,6 +115,8 @@ class Job:
         self.deadline = deadline
         self.state: JobState = "queued"
         self.started = False
+        #: When the job began to run (time.monotonic(), s), for the turn's log line.
+        self.started_at: float | None = None
         self.terminal: Terminal | None = None
         #: Called once when the job ends (the actor wakes blocking callers with it).
         self.notify: Callable[[], None] | None = None
@@ -227,6 +231,7 @@ class PromptQueue:
                 continue
             job.state = "running"
             job.started = True
+            job.started_at = time.monotonic()
             self.running = job
             return job, expired
         return None, expired

@@ -411,6 +411,8 @@ class SessionRegistry(Actor[RegistryMsg]):
         if sid in self.sessions and self.sessions[sid] is not session:
             log.error("agent reused session id %s", sid)
         self.sessions[sid] = session
+        what = {"new": "created", "load": "loaded", "resume": "resumed", "fork": "forked"}
+        log.info("session %s %s in %s", sid, what.get(action, action), workspace)
         if pending.key.startswith("single:"):
             self.single[pending.key] = sid
         self.inflight.pop(pending.key, None)

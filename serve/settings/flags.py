@@ -9,9 +9,11 @@ help text (:func:`build_parser` adds them last).
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Mapping
+from typing import Any, NoReturn
 
 from serve.settings.multi_user import add_auth_flags
 from serve.settings.record import (
@@ -55,14 +57,154 @@ def default_agent_argv() -> tuple[str, ...]:
     return (sys.executable, "-m", "acp.agents.scripted")
 
 
+#: The sections of ``--help``, in order: (title, what its flags are about).
+SECTIONS = (
+    ("serving", "where and how the daemon listens, and who may call it"),
+    ("agents", "the agent command and its children"),
+    ("isolation", "what an agent may write"),
+    ("sessions", "sessions, turns, permissions and the journal"),
+    ("limits", "bounds on connections, requests and rates"),
+    ("multi-user", "principals, quotas and the audit log (docs/multi-user.md)"),
+    ("observability", "logs and fault injection"),
+    ("compatibility", "qwen serve flags kept for launch scripts"),
+)
+#: A flag's section, by exact name; else by the first matching prefix in _SECTION_PREFIXES.
+_SECTION_OF = {
+    "--workspace": "serving",
+    "--untrusted-workspace": "isolation",
+    "--agent-sandbox": "isolation",
+    "--agent-allow-write": "isolation",
+    "--state-dir": "sessions",
+    "--config": "serving",
+    "--no-journal": "sessions",
+    "--approval-mode": "sessions",
+    "--max-sessions": "sessions",
+    "--max-total-sessions": "sessions",
+    "--max-pending-prompts-per-session": "sessions",
+    "--event-ring-size": "sessions",
+    "--event-ring-bytes": "sessions",
+    "--max-agent-line-bytes": "agents",
+    "--enable-session-shell": "sessions",
+    "--prompt-deadline-ms": "sessions",
+    "--prompt-response": "sessions",
+    "--channel-idle-timeout-ms": "agents",
+    "--initialize-timeout-ms": "agents",
+    "--turn-settle-ms": "sessions",
+    "--cancel-grace-ms": "sessions",
+    "--permission-response-timeout-ms": "sessions",
+    "--memory-project-scope": "sessions",
+    "--memory-file-name": "sessions",
+    "--warm-agents": "agents",
+    "--warm-agents-max": "agents",
+    "--sessions-per-agent": "agents",
+    "--packed-spare": "agents",
+    "--mcp-client-budget": "agents",
+    "--mcp-budget-mode": "agents",
+    "--log-format": "observability",
+    "--access-log": "observability",
+    "--chaos-kill-rate": "observability",
+    "--device-flow-provider": "multi-user",
+}
+_SECTION_PREFIXES = (
+    ("--auth-", "multi-user"),
+    ("--quota-", "multi-user"),
+    ("--audit-", "multi-user"),
+    ("--agent-", "agents"),
+    ("--session-", "sessions"),
+    ("--journal-", "sessions"),
+    ("--client-", "sessions"),
+    ("--max-", "limits"),
+    ("--rate-limit", "limits"),
+    ("--http-", "limits"),
+    ("--writer-", "limits"),
+    ("--drain-", "limits"),
+)
+
+
+def section_of(flag: str) -> str:
+    """The ``--help`` section of ``flag`` (inert ones: compatibility; else serving)."""
+    if flag in INERT_FLAGS or flag in ("--no-token-qr", "--web", "--no-web", "--no-http-bridge"):
+        return "compatibility"
+    if flag in _SECTION_OF:
+        return _SECTION_OF[flag]
+    for prefix, section in _SECTION_PREFIXES:
+        if flag.startswith(prefix):
+            return section
+    return "serving"
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every flag's help names its default: the help's own words when they say "default",
+    else the flag's default value (``off`` for a switch, ``none`` when unset)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.help is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if action.dest == "help":
+            return text
+        default = action.default
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+            shown = "off" if not default else "on"
+        elif default is None:
+            shown = "none"
+        elif isinstance(default, list | tuple):
+            shown = ", ".join(str(v) for v in default) or "none"
+        else:
+            shown = str(default)
+        return f"{text} (default {shown})".replace("%", "%%")
+
+
+class FlagParser(argparse.ArgumentParser):
+    """The daemon's parser: flags land in their ``--help`` section (:func:`section_of`),
+    whoever adds them; a bad command line is one short line, with "did you mean" for an
+    unknown flag, instead of the whole usage."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(formatter_class=_HelpFormatter, **kwargs)
+        self._sections = {title: self.add_argument_group(title, about) for title, about in SECTIONS}
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        sections: dict[str, argparse._ArgumentGroup] | None = getattr(self, "_sections", None)
+        if sections is not None and args and str(args[0]).startswith("--"):
+            action: argparse.Action = sections[section_of(str(args[0]))].add_argument(
+                *args, **kwargs
+            )
+            return action
+        return super().add_argument(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            unknown = message[len(prefix) :].split()[0]
+            flag = unknown.split("=", 1)[0]
+            known = [
+                o
+                for a in self._actions
+                if a.help is not argparse.SUPPRESS
+                for o in a.option_strings
+            ]
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            message = f"unknown flag {unknown}{hint}"
+        self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = FlagParser(
         prog="acp-serve",
-        description="Serve ACP agents over the qwen serve v1 HTTP + SSE protocol.",
+        usage="acp-serve [FLAG ...]   (also: acp-serve client ..., acp-serve attach URL)",
+        description="Serve ACP agents over the qwen serve v1 HTTP + SSE protocol. "
+        "Every flag: docs/reference/command-line.md.",
     )
     add = p.add_argument
     add("--hostname", default="127.0.0.1", help="bind interface (default 127.0.0.1)")
-    add("--port", default=str(DEFAULT_PORT), help="TCP port; 0 = ephemeral (default 4170)")
+    add(
+        "--port",
+        default=None,
+        help=f"TCP port; 0 = ephemeral (default {DEFAULT_PORT}, or the next free one when it is "
+        "busy; a port given here is refused when busy)",
+    )
     add("--token", default=None, help="bearer token (else $QWEN_SERVER_TOKEN)")
     add("--require-auth", action="store_true", help="refuse to start without a token")
     add(
@@ -106,7 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir",
         default=None,
         metavar="DIR",
-        help="state directory: event journal, scripted agent sessions, credentials",
+        help="state directory: event journal, scripted agent sessions, credentials (default "
+        "$ACP_SERVE_STATE_DIR, else $XDG_STATE_HOME/acp-serve or ~/.local/state/acp-serve; "
+        "created 0700; start-up stops when it cannot be created or written)",
     )
     add("--config", default=None, metavar="FILE", help="daemon config file (YAML)")
     add(
@@ -123,9 +267,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="a directory every agent may write under the sandbox (repeatable; absolute, "
         "existing; not in the state directory nor a workspace)",
     )
+    add(
+        "--approval-mode",
+        default=None,
+        metavar="MODE",
+        help="the approval mode a new session starts in when its agent offers it and the "
+        "create asks for none: plan, default (ask before writing), auto-edit, auto, yolo, or "
+        "the agent's own id (default: the agent's own; scripts/serve --agent: default)",
+    )
     add("--no-journal", action="store_true", help="do not persist session events")
     add("--max-sessions", default="32", help="live sessions per workspace; 0 = unlimited")
-    add("--max-total-sessions", default=None, help="daemon-wide session cap; 0 = unlimited")
+    add(
+        "--max-total-sessions",
+        default=None,
+        help="daemon-wide session cap; 0 = unlimited (default: none)",
+    )
     add(
         "--max-pending-prompts-per-session",
         default="5",
@@ -171,8 +327,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tls-cert", default=None, metavar="FILE", help="serve HTTPS with this certificate")
     add("--tls-key", default=None, metavar="FILE", help="private key for --tls-cert")
     add("--mcp-client-budget", default=None, help="cap on live MCP clients")
-    add("--mcp-budget-mode", default=None, choices=None, help="enforce|warn|off")
-    add("--prompt-deadline-ms", default=None, help="wall-clock cap per prompt")
+    add(
+        "--mcp-budget-mode",
+        default=None,
+        choices=None,
+        help="enforce|warn|off (default warn with --mcp-client-budget, else off)",
+    )
+    add("--prompt-deadline-ms", default=None, help="wall-clock cap per prompt (default: none)")
     add(
         "--prompt-response",
         default=None,
@@ -186,8 +347,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="cut a connection whose writes stay blocked this long (default 60000)",
     )
     add("--channel-idle-timeout-ms", default="0", help="delay before reaping an idle agent")
-    add("--initialize-timeout-ms", default=None, help="ACP initialize/session-new timeout")
-    add("--session-restore-timeout-ms", default=None, help="ACP load/resume timeout")
+    add(
+        "--initialize-timeout-ms",
+        default=None,
+        help="ACP initialize/session-new timeout (default 10000)",
+    )
+    add(
+        "--session-restore-timeout-ms",
+        default=None,
+        help="ACP load/resume timeout (default the larger of 60000 and --initialize-timeout-ms)",
+    )
     add("--session-reap-interval-ms", default="60000", help="idle reaper interval; 0 = off")
     add("--session-idle-timeout-ms", default="1800000", help="idle time before reaping")
     add("--client-idle-timeout-ms", default="300000", help="drop clients idle this long; 0 = off")
@@ -221,10 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--memory-project-scope", default="workspace", help="workspace|git-root")
     add("--memory-file-name", default="QWEN.md", help="memory file for /workspace/init")
     add("--rate-limit", action="store_true", default=None, help="enable rate limiting")
-    add("--rate-limit-prompt", default=None, help="prompt tier max per window (10)")
-    add("--rate-limit-mutation", default=None, help="mutation tier max per window (30)")
-    add("--rate-limit-read", default=None, help="read tier max per window (120)")
-    add("--rate-limit-window-ms", default=None, help="rate-limit window (60000, >= 1000)")
+    add("--rate-limit-prompt", default=None, help="prompt tier max per window (default 10)")
+    add("--rate-limit-mutation", default=None, help="mutation tier max per window (default 30)")
+    add("--rate-limit-read", default=None, help="read tier max per window (default 120)")
+    add("--rate-limit-window-ms", default=None, help="rate-limit window, >= 1000 (default 60000)")
     add("--log-format", default="text", help="text|json")
     add("--access-log", action="store_true", help="log every request (method, route, status)")
     add(

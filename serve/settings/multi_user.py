@@ -48,7 +48,7 @@ def add_auth_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"accepted JWT algorithms, comma-separated (default {','.join(DEFAULT_ALGORITHMS)})",
     )
-    add("--auth-groups-claim", default=None, help="the JWT claim listing groups (groups)")
+    add("--auth-groups-claim", default=None, help="the JWT claim listing groups (default groups)")
     add(
         "--auth-tokens-file",
         default=None,

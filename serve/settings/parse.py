@@ -17,6 +17,7 @@ from serve.origins import InvalidAllowOriginPattern, allow_origin_problem, parse
 from serve.settings.flags import INERT_FLAGS, build_parser, default_agent_argv, default_state_dir
 from serve.settings.multi_user import parse_auth
 from serve.settings.record import (
+    DEFAULT_PORT,
     DEFAULT_WRITER_IDLE_TIMEOUT_MS,
     MAX_BODY_BYTES,
     MIB,
@@ -63,7 +64,9 @@ def parse_settings(
             f'Invalid --hostname "{hostname}": looks like a "host:port" combination; '
             "pass the port with --port"
         )
-    port = parse_int("--port", ns.port, minimum=0, maximum=65535)
+    port = parse_int(
+        "--port", ns.port if ns.port is not None else str(DEFAULT_PORT), minimum=0, maximum=65535
+    )
 
     # Token: flag wins over env; trimmed; empty = none; generated on a non-loopback bind
     # when neither source is present (§2.3). A bootstrap token (late binding) stands in
@@ -284,6 +287,8 @@ def parse_settings(
         auth=auth,
         hostname=hostname,
         port=port,
+        approval_mode=_approval_mode(ns.approval_mode),
+        port_explicit=ns.port is not None,
         token=token,
         token_from_argv=token_from_argv,
         token_generated=generated,
@@ -423,3 +428,12 @@ def parse_settings(
         ),
         inert_flags=inert,
     )
+
+
+def _approval_mode(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    mode = raw.strip()
+    if not mode or any(c.isspace() for c in mode):
+        raise SettingsError(f'Invalid --approval-mode "{raw}": give one mode id, e.g. default')
+    return mode

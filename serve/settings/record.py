@@ -90,6 +90,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     hostname: str = "127.0.0.1"
     port: int = DEFAULT_PORT
+    #: ``--port`` was given: a busy port stops start-up (only the default moves on to the
+    #: next free port, so a second daemon never starts where the caller did not ask).
+    port_explicit: bool = False
     token: str | None = None
     token_from_argv: bool = False
     token_generated: bool = False
@@ -110,6 +113,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     config_file: str | None = None
     journal: bool = True
     max_sessions: int = 32
+    #: ``--approval-mode``: the mode a new session is put in when its agent offers it and
+    #: the create asks for none (None: the agent's own). Not gated: the operator chose it.
+    approval_mode: str | None = None
     max_total_sessions: int | None = None
     max_pending_prompts_per_session: int = 5
     max_connections: int = 256

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import signal
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.daemon import ROOT, running_daemon, spawn_daemon
+from serve.runtime.daemon import bind_listener
+from tests.support.daemon import running_daemon, spawn_daemon
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -33,37 +31,20 @@ def test_starts_on_port_zero_answers_health_and_exits_cleanly(sig: int) -> None:
         daemon.stop()
 
 
-def test_busy_port_moves_to_the_next_one(tmp_path: Path) -> None:
+def test_a_busy_default_port_moves_to_the_next_one(capfd: pytest.CaptureFixture[str]) -> None:
+    """Without ``--port`` (the default 4170) a busy port moves on; a port given with the
+    flag is refused instead (tests/serve/test_startup_refusals.py)."""
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     busy = blocker.getsockname()[1]
     try:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "serve",
-                "--port",
-                str(busy),
-                "--workspace",
-                str(tmp_path),
-                "--state-dir",
-                str(tmp_path / "state"),
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=10)
-        assert proc.returncode == 0
-        assert f"port {busy} is in use, trying {busy + 1}" in err
-        assert line.startswith("acp-serve listening on http://127.0.0.1:")
-        assert int(line.split(":")[2].split(" ")[0]) > busy
+        fd, port = bind_listener("127.0.0.1", busy, move_on=True)
+        socket.socket(fileno=fd).close()
+        assert port > busy
+        assert f"port {busy} is in use, trying {busy + 1}" in capfd.readouterr().err
+        with pytest.raises(OSError):
+            bind_listener("127.0.0.1", busy, move_on=False)
     finally:
         blocker.close()
 

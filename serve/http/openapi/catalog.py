@@ -90,6 +90,11 @@ PATH_PARAMS: Final[dict[str, str]] = {
     "prompt_id": "The prompt id (`promptId` from the prompt's 202 answer).",
 }
 
+_INCLUDE_PERSISTED = q(
+    "include",
+    {"type": "string", "enum": ["persisted"]},
+    "`persisted`: also the journaled sessions not loaded (`activeWorkState: persisted`).",
+)
 _RESTORE = Operation(
     "Attach to a live session or restore it from the agent's store",
     (
@@ -213,10 +218,12 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
     ("GET", "/workspace/<path:workspace>/sessions"): Operation(
         "List the live sessions of a workspace",
         (ok(t.SessionList), err(400, "`workspace_mismatch`.")),
+        params=(_INCLUDE_PERSISTED,),
     ),
     ("GET", "/workspace//<path:workspace>/sessions"): Operation(
         "List the live sessions of a workspace (absolute path, %2F-encoded)",
         (ok(t.SessionList), err(400, "`workspace_mismatch`.")),
+        params=(_INCLUDE_PERSISTED,),
     ),
     ("POST", "/session/<session_id>/prompt"): Operation(
         "Submit a prompt (blocking, or `Prefer: respond-async` for 202)",

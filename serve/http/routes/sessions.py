@@ -259,6 +259,8 @@ async def create_session() -> Response:
     registered = created.attached.client_id
     g.audit_session = created.session.session_id  # (the audit line names what was made)
     out = session_response(created.attached.view, attached=created.joined, client_id=registered)
+    if approval_mode is None and not created.joined:
+        approval_mode = daemon().settings.approval_mode  # --approval-mode, the operator's
     applied = await api.apply_settings(created.session, registered, approval_mode, model)
     if applied is not None:
         out["modelApplied"] = applied
@@ -304,9 +306,12 @@ async def resume_session(session_id: str) -> Response:
 @blueprint.get("/workspaces//<path:workspace>/sessions")
 async def list_sessions(workspace: str) -> Response:
     api = sessions_api()
-    return json_response(
-        {"sessions": await api.summaries(api.listed(workspace, may_use_filter()), visible())}
-    )
+    path = api.listed(workspace, may_use_filter())
+    sessions = await api.summaries(path, visible())
+    if request.args.get("include") == "persisted":  # acp-serve's: journaled, not loaded
+        groups = dict(daemon().config.access.session_groups)
+        sessions += await api.persisted_summaries(path, principal(), groups)
+    return json_response({"sessions": sessions})
 
 
 # ---- prompts ------------------------------------------------------------------------------
