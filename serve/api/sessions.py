@@ -354,8 +354,8 @@ class SessionService:
             if meta.workspace != workspace or self.host.registry.get(meta.session_id):
                 continue
             if principal is not OPERATOR and not principal.admin:
-                access = from_attr(meta.attrs)
-                if access is not None and role_of(access, principal, group_roles) is None:
+                access = from_attr(meta.attrs)  # no record: admin only (check_journaled)
+                if access is None or role_of(access, principal, group_roles) is None:
                     continue
             created = datetime.fromtimestamp(meta.created_at_ms / 1000, UTC)
             out.append(
@@ -392,8 +392,8 @@ class SessionService:
             return False
         if principal is OPERATOR or principal.admin:
             return True
-        access = from_attr(meta.attrs)
-        return access is None or role_of(access, principal, group_roles) is not None
+        access = from_attr(meta.attrs)  # no record: admin only (check_journaled)
+        return access is not None and role_of(access, principal, group_roles) is not None
 
     async def check_journaled(
         self, session_id: str, principal: Principal, group_roles: Mapping[str, str] | None
