@@ -46,7 +46,7 @@ import trio
 from actors import Actor, ActorError, ChildSpec, Restart, Supervisor, unwrap_group
 from serve.access.errors import QuotaExceeded
 from serve.access.principal import OPERATOR
-from serve.access.roles import SessionAccess
+from serve.access.roles import SessionAccess, from_attr
 from serve.sessions.actor import CloseSession, SessionActor
 from serve.sessions.agent_link import AgentSource, SpawnAgentSource
 from serve.sessions.errors import SessionConflictError, SessionLimitError, SessionsUnavailable
@@ -338,6 +338,14 @@ class SessionRegistry(Actor[RegistryMsg]):
         if total and self.total_count() >= total:
             raise _limit_error(total, "total")
 
+    async def _journaled_access(self, session_id: str) -> SessionAccess | None:
+        if self.journal is None:
+            return None
+        try:
+            return from_attr((await self.journal.read(session_id, tail=1)).meta.attrs)
+        except Exception:  # no journal of it (or unreadable): the restorer's, as before
+            return None
+
     def _spawn(
         self,
         pending: Pending,
@@ -366,6 +374,10 @@ class SessionRegistry(Actor[RegistryMsg]):
         try:
             if session_id is not None:
                 await self._previous_gone(session_id)
+            access = SessionAccess(owner=pending.owner)
+            if session_id is not None and action in ("load", "resume"):
+                # Its journaled owner at once: the agent restoring it is that principal's.
+                access = await self._journaled_access(session_id) or access
             session = SessionActor(
                 settings=self.settings,
                 mediator=self.mediator,
@@ -383,7 +395,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 mcp_pool=self.mcp_pool,
                 fork_from=fork_from,
                 additional_directories=dirs,
-                access=SessionAccess(owner=pending.owner),
+                access=access,
                 **self._restart_kwargs(),
             )
             session.supervisor = self.supervisor

@@ -63,7 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("--hostname", default="127.0.0.1", help="bind interface (default 127.0.0.1)")
     add("--port", default=str(DEFAULT_PORT), help="TCP port; 0 = ephemeral (default 4170)")
-    add("--token", default=None, help="bearer token (else $QWEN_SERVER_TOKEN)")
+    add("--token", default=None, help="bearer token (else $QWEN_SERVER_TOKEN); visible in ps")
+    add(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="read the bearer token from the first line of FILE (instead of --token)",
+    )
     add("--require-auth", action="store_true", help="refuse to start without a token")
     add(
         "--bootstrap-token",
