@@ -19,8 +19,14 @@ the exec wrapper (``acp/confine.py``) with a Landlock ruleset planned by
   (``/dev/null``, ``/dev/tty``, ``/dev/pts``, ``/dev/shm`` ...);
 * **read**: everything else;
 * **protected** (carved out of both): the state directory (journals, device-flow
-  credentials, MCP sockets' folders, the scripted store of a non-default agent), the config
-  file, every other workspace of the daemon, and the other children's temp directories.
+  credentials, MCP sockets' folders, the scripted store of a non-default agent, every
+  principal's places), the files the daemon trusts (:func:`serve.isolation.tenants.trusted_files`:
+  the config file, the tokens and JWKS files, the audit log, the TLS files, the token file),
+  every other workspace of the daemon, and the other children's temp directories.
+
+With ``--auth-*`` a child's HOME and scripted store are its principal's
+(:func:`tenant_setup`, :mod:`serve.isolation.tenants`), inside the state directory: granted
+to that child by the more specific rule, protected from every other child.
 
 The private temp directory (``TMPDIR``, ``TMP``, ``TEMP``, and the variables of
 :data:`AGENT_TEMP_ENV` for agents that do not honour ``TMPDIR``) is a fresh ``0700`` directory under
