@@ -1,0 +1,53 @@
+"""The interop flow (tests/interop/test_agent_matrix.py) again for claude and qwen, as a
+principal of a multi-user daemon (``--auth-tokens-file``) under the default sandbox: the
+agent then runs with the principal's own HOME (``<state>/tenants/<name>/home``, the
+operator's agent set-up copied in: serve/isolation/tenants.py), and every step still works;
+the agent keeps its files in that HOME, not the operator's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import tests.interop.test_agent_matrix as matrix
+from serve.isolation.tenants import TENANTS_SUBDIR, dir_name
+from tests.interop.agents import CLAUDE, QWEN
+
+PRINCIPAL = "pat@example.com"
+PAT_TOKEN = "pat-scoped-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def tokens_file() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="acp-tenants-") as tmp:
+        path = Path(tmp) / "tokens.jsonl"
+        digest = hashlib.sha256(PAT_TOKEN.encode()).hexdigest()
+        path.write_text(json.dumps({"id": "p1", "sha256": digest, "principal": PRINCIPAL}))
+        yield path
+
+
+class TestAgentFlowAsPrincipal(matrix.TestAgentFlow):
+    """Every step of the matrix flow, sent with a principal's scoped token."""
+
+    @pytest.fixture(scope="class", params=(QWEN, CLAUDE), ids=lambda spec: spec.name)
+    def flow(
+        self, request: pytest.FixtureRequest, install_error: str | None, tokens_file: Path
+    ) -> Iterator[matrix.Flow]:
+        with matrix.started(
+            request.param, install_error, "--auth-tokens-file", str(tokens_file)
+        ) as flow:
+            flow.auth = {"Authorization": f"Bearer {PAT_TOKEN}"}
+            yield flow
+
+    @pytest.mark.step("own_home", needs=("create",))
+    async def test_10_the_agent_lives_in_the_principals_home(self, flow: matrix.Flow) -> None:
+        home = flow.daemon.state_dir / TENANTS_SUBDIR / dir_name(PRINCIPAL) / "home"
+        written = [p for p in home.rglob("*") if p.is_file()]
+        # The operator's set-up was copied in, and the agent wrote its own files there.
+        seeded = {".qwen/settings.json", ".claude/settings.json"}
+        assert {str(p.relative_to(home)) for p in written} - seeded, sorted(written)
