@@ -376,3 +376,27 @@ def test_the_token_file_gives_the_token_and_never_counts_as_argv(tmp_path: Path)
         parse_settings([*base, "--token", "y" * 20], {"HOME": str(tmp_path)}).token_from_argv
         is True
     )
+
+
+async def test_a_fork_of_another_principals_session_is_refused_not_a_500(
+    layout: Layout, jwks: Jwks
+) -> None:
+    d = layout.spawn()
+    try:
+        async with (
+            httpx.AsyncClient(base_url=d.url, headers=bearer(jwks.token("alice")), timeout=60) as a,
+            httpx.AsyncClient(base_url=d.url, headers=bearer(jwks.token("bob")), timeout=60) as b,
+        ):
+            r = await a.post("/session", json={"sessionScope": "thread"})
+            sid = r.json()["sessionId"]
+            r = await a.put(f"/session/{sid}/members", json={"members": {"bob": "collaborator"}})
+            assert r.status_code == 200, r.text
+            # Bob may prompt it (a collaborator), but his fork would run in his own agent,
+            # whose store does not hold Alice's conversation.
+            r = await b.post(f"/session/{sid}/branch", json={})
+            assert r.status_code == 400, r.text
+            assert r.json()["code"] == "fork_across_principals" and r.json()["sessionId"] == sid
+            r = await a.post(f"/session/{sid}/branch", json={})
+            assert r.status_code == 201, r.text
+    finally:
+        d.stop()

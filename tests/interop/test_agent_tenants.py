@@ -16,10 +16,17 @@ import pytest
 
 import tests.interop.test_agent_matrix as matrix
 from serve.isolation.tenants import TENANTS_SUBDIR, dir_name
-from tests.interop.agents import CLAUDE, QWEN
+from tests.interop.agents import CLAUDE, QWEN, ensure_installed
+from tests.interop.test_agent_matrix import _step_gate  # noqa: F401  (its autouse step gate)
 
 PRINCIPAL = "pat@example.com"
 PAT_TOKEN = "pat-scoped-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="session")
+def install_error() -> str | None:
+    """As the matrix's: scripts/install-agents unless its stamp is there."""
+    return ensure_installed()
 
 
 @pytest.fixture(scope="module")
