@@ -228,7 +228,7 @@ class AgentPool(Actor[PoolMsg]):
     def refusal(self, tenant: str | None = None) -> Exception | None:
         """For a released session's next prompt: the 503 to answer at once, or None when a
         slot is free, a child fits the budget, or an idle session can make room."""
-        free = self.slots.pick(tenant or OPERATOR_TENANT) is not None
+        free = self.slots.pick(tenant if tenant and self.tenants else OPERATOR_TENANT) is not None
         if free or self.fits_new_child() or self.budget.cost_unknown():
             return None
         if self.has_releasable is not None and self.has_releasable():
@@ -258,7 +258,7 @@ class AgentPool(Actor[PoolMsg]):
         ``--initialize-timeout-ms``."""
         if cwd is not None and cwd != self.workspace:
             raise ValueError(f"agent pool of {self.workspace} asked for a child in {cwd}")
-        msg = Acquire(tenant or OPERATOR_TENANT)
+        msg = Acquire(tenant if tenant and self.tenants else OPERATOR_TENANT)  # one without
         reply: Reply[AgentLease] = await self.ask(msg, timeout_s=math.inf)
         try:
             return await reply.wait()

@@ -41,8 +41,9 @@ fixed at spawn (the workspace, never a session's own directory), so a session th
 more roots than its workspace (``additionalDirectories``) cannot be served by a warm child:
 such a session gets a child of its own (the registry's ``SpawnAgentSource(extra_write=...)``),
 whose write roots include its additional directories. Packing (``--sessions-per-agent > 1``)
-puts the other sessions of one workspace in one child: they share its sandbox (one
-workspace, one HOME, one temp directory), as ``/daemon/status`` ``isolation.sandbox.shared`` says.
+puts the other sessions of one workspace *and one principal* in one child: they share its
+sandbox (one workspace, one HOME, one temp directory), as ``/daemon/status``
+``isolation.sandbox.shared`` says; two principals' sessions never share a child.
 
 Agents that write outside those places: docs/agent-sandbox.md has the table, per agent kind of
 the interop matrix, of what each writes, what the sandbox does about it and why (traced with

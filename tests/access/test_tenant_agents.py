@@ -400,3 +400,77 @@ async def test_a_fork_of_another_principals_session_is_refused_not_a_500(
             assert r.status_code == 201, r.text
     finally:
         d.stop()
+
+
+def _auth_settings(tmp_path: Path) -> Any:
+    from serve.settings import parse_settings  # (as tests/serve/test_settings)
+
+    for name in ("tokens.jsonl", "c.pem", "k.pem"):
+        (tmp_path / name).write_text("")
+    tokens = tmp_path / "tokens.jsonl"
+    argv = ["--workspace", str(tmp_path), "--state-dir", str(tmp_path / "state")]
+    argv += ["--auth-tokens-file", str(tokens), "--tls-cert", str(tmp_path / "c.pem")]
+    argv += ["--tls-key", str(tmp_path / "k.pem")]
+    return parse_settings(argv, {"HOME": str(tmp_path), "QWEN_SERVER_TOKEN": TOKEN})
+
+
+def test_a_principals_home_gets_a_copy_of_the_operators_setup_kept_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from serve.isolation.tenants import places
+
+    operator = tmp_path / "op-home"
+    (operator / ".qwen").mkdir(parents=True)
+    creds = operator / ".qwen" / "oauth_creds.json"
+    creds.write_text("v1")
+    monkeypatch.setenv("HOME", str(operator))
+    settings = _auth_settings(tmp_path)
+    box = places(settings, "../x")
+    assert box is not None
+    copy = Path(box.home) / ".qwen" / "oauth_creds.json"
+    assert copy.read_text() == "v1" and not copy.is_symlink()
+    assert (copy.stat().st_mode & 0o777) == 0o600
+    assert Path(box.root).parent == (tmp_path / "state" / TENANTS_SUBDIR).resolve()
+    # A rotated credential reaches the principal at its next spawn...
+    creds.write_text("v2")
+    os.utime(creds, (copy.stat().st_mtime + 10, copy.stat().st_mtime + 10))
+    places(settings, "../x")
+    assert copy.read_text() == "v2"
+    # ...and the agent's own refresh of its copy (newer) is not overwritten.
+    copy.write_text("refreshed by the agent")
+    os.utime(copy, (creds.stat().st_mtime + 10, creds.stat().st_mtime + 10))
+    places(settings, "../x")
+    assert copy.read_text() == "refreshed by the agent"
+    assert creds.read_text() == "v2"  # the operator's file is never written
+
+
+def test_variables_into_the_operators_home_are_rerooted(tmp_path: Path) -> None:
+    from serve.isolation.tenants import Places, tenant_env
+
+    box = Places("alice", "/s/t", "/s/t/home", "/s/t/scripted")
+    env = {
+        "HOME": "/home/op",
+        "XDG_CONFIG_HOME": "/home/op/.config",
+        "XDG_CACHE_HOME": "/var/cache/x",
+        "CODEX_HOME": "/home/op/.codex",
+        "CLAUDE_CONFIG_DIR": "/etc/claude",
+        "PATH": "/usr/bin",
+    }
+    out = tenant_env(env, box)
+    assert out["HOME"] == "/s/t/home"
+    assert out["XDG_CONFIG_HOME"] == "/s/t/home/.config"
+    assert out["CODEX_HOME"] == "/s/t/home/.codex"
+    assert "XDG_CACHE_HOME" not in out  # elsewhere: the agent's default under its HOME
+    assert out["CLAUDE_CONFIG_DIR"] == "/etc/claude" and out["PATH"] == "/usr/bin"
+
+
+def test_the_trusted_files_are_every_file_the_daemon_trusts(tmp_path: Path) -> None:
+    from serve.isolation.tenants import trusted_files
+
+    found = set(trusted_files(_auth_settings(tmp_path)))
+    audit = tmp_path / "state" / "audit.jsonl"
+    expected = {tmp_path / "tokens.jsonl", tmp_path / "c.pem", tmp_path / "k.pem", audit}
+    expected |= {Path(f"{audit}.{n}") for n in (1, 2, 3)}
+    assert {Path(p) for p in found} == expected
