@@ -46,6 +46,7 @@ from acp.handler import ClientHandler
 from acp.schema import SessionSetup
 from actors import Reply
 from serve.agents.child import AgentChild
+from serve.agents.primed import primable
 
 #: Bound on ``session/close`` when a session leaves a shared child (seconds).
 CLOSE_SESSION_TIMEOUT_S: Final = 2.0
@@ -104,6 +105,10 @@ class AgentLease:
         parameters would have been the same request; a prime that does not fit is closed."""
         primed, self.child.primed = self.child.primed, None
         if primed is None:
+            # A packed child spawned for its caller (no spare had a prime: e.g. a principal's
+            # first child, tenants.py) starts the chain when this create would have fitted.
+            fits = primable(mcp_servers, additional_directories)
+            self.child.reprime = not self.exclusive and fits
             return None
         if primed.fits(cwd, mcp_servers, additional_directories):
             self.child.reprime = not self.exclusive  # packed: the pool primes the next one
