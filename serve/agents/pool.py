@@ -258,8 +258,8 @@ class AgentPool(Actor[PoolMsg]):
         ``--initialize-timeout-ms``."""
         if cwd is not None and cwd != self.workspace:
             raise ValueError(f"agent pool of {self.workspace} asked for a child in {cwd}")
-        msg = Acquire(tenant if tenant and self.tenants else OPERATOR_TENANT)  # one without
-        reply: Reply[AgentLease] = await self.ask(msg, timeout_s=math.inf)
+        one = tenant if tenant and self.tenants else OPERATOR_TENANT  # one without --auth-*
+        reply: Reply[AgentLease] = await self.ask(Acquire(one), timeout_s=math.inf)
         try:
             return await reply.wait()
         except BaseException:
