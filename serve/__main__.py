@@ -51,7 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for warning in config_warnings(config):
         log.warning("%s", warning)
     if settings.token_from_argv:
-        log.warning("--token on the command line is visible in ps; prefer QWEN_SERVER_TOKEN")
+        log.warning(
+            "--token on the command line is visible in ps (and to every process that reads "
+            "/proc); prefer --token-file or QWEN_SERVER_TOKEN"
+        )
     if settings.token is not None and len(settings.token) < 16:
         log.warning(
             "the bearer token is short (%d characters); use 16 or more", len(settings.token)

@@ -28,6 +28,7 @@ import hashlib
 import logging
 import secrets
 from collections.abc import Iterable, Mapping
+from typing import Final
 from urllib.parse import quote
 
 import msgspec
@@ -118,6 +119,24 @@ class TokenResolution(msgspec.Struct, frozen=True, kw_only=True):
             f"TokenResolution(token={shown!r}, source={self.source!r}, "
             f"generated={self.generated}, argv_warning={self.argv_warning})"
         )
+
+
+#: Largest token file ``--token-file`` reads (bytes).
+MAX_TOKEN_FILE_BYTES: Final = 64 * 1024
+
+
+def read_token_file(path: str) -> str:
+    """The token on the first line of ``path`` (trimmed). Blocking (start-up only). Raises
+    ``OSError``, or ``ValueError`` for a file that is too large, not UTF-8 or holds none."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_TOKEN_FILE_BYTES + 1)
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_TOKEN_FILE_BYTES} bytes")
+    lines = data.decode("utf-8", errors="strict").splitlines()
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise ValueError(f"{path} holds no token")
+    return token
 
 
 def resolve_startup_token(

@@ -32,6 +32,7 @@ from acp.mux import SessionMux
 from acp.process import ExitInfo
 from serve.agents.primed import PrimedSession
 from serve.isolation import ChildLimits, Isolation
+from serve.isolation.tenants import OPERATOR_TENANT
 from serve.sessions.agent_link import spawn_limited, start_failure
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class AgentChild:
         "slots",
         "stable",
         "stopping",
+        "tenant",
         "used",
     )
 
@@ -69,8 +71,11 @@ class AgentChild:
         conn: AgentConnection,
         mux: SessionMux,
         limits: ChildLimits | None = None,
+        tenant: str = OPERATOR_TENANT,
     ) -> None:
         self.id = child_id
+        #: The principal this child serves for its whole life (its places: tenants.py).
+        self.tenant = tenant
         self.conn = conn
         self.mux = mux
         #: Its cgroup / watchdog entry (serve/isolation); removed once it is reaped.
@@ -106,6 +111,7 @@ async def start_child(
     cpu_weight: int | None,
     eof_grace_s: Callable[[], float],
     lowered: Callable[[ChildLimits | None], None],
+    tenant: str = OPERATOR_TENANT,
 ) -> AgentChild | Exception:
     """Spawn and ``initialize`` one child (see the module docstring). ``lowered`` is called
     once its process runs at ``cpu_weight`` (a refill's lower weight; not called without
@@ -122,6 +128,7 @@ async def start_child(
             handler=mux,
             request_timeout_s=init_timeout,
             cpu_weight=cpu_weight,
+            tenant=tenant,
         )
     except OSError as exc:
         return exc
@@ -139,7 +146,7 @@ async def start_child(
         if not isinstance(exc, Exception):
             raise
         return await start_failure(conn, exc)  # the sandbox's refusal, when it killed the child
-    return AgentChild(child_id, conn, mux, limits)
+    return AgentChild(child_id, conn, mux, limits, tenant)
 
 
 async def watch_child(child: AgentChild) -> ExitInfo:

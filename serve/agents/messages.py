@@ -18,11 +18,15 @@ from serve.agents.child import AgentChild
 from serve.agents.primed import PrimedSession
 from serve.agents.slots import AgentLease
 from serve.isolation import ChildLimits
+from serve.isolation.tenants import OPERATOR_TENANT
 from serve.sessions.errors import AgentSandboxDenied
 
 
 class Acquire(msgspec.Struct, Request[Reply[AgentLease]], frozen=True):
-    """Answered with a :class:`Reply` that resolves to an :class:`AgentLease`."""
+    """Answered with a :class:`Reply` that resolves to an :class:`AgentLease` on a child of
+    ``tenant`` (the principal the session's agent works for)."""
+
+    tenant: str = OPERATOR_TENANT
 
 
 class Release(msgspec.Struct, frozen=True):
@@ -71,6 +75,7 @@ class Spawned(msgspec.Struct, frozen=True):
 class SpawnFailed(msgspec.Struct, frozen=True):
     error: Exception
     child_id: str = ""
+    tenant: str = OPERATOR_TENANT
 
 
 class Lowered(msgspec.Struct, frozen=True):

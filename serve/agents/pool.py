@@ -43,6 +43,10 @@ daemon (``--bootstrap-token``) holds the warm refill until
 which every child spawned afterwards gets on top of
 :func:`~serve.sessions.agent_link.agent_env`.
 
+Tenants (``--auth-*``): a child serves one principal all its life (:mod:`serve.agents.slots`).
+The warm capacity is for one tenant, ``warm_tenant``: the operator at start, then the latest
+creator's; the spares of the one before are stopped, and its empty children not kept warm.
+
 Failure (:mod:`serve.agents.spawn_health`): while the pool is ``failing`` the refill only
 *probes*, one child at a time after the capped backoff, so the pool recovers by itself once
 the agent works again (a stable probe child ends ``failing``; one not needed as warm is
@@ -117,10 +121,11 @@ from serve.agents.messages import (
 from serve.agents.pool_view import pool_status
 from serve.agents.primed import prime
 from serve.agents.priority import RefillPriority
-from serve.agents.slots import AgentLease, Slots, close_inside, give_back
+from serve.agents.slots import AgentLease, Slots, Waiter, close_inside, give_back
 from serve.agents.spawn_health import STABLE_AFTER_S, SpawnHealth
 from serve.agents.warm import WarmPolicy
 from serve.isolation import ChildLimits, Isolation, sandbox
+from serve.isolation.tenants import OPERATOR_TENANT, multi_user
 from serve.sessions.agent_link import agent_env
 from serve.sessions.errors import AgentSandboxDenied, AgentStartFailing, SessionsUnavailable
 
@@ -176,6 +181,9 @@ class AgentPool(Actor[PoolMsg]):
         self.per_agent = self.slots.per_agent
         self.children = self.slots.children
         self.spawning = 0
+        #: The tenant the warm capacity is for (the module docstring); one without --auth-*.
+        self.warm_tenant = OPERATOR_TENANT
+        self.tenants = multi_user(settings)
         self.health = SpawnHealth(workspace)
         self.spawned_total = 0
         self.exited_total = 0
@@ -217,10 +225,11 @@ class AgentPool(Actor[PoolMsg]):
     def fits_new_child(self) -> bool:
         return self.budget.fits_new_child(self.children.values(), self.spawning)
 
-    def refusal(self) -> Exception | None:
+    def refusal(self, tenant: str | None = None) -> Exception | None:
         """For a released session's next prompt: the 503 to answer at once, or None when a
         slot is free, a child fits the budget, or an idle session can make room."""
-        if self.slots.pick() is not None or self.fits_new_child() or self.budget.cost_unknown():
+        free = self.slots.pick(tenant if tenant and self.tenants else OPERATOR_TENANT) is not None
+        if free or self.fits_new_child() or self.budget.cost_unknown():
             return None
         if self.has_releasable is not None and self.has_releasable():
             return None
@@ -239,8 +248,9 @@ class AgentPool(Actor[PoolMsg]):
         cwd: str | None = None,
         handler: ClientHandler | None = None,
         timeout_s: float | None = None,
+        tenant: str | None = None,
     ) -> AgentLease:
-        """A slot on an initialized child (waits for a spawn when none is free).
+        """A slot on an initialized child of ``tenant`` (waits for a spawn when none is free).
 
         The :class:`~serve.sessions.agent_link.AgentSource` step: the child's tasks run in
         the pool's nursery, not ``nursery``; its cwd is the workspace's; ``handler`` is
@@ -248,7 +258,8 @@ class AgentPool(Actor[PoolMsg]):
         ``--initialize-timeout-ms``."""
         if cwd is not None and cwd != self.workspace:
             raise ValueError(f"agent pool of {self.workspace} asked for a child in {cwd}")
-        reply: Reply[AgentLease] = await self.ask(Acquire(), timeout_s=math.inf)
+        one = tenant if tenant and self.tenants else OPERATOR_TENANT  # one without --auth-*
+        reply: Reply[AgentLease] = await self.ask(Acquire(one), timeout_s=math.inf)
         try:
             return await reply.wait()
         except BaseException:
@@ -335,24 +346,18 @@ class AgentPool(Actor[PoolMsg]):
     def _probe_compile_cache(self) -> None:
         """One probe child populates the node compile cache when it needs it (primary
         workspace only; a late-bound daemon's after its bind, with the tenant's env)."""
-        if self._nursery is None or self.workspace != self.settings.primary_workspace:
-            return
-        self._nursery.start_soon(
-            functools.partial(
-                compile_cache.warm_up,
-                self.settings,
-                cwd=self.workspace,
-                env={**agent_env(self.settings), **self.extra_env},
-            )
-        )
+        if self._nursery is not None and self.workspace == self.settings.primary_workspace:
+            env = {**agent_env(self.settings), **self.extra_env}
+            probe = functools.partial(compile_cache.warm_up, self.settings, cwd=self.workspace)
+            self._nursery.start_soon(functools.partial(probe, env=env))
 
     # ---- handling ----------------------------------------------------------------------
 
     async def handle(self, msg: PoolMsg) -> Reply[AgentLease] | bool | None:
         waiters = self.slots.waiters
         match msg:
-            case Acquire():
-                reply: Reply[AgentLease] = Reply()
+            case Acquire(tenant=tenant):
+                reply = Waiter(tenant)
                 if self.draining:
                     reply.fail(SessionsUnavailable("Agent pool is draining", "daemon_draining"))
                     return reply
@@ -361,6 +366,11 @@ class AgentPool(Actor[PoolMsg]):
                     self._plan()  # the probes go on
                     return reply
                 self.warm.sizer.arrival(trio.current_time())
+                if self.tenants and tenant != self.warm_tenant:  # warm for the latest creator
+                    self.warm_tenant = tenant  # (the spares of the one before are stopped)
+                    for spare in [c for c in self.children.values() if c.tenant != tenant]:
+                        if not spare.slots and not spare.stopping:
+                            self._stop_child(spare)
                 waiters.append(reply)
                 self._serve_waiters()
                 self._plan()
@@ -407,6 +417,7 @@ class AgentPool(Actor[PoolMsg]):
                     self._nursery.start_soon(close_inside, child.conn, primed.setup.session_id)
             case Spawned(child=child, pss_kib=pss_kib, spawn_s=spawn_s):
                 self.spawning -= 1
+                self.slots.spawning_for[child.tenant] -= 1
                 self.spawned_total += 1
                 self.warm.sizer.spawned(spawn_s)
                 if pss_kib:
@@ -418,19 +429,19 @@ class AgentPool(Actor[PoolMsg]):
                 self.agent_info = child.conn.info or self.agent_info
                 assert self._nursery is not None
                 self._nursery.start_soon(self._watch, child)
-                self._nursery.start_soon(self._stable_later, child.id)
+                self._nursery.start_soon(self._later, STABLE_AFTER_S, Stable(child.id))
                 self._serve_waiters()
                 self._plan()
-            case SpawnFailed(error=error, child_id=failed_id):
+            case SpawnFailed(error=error, child_id=failed_id, tenant=tenant):
                 self.spawning -= 1
+                self.slots.spawning_for[tenant] -= 1
                 self.priority.forget(failed_id)
                 self.health.failed(error)
                 if self.health.failing and isinstance(error, ChannelClosed | OSError):
                     error = AgentStartFailing(error, self.health.failures)  # deterministic
-                for _ in range(self.per_agent):
-                    if not waiters:
-                        break
-                    waiters.popleft().fail(error)
+                for waiter in [w for w in waiters if w.tenant == tenant][: self.per_agent]:
+                    waiters.remove(waiter)
+                    waiter.fail(error)
                 self._plan()
             case Exited(child_id=cid, exit_info=info, denied=denied):
                 child = self._forget(cid)
@@ -546,15 +557,17 @@ class AgentPool(Actor[PoolMsg]):
         """Spawn what waiting callers need, then refill the warm capacity."""
         if self.draining or self._nursery is None:
             return
-        needed = math.ceil(len(self.slots.waiters) / self.per_agent)
-        if needed:  # callers wait for the spawns in flight: none of them runs lowered
+        if self.slots.waiters:  # callers wait for the spawns in flight: none of them runs lowered
             self.priority.restore_all()
-        while self.spawning < needed:
-            if not self.fits_new_child():
-                if not self.budget.cost_unknown():  # (unknown: wait for the first measurement)
-                    self._make_room()
-                return
-            self._spawn()
+        for tenant in self.slots.tenants_waiting():  # each tenant's callers, their own children
+            needed = math.ceil(self.slots.waiting(tenant) / self.per_agent)
+            while self.slots.spawning_for[tenant] < needed:
+                if not self.fits_new_child():
+                    if not self.budget.cost_unknown():  # (unknown: the first measurement)
+                        self._make_room()
+                    return
+                self._spawn(tenant)
+        warm = self.warm_tenant
         if self.unbound or (not self.warm.minimum and not self.failing):
             return
         now = trio.current_time()
@@ -562,32 +575,29 @@ class AgentPool(Actor[PoolMsg]):
         if now < backoff_until:
             if not self._refill_scheduled:
                 self._refill_scheduled = True
-                self._nursery.start_soon(self._refill_later, backoff_until - now)
+                self._nursery.start_soon(self._later, backoff_until - now, Refill())
             return
         if self.failing:
             # Probe: one child at a time, until one becomes stable (or fails again).
             unproven = any(not c.stable and not c.stopping for c in self.children.values())
             if not self.spawning and not unproven and self.fits_new_child():
-                self._spawn(refill=True)
+                self._spawn(warm, refill=True)
             return
-        spare = self.slots.rooms_after_waiters(self.spawning)
+        spare = self.slots.rooms_after_waiters(warm)
         floor = self.warm.floor(self.others())
         while spare < floor and self.fits_new_child():
-            self._spawn(refill=True)
+            self._spawn(warm, refill=True)
             spare += 1
         if self.warm.adaptive:
             self._plan_adaptive(now, spare)
 
     def others(self, besides: AgentChild | None = None) -> int:
-        """Children live or being spawned, besides ``besides`` (warm.py's "others")."""
-        live = sum(
-            1
-            for c in self.children.values()
-            if c is not besides and not c.stopping and not c.conn.closed
-        )
-        return live + self.spawning
+        """The warm tenant's children live or being spawned, besides ``besides``."""
+        return self.slots.others(self.warm_tenant, besides)
 
     def _keeps_empty(self, child: AgentChild) -> bool:
+        if child.tenant != self.warm_tenant:  # (another tenant's spare: not warm capacity)
+            return False
         rooms = self.slots.rooms_besides(child)
         return self.warm.keeps_empty(rooms, self.others(child), trio.current_time())
 
@@ -601,13 +611,14 @@ class AgentPool(Actor[PoolMsg]):
             and self.fits_new_child()
             and self.budget.fits_ceiling(self.isolation, self.spawning)
         ):
-            self._spawn(refill=True)
+            self._spawn(self.warm_tenant, refill=True)
             spare += 1
-        for child in self.warm.retire(now, spare, self.children.values()):
+        mine = [c for c in self.children.values() if c.tenant == self.warm_tenant]
+        for child in self.warm.retire(now, spare, mine):
             self._stop_child(child)
         if not self.warm.sizer.settled(now) and not self._resize_scheduled and self._nursery:
             self._resize_scheduled = True
-            self._nursery.start_soon(self._resize_later)
+            self._nursery.start_soon(self._later, RESIZE_S, Resize())
 
     def _make_room(self) -> None:
         """Ask the runtime to release the least recently used idle session (a task)."""
@@ -627,25 +638,20 @@ class AgentPool(Actor[PoolMsg]):
                 log.exception("releasing an idle session for the memory budget failed")
         self._tell(RoomResult(released))
 
-    async def _resize_later(self) -> None:
-        await trio.sleep(RESIZE_S)
-        self._tell(Resize())
-
-    async def _stable_later(self, child_id: str) -> None:
-        await trio.sleep(STABLE_AFTER_S)
-        self._tell(Stable(child_id))
-
-    async def _refill_later(self, delay_s: float) -> None:
+    async def _later(self, delay_s: float, msg: PoolMsg) -> None:
+        """``msg`` to the pool itself after ``delay_s`` (a re-plan, a child's stability)."""
         await trio.sleep(delay_s)
-        self._tell(Refill())
+        self._tell(msg)
 
-    def _spawn(self, *, refill: bool = False) -> None:
-        """Spawn a child; a ``refill`` (ahead of need) at the refill CPU weight."""
+    def _spawn(self, tenant: str, *, refill: bool = False) -> None:
+        """Spawn a child of ``tenant``; a ``refill`` (ahead of need) at the refill weight."""
         assert self._nursery is not None
         self.spawning += 1
-        self._nursery.start_soon(self._spawn_child, f"agent-{next(self._ids)}", refill)
+        self.slots.spawning_for[tenant] += 1
+        child_id = f"agent-{next(self._ids)}"
+        self._nursery.start_soon(self._spawn_child, child_id, tenant, refill)
 
-    async def _spawn_child(self, child_id: str, refill: bool = False) -> None:
+    async def _spawn_child(self, child_id: str, tenant: str, refill: bool = False) -> None:
         assert self._nursery is not None
         started = trio.current_time()
 
@@ -663,9 +669,10 @@ class AgentPool(Actor[PoolMsg]):
             cpu_weight=self.priority.spawn_weight(refill),
             eof_grace_s=lambda: self._eof_grace_s,
             lowered=lowered,
+            tenant=tenant,
         )
         if isinstance(outcome, Exception):
-            self._tell(SpawnFailed(outcome, child_id))
+            self._tell(SpawnFailed(outcome, child_id, tenant))
             return
         if refill:  # ahead of need: its first session/new too (primed.py)
             init_timeout = self.settings.initialize_timeout_ms / 1000

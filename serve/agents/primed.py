@@ -24,6 +24,9 @@ before the prime. A prime nobody can use (the session wants MCP servers) is clos
 when the agent can close sessions (``session/close``, the pool's one bounded close:
 ``slots.close_inside``), else left inside the agent, whose
 child is the session's own (isolation) or recycled with its other dead slots (packed).
+A packed child spawned for its caller rather than ahead of need (every child full, or a
+principal's first child in multi-user mode: tenants keep apart) has no prime; the create it
+served starts the chain when it could have adopted one (:func:`primable`).
 Priming failures are not failures of the child: it stays a spare without a prime.
 """
 
@@ -48,7 +51,12 @@ class PrimedSession:
 
     def fits(self, cwd: str, mcp_servers: object, additional_directories: object) -> bool:
         """Would ``session/new`` with these parameters have been the same request?"""
-        return cwd == self.cwd and not mcp_servers and not additional_directories
+        return cwd == self.cwd and primable(mcp_servers, additional_directories)
+
+
+def primable(mcp_servers: object, additional_directories: object) -> bool:
+    """Whether a create with these parameters could adopt a prime (in its own workspace)."""
+    return not mcp_servers and not additional_directories
 
 
 async def prime(conn: AgentConnection, cwd: str, timeout_s: float) -> PrimedSession | None:

@@ -9,6 +9,12 @@ free slot and the most sessions (:meth:`Slots.pick`: pack tightly), as an
 is free (spawns for the waiting callers, the memory budget) is the pool's
 (:mod:`serve.agents.pool`).
 
+Tenants: every child serves one principal, its *tenant*, for its whole life (its HOME, agent
+store and sandbox are that principal's, fixed at spawn: ``serve/isolation/tenants.py``). A
+waiting caller is a :class:`Waiter` naming its tenant, and gets a slot only on a child of
+that tenant; the counts the warm policy reads (rooms, others, spawns in flight) are per
+tenant. Without ``--auth-*`` every session is the operator's: one tenant, as before.
+
 A slot is free while the child is not stopping and its sessions, live or dead, number fewer
 than ``M``: a session the agent could not close (no ``session/close``) stays inside the
 child, so its slot becomes a *dead* slot and is not given back (a child hosts at most ``M``
@@ -28,7 +34,7 @@ Pure bookkeeping but for the lease's release; owned by one pool actor.
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
@@ -40,6 +46,7 @@ from acp.handler import ClientHandler
 from acp.schema import SessionSetup
 from actors import Reply
 from serve.agents.child import AgentChild
+from serve.agents.primed import primable
 
 #: Bound on ``session/close`` when a session leaves a shared child (seconds).
 CLOSE_SESSION_TIMEOUT_S: Final = 2.0
@@ -98,6 +105,10 @@ class AgentLease:
         parameters would have been the same request; a prime that does not fit is closed."""
         primed, self.child.primed = self.child.primed, None
         if primed is None:
+            # A packed child spawned for its caller (no spare had a prime: e.g. a principal's
+            # first child, tenants.py) starts the chain when this create would have fitted.
+            fits = primable(mcp_servers, additional_directories)
+            self.child.reprime = not self.exclusive and fits
             return None
         if primed.fits(cwd, mcp_servers, additional_directories):
             self.child.reprime = not self.exclusive  # packed: the pool primes the next one
@@ -154,14 +165,43 @@ async def give_back(reply: Reply[AgentLease]) -> None:
     await lease.release()
 
 
+class Waiter(Reply[AgentLease]):
+    """A caller waiting for a slot on a child of ``tenant``."""
+
+    __slots__ = ("tenant",)
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__()
+        self.tenant = tenant
+
+
 class Slots:
     """A pool's children, the callers waiting for a slot, and the handout."""
 
     def __init__(self, per_agent: int) -> None:
         self.per_agent = max(1, per_agent)
         self.children: dict[str, AgentChild] = {}
-        self.waiters: deque[Reply[AgentLease]] = deque()
+        self.waiters: deque[Waiter] = deque()
+        #: Spawns in flight per tenant (the pool's ``spawning`` is their sum).
+        self.spawning_for: Counter[str] = Counter()
         self._leases = itertools.count(1)
+
+    def waiting(self, tenant: str) -> int:
+        return sum(1 for w in self.waiters if w.tenant == tenant)
+
+    def tenants_waiting(self) -> list[str]:
+        """The tenants of the waiting callers, oldest caller first."""
+        return list(dict.fromkeys(w.tenant for w in self.waiters))
+
+    def others(self, tenant: str, besides: AgentChild | None = None) -> int:
+        """``tenant``'s children live or being spawned, besides ``besides`` (warm.py's
+        "others")."""
+        live = sum(
+            1
+            for c in self.children.values()
+            if c.tenant == tenant and c is not besides and not c.stopping and not c.conn.closed
+        )
+        return live + self.spawning_for[tenant]
 
     @property
     def exclusive(self) -> bool:
@@ -177,14 +217,18 @@ class Slots:
         return sum(1 for c in self.children.values() if self.free(c) > 0)
 
     def rooms_besides(self, child: AgentChild) -> int:
-        """Children other than ``child`` with a free slot."""
-        return sum(1 for c in self.children.values() if c is not child and self.free(c) > 0)
+        """Children of ``child``'s tenant other than ``child`` with a free slot."""
+        return sum(
+            1
+            for c in self.children.values()
+            if c is not child and c.tenant == child.tenant and self.free(c) > 0
+        )
 
-    def pick(self) -> AgentChild | None:
-        """The live child with a free slot and the most sessions (pack tightly)."""
+    def pick(self, tenant: str) -> AgentChild | None:
+        """``tenant``'s live child with a free slot and the most sessions (pack tightly)."""
         best: AgentChild | None = None
         for child in self.children.values():
-            if self.free(child) <= 0 or child.conn.closed:
+            if self.free(child) <= 0 or child.conn.closed or child.tenant != tenant:
                 continue
             if best is None or len(child.slots) > len(best.slots):
                 best = child
@@ -194,26 +238,31 @@ class Slots:
         """Give the waiting callers, oldest first, a slot each while one is free;
         ``taken(child)`` for each slot handed out (a session's agent leaves the refill
         CPU weight)."""
+        kept: list[Waiter] = []
         while self.waiters:
-            child = self.pick()
-            if child is None:
-                return
             reply = self.waiters.popleft()
+            child = self.pick(reply.tenant)
+            if child is None:  # (none of its tenant free: it keeps its place)
+                kept.append(reply)
+                continue
             lease_id = next(self._leases)
             child.slots[lease_id] = ""
             child.used = True
             taken(child)
             reply.set(AgentLease(owner, child, lease_id, exclusive=self.exclusive))
+        self.waiters.extend(kept)
 
-    def rooms_after_waiters(self, spawning: int) -> int:
-        """Children, live or being spawned, that will still have a free slot once the
-        waiting callers are served (the most loaded first, as :meth:`pick` does; a child
-        being spawned offers ``M`` slots): the warm capacity counted ahead."""
+    def rooms_after_waiters(self, tenant: str) -> int:
+        """``tenant``'s children, live or being spawned, that will still have a free slot
+        once its waiting callers are served (the most loaded first, as :meth:`pick` does; a
+        child being spawned offers ``M`` slots): the warm capacity counted ahead."""
         free = sorted(
-            self.free(c) for c in self.children.values() if self.free(c) > 0 and not c.conn.closed
+            self.free(c)
+            for c in self.children.values()
+            if c.tenant == tenant and self.free(c) > 0 and not c.conn.closed
         )
-        free += [self.per_agent] * spawning
-        waiting = len(self.waiters)
+        free += [self.per_agent] * self.spawning_for[tenant]
+        waiting = self.waiting(tenant)
         rooms = 0
         for slots in free:
             taken = min(slots, waiting)

@@ -19,8 +19,14 @@ the exec wrapper (``acp/confine.py``) with a Landlock ruleset planned by
   (``/dev/null``, ``/dev/tty``, ``/dev/pts``, ``/dev/shm`` ...);
 * **read**: everything else;
 * **protected** (carved out of both): the state directory (journals, device-flow
-  credentials, MCP sockets' folders, the scripted store of a non-default agent), the config
-  file, every other workspace of the daemon, and the other children's temp directories.
+  credentials, MCP sockets' folders, the scripted store of a non-default agent, every
+  principal's places), the files the daemon trusts (:func:`serve.isolation.tenants.trusted_files`:
+  the config file, the tokens and JWKS files, the audit log, the TLS files, the token file),
+  every other workspace of the daemon, and the other children's temp directories.
+
+With ``--auth-*`` a child's HOME and scripted store are its principal's
+(:func:`tenant_setup`, :mod:`serve.isolation.tenants`), inside the state directory: granted
+to that child by the more specific rule, protected from every other child.
 
 The private temp directory (``TMPDIR``, ``TMP``, ``TEMP``, and the variables of
 :data:`AGENT_TEMP_ENV` for agents that do not honour ``TMPDIR``) is a fresh ``0700`` directory under
@@ -35,8 +41,9 @@ fixed at spawn (the workspace, never a session's own directory), so a session th
 more roots than its workspace (``additionalDirectories``) cannot be served by a warm child:
 such a session gets a child of its own (the registry's ``SpawnAgentSource(extra_write=...)``),
 whose write roots include its additional directories. Packing (``--sessions-per-agent > 1``)
-puts the other sessions of one workspace in one child: they share its sandbox (one
-workspace, one HOME, one temp directory), as ``/daemon/status`` ``isolation.sandbox.shared`` says.
+puts the other sessions of one workspace *and one principal* in one child: they share its
+sandbox (one workspace, one HOME, one temp directory), as ``/daemon/status``
+``isolation.sandbox.shared`` says; two principals' sessions never share a child.
 
 Agents that write outside those places: docs/agent-sandbox.md has the table, per agent kind of
 the interop matrix, of what each writes, what the sandbox does about it and why (traced with
@@ -66,7 +73,7 @@ import trio
 
 from acp import landlock
 from acp.confine import Confinement
-from serve.isolation import denials
+from serve.isolation import denials, tenants
 
 if TYPE_CHECKING:
     from acp.client import AgentConnection
@@ -209,6 +216,7 @@ def _roots(
     env: Mapping[str, str],
     tmpdir: str,
     extra_write: Sequence[str] = (),
+    places: tenants.Places | None = None,
 ) -> dict[str, list[str]]:
     workspace = os.path.realpath(workspace)
     untrusted = {os.path.realpath(w) for w in settings.untrusted_workspaces}
@@ -222,13 +230,14 @@ def _roots(
     if home and os.path.isabs(home) and os.path.isdir(home):
         write.append(home)
     write.extend(settings.agent_allow_write)  # validated at start (absolute, no protected place)
-    scripted = os.path.join(settings.state_dir, "scripted")
+    scripted = os.path.join(settings.state_dir, "scripted") if places is None else places.store
     if settings.agent_is_default:
         os.makedirs(scripted, mode=0o700, exist_ok=True)
         write.append(scripted)
+    # The state directory holds every tenant's places: the child's own are granted inside
+    # it (the specific rule wins), the others stay carved out (tenants.py).
     protected = [settings.state_dir, temp_parent(settings.state_dir)]
-    if settings.config_file:
-        protected.append(os.path.abspath(settings.config_file))
+    protected.extend(tenants.trusted_files(settings))  # tokens, JWKS, config, audit, TLS
     for w in (*settings.workspaces, *settings.untrusted_workspaces):
         if os.path.realpath(w) != workspace:
             protected.append(w)
@@ -243,11 +252,15 @@ def _roots(
 
 
 def _prepare_sync(
-    settings: Settings, workspace: str, env: Mapping[str, str], extra_write: Sequence[str] = ()
+    settings: Settings,
+    workspace: str,
+    env: Mapping[str, str],
+    extra_write: Sequence[str] = (),
+    places: tenants.Places | None = None,
 ) -> ChildSandbox:
     tmpdir = tempfile.mkdtemp(prefix="agent-", dir=temp_parent(settings.state_dir))  # 0700
     try:
-        roots = _roots(settings, workspace, env, tmpdir, extra_write)
+        roots = _roots(settings, workspace, env, tmpdir, extra_write, places)
         spec = landlock.plan(
             roots["write"], roots["protected"], read=roots["read"], extra_write=DEVICE_WRITES
         )
@@ -279,12 +292,17 @@ def _prepare_sync(
 
 
 async def prepare(
-    settings: Settings, workspace: str, env: Mapping[str, str], extra_write: Sequence[str] = ()
+    settings: Settings,
+    workspace: str,
+    env: Mapping[str, str],
+    extra_write: Sequence[str] = (),
+    places: tenants.Places | None = None,
 ) -> ChildSandbox:
     """The sandbox of a child working in ``workspace`` with environment ``env`` (its HOME),
     plus ``extra_write`` roots (a session's ``additionalDirectories``; refused when one is
-    a protected location); an empty one (no ruleset, no temp directory) when the sandbox is
-    not in force.
+    a protected location), for the tenant of ``places`` (its HOME and store; None: the
+    daemon's own, single-user mode); an empty one (no ruleset, no temp directory) when the
+    sandbox is not in force.
 
     Raises :class:`acp.landlock.PlanError` (the spawn fails: never an unsandboxed child
     when the sandbox is in force) or ``OSError``."""
@@ -292,10 +310,25 @@ async def prepare(
         return ChildSandbox(landlock=None, tmpdir=None)
     try:
         return await trio.to_thread.run_sync(
-            _prepare_sync, settings, workspace, dict(env), tuple(extra_write)
+            _prepare_sync, settings, workspace, dict(env), tuple(extra_write), places
         )
     except landlock.PlanError as exc:
         raise OSError(f"cannot sandbox the agent: {exc}") from exc
+
+
+async def tenant_setup(
+    settings: Settings, tenant: str | None, env: Mapping[str, str]
+) -> tuple[dict[str, str], tenants.Places | None]:
+    """``env`` for a child of ``tenant`` and its places (made in a worker thread; in
+    single-user mode ``env`` as it is and None: the daemon's own HOME and store)."""
+    if tenant is None or not tenants.multi_user(settings):
+        return dict(env), None
+    box = await trio.to_thread.run_sync(tenants.places, settings, tenant)
+    assert box is not None
+    out = tenants.tenant_env(env, box)
+    if "ACP_SCRIPTED_STATE_DIR" in out:
+        out["ACP_SCRIPTED_STATE_DIR"] = box.store
+    return out, box
 
 
 #: The roots of each live (or recently closed) child's sandbox, for :func:`denial`.
@@ -354,9 +387,7 @@ def status(settings: Settings) -> dict[str, Any]:
         if settings.agent_is_default:
             write.append(os.path.join(settings.state_dir, "scripted"))
         write.extend(settings.agent_allow_write)
-        protected = [settings.state_dir]
-        if settings.config_file:
-            protected.append(os.path.abspath(settings.config_file))
+        protected = [settings.state_dir, *tenants.trusted_files(settings)]
         out["roots"] = {
             "read": ["/"],
             "readOnly": list(settings.untrusted_workspaces),
@@ -369,6 +400,8 @@ def status(settings: Settings) -> dict[str, Any]:
         out["agentTempEnv"] = [
             {"variable": name, "agent": agent, "why": why} for name, agent, why in AGENT_TEMP_ENV
         ]
+        # --auth-*: each principal's agents get their own HOME and store (tenants.py).
+        out["perPrincipal"] = tenants.multi_user(settings)
         out["rule"] = (
             "each child writes its own workspace, its own TMPDIR and HOME and the granted "
             "directories; the other "

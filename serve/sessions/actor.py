@@ -214,6 +214,7 @@ class SessionActor(Actor[SessionMsg]):
             restore_timeout_s=settings.session_restore_timeout_ms / 1000,
             restarts=RestartWindow(restart_intensity, restart_period_s),
             restart_backoff_s=restart_backoff_s,
+            tenant=lambda: self.access.owner,  # a child serves its one principal
         )
         self.link.fork_from = self.fork_from = fork_from
         self.link.additional_directories = additional_directories

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -117,8 +117,10 @@ class AgentSource(Protocol):
 
     A bare connection is the session's own (the link stops it when done); its tasks run in
     ``nursery`` (the session's). A lease's connection may run elsewhere, and ``handler``
-    answers the agent for this session once :meth:`AgentLease.bind` named it. Raise to fail
-    the session's start."""
+    answers the agent for this session once :meth:`AgentLease.bind` named it. ``tenant``
+    is the principal the agent works for (the session's owner): a child serves one tenant
+    for its whole life, with that tenant's places (``serve/isolation/tenants.py``). Raise to
+    fail the session's start."""
 
     async def acquire(
         self,
@@ -127,6 +129,7 @@ class AgentSource(Protocol):
         cwd: str,
         handler: ClientHandler,
         timeout_s: float,
+        tenant: str | None = None,
     ) -> AgentConnection | AgentLease: ...
 
 
@@ -188,16 +191,19 @@ async def spawn_limited(
     env: Mapping[str, str] | None = None,
     extra_write: Sequence[str] = (),
     cpu_weight: int | None = None,
+    tenant: str | None = None,
 ) -> tuple[AgentConnection, ChildLimits | None]:
     """Spawn ``settings.agent_argv`` in its file sandbox and inside its own limits
     (``isolation``; None: none), with
-    ``env`` (default :func:`agent_env`), at ``cpu_weight`` (default ``--agent-cpu-weight``).
-    The caller owns the limits: ``aclose`` them once the
+    ``env`` (default :func:`agent_env`), at ``cpu_weight`` (default ``--agent-cpu-weight``),
+    for the principal ``tenant`` (multi-user mode: its own HOME and agent store,
+    ``serve/isolation/tenants.py``). The caller owns the limits: ``aclose`` them once the
     child is reaped."""
     env = agent_env(settings) if env is None else dict(env)
+    env, places = await sandbox.tenant_setup(settings, tenant, env)
     # The file sandbox (serve/isolation/sandbox.py): ruleset + private TMPDIR; OSError when
     # it is in force and cannot be built (never an unsandboxed child then).
-    box = await sandbox.prepare(settings, cwd, env, extra_write)
+    box = await sandbox.prepare(settings, cwd, env, extra_write, places)
     limits = None
     try:
         limits = await isolation.child(cpu_weight=cpu_weight) if isolation is not None else None
@@ -278,6 +284,7 @@ class SpawnAgentSource:
         cwd: str,
         handler: ClientHandler,
         timeout_s: float,
+        tenant: str | None = None,
     ) -> AgentConnection | OwnAgent:
         """The connection itself, or (with limits) a lease that also removes its cgroup."""
         conn, limits = await spawn_limited(
@@ -288,6 +295,7 @@ class SpawnAgentSource:
             handler=handler,
             request_timeout_s=timeout_s,
             extra_write=self.extra_write,
+            tenant=tenant,
         )
         try:
             await conn.initialize(timeout_s=timeout_s)
@@ -341,8 +349,11 @@ class AgentLink:
         restore_timeout_s: float,
         restarts: RestartWindow | None = None,
         restart_backoff_s: float = 0.1,
+        tenant: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.source = source
+        #: The principal whose agent this is (the session's owner, read at each acquire).
+        self.tenant = tenant
         self.workspace = workspace
         self.handler = handler
         self.owner = owner
@@ -398,7 +409,7 @@ class AgentLink:
     def refusal(self) -> Exception | None:
         """Why the source could not give an agent now (the pool's memory budget), if so."""
         check = getattr(self.source, "refusal", None)
-        return check() if check is not None else None
+        return check(self.tenant()) if check is not None else None
 
     def restorable(self) -> bool:
         info = self.conn.info if self.conn is not None else None
@@ -409,7 +420,11 @@ class AgentLink:
         returns this open's setup. The connection is closed again if any step fails."""
         await self.release()  # the slot of an agent that died
         got = await self.source.acquire(
-            nursery, cwd=self.workspace, handler=self.handler, timeout_s=self.init_timeout_s
+            nursery,
+            cwd=self.workspace,
+            handler=self.handler,
+            timeout_s=self.init_timeout_s,
+            tenant=self.tenant(),
         )
         lease = OwnAgent(got) if isinstance(got, AgentConnection) else got
         self.lease = lease

@@ -40,7 +40,12 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import msgspec
 import trio
 
-from serve.sessions.errors import AgentRefusedError, NotSupportedByAgent, SessionError
+from serve.sessions.errors import (
+    AgentRefusedError,
+    NotSupportedByAgent,
+    SessionError,
+    SessionRequestError,
+)
 from serve.sessions.messages import (
     CloseSession,
     Describe,
@@ -134,9 +139,19 @@ async def fork_session(
     runtimes: Registries, parent: SessionActor, owner: str = OWNER, quota: int = 0
 ) -> Forked:
     """Fork ``parent`` (see the module docstring); raises the domain errors of the registry
-    (limits, draining), :class:`NotSupportedByAgent` and :class:`AgentRefusedError`
-    (``fork_inheritance_failed``)."""
+    (limits, draining), :class:`NotSupportedByAgent`, :class:`AgentRefusedError`
+    (``fork_inheritance_failed``) and :class:`SessionRequestError`
+    (``fork_across_principals``: ``owner`` is not the parent's owner)."""
     view: SessionView = await parent.call(Describe(), timeout_s=ASK_TIMEOUT_S)
+    if parent.access.owner != owner:
+        # A fork runs in its owner's agent (their HOME and store: serve/isolation/tenants.py),
+        # which never holds another principal's conversation to fork from.
+        raise SessionRequestError(
+            f"Session {view.session_id} belongs to another principal: a fork runs in its "
+            "owner's agent, whose store does not hold this session (fork your own sessions)",
+            "fork_across_principals",
+            sessionId=view.session_id,
+        )
     if view.forks is False:
         raise NotSupportedByAgent(
             f"The agent of session {view.session_id} does not support session/fork "

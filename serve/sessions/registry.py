@@ -48,7 +48,7 @@ from actors.actor import Request
 from serve.access.errors import QuotaExceeded
 from serve.access.owner_records import OwnerRecords
 from serve.access.principal import OPERATOR
-from serve.access.roles import SessionAccess
+from serve.access.roles import SessionAccess, from_attr
 from serve.sessions.actor import CloseSession, SessionActor
 from serve.sessions.agent_link import AgentSource, SpawnAgentSource
 from serve.sessions.errors import SessionConflictError, SessionLimitError, SessionsUnavailable
@@ -345,6 +345,14 @@ class SessionRegistry(Actor[RegistryMsg]):
         if total and self.total_count() >= total:
             raise _limit_error(total, "total")
 
+    async def _journaled_access(self, session_id: str) -> SessionAccess | None:
+        if self.journal is None:
+            return None
+        try:
+            return from_attr((await self.journal.read(session_id, tail=1)).meta.attrs)
+        except Exception:  # no journal of it (or unreadable): the restorer's, as before
+            return None
+
     def _spawn(
         self,
         pending: Pending,
@@ -373,6 +381,12 @@ class SessionRegistry(Actor[RegistryMsg]):
         try:
             if session_id is not None:
                 await self._previous_gone(session_id)
+            # The owner kept when it left, else (a restore) its journaled one: the agent
+            # restoring it is that principal's from the start.
+            kept = self.owners.get(session_id) if session_id is not None else None
+            if kept is None and session_id is not None and action in ("load", "resume"):
+                kept = await self._journaled_access(session_id)
+            access = kept or SessionAccess(owner=pending.owner)
             session = SessionActor(
                 settings=self.settings,
                 mediator=self.mediator,
@@ -390,8 +404,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 mcp_pool=self.mcp_pool,
                 fork_from=fork_from,
                 additional_directories=dirs,
-                access=(self.owners.get(session_id) if session_id is not None else None)
-                or SessionAccess(owner=pending.owner),
+                access=access,
                 **self._restart_kwargs(),
             )
             session.supervisor = self.supervisor

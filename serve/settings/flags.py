@@ -205,7 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"TCP port; 0 = ephemeral (default {DEFAULT_PORT}, or the next free one when it is "
         "busy; a port given here is refused when busy)",
     )
-    add("--token", default=None, help="bearer token (else $QWEN_SERVER_TOKEN)")
+    add("--token", default=None, help="bearer token (else $QWEN_SERVER_TOKEN); visible in ps")
+    add(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="read the bearer token from the first line of FILE (instead of --token)",
+    )
     add("--require-auth", action="store_true", help="refuse to start without a token")
     add(
         "--bootstrap-token",

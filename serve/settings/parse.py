@@ -43,7 +43,12 @@ from serve.settings.values import (
     parse_token_header,
     parse_trusted_proxies,
 )
-from serve.tokens import InvalidBearerToken, TokenResolution, resolve_startup_token
+from serve.tokens import (
+    InvalidBearerToken,
+    TokenResolution,
+    read_token_file,
+    resolve_startup_token,
+)
 
 
 def parse_settings(
@@ -71,17 +76,32 @@ def parse_settings(
     # Token: flag wins over env; trimmed; empty = none; generated on a non-loopback bind
     # when neither source is present (§2.3). A bootstrap token (late binding) stands in
     # for it until POST /daemon/bind installs the tenant's.
+    # --token-file: the token read from a file (never in the process list or environ).
+    token_file, flag_token = None, ns.token
+    if ns.token_file is not None:
+        if ns.token is not None:
+            raise SettingsError("give --token or --token-file, not both")
+        token_file = os.path.abspath(ns.token_file)
+        try:
+            flag_token = read_token_file(token_file)
+        except (OSError, ValueError) as exc:
+            raise SettingsError(f"Invalid --token-file: {exc}") from None
     bootstrap, bootstrap_from_argv = parse_bootstrap_token(ns, env)
+    if bootstrap is not None and token_file is not None:
+        raise SettingsError("--bootstrap-token cannot be combined with --token-file")
     try:
         resolution = (
             TokenResolution(token=bootstrap, source="bootstrap", argv_warning=bootstrap_from_argv)
             if bootstrap is not None
-            else resolve_startup_token(ns.token, env, loopback_bind=is_loopback_hostname(hostname))
+            else resolve_startup_token(
+                flag_token, env, loopback_bind=is_loopback_hostname(hostname)
+            )
         )
     except InvalidBearerToken as exc:
-        raise SettingsError(str(exc)) from None
+        msg = str(exc)
+        raise SettingsError(msg.replace("--token", "--token-file") if token_file else msg) from None
     token = resolution.token
-    token_from_argv = resolution.argv_warning
+    token_from_argv = resolution.argv_warning and token_file is None
     generated = resolution.generated
     token_header = parse_token_header(ns.token_header)
     if token_header is not None and token is None:
@@ -291,6 +311,7 @@ def parse_settings(
         port_explicit=ns.port is not None,
         token=token,
         token_from_argv=token_from_argv,
+        token_file=token_file,
         token_generated=generated,
         bootstrap=bootstrap is not None,
         token_header=token_header,

@@ -95,6 +95,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     port_explicit: bool = False
     token: str | None = None
     token_from_argv: bool = False
+    #: ``--token-file``: where the token was read from (a file the agents never see).
+    token_file: str | None = None
     token_generated: bool = False
     #: ``--bootstrap-token`` (late binding): ``token`` is a pool-scoped bootstrap token
     #: that only ``POST /daemon/bind`` accepts; the bind installs the tenant's token and

@@ -65,6 +65,9 @@ class Flow:
     passed: set[str] = field(default_factory=set)
     #: (pid, start time) of every process of the session seen before delete.
     processes: set[tuple[int, str]] = field(default_factory=set)
+    #: The credentials the steps send (the operator token; a principal's in
+    #: tests/interop/test_agent_tenants.py).
+    auth: dict[str, str] = field(default_factory=lambda: dict(AUTH))
 
     @property
     def headers(self) -> dict[str, str]:
@@ -183,7 +186,7 @@ def _step_gate(request: pytest.FixtureRequest) -> None:
 @asynccontextmanager
 async def http(flow: Flow) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(
-        base_url=flow.daemon.url, timeout=TURN_GUARD_S, headers=AUTH
+        base_url=flow.daemon.url, timeout=TURN_GUARD_S, headers=flow.auth
     ) as client:
         yield client
 

@@ -261,10 +261,13 @@ async def _run(session: SessionActor, command: str, client_id: str) -> Response:
     def result(data: dict[str, Any]) -> None:
         emit("user_shell_result", {"sessionId": sid, **data})
 
-    env = scrub_env(os.environ)
     try:
-        # The session agent's sandbox, with a private TMPDIR of its own (serve/isolation).
-        box = await sandbox.prepare(d.settings, cwd, env)
+        # The session agent's sandbox, with a private TMPDIR of its own (serve/isolation),
+        # and its owner's places (their HOME) in multi-user mode.
+        env, places = await sandbox.tenant_setup(
+            d.settings, session.access.owner, scrub_env(os.environ)
+        )
+        box = await sandbox.prepare(d.settings, cwd, env, places=places)
         try:
             outcome = await run_shell(
                 command,
