@@ -51,7 +51,7 @@ from acp.schema import (
     SessionSetup,
 )
 from actors import RestartWindow
-from serve.isolation import ChildLimits, Isolation, OomReport, sandbox
+from serve.isolation import ChildLimits, Isolation, OomReport, identity, sandbox
 from serve.permissions.elicitation import CLIENT_CAPABILITY as ELICITATION_CAPABILITY
 from serve.sessions.errors import AgentSandboxDenied, NotSupportedByAgent
 
@@ -188,16 +188,20 @@ async def spawn_limited(
     env: Mapping[str, str] | None = None,
     extra_write: Sequence[str] = (),
     cpu_weight: int | None = None,
+    principal: str | None = None,
 ) -> tuple[AgentConnection, ChildLimits | None]:
     """Spawn ``settings.agent_argv`` in its file sandbox and inside its own limits
     (``isolation``; None: none), with
-    ``env`` (default :func:`agent_env`), at ``cpu_weight`` (default ``--agent-cpu-weight``).
+    ``env`` (default :func:`agent_env`), at ``cpu_weight`` (default ``--agent-cpu-weight``),
+    as ``principal``'s uid where ``--agent-uid-range`` is in force (None: the daemon's).
     The caller owns the limits: ``aclose`` them once the
     child is reaped."""
     env = agent_env(settings) if env is None else dict(env)
-    # The file sandbox (serve/isolation/sandbox.py): ruleset + private TMPDIR; OSError when
-    # it is in force and cannot be built (never an unsandboxed child then).
-    box = await sandbox.prepare(settings, cwd, env, extra_write)
+    run_as = identity.run_as_for(settings, principal)  # UidCollision is an OSError
+    # The file sandbox (serve/isolation/sandbox.py): ruleset + private TMPDIR, its pid
+    # namespace, its uid; OSError when it is in force and cannot be built (never an
+    # unsandboxed child then).
+    box = await sandbox.prepare(settings, cwd, env, extra_write, run_as=run_as)
     limits = None
     try:
         limits = await isolation.child(cpu_weight=cpu_weight) if isolation is not None else None
@@ -265,11 +269,14 @@ class SpawnAgentSource:
         settings: Settings,
         isolation: Isolation | None = None,
         extra_write: Sequence[str] = (),
+        principal: str | None = None,
     ) -> None:
         self.settings = settings
         self.isolation = isolation
         #: Write roots beyond the workspace (a session's additionalDirectories).
         self.extra_write = tuple(extra_write)
+        #: Whose agent this is: its uid under ``--agent-uid-range`` (None: the daemon's).
+        self.principal = principal
 
     async def acquire(
         self,
@@ -288,6 +295,7 @@ class SpawnAgentSource:
             handler=handler,
             request_timeout_s=timeout_s,
             extra_write=self.extra_write,
+            principal=self.principal,
         )
         try:
             await conn.initialize(timeout_s=timeout_s)

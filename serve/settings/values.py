@@ -15,6 +15,7 @@ import ipaddress
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 from acp import landlock
 from serve.settings.record import (
@@ -190,6 +191,50 @@ def canonical_dir(flag: str, raw: str) -> str:
     if not path.is_dir():
         raise SettingsError(f'Invalid {flag} "{raw}": not a directory')
     return str(path.resolve())
+
+
+#: The uid range ``--agent-uid-range auto`` takes in multi-user mode as root: uids no
+#: distribution allocates (below 2^31, beside the usual subordinate ranges from 100000).
+AUTO_UID_RANGE: Final = (2_000_000_000, 100_000_000)
+#: The smallest uid a range may start at (system and login users live below).
+MIN_AGENT_UID: Final = 65536
+#: uids are 32-bit; -1 (4294967295) means "no change" to the kernel.
+MAX_AGENT_UID: Final = 2**32 - 2
+PID_NAMESPACE_MODES: Final = ("auto", "on", "off")
+
+
+def parse_uid_range(raw: str) -> tuple[int, int] | str | None:
+    """``off`` -> None, ``auto`` -> ``"auto"``, ``START:COUNT`` -> the pair. Raises
+    ValueError with the reason."""
+    raw = raw.strip()
+    if raw == "off":
+        return None
+    if raw == "auto":
+        return "auto"
+    start_s, sep, count_s = raw.partition(":")
+    if not sep or not start_s.isdigit() or not count_s.isdigit():
+        raise ValueError("must be off, auto or START:COUNT (two whole numbers)")
+    start, count = int(start_s), int(count_s)
+    if start < MIN_AGENT_UID:
+        raise ValueError(f"START must be at least {MIN_AGENT_UID} (system and login users)")
+    if count < 1 or start + count - 1 > MAX_AGENT_UID:
+        raise ValueError(f"COUNT must be at least 1 and START+COUNT-1 at most {MAX_AGENT_UID}")
+    return start, count
+
+
+def check_uid_range(
+    value: tuple[int, int] | str | None, *, multi_user: bool
+) -> tuple[int, int] | None:
+    """The range in force (``auto`` resolved: see the module docstring). Raises ValueError
+    when a range is given to a daemon that is not root."""
+    if value == "auto":
+        return AUTO_UID_RANGE if multi_user and os.geteuid() == 0 else None
+    if value is None:
+        return None
+    assert not isinstance(value, str)
+    if os.geteuid() != 0:
+        raise ValueError("running agents under their own uids needs a daemon run as root")
+    return value
 
 
 def parse_agent_sandbox(mode: str) -> str:
