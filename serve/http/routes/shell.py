@@ -60,7 +60,7 @@ from serve.http.routes.sessions import (
     require_registered,
 )
 from serve.http.wire import json_body, json_response
-from serve.isolation import sandbox
+from serve.isolation import identity, sandbox
 from serve.sessions.messages import AgentCall, PublishEvent
 from serve.workspaces.state import agent_ext
 from serve.workspaces.state.shell_run import DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT_S, run_shell
@@ -248,8 +248,10 @@ async def _run(session: SessionActor, command: str, client_id: str) -> Response:
 
     env = scrub_env(os.environ)
     try:
-        # The session agent's sandbox, with a private TMPDIR of its own (serve/isolation).
-        box = await sandbox.prepare(d.settings, cwd, env)
+        # The session agent's sandbox, with a private TMPDIR of its own, a pid namespace of
+        # its own, and the session owner's uid under --agent-uid-range (serve/isolation).
+        run_as = identity.run_as_for(d.settings, session.access.owner)
+        box = await sandbox.prepare(d.settings, cwd, env, run_as=run_as)
         try:
             outcome = await run_shell(
                 command,
