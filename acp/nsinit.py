@@ -27,7 +27,9 @@ processes::
    this namespace's processes only), leaves P's process group (``setsid``: the daemon's group
    kill reaches P, which forwards), forks **A**, and then only waits: every process of the
    namespace orphaned on the way is re-parented to C and reaped by it; a forwarded signal
-   goes to every process of the namespace (``kill(-1, sig)``). When A exits, the rest of the
+   goes to every process of the namespace (``kill(-1, sig)``). The forwarded signals are
+   blocked from before the fork until each process has its handlers: one sent meanwhile
+   waits and is forwarded then (the agent gets them unblocked, with default handlers). When A exits, the rest of the
    namespace gets SIGTERM and :data:`LEFTOVER_GRACE_S` to go, C reports A's status to P and
    exits, and the kernel SIGKILLs whatever is left (the end of a namespace's pid 1 ends all
    of it, even a descendant that left every process group).
@@ -158,6 +160,8 @@ def run(agent: Callable[[], NoReturn], *, userns: bool, fail: Fail) -> NoReturn:
         fail(f"cannot make a pid namespace: {exc}")
     status_r, status_w = os.pipe()  # C -> P: the agent's wait status
     alive_r, alive_w = os.pipe()  # P holds the write end: C sees EOF once P is gone
+    # Held until each process has its handlers (a signal sent meanwhile waits, then goes on).
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     init = os.fork()
     if init == 0:
         os.close(status_r)
@@ -175,6 +179,7 @@ def run(agent: Callable[[], NoReturn], *, userns: bool, fail: Fail) -> NoReturn:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     _, wait_status = os.waitpid(init, 0)  # EINTR: retried after the handler ran (PEP 475)
     report = b""
     while chunk := os.read(status_r, 64):
@@ -225,6 +230,7 @@ def _init(agent: Callable[[], NoReturn], status_w: int, alive_r: int, fail: Fail
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     while True:
         try:
             pid, wait_status = os.waitpid(-1, 0)
@@ -265,6 +271,7 @@ def agent_setup(uid: int | None, gid: int | None, *, as_root: bool) -> None:
     namespace's ``/proc``), then it becomes ``uid``/``gid`` when given."""
     for sig in FORWARDED:
         signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # blocked by run(): not for the agent
     if as_root and uid is None:
         libc = _libc()
         if libc.prctl(_PR_CAPBSET_DROP, _CAP_SYS_ADMIN, 0, 0, 0) != 0:
