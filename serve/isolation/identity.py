@@ -25,7 +25,8 @@ thread, the child's private temp directory is **chowned** to the uid (it is that
 alone); each other write root (the workspace, ``HOME``, the scripted agent's store, the
 operator's grants, additional directories) gets a POSIX ACL entry ``user:<uid>:rwx`` (and
 the same as a default entry, inherited by what is created in it later) on itself and its
-existing entries (at most :data:`ACL_WALK_MAX` of them; more are logged, not granted); and
+existing entries (at most :data:`ACL_WALK_MAX` of them; more are logged, not granted; once per
+uid and root in a daemon's life: what is created later inherits the default entry); and
 every directory above one of those places that the uid could not search gets
 ``user:<uid>:--x`` (search, not list). Files the agent creates are owned by its uid.
 Everything else keeps its mode: another principal's ``0600`` file stays unreadable.
@@ -245,8 +246,20 @@ def grant(run_as: RunAs, *, own: Iterable[str] = (), share: Iterable[str] = ()) 
                 _acl_add(parent, uid, 0o1)
 
 
+#: (uid, root) pairs whose existing entries were walked: later entries inherit the default
+#: ACL, so a root is walked once per uid per daemon (bounded: :data:`MAX_PRINCIPALS`).
+_walked: set[tuple[int, str]] = set()
+_walked_lock = threading.Lock()
+
+
 def _share_tree(root: str, uid: int) -> None:
     _acl_add(root, uid, 0o7, default=True)
+    with _walked_lock:
+        if (uid, root) in _walked:
+            return
+        if len(_walked) >= MAX_PRINCIPALS:
+            _walked.clear()
+        _walked.add((uid, root))
     budget = ACL_WALK_MAX
     for top, dirs, files in os.walk(root):
         for name in (*dirs, *files):
