@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not subreaper and os.getpid() != 1:
         log.warning("cannot become a child subreaper: orphans of agents go to PID 1")
     # Agents in pid namespaces of their own (serve/isolation/pidns.py): probed once, here.
-    from serve.isolation import pidns
+    from serve.isolation import pidns  # lazy: `acp-serve client` never loads it
 
     ns = pidns.resolve_now(settings)
     if not ns.active and settings.agent_pid_namespace == "on":
