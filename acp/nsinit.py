@@ -29,10 +29,10 @@ processes::
    namespace orphaned on the way is re-parented to C and reaped by it; a forwarded signal
    goes to every process of the namespace (``kill(-1, sig)``). The forwarded signals are
    blocked from before the fork until each process has its handlers: one sent meanwhile
-   waits and is forwarded then (the agent gets them unblocked, with default handlers). When A exits, the rest of the
-   namespace gets SIGTERM and :data:`LEFTOVER_GRACE_S` to go, C reports A's status to P and
-   exits, and the kernel SIGKILLs whatever is left (the end of a namespace's pid 1 ends all
-   of it, even a descendant that left every process group).
+   waits and is forwarded then (the agent gets them unblocked, with default handlers).
+   When A exits, the rest of the namespace gets SIGTERM and :data:`LEFTOVER_GRACE_S` to go,
+   C reports A's status to P and exits, and the kernel SIGKILLs whatever is left (the end
+   of a namespace's pid 1 ends all of it, even a descendant that left every process group).
 3. **A** restores the default signal dispositions, applies the file sandbox, drops to the
    spec's uid and gid when given (``setgroups([])``, ``setresgid``, ``setresuid``: after the
    sandbox, whose rules are opened with the daemon's rights), and ``exec``s the agent.

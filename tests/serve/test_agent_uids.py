@@ -12,8 +12,8 @@ import trio
 
 from acp.handler import BaseClientHandler
 from serve.isolation import identity, pidns
-from serve.settings import Settings, SettingsError, parse_settings
 from serve.sessions.agent_link import spawn_limited
+from serve.settings import Settings, SettingsError, parse_settings
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (setresuid)")
 
