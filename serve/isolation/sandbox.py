@@ -272,8 +272,8 @@ def _grant_unsandboxed(
     home = env.get("HOME")
     if home and os.path.isabs(home) and os.path.isdir(home):
         write.append(home)
-    if settings.agent_is_default:
-        scripted = os.path.join(settings.state_dir, "scripted")
+    if settings.agent_is_default:  # its store: the one its environment names
+        scripted = env.get("ACP_SCRIPTED_STATE_DIR") or os.path.join(settings.state_dir, "scripted")
         os.makedirs(scripted, mode=0o700, exist_ok=True)
         write.append(scripted)
     identity.grant(run_as, share=_shared_roots(write, None))
