@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,18 @@ from serve.sessions.agent_link import spawn_limited
 from serve.settings import Settings, SettingsError, parse_settings
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (setresuid)")
+
+
+@pytest.fixture
+def place() -> Iterator[Path]:
+    """A directory outside pytest's base temp: pytest chmods that base to 0700 when it finds
+    group bits, and an ACL's mask shows as group bits, so a concurrent pytest run would take
+    the uid's search right on it away from under a running test."""
+    path = Path(tempfile.mkdtemp(prefix="acp-uids-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_a_principal_maps_to_one_stable_uid_in_the_range() -> None:
@@ -93,8 +108,9 @@ async def _run(settings: Settings, principal: str | None, home: Path) -> str:
 @root_only
 @pytest.mark.parametrize("sandbox", ["auto", "off"])
 async def test_an_agent_runs_as_its_principals_uid_and_works_in_its_places(
-    tmp_path: Path, sandbox: str
+    place: Path, sandbox: str
 ) -> None:
+    tmp_path = place
     other = tmp_path / "other-secret"  # another uid's 0600 file
     other.write_text("bob's\n")
     os.chown(other, identity.uid_for("bob", 3_000_000, 1000), 0)
@@ -119,7 +135,8 @@ async def test_an_agent_runs_as_its_principals_uid_and_works_in_its_places(
 
 
 @root_only
-async def test_without_a_principal_nothing_changes_uid_wise(tmp_path: Path) -> None:
+async def test_without_a_principal_nothing_changes_uid_wise(place: Path) -> None:
+    tmp_path = place
     settings = _settings(tmp_path, "id -u >&2; echo x > mine.txt")
     err = await _run(settings, None, tmp_path)
     assert err.split()[0] == "0", err
