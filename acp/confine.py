@@ -19,9 +19,15 @@ daemon's pipes), in this order:
    hierarchy, or the one cgroup v2 leaf), so it and everything it will start is accounted
    and limited from here on;
 2. writes ``oom_score_adj`` (a kernel OOM then picks an agent before the daemon);
-3. applies the file sandbox (``acp/landlock.py``, loaded from beside this file), which the
+3. with ``pid_namespace``: puts the rest in a pid namespace of its own, with its own
+   ``/proc`` and a tiny init (``acp/nsinit.py``, loaded from beside this file, has the
+   three processes this takes and how signals, exit status and the kill of the whole tree
+   go); the steps below then run in the agent's process (pid 2 of the namespace);
+4. applies the file sandbox (``acp/landlock.py``, loaded from beside this file), which the
    kernel makes inherited by every descendant and irrevocable;
-4. ``exec``s the agent's argv (``PATH`` lookup as ``execvp``).
+5. with ``uid``/``gid``: becomes that user (no supplementary groups), after the sandbox
+   (whose rules are opened with the daemon's rights);
+6. ``exec``s the agent's argv (``PATH`` lookup as ``execvp``).
 
 A step that fails is fatal for the child (exit 126 with one ``acp-serve confine: ...`` line on
 stderr, which the daemon's stderr tail keeps): a child is never started with fewer limits
@@ -38,7 +44,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 #: This file; run as a script by :meth:`Confinement.wrap`.
 CONFINE_PY: Final = os.path.abspath(__file__)
@@ -60,16 +66,35 @@ class Confinement:
     landlock: Mapping[str, Any] | None = None
     #: Extra environment for the child (e.g. its private ``TMPDIR``), set by the caller.
     env: Mapping[str, str] = field(default_factory=dict)
+    #: A pid namespace (and mount namespace, for its ``/proc``) of its own, under an init.
+    pid_namespace: bool = False
+    #: With ``pid_namespace``: also a user namespace mapping the daemon's uid to itself (a
+    #: daemon that is not root needs it for the capabilities the namespace takes).
+    user_namespace: bool = False
+    #: Run the agent as this uid / gid (needs root); None keeps the daemon's.
+    uid: int | None = None
+    gid: int | None = None
 
     @property
     def empty(self) -> bool:
-        return not self.cgroup_procs and self.oom_score_adj is None and self.landlock is None
+        return (
+            not self.cgroup_procs
+            and self.oom_score_adj is None
+            and self.landlock is None
+            and not self.pid_namespace
+            and self.uid is None
+            and self.gid is None
+        )
 
     def spec(self) -> dict[str, Any]:
         return {
             "cgroup_procs": list(self.cgroup_procs),
             "oom_score_adj": self.oom_score_adj,
             "landlock": dict(self.landlock) if self.landlock is not None else None,
+            "pid_namespace": self.pid_namespace,
+            "user_namespace": self.user_namespace,
+            "uid": self.uid,
+            "gid": self.gid,
         }
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
@@ -80,12 +105,24 @@ class Confinement:
         return [sys.executable, "-I", "-S", CONFINE_PY, spec, "--", *argv]
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     os.write(2, f"acp-serve confine: {msg}\n".encode("utf-8", "replace"))
     os._exit(EXIT_CONFINE_FAILED)
 
 
+def _load(name: str) -> Any:
+    """A stdlib-only module beside this file (``acp/landlock.py``, ``acp/nsinit.py``)."""
+    here = os.path.dirname(CONFINE_PY)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        return __import__(name)
+    except ImportError as exc:
+        _fail(f"cannot load {name}: {exc}")
+
+
 def _apply(spec: Mapping[str, Any]) -> None:
+    """The steps that hold for the whole tree: run in the wrapper itself (P)."""
     pid = str(os.getpid())
     for procs in spec.get("cgroup_procs") or ():
         try:
@@ -100,17 +137,37 @@ def _apply(spec: Mapping[str, Any]) -> None:
                 f.write(str(int(adj)))
         except OSError as exc:
             _fail(f"cannot set oom_score_adj {adj}: {exc}")
+
+
+def _apply_agent(spec: Mapping[str, Any]) -> None:
+    """The steps of the agent's own process: its sandbox, its uid (see the module doc)."""
     ruleset = spec.get("landlock")
     if ruleset is not None:
-        sys.path.insert(0, os.path.dirname(CONFINE_PY))
-        try:
-            import landlock  # type: ignore[import-not-found]  # beside this file: acp/landlock.py
-        except ImportError as exc:
-            _fail(f"cannot load the sandbox: {exc}")
+        landlock = _load("landlock")
         try:
             landlock.apply(ruleset)
         except Exception as exc:
             _fail(f"cannot apply the sandbox: {exc}")
+    uid, gid = spec.get("uid"), spec.get("gid")
+    if spec.get("pid_namespace") or uid is not None or gid is not None:
+        # os.execvp imports warnings: load it while the daemon's interpreter is readable.
+        import warnings  # noqa: F401
+
+        nsinit = _load("nsinit")
+        try:
+            nsinit.agent_setup(
+                uid, gid, as_root=os.geteuid() == 0 and bool(spec.get("pid_namespace"))
+            )
+        except OSError as exc:
+            _fail(f"cannot run as uid {uid} gid {gid}: {exc}")
+
+
+def _exec(argv: list[str]) -> NoReturn:
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        os.write(2, f"acp-serve confine: cannot run {argv[0]!r}: {exc}\n".encode())
+        os._exit(EXIT_EXEC_FAILED)
 
 
 def main(args: Sequence[str]) -> None:
@@ -122,11 +179,19 @@ def main(args: Sequence[str]) -> None:
         _fail(f"bad spec: {exc}")
     _apply(spec)
     argv = list(args[2:])
-    try:
-        os.execvp(argv[0], argv)
-    except OSError as exc:
-        os.write(2, f"acp-serve confine: cannot run {argv[0]!r}: {exc}\n".encode())
-        os._exit(EXIT_EXEC_FAILED)
+    if spec.get("pid_namespace"):
+
+        def agent() -> NoReturn:
+            try:
+                _apply_agent(spec)
+                _exec(argv)
+            except BaseException as exc:  # never back into the init's code
+                _fail(f"cannot start the agent: {exc!r}")
+
+        nsinit = _load("nsinit")
+        nsinit.run(agent, userns=bool(spec.get("user_namespace")), fail=_fail)
+    _apply_agent(spec)
+    _exec(argv)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("cannot make the daemon non-dumpable: agents can read its /proc environ")
     if not subreaper and os.getpid() != 1:
         log.warning("cannot become a child subreaper: orphans of agents go to PID 1")
+    # Agents in pid namespaces of their own (serve/isolation/pidns.py): probed once, here.
+    from serve.isolation import pidns  # lazy: `acp-serve client` never loads it
+
+    ns = pidns.resolve_now(settings)
+    if not ns.active and settings.agent_pid_namespace == "on":
+        print(f"acp-serve: --agent-pid-namespace on: {ns.reason}", file=sys.stderr)
+        return 1
+    if not ns.active and settings.agent_pid_namespace == "auto":
+        log.warning("agents share the daemon's pid namespace: %s", ns.reason)
     try:
         daemon = Daemon(settings, config, reaper=subreaper or os.getpid() == 1)
     except SettingsError as exc:  # e.g. --agent-limits cgroup without a usable cgroup

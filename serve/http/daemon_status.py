@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from serve.deviceflow.service import SERVICE_NAME as DEVICE_FLOW
 from serve.http import capabilities
-from serve.isolation import sandbox
+from serve.isolation import identity, pidns, sandbox
 from serve.mcp.service import SERVICE_NAME as MCP_POOL
 from serve.workspaces.hub import HUB_SERVICE
 from serve.workspaces.state.reload import SERVICE_NAME as WORKSPACE_STATE
@@ -217,6 +217,16 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
                 "isolation",
             )
         )
+    ns = pidns.current(settings)
+    if ns is not None and not ns.active and ns.requested == "auto":
+        issues.append(
+            _issue(
+                "agent_pid_namespace_unavailable",
+                "warning",
+                f"agents can see the daemon's processes: {ns.reason}",
+                "isolation",
+            )
+        )
     if daemon.draining:
         issues.append(_issue("daemon_draining", "warning", "the daemon is shutting down", "daemon"))
     tokens_file = daemon.tokens_file
@@ -323,6 +333,9 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
     body["isolation"] = isolation_section(daemon)
     # The agents' file sandbox (serve/isolation/sandbox.py).
     body.setdefault("isolation", {})["sandbox"] = sandbox.status(settings)
+    # Each agent's pid namespace and the principals' uids (serve/isolation/pidns.py, identity.py).
+    body["isolation"]["pidNamespace"] = pidns.status(settings)
+    body["isolation"]["uids"] = identity.status(settings)
     chaos = daemon.chaos
     if chaos is not None:
         body["runtime"]["chaos"] = chaos.status()

@@ -73,7 +73,8 @@ import trio
 
 from acp import landlock
 from acp.confine import Confinement
-from serve.isolation import denials, tenants
+from serve.isolation import denials, identity, pidns, tenants
+from serve.isolation.identity import RunAs
 
 if TYPE_CHECKING:
     from acp.client import AgentConnection
@@ -191,6 +192,12 @@ class ChildSandbox:
     tmpdir: str | None
     env: dict[str, str] = field(default_factory=dict)
     roots: dict[str, list[str]] = field(default_factory=dict)
+    #: Its own pid namespace and ``/proc`` (serve/isolation/pidns.py), made in a user
+    #: namespace when the daemon is not root.
+    pid_namespace: bool = False
+    user_namespace: bool = False
+    #: The principal's uid it runs as (serve/isolation/identity.py); None: the daemon's.
+    run_as: RunAs | None = None
 
     def confinement(self, base: Confinement | None = None) -> Confinement:
         """``base`` (the cgroup part, if any) plus this sandbox."""
@@ -200,6 +207,10 @@ class ChildSandbox:
             oom_score_adj=base.oom_score_adj,
             landlock=self.landlock,
             env={**base.env, **self.env},
+            pid_namespace=self.pid_namespace,
+            user_namespace=self.user_namespace,
+            uid=self.run_as.uid if self.run_as is not None else None,
+            gid=self.run_as.gid if self.run_as is not None else None,
         )
 
     async def aclose(self) -> None:
@@ -251,16 +262,45 @@ def _roots(
     return {"read": read, "write": write, "protected": protected}
 
 
+def _shared_roots(write: Sequence[str], tmpdir: str | None) -> list[str]:
+    """The write roots a principal's uid gets ACL entries on: all but its own temp directory
+    and the daemon's own HOME (a principal's agents need a HOME of their own)."""
+    own_home = os.environ.get("HOME")
+    return [w for w in write if w != tmpdir and w != own_home]
+
+
+def _grant_unsandboxed(
+    settings: Settings,
+    workspace: str,
+    env: Mapping[str, str],
+    extra_write: Sequence[str],
+    run_as: RunAs,
+) -> None:
+    """Without the file sandbox: the uid still needs its workspace, HOME and grants."""
+    write = [os.path.realpath(workspace), *extra_write, *settings.agent_allow_write]
+    home = env.get("HOME")
+    if home and os.path.isabs(home) and os.path.isdir(home):
+        write.append(home)
+    if settings.agent_is_default:  # its store: the one its environment names
+        scripted = env.get("ACP_SCRIPTED_STATE_DIR") or os.path.join(settings.state_dir, "scripted")
+        os.makedirs(scripted, mode=0o700, exist_ok=True)
+        write.append(scripted)
+    identity.grant(run_as, share=_shared_roots(write, None))
+
+
 def _prepare_sync(
     settings: Settings,
     workspace: str,
     env: Mapping[str, str],
     extra_write: Sequence[str] = (),
     places: tenants.Places | None = None,
+    run_as: RunAs | None = None,
 ) -> ChildSandbox:
     tmpdir = tempfile.mkdtemp(prefix="agent-", dir=temp_parent(settings.state_dir))  # 0700
     try:
         roots = _roots(settings, workspace, env, tmpdir, extra_write, places)
+        if run_as is not None:  # before the spec file is written into the temp directory
+            identity.grant(run_as, own=[tmpdir], share=_shared_roots(roots["write"], tmpdir))
         spec = landlock.plan(
             roots["write"], roots["protected"], read=roots["read"], extra_write=DEVICE_WRITES
         )
@@ -297,23 +337,45 @@ async def prepare(
     env: Mapping[str, str],
     extra_write: Sequence[str] = (),
     places: tenants.Places | None = None,
+    *,
+    run_as: RunAs | None = None,
 ) -> ChildSandbox:
     """The sandbox of a child working in ``workspace`` with environment ``env`` (its HOME),
     plus ``extra_write`` roots (a session's ``additionalDirectories``; refused when one is
     a protected location), for the tenant of ``places`` (its HOME and store; None: the
-    daemon's own, single-user mode); an empty one (no ruleset, no temp directory) when the
-    sandbox is not in force.
+    daemon's own, single-user mode); without a ruleset and a temp directory when the sandbox
+    is not in force. It has its own pid namespace where that is in force
+    (serve/isolation/pidns.py), and runs as ``run_as`` (a principal's uid:
+    serve/isolation/identity.py; its places are granted to that uid here).
 
     Raises :class:`acp.landlock.PlanError` (the spawn fails: never an unsandboxed child
     when the sandbox is in force) or ``OSError``."""
+    ns = await pidns.mode(settings)
+    if settings.agent_pid_namespace == "on" and not ns.active:
+        raise OSError(f"--agent-pid-namespace on: {ns.reason}")
     if not resolve(settings).active:
-        return ChildSandbox(landlock=None, tmpdir=None)
-    try:
-        return await trio.to_thread.run_sync(
-            _prepare_sync, settings, workspace, dict(env), tuple(extra_write), places
-        )
-    except landlock.PlanError as exc:
-        raise OSError(f"cannot sandbox the agent: {exc}") from exc
+        box = ChildSandbox(landlock=None, tmpdir=None)
+        if run_as is not None:
+            await trio.to_thread.run_sync(
+                _grant_unsandboxed, settings, workspace, dict(env), tuple(extra_write), run_as
+            )
+    else:
+        try:
+            box = await trio.to_thread.run_sync(
+                _prepare_sync,
+                settings,
+                workspace,
+                dict(env),
+                tuple(extra_write),
+                places,
+                run_as,
+            )
+        except landlock.PlanError as exc:
+            raise OSError(f"cannot sandbox the agent: {exc}") from exc
+    box.pid_namespace = ns.active
+    box.user_namespace = ns.active and ns.user_namespace
+    box.run_as = run_as
+    return box
 
 
 async def tenant_setup(

@@ -51,7 +51,7 @@ from acp.schema import (
     SessionSetup,
 )
 from actors import RestartWindow
-from serve.isolation import ChildLimits, Isolation, OomReport, sandbox
+from serve.isolation import ChildLimits, Isolation, OomReport, identity, sandbox
 from serve.permissions.elicitation import CLIENT_CAPABILITY as ELICITATION_CAPABILITY
 from serve.sessions.errors import AgentSandboxDenied, NotSupportedByAgent
 
@@ -197,13 +197,16 @@ async def spawn_limited(
     (``isolation``; None: none), with
     ``env`` (default :func:`agent_env`), at ``cpu_weight`` (default ``--agent-cpu-weight``),
     for the principal ``tenant`` (multi-user mode: its own HOME and agent store,
-    ``serve/isolation/tenants.py``). The caller owns the limits: ``aclose`` them once the
-    child is reaped."""
+    ``serve/isolation/tenants.py``), as ``tenant``'s uid where ``--agent-uid-range`` is in
+    force (None: the daemon's). The caller owns the limits: ``aclose`` them once the child
+    is reaped."""
     env = agent_env(settings) if env is None else dict(env)
     env, places = await sandbox.tenant_setup(settings, tenant, env)
-    # The file sandbox (serve/isolation/sandbox.py): ruleset + private TMPDIR; OSError when
-    # it is in force and cannot be built (never an unsandboxed child then).
-    box = await sandbox.prepare(settings, cwd, env, extra_write, places)
+    run_as = identity.run_as_for(settings, tenant)  # UidCollision is an OSError
+    # The file sandbox (serve/isolation/sandbox.py): ruleset + private TMPDIR, its pid
+    # namespace, its uid; OSError when it is in force and cannot be built (never an
+    # unsandboxed child then).
+    box = await sandbox.prepare(settings, cwd, env, extra_write, places, run_as=run_as)
     limits = None
     try:
         limits = await isolation.child(cpu_weight=cpu_weight) if isolation is not None else None

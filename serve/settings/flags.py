@@ -266,6 +266,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="agent file sandbox: auto (Landlock where available; default), landlock, off",
     )
     add(
+        "--agent-pid-namespace",
+        default=None,
+        metavar="MODE",
+        help="each agent in a pid namespace with its own /proc: auto (where the kernel "
+        "allows; default), on, off",
+    )
+    add(
+        "--agent-uid-range",
+        default=None,
+        metavar="START:COUNT",
+        help="run each principal's agents under a uid of their own from this range (root "
+        "only): off, auto (default: 2000000000:100000000 in multi-user mode as root, else "
+        "off), START:COUNT",
+    )
+    add(
         "--agent-allow-write",
         action="append",
         default=None,

@@ -26,7 +26,9 @@ from serve.settings.record import (
     is_loopback_hostname,
 )
 from serve.settings.values import (
+    PID_NAMESPACE_MODES,
     canonical_dir,
+    check_uid_range,
     env_ms,
     parse_agent_sandbox,
     parse_allow_write,
@@ -42,6 +44,7 @@ from serve.settings.values import (
     parse_timer,
     parse_token_header,
     parse_trusted_proxies,
+    parse_uid_range,
 )
 from serve.tokens import (
     InvalidBearerToken,
@@ -303,7 +306,21 @@ def parse_settings(
     )
 
     auth = parse_auth(ns, env, token=token, state_dir=state_dir)
+    pid_namespace = ns.agent_pid_namespace or env.get("ACP_SERVE_AGENT_PID_NAMESPACE") or "auto"
+    if pid_namespace not in PID_NAMESPACE_MODES:
+        raise SettingsError(
+            f'Invalid --agent-pid-namespace "{pid_namespace}": must be one of auto, on, off'
+        )
+    raw_range = ns.agent_uid_range or env.get("ACP_SERVE_AGENT_UID_RANGE") or "auto"
+    try:
+        uid_range = check_uid_range(
+            parse_uid_range(raw_range), multi_user=auth.configured, argv=agent_argv
+        )
+    except ValueError as exc:
+        raise SettingsError(f'Invalid --agent-uid-range "{raw_range}": {exc}') from None
     return Settings(
+        agent_pid_namespace=pid_namespace,
+        agent_uid_range=uid_range,
         auth=auth,
         hostname=hostname,
         port=port,

@@ -210,6 +210,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: Directories every agent child may write besides its workspace, temp and HOME
     #: (``--agent-allow-write``, ``sandbox.allowWrite``): absolute, canonical, validated.
     agent_allow_write: tuple[str, ...] = ()
+    #: Agents in pid namespaces of their own: "auto" (where the kernel allows), "on"
+    #: (required), "off" (serve/isolation/pidns.py).
+    agent_pid_namespace: str = "auto"
+    #: The uids of principals' agents, ``(START, COUNT)``; None = the daemon's own uid
+    #: (serve/isolation/identity.py; ``auto`` is resolved at parse time).
+    agent_uid_range: tuple[int, int] | None = None
     inert_flags: tuple[str, ...] = ()
     #: Multi-user auth, quotas and audit (serve/settings/multi_user.py; off by default).
     auth: AuthSettings = AuthSettings()

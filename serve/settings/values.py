@@ -13,8 +13,11 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import shutil
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 from acp import landlock
 from serve.settings.record import (
@@ -190,6 +193,102 @@ def canonical_dir(flag: str, raw: str) -> str:
     if not path.is_dir():
         raise SettingsError(f'Invalid {flag} "{raw}": not a directory')
     return str(path.resolve())
+
+
+#: The uid range ``--agent-uid-range auto`` takes in multi-user mode as root: uids no
+#: distribution allocates (below 2^31, beside the usual subordinate ranges from 100000).
+AUTO_UID_RANGE: Final = (2_000_000_000, 100_000_000)
+#: The smallest uid a range may start at (system and login users live below).
+MIN_AGENT_UID: Final = 65536
+#: uids are 32-bit; -1 (4294967295) means "no change" to the kernel.
+MAX_AGENT_UID: Final = 2**32 - 2
+PID_NAMESPACE_MODES: Final = ("auto", "on", "off")
+
+
+def parse_uid_range(raw: str) -> tuple[int, int] | str | None:
+    """``off`` -> None, ``auto`` -> ``"auto"``, ``START:COUNT`` -> the pair. Raises
+    ValueError with the reason."""
+    raw = raw.strip()
+    if raw == "off":
+        return None
+    if raw == "auto":
+        return "auto"
+    start_s, sep, count_s = raw.partition(":")
+    if not sep or not start_s.isdigit() or not count_s.isdigit():
+        raise ValueError("must be off, auto or START:COUNT (two whole numbers)")
+    start, count = int(start_s), int(count_s)
+    if start < MIN_AGENT_UID:
+        raise ValueError(f"START must be at least {MIN_AGENT_UID} (system and login users)")
+    if count < 1 or start + count - 1 > MAX_AGENT_UID:
+        raise ValueError(f"COUNT must be at least 1 and START+COUNT-1 at most {MAX_AGENT_UID}")
+    return start, count
+
+
+def check_uid_range(
+    value: tuple[int, int] | str | None, *, multi_user: bool, argv: Sequence[str] = ()
+) -> tuple[int, int] | None:
+    """The range in force (``auto`` resolved: see the module docstring; ``auto`` is also off
+    when the agent command ``argv`` is not runnable by another uid, e.g. an interpreter under
+    a 0700 ``/root``: its agents could not start). Raises ValueError when a range is given
+    to a daemon that is not root."""
+    if value == "auto":
+        if not (multi_user and os.geteuid() == 0):
+            return None
+        return AUTO_UID_RANGE if not argv or runnable_by_others(argv[0]) else None
+    if value is None:
+        return None
+    assert not isinstance(value, str)
+    if os.geteuid() != 0:
+        raise ValueError("running agents under their own uids needs a daemon run as root")
+    return value
+
+
+def runnable_by_others(command: str) -> bool:
+    """Whether ``command`` (found on ``PATH``; symlinks and a ``#!`` interpreter followed)
+    is executable by a uid that is neither its owner nor in its group: every directory on
+    the way searchable by others and the file executable by others."""
+    found = shutil.which(command)
+    if found is None:
+        return False
+    seen: set[str] = set()
+    path = os.path.realpath(found)
+    while path not in seen:
+        seen.add(path)
+        if not _others_may(path, stat.S_IXOTH):
+            return False
+        try:
+            with open(path, "rb") as f:
+                head = f.read(256)
+        except OSError:
+            return False
+        if not head.startswith(b"#!"):
+            return True
+        words = head[2:].split(b"\n", 1)[0].split()
+        if not words:
+            return True
+        interpreter = os.fsdecode(words[0])
+        if os.path.basename(interpreter) == "env" and len(words) > 1:
+            interpreter = shutil.which(os.fsdecode(words[1])) or ""
+        if not interpreter:
+            return False
+        path = os.path.realpath(interpreter)
+    return True
+
+
+def _others_may(path: str, bit: int) -> bool:
+    """``path`` has ``bit`` for others and each of its parent directories is searchable."""
+    try:
+        if not os.stat(path).st_mode & bit:
+            return False
+        parent = os.path.dirname(path)
+        while True:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+            if parent == os.path.dirname(parent):
+                return True
+            parent = os.path.dirname(parent)
+    except OSError:
+        return False
 
 
 def parse_agent_sandbox(mode: str) -> str:

@@ -11,7 +11,10 @@ It answers ``initialize`` (``loadSession``: a restarted child is restored in pla
 * ``fork N``: fork up to N sleeping children; the reply says how many forks succeeded
   (``forked K failed F``), then they are killed again;
 * ``spin S``: burn CPU for S seconds, then reply;
-* ``pid``: reply with its pid; anything else: reply ``ok <text>``.
+* ``pid``: reply with its pid;
+* ``procs``: reply with the pids its ``/proc`` lists (space-separated, ascending);
+* ``cat PATH``: reply with the file's bytes (``repr``), or ``error <errno name>``;
+* anything else: reply ``ok <text>``.
 
 Every reply is one ``agent_message_chunk`` followed by ``end_turn``.
 
@@ -20,6 +23,7 @@ it has allocated MIB MiB (the benchmark's "crossed the cap" moment; the clock is
 machine's ``CLOCK_MONOTONIC``, the same in every process).
 """
 
+import errno
 import json
 import os
 import signal
@@ -93,6 +97,14 @@ def act(text: str) -> str:
         return f"spun {n}"
     if word == "pid":
         return str(os.getpid())
+    if word == "procs":
+        return " ".join(str(p) for p in sorted(int(e) for e in os.listdir("/proc") if e.isdigit()))
+    if word == "cat":
+        try:
+            with open(arg, "rb") as f:
+                return repr(f.read())
+        except OSError as exc:
+            return f"error {errno.errorcode.get(exc.errno or 0, exc.errno)}"
     return f"ok {text}"
 
 

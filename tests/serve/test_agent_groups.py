@@ -105,9 +105,9 @@ class Rig:
         self.groups: set[Path] = set()
         self.made: list[Path] = []
 
-    def start(self, *, pid1: bool, warm: int = 1) -> Daemon:
+    def start(self, *, pid1: bool, warm: int = 1, pidns: str = "auto") -> Daemon:
         process = spawn_daemon(
-            ["--warm-agents", str(warm)],
+            ["--warm-agents", str(warm), "--agent-pid-namespace", pidns],
             env={"QWEN_SERVER_TOKEN": TOKEN},
             wrapper=UNSHARE if pid1 else (),
             launcher=self.base.launcher(),
@@ -244,7 +244,9 @@ def test_a_sigkilled_daemons_groups_are_removed_by_the_next_daemon_in_any_namesp
     assert exists(first_groups)
 
     # A host daemon proves it gone (its lock is free) and removes them.
-    host = rig.start(pid1=False)
+    # Its agents outside pid namespaces: inside one, the tool would end with the agent (its
+    # namespace's init exits with it: tests/serve/test_agent_pidns.py).
+    host = rig.start(pid1=False, pidns="off")
     assert gone(first_groups)
     removed = removed_at_start(host.isolation())
     assert all(removed[str(g)] == LOCK_FREE for g in first_groups)

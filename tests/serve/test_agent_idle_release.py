@@ -372,7 +372,11 @@ async def test_an_idle_release_does_not_hold_up_the_session_while_the_agent_stop
             with trio.fail_after(20):
                 while not (marker.exists() and marker.read_text().endswith("\n")):  # noqa: ASYNC110
                     await trio.sleep(0.01)
-            assert marker.read_text().startswith(f"{pid} eof\n")
+            # The pid the agent sees: the daemon's agentPid, or 2 in its own pid namespace
+            # (pid 1 is its init: serve/isolation/pidns.py).
+            iso = (await client.get("/daemon/status")).json()["isolation"]
+            seen = 2 if iso["pidNamespace"]["active"] else pid
+            assert marker.read_text().startswith(f"{seen} eof\n")
             beat = await client.post(
                 f"/session/{sid}/heartbeat", headers={"X-Qwen-Client-Id": created["clientId"]}
             )

@@ -126,7 +126,15 @@ def test_orphaned_grandchildren_that_left_the_group_die_and_leave_no_zombie(
     # opens its first session ahead of need (serve/agents/primed.py), whose orphans would
     # join this session's in the file.
     daemon = spawn_daemon(
-        [*agent_flag("--orphans", "3", "--pids", str(pids_file)), "--warm-agents", "0"],
+        [
+            *agent_flag("--orphans", "3", "--pids", str(pids_file)),
+            "--warm-agents",
+            "0",
+            # The agent writes the pids it sees: the daemon's own only outside a namespace
+            # (test_agent_pidns.py has this case inside one).
+            "--agent-pid-namespace",
+            "off",
+        ],
         workspace=tmp_path,
     )
     try:

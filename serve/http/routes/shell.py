@@ -66,7 +66,7 @@ from serve.http.routes.sessions import (
     require_registered,
 )
 from serve.http.wire import json_body, json_response
-from serve.isolation import sandbox
+from serve.isolation import identity, sandbox
 from serve.permissions.host_request import EFFECT_DENIED
 from serve.sessions.messages import AgentCall, PublishEvent
 from serve.workspaces.state import agent_ext
@@ -262,12 +262,14 @@ async def _run(session: SessionActor, command: str, client_id: str) -> Response:
         emit("user_shell_result", {"sessionId": sid, **data})
 
     try:
-        # The session agent's sandbox, with a private TMPDIR of its own (serve/isolation),
-        # and its owner's places (their HOME) in multi-user mode.
+        # The session agent's sandbox, with a private TMPDIR of its own, a pid namespace of
+        # its own, its owner's places (their HOME) in multi-user mode and the owner's uid
+        # under --agent-uid-range (serve/isolation).
         env, places = await sandbox.tenant_setup(
             d.settings, session.access.owner, scrub_env(os.environ)
         )
-        box = await sandbox.prepare(d.settings, cwd, env, places=places)
+        run_as = identity.run_as_for(d.settings, session.access.owner)
+        box = await sandbox.prepare(d.settings, cwd, env, places=places, run_as=run_as)
         try:
             outcome = await run_shell(
                 command,
