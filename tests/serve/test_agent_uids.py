@@ -56,8 +56,18 @@ def test_the_flag(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens.jsonl"
     tokens.write_text("")
     multi_env = {**env, "QWEN_SERVER_TOKEN": "operator-token-0123456789"}
-    multi = parse_settings(["--auth-tokens-file", str(tokens)], multi_env).agent_uid_range
+    # auto in multi-user mode: on for a root daemon whose agent another uid may run (sh);
+    # off for one under a 0700 directory (as the venv's interpreter under /root can be).
+    sh = ["--auth-tokens-file", str(tokens), "--agent", "sh -c true"]
+    multi = parse_settings(sh, multi_env).agent_uid_range
     assert multi == (identity.AUTO_RANGE if os.geteuid() == 0 else None)
+    hidden = tmp_path / "private"
+    hidden.mkdir(mode=0o700)
+    agent = hidden / "agent"
+    agent.write_text("#!/bin/sh\n")
+    agent.chmod(0o755)
+    closed = ["--auth-tokens-file", str(tokens), "--agent", str(agent)]
+    assert parse_settings(closed, multi_env).agent_uid_range is None
     for bad, why in (
         ("100:5", "START must be at least 65536"),
         ("70000:0", "COUNT must be at least 1"),
