@@ -153,20 +153,32 @@ class Http:
         end = buf.index(b"\r\n\r\n") + 4
         head = bytes(buf[:end]).lower()
         status = int(head.split(b" ", 2)[1])
+        if b"connection: close" in head:  # (hypercorn: 1,000 requests per connection)
+            try:
+                return status, self._body(head, end)
+            finally:
+                self.sock.close()
+                self.sock = socket.create_connection(("127.0.0.1", self.port))
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.buf.clear()
+        return status, self._body(head, end)
+
+    def _body(self, head: bytes, end: int) -> bytes:
+        buf = self.buf
         if b"transfer-encoding: chunked" in head:
             while b"\r\n0\r\n\r\n" not in buf[end - 2 :]:
                 self._fill(self.sock, buf)
             stop_at = buf.index(b"\r\n0\r\n\r\n", end - 2) + 7
             body = bytes(buf[end:stop_at])
             del buf[:stop_at]
-            return status, body
+            return body
         match = re.search(rb"content-length: *(\d+)", head)
         length = int(match.group(1)) if match else 0
         while len(buf) < end + length:
             self._fill(self.sock, buf)
         body = bytes(buf[end : end + length])
         del buf[: end + length]
-        return status, body
+        return body
 
     def prompt_request(self, text: str, respond_async: bool) -> bytes:
         body = json.dumps({"prompt": [{"type": "text", "text": text}]}).encode()
