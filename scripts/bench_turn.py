@@ -3,7 +3,7 @@
 acp-serve (and ``qwen serve`` for ``qwen --acp``), the prompts interleaved one by one.
 
     .venv/bin/python scripts/bench_turn.py [--agents scripted,qwen] [--prompts 300]
-        [--runs 1] [--acp-flags "..."]
+        [--runs 1] [--acp-flags "--warm-agents 0"]
 
 Per agent, one process of each kind lives through the run, each with one session made and
 prompted once (warm-up): ``direct`` is the agent spawned by this script (``initialize``,
@@ -17,9 +17,12 @@ respond-async`` and the turn's ``turn_complete`` read from the session's SSE str
 clients are raw sockets with the requests pre-built (a few µs each). Then one prompt per
 kind in turn, ``--prompts`` times, so the machine's load falls on all of them alike.
 
-Printed per agent: p50 and p99 of each kind, and the daemon's own cost per turn,
-``acp - direct`` (p50 minus p50, p99 minus p99). Both daemons run the agent against the
-fake model of ``tests/support/fake_openai.py``; the scripted agent needs no model.
+Printed per agent: p50 and p99 of each kind, the daemon's own cost per turn,
+``acp - direct`` (p50 minus p50, p99 minus p99), and the daemon's CPU per blocking turn
+(``daemon_cpu_ms``, the mean over its threads' ``schedstat``: steady on a busy machine,
+where the wall-clock difference is not). ``--acp-root DIR`` runs the daemon of another
+source tree (e.g. ``git archive main`` unpacked): before/after. Both daemons run the agent
+against the fake model of ``tests/support/fake_openai.py``; the scripted agent needs none.
 """
 
 from __future__ import annotations
@@ -114,6 +117,17 @@ class Direct:
             self.proc.wait()
 
 
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of ``pid`` so far (``schedstat``: ns, not 10 ms ticks)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
 def _request(port: int, method: str, path: str, body: bytes = b"", extra: str = "") -> bytes:
     head = (
         f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -126,8 +140,10 @@ def _request(port: int, method: str, path: str, body: bytes = b"", extra: str = 
 class Http:
     """One keep-alive connection to a daemon with one session, and its SSE stream."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, pid: int = 0) -> None:
         self.port = port
+        self.pid = pid  # the daemon's, to count its CPU per blocking turn (0: not)
+        self.cpu_ms: list[float] = []
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = bytearray()
@@ -145,9 +161,20 @@ class Http:
             raise EOFError("connection closed")
         buf += data
 
+    def _reconnect(self) -> None:
+        self.sock.close()
+        self.sock = socket.create_connection(("127.0.0.1", self.port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf.clear()
+
     def exchange(self, req: bytes) -> tuple[int, bytes]:
-        self.sock.sendall(req)
         buf = self.buf
+        try:
+            self.sock.sendall(req)
+            self._fill(self.sock, buf)
+        except (EOFError, OSError):  # closed while idle (keep-alive timeout): once more
+            self._reconnect()
+            self.sock.sendall(req)
         while b"\r\n\r\n" not in buf:
             self._fill(self.sock, buf)
         end = buf.index(b"\r\n\r\n") + 4
@@ -157,10 +184,7 @@ class Http:
             try:
                 return status, self._body(head, end)
             finally:
-                self.sock.close()
-                self.sock = socket.create_connection(("127.0.0.1", self.port))
-                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self.buf.clear()
+                self._reconnect()
         return status, self._body(head, end)
 
     def _body(self, head: bytes, end: int) -> bytes:
@@ -186,11 +210,14 @@ class Http:
         return _request(self.port, "POST", f"/session/{self.session}/prompt", body, extra)
 
     def prompt(self, text: str) -> float:
-        """Blocking POST: answered when the turn ends."""
+        """Blocking POST: answered when the turn ends (the daemon's CPU is counted)."""
         req = self.prompt_request(text, False)
+        cpu0 = cpu_ns(self.pid) if self.pid else 0
         t0 = time.perf_counter()
         status, body = self.exchange(req)
         elapsed = (time.perf_counter() - t0) * 1000
+        if self.pid:
+            self.cpu_ms.append((cpu_ns(self.pid) - cpu0) / 1e6)
         if status != 200:
             raise RuntimeError(f"prompt: {status} {body[:200]!r}")
         return elapsed
@@ -201,7 +228,10 @@ class Http:
             self.events = socket.create_connection(("127.0.0.1", self.port))
             self.events.sendall(
                 _request(
-                    self.port, "GET", f"/session/{self.session}/events", b"",
+                    self.port,
+                    "GET",
+                    f"/session/{self.session}/events",
+                    b"",
                     "Accept: text/event-stream\r\n",
                 )
             )
@@ -210,13 +240,17 @@ class Http:
         status, body = self.exchange(req)
         if status not in (200, 202):
             raise RuntimeError(f"prompt: {status} {body[:200]!r}")
+        prompt_id = json.loads(body).get("promptId") if body else None
+        mark = json.dumps(prompt_id).encode() if prompt_id else b""
         while True:
-            at = self.sse.find(b"turn_complete")
-            if at >= 0 and self.sse.find(b"\n\n", at) >= 0:
-                del self.sse[: self.sse.find(b"\n\n", at) + 2]
-                return (time.perf_counter() - t0) * 1000
-            if b"turn_error" in self.sse:
-                raise RuntimeError(f"turn_error: {bytes(self.sse[-300:])!r}")
+            while b"\n\n" in self.sse:  # one SSE event at a time: its own terminal only
+                end = self.sse.index(b"\n\n") + 2
+                event = bytes(self.sse[:end])
+                del self.sse[:end]
+                if b"turn_error" in event and mark in event:
+                    raise RuntimeError(f"turn_error: {event[:300]!r}")
+                if b"turn_complete" in event and mark in event:
+                    return (time.perf_counter() - t0) * 1000
             self._fill(self.events, self.sse)
 
     def close(self) -> None:
@@ -231,8 +265,14 @@ def pct(values: list[float], q: float) -> float:
 
 
 def measure(
-    agent: str, env: dict[str, str], workspace: Path, tmp: Path, prompts: int,
-    acp_flags: list[str], cli: Path | None,
+    agent: str,
+    env: dict[str, str],
+    workspace: Path,
+    tmp: Path,
+    prompts: int,
+    acp_flags: list[str],
+    cli: Path | None,
+    acp_root: Path | None = None,
 ) -> dict[str, float]:
     """One run for ``agent`` ("scripted" or "qwen"): the figures of every kind."""
     if agent == "scripted":
@@ -249,20 +289,26 @@ def measure(
         argv = acp_serve_argv(
             workspace, tmp / f"state-{time.monotonic_ns()}", port, agent_cmd, acp_flags
         )
-        procs.append(start(argv, env, port, ROOT, tmp / f"acp-{port}.log"))
-        clients["acp"] = Http(port)
+        procs.append(start(argv, env, port, acp_root or ROOT, tmp / f"acp-{port}.log"))
+        clients["acp"] = Http(port, procs[-1].pid)
+        clients["acp-sse"] = Http(port)  # its own session: the blocking one has no reader
         if agent == "qwen" and cli is not None:
             qport = free_port()
             procs.append(
-                start(qwen_serve_argv(cli, workspace, qport), env, qport, workspace,
-                      tmp / f"qwen-{qport}.log")
+                start(
+                    qwen_serve_argv(cli, workspace, qport),
+                    env,
+                    qport,
+                    workspace,
+                    tmp / f"qwen-{qport}.log",
+                )
             )
             clients["qwen"] = Http(qport)
         clients["direct"] = Direct(shlex.split(agent_cmd), env, workspace)
         kinds: dict[str, Any] = {
             "direct": clients["direct"].prompt,
             "acp": clients["acp"].prompt,
-            "acp-sse": clients["acp"].prompt_sse,
+            "acp-sse": clients["acp-sse"].prompt_sse,
         }
         if "qwen" in clients:
             kinds["qwen"] = clients["qwen"].prompt_sse
@@ -283,6 +329,7 @@ def measure(
         out[f"{kind}_p50_ms"] = statistics.median(values)
         out[f"{kind}_p99_ms"] = pct(values, 0.99)
     out["cost_p50_ms"] = out["acp_p50_ms"] - out["direct_p50_ms"]
+    out["daemon_cpu_ms"] = statistics.mean(clients["acp"].cpu_ms)
     out["cost_p99_ms"] = out["acp_p99_ms"] - out["direct_p99_ms"]
     return out
 
@@ -296,7 +343,10 @@ def main() -> int:
     parser.add_argument("--agents", default="scripted,qwen")
     parser.add_argument("--prompts", type=int, default=300)
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--acp-flags", default="")
+    parser.add_argument("--acp-flags", default="--warm-agents 0")
+    parser.add_argument(
+        "--acp-root", default=None, help="run the acp-serve of this source tree (before/after)"
+    )
     args = parser.parse_args()
 
     from tests.support.fake_openai import FakeOpenAI
@@ -315,7 +365,14 @@ def main() -> int:
         for run in range(args.runs):
             for agent in agents:
                 got = measure(
-                    agent, env, workspace, tmp, args.prompts, shlex.split(args.acp_flags), cli
+                    agent,
+                    env,
+                    workspace,
+                    tmp,
+                    args.prompts,
+                    shlex.split(args.acp_flags),
+                    cli,
+                    Path(args.acp_root) if args.acp_root else None,
                 )
                 results.setdefault(agent, []).append(got)
                 shown = ", ".join(f"{k} {v:.3f}" for k, v in got.items())
