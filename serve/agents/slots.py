@@ -104,10 +104,12 @@ class AgentLease:
         child = self.child
         if child.primed is None and child.priming and child.prime_claim is None:
             claim = child.prime_claim = trio.Event()
-            with trio.move_on_after(self.conn.request_timeout_s):
-                await claim.wait()
-            if child.prime_claim is claim:  # not answered in time: the pool keeps it
-                child.prime_claim = None
+            try:
+                with trio.move_on_after(self.conn.request_timeout_s):
+                    await claim.wait()
+            finally:
+                if child.prime_claim is claim:  # not answered (in time): the pool keeps it
+                    child.prime_claim = None
         primed, child.primed = child.primed, None
         if primed is None:
             return None
