@@ -2,8 +2,9 @@
 """Every headline figure in one run: acp-serve beside ``qwen serve`` 0.24.4 and a bare
 hypercorn-trio app, the modes interleaved run by run, with ratios.
 
-    .venv/bin/python scripts/bench_round.py [--runs 3] [--sections small,prompt,packed,iso]
-        [--prompts 30] [--sessions 12] [--base-root DIR] [--markdown]
+    .venv/bin/python scripts/bench_round.py [--runs 3]
+        [--sections small,prompt,packed,iso,pattern,turn] [--prompts 30] [--sessions 12]
+        [--turn-prompts 300] [--base-root DIR] [--markdown]
 
 Both daemons run the real ``qwen --acp`` (``node <cli.js> --acp``) against the fake model
 of ``tests/support/fake_openai.py``, on the same workspace. Sections (each interleaves its
@@ -30,6 +31,15 @@ modes run by run; per mode a fresh process):
   each prompted once (as ``scripts/bench_density.py``): create p50 and process-tree RSS
   with all of them live.
 * ``iso`` — ``qwen`` and ``iso`` (``--sessions-per-agent 1``): the same arrivals.
+* ``pattern`` — ``qwen``, ``packed`` and ``iso``: the patterns users make, each on a fresh
+  daemon: ``interleaved`` (``--sessions`` times a create, then its prompt at once, then
+  the next create: a user starting sessions one after another) and ``burst``
+  (``--sessions`` creates back to back, then one prompt each): create p50 of each.
+* ``turn`` — the daemon's own cost per turn (``scripts/bench_turn.py``): ``scripted`` and
+  ``qwen`` (``qwen --acp``) driven directly over stdio beside acp-serve (blocking ``POST
+  /session/:id/prompt``) and, for ``qwen --acp``, ``qwen serve`` (time to
+  ``turn_complete`` on SSE, as acp-serve's ``acp-sse``), ``--turn-prompts`` prompts
+  interleaved one by one; the cost is acp-serve minus direct (p50 and p99).
 
 ``base-<mode>`` (``--base-modes acp,warm1,...``) adds the same mode run by the daemon of
 the source tree ``--base-root`` (e.g. ``git archive main`` unpacked): before/after in one
@@ -68,12 +78,14 @@ from bench_density import (  # noqa: E402
     acp_serve_argv,
     drive,
     free_port,
+    prompt_once,
     qwen_serve_argv,
     start,
     stop,
     tree_rss_mib,
 )
 from bench_serve import Server, latencies, rss_mib, throughput  # noqa: E402
+from bench_turn import measure as measure_turns  # noqa: E402
 from bench_warm import cpu_s  # noqa: E402
 from bench_warm import measure as measure_prompts  # noqa: E402
 
@@ -246,6 +258,59 @@ def run_sessions(mode: str, ctx: Context, per_agent: int) -> Figures:
     }
 
 
+async def drive_pattern(url: str, sessions: int, interleaved: bool) -> Figures:
+    """``interleaved``: create, its prompt at once, the next create...; else every create
+    back to back, then a prompt each."""
+    creates: list[float] = []
+    prompts: list[float] = []
+    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=300) as client:
+        made: list[str] = []
+        for i in range(sessions):
+            t0 = time.perf_counter()
+            created = await client.post("/session", json={"sessionScope": "thread"})
+            creates.append((time.perf_counter() - t0) * 1000)
+            if created.status_code != 200:
+                raise RuntimeError(f"create {i}: {created.status_code} {created.text[:160]}")
+            made.append(created.json()["sessionId"])
+            if interleaved:
+                prompts.append(await prompt_once(client, made[-1], f"hello {i}"))
+        if not interleaved:
+            for i, sid in enumerate(made):
+                prompts.append(await prompt_once(client, sid, f"hello {i}"))
+    return {
+        "create_p50_ms": statistics.median(creates),
+        "prompt_p50_ms": statistics.median(prompts),
+    }
+
+
+def run_pattern(mode: str, ctx: Context) -> Figures:
+    out: Figures = {}
+    for pattern in ("inter", "burst"):
+        port = free_port()
+        if mode == "qwen":
+            argv, cwd = qwen_serve_argv(ctx.cli, ctx.workspace, port), ctx.workspace
+        else:
+            per_agent = ctx.args.sessions if mode.removeprefix("base-") == "packed" else 1
+            argv, cwd = ctx.acp_argv(mode, port, ["--sessions-per-agent", str(per_agent)])
+        proc = start(argv, ctx.env, port, cwd, ctx.tmp / f"{mode}-{pattern}-{port}.log")
+        try:
+            time.sleep(ctx.args.settle_s)
+            got = trio.run(
+                drive_pattern, f"http://127.0.0.1:{port}", ctx.args.sessions, pattern == "inter"
+            )
+        finally:
+            stop(proc)
+        out |= {f"{pattern}_{k}": v for k, v in got.items()}
+    return out
+
+
+def run_turn(mode: str, ctx: Context) -> Figures:
+    flags = ["--warm-agents", "0"]  # (a spare's start would fall among the prompts)
+    return measure_turns(
+        mode, ctx.env, ctx.workspace, ctx.tmp, ctx.args.turn_prompts, flags, ctx.cli
+    )
+
+
 class Context:
     def __init__(self, args: argparse.Namespace, tmp: Path, env: dict[str, str], cli: Path):
         from tests.support.node import qwen_acp_argv
@@ -270,6 +335,8 @@ SECTIONS: dict[str, list[str]] = {
     "prompt": ["qwen", "warm1", "warm0"],
     "packed": ["qwen", "packed", "packedspare"],
     "iso": ["qwen", "iso"],
+    "pattern": ["qwen", "packed", "iso"],
+    "turn": ["scripted", "qwen"],
 }
 
 #: (label, section, key, the acp-serve mode, format): one printed row each.
@@ -291,7 +358,52 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ("packed: first prompt p50 (ms)", "packed", "first_prompt_p50_ms", "packed", "{:.0f}"),
     ("packed, --packed-spare: tree RSS", "packed", "tree_rss_loaded_mib", "packedspare", "{:.0f}"),
     ("isolated create p50 (ms)", "iso", "create_p50_ms", "iso", "{:.0f}"),
+    (
+        "packed, create->prompt->create: create p50",
+        "pattern",
+        "inter_create_p50_ms",
+        "packed",
+        "{:.1f}",
+    ),
+    (
+        "packed, create->prompt->create: prompt p50",
+        "pattern",
+        "inter_prompt_p50_ms",
+        "packed",
+        "{:.1f}",
+    ),
+    ("packed, burst of creates: create p50", "pattern", "burst_create_p50_ms", "packed", "{:.1f}"),
+    (
+        "isolated, create->prompt->create: create p50",
+        "pattern",
+        "inter_create_p50_ms",
+        "iso",
+        "{:.1f}",
+    ),
+    (
+        "isolated, create->prompt->create: prompt p50",
+        "pattern",
+        "inter_prompt_p50_ms",
+        "iso",
+        "{:.1f}",
+    ),
+    ("isolated, burst of creates: create p50", "pattern", "burst_create_p50_ms", "iso", "{:.1f}"),
+    ("scripted agent over stdio: turn p50 (ms)", "turn", "direct_p50_ms", "scripted", "{:.2f}"),
+    ("scripted, behind acp-serve: turn p50", "turn", "acp_p50_ms", "scripted", "{:.2f}"),
+    ("scripted: daemon cost per turn p50", "turn", "cost_p50_ms", "scripted", "{:.2f}"),
+    ("scripted: daemon cost per turn p99", "turn", "cost_p99_ms", "scripted", "{:.2f}"),
+    ("scripted: daemon CPU per turn (ms)", "turn", "daemon_cpu_ms", "scripted", "{:.2f}"),
+    ("qwen --acp over stdio: turn p50 (ms)", "turn", "direct_p50_ms", "qwen", "{:.2f}"),
+    ("qwen --acp, behind acp-serve: turn p50", "turn", "acp_p50_ms", "qwen", "{:.2f}"),
+    ("qwen --acp: daemon cost per turn p50", "turn", "cost_p50_ms", "qwen", "{:.2f}"),
+    ("qwen --acp: daemon cost per turn p99", "turn", "cost_p99_ms", "qwen", "{:.2f}"),
+    ("qwen --acp: daemon CPU per turn (ms)", "turn", "daemon_cpu_ms", "qwen", "{:.2f}"),
+    ("qwen --acp: turn p50 to turn_complete on SSE", "turn", "acp-sse_p50_ms", "qwen", "{:.2f}"),
 ]
+
+#: Rows whose ``qwen serve`` figure is another key of the same run (the turn section runs
+#: every kind of client in one go); other ``turn`` rows have none.
+REF_KEYS: dict[str, str] = {"acp-sse_p50_ms": "qwen_p50_ms"}
 
 
 def run_mode(section: str, mode: str, ctx: Context) -> Figures:
@@ -300,6 +412,10 @@ def run_mode(section: str, mode: str, ctx: Context) -> Figures:
         return run_small(mode, ctx)
     if section == "prompt":
         return run_prompt(mode, ctx)
+    if section == "pattern":
+        return run_pattern(mode, ctx)
+    if section == "turn":
+        return run_turn(plain, ctx)
     per_agent = ctx.args.sessions if plain.startswith("packed") else 1
     return run_sessions(mode, ctx, per_agent)
 
@@ -318,6 +434,8 @@ def report(results: dict[tuple[str, str], list[Figures]], args: argparse.Namespa
         if section not in args.sections:
             continue
         ours, ref = med(section, mode, key), med(section, "qwen", key)
+        if section == "turn":
+            ref = med(section, mode, REF_KEYS[key]) if key in REF_KEYS else float("nan")
         bare = med(section, "bare", key) if section == "small" else float("nan")
         row = [label, fmt.format(ref), fmt.format(bare), fmt.format(ours)]
         if base:
@@ -348,8 +466,9 @@ def main() -> int:
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--sections", default="small,prompt,packed,iso")
+    parser.add_argument("--sections", default="small,prompt,packed,iso,pattern,turn")
     parser.add_argument("--prompts", type=int, default=30)
+    parser.add_argument("--turn-prompts", type=int, default=300, help="turn: prompts per kind")
     parser.add_argument("--sessions", type=int, default=12)
     parser.add_argument("--gap-s", type=float, default=1.5)
     parser.add_argument("--settle-s", type=float, default=6.0)

@@ -54,6 +54,7 @@ class AgentChild:
         "id",
         "limits",
         "mux",
+        "prime_claim",
         "primed",
         "priming",
         "ready_at",
@@ -94,10 +95,20 @@ class AgentChild:
         #: and whether that ``session/new`` is in flight.
         self.reprime = False
         self.priming = False
+        #: Set by a create that took a slot while that ``session/new`` was in flight: it
+        #: waits for it (``AgentLease.take_primed``); the pool keeps the prime for it.
+        self.prime_claim: trio.Event | None = None
 
     @property
     def pid(self) -> int:
         return self.conn.process.pid
+
+    def answer_claim(self) -> None:
+        """Wake the create waiting for the prime in flight (the prime is in ``primed`` now,
+        or there is none: the create opens its own session)."""
+        claim, self.prime_claim = self.prime_claim, None
+        if claim is not None:
+            claim.set()
 
 
 async def start_child(

@@ -334,6 +334,7 @@ class AgentPool(Actor[PoolMsg]):
             async with trio.open_nursery() as nursery:
                 for child in list(self.children.values()):
                     child.stopping = True
+                    child.answer_claim()
                     nursery.start_soon(stop_child, child.conn, child.limits, self._eof_grace_s)
         self.children.clear()
 
@@ -407,14 +408,18 @@ class AgentPool(Actor[PoolMsg]):
                     self._reprime(child)
             case Primed(child_id=cid, primed=primed):
                 child = self.children.get(cid)
-                if child is not None:
-                    child.priming = False
-                if primed is None or child is None or child.stopping or child.conn.closed:
-                    return None  # (a prime inside a child that is going goes with it)
-                if child.primed is None and self.slots.free(child) > 0:
-                    child.primed = primed
+                if child is None:
+                    return None  # (a prime inside a child that is gone went with it)
+                child.priming = False
+                if primed is None or child.stopping or child.conn.closed:
+                    pass  # (a prime inside a child that is going goes with it)
+                elif child.primed is None and (
+                    child.prime_claim is not None or self.slots.free(child) > 0
+                ):
+                    child.primed = primed  # (a claim: the create holds a slot already)
                 elif self._nursery is not None:  # full meanwhile: not needed
                     self._nursery.start_soon(close_inside, child.conn, primed.setup.session_id)
+                child.answer_claim()
             case Spawned(child=child, pss_kib=pss_kib, spawn_s=spawn_s):
                 self.spawning -= 1
                 self.slots.spawning_for[child.tenant] -= 1
@@ -529,6 +534,7 @@ class AgentPool(Actor[PoolMsg]):
         child = self.children.pop(cid, None)
         if child is not None:
             self.exited_total += 1
+            child.answer_claim()
         self.priority.forget(cid)
         self.budget.forget(cid)
         return child

@@ -15,7 +15,13 @@ Packed children (``--sessions-per-agent`` > 1) chain it: the create that adopted
 prime makes the pool open the next one on that child while it has a free slot
 (``AgentPool._reprime``, a ``Primed`` message back), so every create that fits answers at
 the daemon's own speed, not at the agent's ``session/new`` (about 25 ms for ``qwen --acp``
-on a warm child). A create that does not fit closes the prime and ends the chain (a
+on a warm child). A create that comes while the next prime is still in flight (a busy
+``qwen --acp`` answers it only after the previous session's turn: a create right after a
+prompt's answer found it so every other time) waits for it (``AgentLease.take_primed``:
+``AgentChild.prime_claim``, answered by the pool when its ``Primed`` arrives, bounded by
+the connection's request timeout): its own ``session/new`` would queue behind the prime
+in the agent and take longer, and the chain would break (only an adoption opens the next
+prime). A create that does not fit closes the prime and ends the chain (a
 workspace whose sessions want MCP servers does not pay a ``session/new`` and a close per
 create); a prime that arrives when the child became full meanwhile is closed at once.
 

@@ -102,8 +102,22 @@ class AgentLease:
         self, cwd: str, mcp_servers: Sequence[object], additional_directories: Sequence[str]
     ) -> SessionSetup | None:
         """The child's primed session (primed.py), once, if ``session/new`` with these
-        parameters would have been the same request; a prime that does not fit is closed."""
-        primed, self.child.primed = self.child.primed, None
+        parameters would have been the same request; a prime that does not fit is closed.
+
+        Packed: when the child's next prime is still in flight (opened as the previous
+        create adopted one, it often answers only after that session's first turn), the
+        create waits for it, bounded by the connection's request timeout: its own
+        ``session/new`` would queue behind it in the agent and take longer."""
+        child = self.child
+        if child.primed is None and child.priming and child.prime_claim is None:
+            claim = child.prime_claim = trio.Event()
+            try:
+                with trio.move_on_after(self.conn.request_timeout_s):
+                    await claim.wait()
+            finally:
+                if child.prime_claim is claim:  # not answered (in time): the pool keeps it
+                    child.prime_claim = None
+        primed, child.primed = child.primed, None
         if primed is None:
             # A packed child spawned for its caller (no spare had a prime: e.g. a principal's
             # first child, tenants.py) starts the chain when this create would have fitted.

@@ -27,6 +27,7 @@ from tests.support.daemon import DaemonProcess, spawn_daemon
 from tests.support.sse import collect_until
 
 MCP_SERVER = Path(__file__).resolve().parents[1] / "support" / "mcp_server.py"
+PACKING_AGENT = Path(__file__).resolve().parents[1] / "support" / "packing_agent.py"
 ISOLATION = ["--sessions-per-agent", "1", "--warm-agents", "1", "--warm-agents-max", "1"]
 
 
@@ -171,5 +172,39 @@ async def test_packed_creates_each_adopt_a_prime_the_pool_opened_ahead() -> None
                 f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hi"}]}
             )
             assert reply.status_code == 200 and reply.json()["stopReason"] == "end_turn"
+    finally:
+        d.stop()
+
+
+async def test_a_create_while_the_next_prime_is_in_flight_waits_for_it(tmp_path: Path) -> None:
+    """Packed, creates back to back while the agent answers ``session/new`` slowly (as a
+    ``qwen --acp`` busy with a turn does): each create takes the prime the previous one set
+    off instead of sending a ``session/new`` of its own behind it, so four creates into a
+    four-slot child cost the agent four ``session/new`` in all, and every session works."""
+    state = tmp_path / "agent"
+    agent = f"{sys.executable} {PACKING_AGENT} --state-dir {state} --slow-new 300"
+    d = spawn_daemon(
+        ["--sessions-per-agent", "4", "--agent", agent],
+        env={"QWEN_SERVER_TOKEN": TOKEN, "HOME": str(tmp_path)},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=d.url, headers=AUTH, timeout=30) as client:
+            await pool_until(client, primed_warm)
+            sids = []
+            for _ in range(4):
+                created = await client.post("/session", json={"sessionScope": "thread"})
+                assert created.status_code == 200, created.text
+                sids.append(created.json()["sessionId"])
+            assert len(set(sids)) == 4
+            requests = (state / "new-requests").read_text().split()
+            assert len(requests) == 4, requests  # the spare's prime, then one per create
+            pool = (await client.get("/daemon/status")).json()["runtime"]["agents"][0]
+            [child] = pool["children"]
+            assert (child["state"], child["sessions"], child["primed"]) == ("full", 4, False)
+            for sid in sids:
+                reply = await client.post(
+                    f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hi"}]}
+                )
+                assert reply.status_code == 200 and reply.json()["stopReason"] == "end_turn"
     finally:
         d.stop()
