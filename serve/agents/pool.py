@@ -7,13 +7,11 @@ workspace runtime's supervisor (``agents:<workspace id>``, started before the se
 registry and stopped after it). A child's connection tasks run in the pool's nursery: the
 pool owns every child, and stopping the pool stops them all (drain). The parts:
 
-* :mod:`serve.agents.child` — one child: its record, its start (spawn with the cwd and
-  environment a session's child gets, then ``initialize``), its watch and its stop;
-* :mod:`serve.agents.slots` — where a warm agent is taken: each child offers ``M`` slots
-  (``--sessions-per-agent``), the waiting callers get them (the most loaded child first, to
-  pack tightly) as an :class:`~serve.agents.slots.AgentLease`;
-* :mod:`serve.agents.memory_budget` — each child's PSS, sampled, against
-  ``--agent-memory-budget-mb``;
+* :mod:`serve.agents.child` — one child: its record, its start (spawn with a session's cwd
+  and environment, then ``initialize``), its watch and its stop;
+* :mod:`serve.agents.slots` — each child offers ``M`` slots (``--sessions-per-agent``), given
+  to the waiting callers (most loaded child first) as :class:`~serve.agents.slots.AgentLease`;
+* :mod:`serve.agents.memory_budget` — each child's PSS against ``--agent-memory-budget-mb``;
 * :mod:`serve.agents.spawn_health` — consecutive failures, the refill's backoff, ``failing``;
 * :mod:`serve.agents.warm` (with :mod:`serve.agents.adaptive`) — how much to keep warm and
   what to retire; :mod:`serve.agents.priority` — the spares' low CPU weight until taken;
@@ -44,8 +42,7 @@ which every child spawned afterwards gets on top of
 :func:`~serve.sessions.agent_link.agent_env`.
 
 Tenants (``--auth-*``): a child serves one principal all its life (:mod:`serve.agents.slots`).
-The warm capacity is for one tenant, ``warm_tenant``: the operator at start, then the latest
-creator's; the spares of the one before are stopped, and its empty children not kept warm.
+The warm capacity is ``warm_tenant``'s (the operator's at start, then the latest creator's).
 
 Failure (:mod:`serve.agents.spawn_health`): while the pool is ``failing`` the refill only
 *probes*, one child at a time after the capped backoff, so the pool recovers by itself once
@@ -161,8 +158,7 @@ class AgentPool(Actor[PoolMsg]):
         self.settings = settings
         self.isolation = isolation
         self.workspace = workspace
-        #: How much to keep warm and what to retire (warm.py; its adaptive part: arrivals
-        #: x spawn time, up to --warm-agents-max, adaptive.py).
+        #: How much to keep warm and what to retire (warm.py, adaptive.py).
         self.warm = WarmPolicy(
             settings.warm_agents,
             settings.warm_agents_max,
@@ -188,8 +184,7 @@ class AgentPool(Actor[PoolMsg]):
         self.spawned_total = 0
         self.exited_total = 0
         self.draining = False
-        #: The inbox is being read (between ``on_start`` and ``on_stop``): a lease given
-        #: back waits for the answer only then.
+        #: The inbox is read (``on_start`` to ``on_stop``): a lease given back waits only then.
         self.serving = False
         #: What a child the pool stops gets after stdin EOF (none at daemon shutdown).
         self._eof_grace_s = IDLE_EOF_GRACE_S
@@ -203,9 +198,8 @@ class AgentPool(Actor[PoolMsg]):
         self.has_releasable = has_releasable
         #: Restarts of shared children, each exit counted once (``ChargeExit``).
         self.exit_charges = ExitCharges()
-        #: The ``initialize`` result of the last child that came up (a warm spare's too):
-        #: what the workspace's agent is and can do before any session exists (None: no
-        #: child initialized yet). Read by ``/capabilities`` (which agents can fork).
+        #: The ``initialize`` result of the last child that came up (a warm spare's too;
+        #: None: none yet): read by ``/capabilities`` (which agents can fork).
         self.agent_info: InitializeResult | None = None
 
     # ---- read models -------------------------------------------------------------------
