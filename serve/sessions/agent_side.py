@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
+from acp import telemetry
 from acp.handler import BaseClientHandler
 from acp.schema import (
     CancelledPermissionOutcome,
@@ -217,7 +218,15 @@ class AgentSide(BaseClientHandler):
             screened = await gate.screen_agent_permission(self.s, params)
             if screened is not None:
                 return screened
-        outcome = await self._mediate_permission(params, raw)
+        active = self.s.prompts.running
+        with telemetry.span(
+            "permission.wait",
+            parent=active.agent_trace if active is not None else None,
+            attributes={"acp_serve.session_id": self.s.session_id},
+        ) as span:
+            outcome = await self._mediate_permission(params, raw)
+            selected = isinstance(outcome, SelectedPermissionOutcome)
+            span.set_attribute("acp_serve.outcome", "selected" if selected else "cancelled")
         if isinstance(outcome, SelectedPermissionOutcome) and gate is not None:
             # an allowed tool call's own fs/terminal effect: ask once
             gate.note_agent_permission(self.s, params, outcome)
