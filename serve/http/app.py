@@ -150,11 +150,12 @@ def create_app(host: Host) -> QuartTrio:
     # of the app, and the app's calls in flight are counted for the drain.
     # quart types asgi_app as its own method; any ASGI callable serves (ASGI middleware).
     inner = ShieldLastBody(app.asgi_app, host.front)  # type: ignore[arg-type]
-    app.asgi_app = inner  # type: ignore[arg-type,assignment,method-assign]
+    app.asgi_app = inner  # type: ignore[assignment,method-assign]
     # Outermost: the security front (it counts the requests it answers itself).
     middleware.install_middleware(app, host, features, instruments)
     if telemetry.enabled():  # OpenTelemetry: a span around every request (serve/telemetry)
-        app.asgi_app = tracing.TracedFront(app.asgi_app)  # type: ignore[arg-type,assignment,method-assign]
+        traced = tracing.TracedFront(app.asgi_app)  # type: ignore[arg-type]
+        app.asgi_app = traced  # type: ignore[assignment,method-assign]
 
     @app.errorhandler(ApiError)
     async def _api_error(exc: ApiError) -> Response:
