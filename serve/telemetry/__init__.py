@@ -88,6 +88,6 @@ def status() -> dict[str, Any]:
     """``runtime.tracing`` of ``/daemon/status``."""
     return {
         "enabled": _active is not None,
-        "sdkLoaded": "opentelemetry.sdk" in sys.modules,
+        "sdkLoaded": "opentelemetry" in sys.modules,
         **({"endpoint": _endpoint} if _endpoint else {}),
     }
