@@ -201,6 +201,8 @@ def test_a_prompt_is_one_trace_under_the_callers_traceparent(
     assert rpc.parent == work.span_id and rpc.kind == 3  # CLIENT
     assert permission.parent == work.span_id
     assert permission.attributes["acp_serve.outcome"] == "selected"
+    (write,) = by_name["fs/write_text_file"]  # the agent's own request, then
+    assert write.parent == work.span_id and write.kind == 2  # SERVER
     assert turn.attributes["acp_serve.session_id"] == sid
     assert turn.attributes["acp_serve.outcome"] == "turn_complete"
     assert turn.attributes["acp_serve.reason"] == "end_turn"

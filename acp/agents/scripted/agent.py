@@ -24,9 +24,9 @@ Directives (besides DESIGN.md's table): ``[write PATH TEXT]`` offers ``allow`` (
 Model ``scripted-slow`` pauses 50 ms (cancellably) before each update. ``[flood N]`` is kept
 in the history as the text ``[flood N]``, not N chunks. The extension request
 ``_scripted/ping`` answers ``{}`` at once (for round-trip benchmarks); other unknown requests
-get -32601. With ``ACP_SCRIPTED_METHODS_LOG=PATH`` each request received appends
-``{"method", "meta"}`` (its ``params._meta``) as a JSON line to PATH. ``[elicit form FIELDS]`` / ``[elicit url URL]`` ask ACP ``elicitation/create``
-(:mod:`.elicit`).
+get -32601. ``[elicit form FIELDS]`` / ``[elicit url URL]`` ask ACP ``elicitation/create``
+(:mod:`.elicit`). With ``ACP_SCRIPTED_METHODS_LOG=PATH`` each request received appends
+``{"method", "meta"}`` (its ``params._meta``) as a JSON line to PATH.
 
 Fork and usage (not with ``--legacy``, which mimics an older agent that has neither):
 ``session/fork`` (advertised as ``sessionCapabilities.fork``) copies the parent's stored
