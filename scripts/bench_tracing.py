@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The prompt round trip with OpenTelemetry tracing off and on (issue 48).
+"""The prompt round trip with OpenTelemetry tracing off and on.
 
     .venv/bin/python scripts/bench_tracing.py [--runs 5] [--prompts 200] [--base-root DIR]
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (issue 48): spans exported over OTLP/HTTP to a real receiver.
+"""OpenTelemetry traces: spans exported over OTLP/HTTP to a real receiver.
 
 The receiver is a tiny HTTP server run by the test on 127.0.0.1 that accepts ``POST
 /v1/traces`` and decodes the protobuf body with ``opentelemetry-proto`` (what the exporter
