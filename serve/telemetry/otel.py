@@ -5,7 +5,7 @@ Imported only when tracing is on (:func:`serve.telemetry.start`): the SDK's
 the resource of ``OTEL_SERVICE_NAME``/``OTEL_RESOURCE_ATTRIBUTES`` (service name
 ``acp-serve`` unless set), and a ``BatchSpanProcessor`` (``OTEL_BSP_*``: its queue of 2048
 spans by default is the bound; a full queue drops spans, never blocks) feeding the exporter
-``OTEL_TRACES_EXPORTER`` names: ``otlp`` (OTLP/HTTP protobuf to ``--otel-endpoint``, else
+``OTEL_TRACES_EXPORTER`` names (a list): ``otlp`` (OTLP/HTTP protobuf to ``--otel-endpoint``, else
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/traces``;
 ``OTEL_EXPORTER_OTLP_*HEADERS``, ``*TIMEOUT``, ``*COMPRESSION``, ``*CERTIFICATE`` as the SDK
 reads them) or ``console``.
@@ -100,9 +100,20 @@ class _OtelSpan:
         self._span.set_status(Status(StatusCode.ERROR, description))
 
 
-def _exporter(endpoint: str | None) -> SpanExporter:
-    name = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
-    if endpoint is not None or name == "otlp":
+def _exporters(endpoint: str | None) -> list[SpanExporter]:
+    """The exporters ``OTEL_TRACES_EXPORTER`` names (a comma-separated list; ``otlp`` by
+    default and always with ``--otel-endpoint``)."""
+    value = os.environ.get("OTEL_TRACES_EXPORTER", "")
+    names = {n.strip().lower() for n in value.split(",") if n.strip()} - {"none"} or {"otlp"}
+    if endpoint is not None:
+        names.add("otlp")
+    unknown = sorted(names - {"otlp", "console"})
+    if unknown:
+        raise ConfigError(
+            f"OTEL_TRACES_EXPORTER={unknown[0]!r} is not supported (otlp, console, none)"
+        )
+    out: list[SpanExporter] = []
+    if "otlp" in names:
         protocol = (
             os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
             or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -114,10 +125,10 @@ def _exporter(endpoint: str | None) -> SpanExporter:
             )
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(endpoint=endpoint)
-    if name == "console":
-        return ConsoleSpanExporter()
-    raise ConfigError(f"OTEL_TRACES_EXPORTER={name!r} is not supported (otlp, console, none)")
+        out.append(OTLPSpanExporter(endpoint=endpoint))
+    if "console" in names:
+        out.append(ConsoleSpanExporter())
+    return out
 
 
 class OtelTracer:
@@ -128,7 +139,8 @@ class OtelTracer:
             {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "acp-serve"}
         )
         self.provider = TracerProvider(resource=resource)  # sampler: OTEL_TRACES_SAMPLER
-        self.provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
+        for exporter in _exporters(endpoint):
+            self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self._tracer = self.provider.get_tracer("acp-serve")
 
     def _context(self, parent: str | None) -> Context:

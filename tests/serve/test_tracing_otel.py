@@ -302,3 +302,22 @@ def test_a_bad_endpoint_or_exporter_stops_the_start() -> None:
     )
     assert grpc.returncode == 1
     assert "OTLP protocol 'grpc' is not supported" in grpc.stderr
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "env", "on"),
+    [
+        (None, {}, False),
+        ("http://127.0.0.1:4318/v1/traces", {}, True),
+        (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, True),
+        (None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True),
+        (None, {"OTEL_TRACES_EXPORTER": "console"}, True),
+        (None, {"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, False),
+        (None, {"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, False),
+        ("http://127.0.0.1:4318/v1/traces", {"OTEL_SDK_DISABLED": "true"}, True),
+    ],
+)
+def test_when_tracing_is_on(endpoint: str | None, env: dict[str, str], on: bool) -> None:
+    from serve.telemetry import wanted
+
+    assert wanted(endpoint, env) is on
