@@ -5,7 +5,7 @@ nothing carries over between requests): every log record made while the request 
 (its access-log line included, with ``--access-log``) carries ``trace_id`` and ``span_id``.
 
 With OpenTelemetry tracing on (serve/telemetry), :class:`TracedFront`, the outermost ASGI
-callable, runs every HTTP request and WebSocket in a ``server`` span whose parent is the
+callable, runs every HTTP request in a ``server`` span whose parent is the
 request's ``traceparent`` header (else a new trace); the hook above names it after the
 matched route (``POST /session/<session_id>/prompt``). With tracing off it is not installed.
 """
@@ -32,14 +32,14 @@ def install(app: QuartTrio) -> None:
 
 
 class TracedFront:
-    """ASGI: one span per HTTP request or WebSocket (installed only with tracing on)."""
+    """ASGI: one span per HTTP request (installed only with tracing on). A WebSocket gets
+    none: it can live for hours, and each of its ``/acp`` messages has its own span."""
 
     def __init__(self, app: ASGIApp) -> None:
         self._app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind not in ("http", "websocket"):
+        if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
         parent = None
@@ -47,7 +47,7 @@ class TracedFront:
             if name == b"traceparent":
                 parent = value.decode("latin-1")
                 break
-        method = scope.get("method", "GET") if kind == "http" else "WEBSOCKET"
+        method = scope.get("method", "GET")
         attributes = {
             "http.request.method": method,
             "url.path": scope.get("path", ""),
@@ -63,4 +63,4 @@ class TracedFront:
                         span.set_error(f"HTTP {status}")
                 await send(message)
 
-            await self._app(scope, receive, traced_send if kind == "http" else send)
+            await self._app(scope, receive, traced_send)
