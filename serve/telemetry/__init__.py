@@ -70,7 +70,8 @@ def start(endpoint: str | None) -> bool:
         raise TracingConfigError(str(exc)) from exc
     _active, _endpoint = tracer, endpoint
     telemetry.install(tracer)
-    log.info("OpenTelemetry tracing on (exporter endpoint: %s)", endpoint or "from OTEL_*")
+    shown = _shown(endpoint) if endpoint else "from OTEL_*"
+    log.info("OpenTelemetry tracing on (exporter endpoint: %s)", shown)
     return True
 
 
@@ -89,5 +90,12 @@ def status() -> dict[str, Any]:
     return {
         "enabled": _active is not None,
         "sdkLoaded": "opentelemetry" in sys.modules,
-        **({"endpoint": _endpoint} if _endpoint else {}),
+        **({"endpoint": _shown(_endpoint)} if _endpoint else {}),
     }
+
+
+def _shown(url: str) -> str:
+    """``url`` without a ``user:password@`` part (status pages are read by many)."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}"

@@ -178,7 +178,7 @@ def test_a_prompt_is_one_trace_under_the_callers_traceparent(
     try:
         with httpx.Client(base_url=daemon.url, headers=AUTH, timeout=30) as client:
             status = client.get("/daemon/status").json()["runtime"]["tracing"]
-            assert status["enabled"] is True and status["sdkLoaded"] is True
+            assert status == {"enabled": True, "sdkLoaded": True, "endpoint": receiver.url}
             sid = run_prompt_with_a_permission(client, header)
     finally:
         assert daemon.stop() == 0  # SIGTERM: the last spans are exported before the exit
