@@ -12,9 +12,11 @@ from __future__ import annotations
 import gzip
 import json
 import secrets
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -321,3 +323,25 @@ def test_when_tracing_is_on(endpoint: str | None, env: dict[str, str], on: bool)
     from serve.telemetry import wanted
 
     assert wanted(endpoint, env) is on
+
+
+def test_a_collector_that_is_down_costs_no_prompt_and_a_bounded_exit(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    daemon = start(["--otel-endpoint", f"http://127.0.0.1:{port}/v1/traces"], tmp_path / "m")
+    try:
+        with httpx.Client(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            sid = client.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+            r = client.post(
+                f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "hello"}]}
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["stopReason"] == "end_turn"
+    finally:
+        began = time.monotonic()
+        assert daemon.stop(timeout_s=30) == 0
+        took = time.monotonic() - began
+    # The exit waits for the exporter at most SHUTDOWN_FLUSH_S (5 s), then says so.
+    assert took < 12, took
+    assert "the last spans were not exported within 5.0 s" in daemon.stderr_path.read_text()
