@@ -138,7 +138,9 @@ class OtelTracer:
         resource = Resource.create(
             {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: "acp-serve"}
         )
-        self.provider = TracerProvider(resource=resource)  # sampler: OTEL_TRACES_SAMPLER
+        # The sampler is OTEL_TRACES_SAMPLER's; no atexit hook (an unbounded wait for a
+        # collector that is down): serve.telemetry.stop() flushes, within its bound.
+        self.provider = TracerProvider(resource=resource, shutdown_on_exit=False)
         for exporter in _exporters(endpoint):
             self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self._tracer = self.provider.get_tracer("acp-serve")
