@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import secrets
 import socket
 import subprocess
@@ -214,6 +215,13 @@ def test_a_prompt_is_one_trace_under_the_callers_traceparent(
     (prompt,) = [m for m in methods(log) if m["method"] == "session/prompt"]
     assert prompt["meta"]["traceparent"] == f"00-{trace_id}-{rpc.span_id}-01"
     assert prompt["meta"]["qwen.daemon.invocation"]["sessionId"] == sid  # kept
+    # Every request to the agent carries its span (initialize and session/new too; a new
+    # trace sets the W3C level 2 "random" flag: 03).
+    got = methods(log)
+    assert {"initialize", "session/new"} <= {m["method"] for m in got}
+    assert all(
+        re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-0[13]", m["meta"]["traceparent"]) for m in got
+    )
 
     # Spans outside the prompt's trace: the agent's start (its initialize under it) and
     # the journal's flushes.
