@@ -6,6 +6,7 @@ Layering (each module's docstring gives its theory of operation)::
     jsonrpc   sans-IO: line framing, envelopes with raw payloads, encoders
     schema    frozen msgspec Structs for ACP v1 (schema 1.21); lenient decoding of agent output
     process   one agent child: own process group, stderr tail, exit info, stop by escalation
+    telemetry the tracing facade: spans, a no-op until serve.telemetry installs OpenTelemetry
     rpc       a JSON-RPC peer over two byte streams: reader, writer, pending calls, handlers
     terminal  client-side terminals (real processes, bounded output)
     handler   the ClientHandler interface and BaseClientHandler defaults

@@ -53,7 +53,7 @@ import trio
 import trio.lowlevel
 from msgspec import Raw
 
-from acp import jsonrpc
+from acp import jsonrpc, telemetry
 from acp.errors import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -199,6 +199,18 @@ class _Inflight:
         self.cancelled_by_peer = False
 
 
+def _with_traceparent(params: object, traceparent: str) -> object:
+    """``params`` with ``_meta.traceparent`` set, when they are (or convert to) an object."""
+    if isinstance(params, msgspec.Struct):
+        try:
+            params = msgspec.to_builtins(params)
+        except (TypeError, ValueError):
+            return params
+    if isinstance(params, dict):
+        return telemetry.with_traceparent(params, traceparent)
+    return params
+
+
 class RpcChannel:
     """One JSON-RPC connection; see the module docstring."""
 
@@ -333,6 +345,16 @@ class RpcChannel:
         Raises RemoteError (the peer answered with an error), RequestTimeout, ChannelClosed."""
         if self._closed is not None:
             raise self._closed
+        if not telemetry.enabled():
+            return await self._call(method, params, timeout_s)
+        attributes = {"rpc.system": "jsonrpc", "rpc.method": method, "acp.peer": self.name}
+        with telemetry.span(method, kind="client", attributes=attributes) as span:
+            traceparent = span.traceparent
+            if traceparent is not None:  # the agent joins the trace (ACP ``_meta``)
+                params = _with_traceparent(params, traceparent)
+            return await self._call(method, params, timeout_s)
+
+    async def _call(self, method: str, params: object, timeout_s: float | None) -> Raw:
         request_id = next(self._ids)
         line = jsonrpc.encode_request(request_id, method, params)
         slot = _Slot(method)

@@ -13,6 +13,7 @@ import trio
 
 from acp.children import become_subreaper, become_undumpable
 from actors import SupervisorGaveUp
+from serve import telemetry
 from serve.config import config_warnings, load_daemon_config, with_config_grants
 from serve.logs import setup_logging, stop_logging
 from serve.settings import Settings, SettingsError, parse_settings
@@ -48,6 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     setup_logging(settings.log_format)
     log = logging.getLogger("serve")
+    try:
+        telemetry.start(settings.otel_endpoint)  # OpenTelemetry traces (docs/tracing.md)
+    except telemetry.TracingConfigError as exc:
+        print(f"acp-serve: {exc}", file=sys.stderr)
+        return 1
     for warning in config_warnings(config):
         log.warning("%s", warning)
     if settings.token_from_argv:
@@ -102,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         trio.run(run)
     except BaseExceptionGroup as group:
+        telemetry.stop()
         gave_up, _ = group.split(SupervisorGaveUp)
         if gave_up is None:
             bind_failed, _ = group.split(OSError)
@@ -130,7 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     except KeyboardInterrupt:
+        telemetry.stop()
         return 130
+    telemetry.stop()  # the last spans, bounded (SHUTDOWN_FLUSH_S), after the loop ended
     _exit_at_once(0)
 
 

@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import trio
 
+from acp import telemetry
 from serve import tracecontext
 from serve.acpfront import access as acp_access
 from serve.acpfront import (
@@ -194,8 +195,16 @@ async def handle(
     trace = tracecontext.from_meta(params)
     ran = False  # the handler ran (its outcome is audited; the checks audit their own)
     audited = False  # its outcome was (a request cancelled mid-way is audited as such)
+    meta = params.get("_meta")
+    parent = meta.get("traceparent") if isinstance(meta, dict) else None
+    span = telemetry.span(
+        f"acp {method}",
+        parent=parent if isinstance(parent, str) else None,
+        kind="server",
+        attributes={"rpc.system": "jsonrpc", "rpc.method": method},
+    )
     try:
-        with tracecontext.traced(trace), scope:
+        with span, tracecontext.traced(trace), scope:
             if trace is not None:
                 log.info("ACP %s %s (traced)", conn.id, method)
             try:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from acp import telemetry
 from acp.client import AgentConnection
 from acp.mux import SessionMux
 from acp.process import ExitInfo
@@ -127,6 +128,37 @@ async def start_child(
     """Spawn and ``initialize`` one child (see the module docstring). ``lowered`` is called
     once its process runs at ``cpu_weight`` (a refill's lower weight; not called without
     one); ``eof_grace_s`` is read when a failed child is stopped (it shrinks at shutdown)."""
+    with telemetry.span("agent.start", attributes={"acp_serve.agent.pooled": True}) as span:
+        started = await _start_child(
+            nursery,
+            settings,
+            isolation,
+            child_id=child_id,
+            cwd=cwd,
+            env=env,
+            cpu_weight=cpu_weight,
+            eof_grace_s=eof_grace_s,
+            lowered=lowered,
+            tenant=tenant,
+        )
+        if isinstance(started, Exception):
+            span.set_error(f"{type(started).__name__}: {started}")
+        return started
+
+
+async def _start_child(
+    nursery: trio.Nursery,
+    settings: Settings,
+    isolation: Isolation | None,
+    *,
+    child_id: str,
+    cwd: str,
+    env: dict[str, str],
+    cpu_weight: int | None,
+    eof_grace_s: Callable[[], float],
+    lowered: Callable[[ChildLimits | None], None],
+    tenant: str,
+) -> AgentChild | Exception:
     init_timeout = settings.initialize_timeout_ms / 1000
     mux = SessionMux()
     try:

@@ -17,6 +17,7 @@ from quart import Response
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from acp import telemetry
 from serve.http import access, capabilities, metrics, middleware, restore_hint, tracing
 from serve.http.capabilities import Feature
 from serve.http.context import FEATURES_KEY, HOST_KEY
@@ -153,6 +154,9 @@ def create_app(host: Host) -> QuartTrio:
     app.asgi_app = inner  # type: ignore[assignment,method-assign]
     # Outermost: the security front (it counts the requests it answers itself).
     middleware.install_middleware(app, host, features, instruments)
+    if telemetry.enabled():  # OpenTelemetry: a span around every request (serve/telemetry)
+        traced = tracing.TracedFront(app.asgi_app)  # type: ignore[arg-type]
+        app.asgi_app = traced  # type: ignore[assignment,method-assign]
 
     @app.errorhandler(ApiError)
     async def _api_error(exc: ApiError) -> Response:

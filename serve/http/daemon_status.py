@@ -30,6 +30,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from serve import telemetry
 from serve.deviceflow.service import SERVICE_NAME as DEVICE_FLOW
 from serve.http import capabilities
 from serve.isolation import identity, pidns, sandbox
@@ -311,6 +312,7 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
     }
     if rate_limit is not None:
         body["runtime"]["rateLimit"] = rate_limit
+    body["runtime"]["tracing"] = telemetry.status()  # OpenTelemetry (serve/telemetry)
     agents = [pool.status() for pool in pools]
     for entry in agents:
         if "lastError" in entry:

@@ -66,6 +66,7 @@ from typing import Any, Protocol
 
 import trio
 
+from acp import telemetry
 from serve import threads
 from serve.journal.format import (
     DEFER_CRC_BYTES,
@@ -290,7 +291,8 @@ class SessionJournal:
             appender = self._appender
             before, before_bytes = appender.records_written, appender.bytes_written
             try:
-                await threads.run_sync(journal_limiter(), appender.append, batch)
+                with telemetry.span("journal.flush", attributes={"acp_serve.journal.bytes": size}):
+                    await threads.run_sync(journal_limiter(), appender.append, batch)
             except BaseException as exc:
                 # Not written: back to the front of the buffer. A cancel can only come while
                 # waiting for a worker thread (a thread once started is waited for), e.g. a

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from acp import telemetry
 from acp.client import AgentConnection
 from acp.errors import AcpError, ChannelClosed, RemoteError
 from acp.handler import ClientHandler
@@ -257,6 +258,9 @@ def agent_env(settings: Settings) -> dict[str, str]:
         env["ACP_SCRIPTED_STATE_DIR"] = os.path.join(settings.state_dir, "scripted")
         env["ACP_SCRIPTED_RETENTION_MS"] = str(settings.journal_retention_ms)
     env["QWEN_CODE_NO_RELAUNCH"] = "true"
+    if settings.otel_endpoint and "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" not in env:
+        # OTEL_* pass through as they are; an agent that traces exports where we do.
+        env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = settings.otel_endpoint
     cache = settings.node_compile_cache_dir
     if cache is not None and "NODE_COMPILE_CACHE" not in env:
         env["NODE_COMPILE_CACHE"] = cache  # node >= 22.1 (serve/agents/compile_cache.py)
@@ -290,6 +294,20 @@ class SpawnAgentSource:
         tenant: str | None = None,
     ) -> AgentConnection | OwnAgent:
         """The connection itself, or (with limits) a lease that also removes its cgroup."""
+        with telemetry.span("agent.start", attributes={"acp_serve.agent.pooled": False}):
+            return await self._acquire(
+                nursery, cwd=cwd, handler=handler, timeout_s=timeout_s, tenant=tenant
+            )
+
+    async def _acquire(
+        self,
+        nursery: trio.Nursery,
+        *,
+        cwd: str,
+        handler: ClientHandler,
+        timeout_s: float,
+        tenant: str | None,
+    ) -> AgentConnection | OwnAgent:
         conn, limits = await spawn_limited(
             nursery,
             self.settings,

@@ -23,10 +23,12 @@ per-incarnation token, and the mediator's events go to its inbox).
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
+from acp import telemetry
 from acp.handler import BaseClientHandler
 from acp.schema import (
     CancelledPermissionOutcome,
@@ -178,28 +180,42 @@ class AgentSide(BaseClientHandler):
     # Effects the agent asks of the Host go through the daemon's EffectGate (grants,
     # approval policy, the workspace boundary) when one is installed.
 
+    def _traced(self, name: str, kind: str = "server") -> AbstractContextManager[telemetry.Span]:
+        """The span of one request of the agent, under its turn's ``prompt.agent``."""
+        active = self.s.prompts.running
+        return telemetry.span(
+            name,
+            parent=active.agent_trace if active is not None else None,
+            kind=kind,
+            attributes={"rpc.method": name, "acp_serve.session_id": self.s.session_id},
+        )
+
     async def read_text_file(self, params: ReadTextFileParams) -> str:
         gate = self.s.effects
-        if gate is None:
-            return await BaseClientHandler.read_text_file(self, params)
-        return await gate.read_text_file(self.s, params)
+        with self._traced("fs/read_text_file"):
+            if gate is None:
+                return await BaseClientHandler.read_text_file(self, params)
+            return await gate.read_text_file(self.s, params)
 
     async def write_text_file(self, params: WriteTextFileParams) -> None:
         gate = self.s.effects
-        if gate is None:
-            return await BaseClientHandler.write_text_file(self, params)
-        await gate.write_text_file(self.s, params)
+        with self._traced("fs/write_text_file"):
+            if gate is None:
+                return await BaseClientHandler.write_text_file(self, params)
+            await gate.write_text_file(self.s, params)
 
     async def terminal_create(self, params: CreateTerminalParams) -> str:
         gate = self.s.effects
-        if gate is not None:
-            await gate.check_terminal(self.s, params)
-        return await BaseClientHandler.terminal_create(self, params)
+        with self._traced("terminal/create"):
+            if gate is not None:
+                await gate.check_terminal(self.s, params)
+            return await BaseClientHandler.terminal_create(self, params)
 
     async def ext_request(self, method: str, params: msgspec.Raw) -> object:
-        if method == elicitation_side.METHOD:
-            return await elicitation_side.broker(self.s, self.elicitation_url_ids, params)
-        return await BaseClientHandler.ext_request(self, method, params)
+        with self._traced(method):
+            if method == elicitation_side.METHOD:
+                return await elicitation_side.broker(self.s, self.elicitation_url_ids, params)
+            return await BaseClientHandler.ext_request(self, method, params)
 
     def on_notification(self, method: str, params: msgspec.Raw) -> None:
         if method == elicitation_side.COMPLETE:
@@ -217,7 +233,10 @@ class AgentSide(BaseClientHandler):
             screened = await gate.screen_agent_permission(self.s, params)
             if screened is not None:
                 return screened
-        outcome = await self._mediate_permission(params, raw)
+        with self._traced("permission.wait", "internal") as span:
+            outcome = await self._mediate_permission(params, raw)
+            selected = isinstance(outcome, SelectedPermissionOutcome)
+            span.set_attribute("acp_serve.outcome", "selected" if selected else "cancelled")
         if isinstance(outcome, SelectedPermissionOutcome) and gate is not None:
             # an allowed tool call's own fs/terminal effect: ask once
             gate.note_agent_permission(self.s, params, outcome)

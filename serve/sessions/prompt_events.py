@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from acp import telemetry
 from actors import ActorError
 from serve.permissions.mediator import CancelPromptPermissions
 from serve.sessions.attachments import iso_now, now_ms
@@ -58,6 +59,14 @@ def refuse_if_exhausted(session: SessionCore) -> None:
 
 
 def admit(session: SessionCore, msg: PromptRequest, *, front: bool = False) -> Admission:
+    attributes = {"acp_serve.session_id": session.session_id}
+    with telemetry.span("prompt.admission", parent=msg.trace, attributes=attributes) as span:
+        admission = _admit(session, msg, front)
+        span.set_attribute("acp_serve.prompt_id", admission.prompt_id)
+        return admission
+
+
+def _admit(session: SessionCore, msg: PromptRequest, front: bool) -> Admission:
     refuse_if_exhausted(session)
     if session.binding.released and not session.binding.rebinding:
         refusal = session.link.refusal()  # e.g. 503 memory_budget_exceeded

@@ -35,6 +35,8 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from acp import telemetry
+
 #: Client-chosen prompt ids remembered for idempotent re-submission (ids).
 MAX_REMEMBERED_PROMPTS: Final = 256
 
@@ -61,6 +63,9 @@ class PromptRequest(msgspec.Struct, frozen=True):
     extra: dict[str, Any] | None = None
     prompt_id: str | None = None
     deadline_ms: int | None = None  # per-request; can only shorten the daemon's
+    #: The ``traceparent`` of the span that submitted it (the HTTP request or ``/acp``
+    #: message; None with tracing off): its turn's spans join that trace.
+    trace: str | None = msgspec.field(default_factory=telemetry.current_traceparent)
 
 
 class Terminal(msgspec.Struct, frozen=True):
@@ -79,6 +84,8 @@ class Job:
     """One admitted prompt."""
 
     __slots__ = (
+        "admitted_ns",
+        "agent_trace",
         "client_id",
         "deadline",
         "extra",
@@ -93,6 +100,7 @@ class Job:
         "terminal",
         "text",
         "token",
+        "trace",
     )
 
     def __init__(
@@ -122,6 +130,12 @@ class Job:
         self.notify: Callable[[], None] | None = None
         #: The owner's handle for this job (the actor keeps its done event here).
         self.token: Any = None
+        #: Tracing (acp.telemetry): the submitter's span, when it was admitted
+        #: (``time.time_ns()``), and the span of the agent's work on it (the parent of
+        #: its permission waits).
+        self.trace = request.trace
+        self.admitted_ns = time.time_ns() if telemetry.enabled() else 0
+        self.agent_trace: str | None = None
 
     @property
     def done(self) -> bool:

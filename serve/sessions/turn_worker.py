@@ -16,11 +16,13 @@ exhausted budget ends the running turn and asks the agent to stop.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
 
+from acp import telemetry
 from acp.errors import AcpError, ChannelClosed, RemoteError
 from serve.sessions import turns
 from serve.sessions.budget import Limits
@@ -49,9 +51,33 @@ async def prompt_worker(session: SessionCore) -> None:
                 await session.work.wait()
             continue
         try:
-            await run_turn(session, job)
+            await traced_turn(session, job)
         finally:
             publish_terminal(session, session.prompts.release(job))
+
+
+async def traced_turn(session: SessionCore, job: Job) -> None:
+    """:func:`run_turn` in its spans (tracing on): ``prompt.turn`` from its admission, with
+    ``prompt.queue_wait`` until now, the parent of ``prompt.agent`` (the agent's work)."""
+    if not telemetry.enabled():
+        await run_turn(session, job)
+        return
+    attributes = {"acp_serve.session_id": session.session_id, "acp_serve.prompt_id": job.prompt_id}
+    start = job.admitted_ns or None
+    with telemetry.span(
+        "prompt.turn", parent=job.trace, attributes=attributes, start_ns=start
+    ) as turn:
+        if job.admitted_ns:
+            telemetry.record("prompt.queue_wait", start_ns=job.admitted_ns, end_ns=time.time_ns())
+        await run_turn(session, job)
+        terminal = job.terminal
+        if terminal is not None:
+            turn.set_attribute("acp_serve.outcome", terminal.kind)
+            reason = terminal.data.get("stopReason") or terminal.data.get("code")
+            if isinstance(reason, str):
+                turn.set_attribute("acp_serve.reason", reason)
+            if terminal.kind == "turn_error":
+                turn.set_error(str(reason or "turn_error"))
 
 
 async def run_turn(session: SessionCore, job: Job) -> None:
@@ -86,7 +112,9 @@ async def _run_prompt(session: SessionCore, job: Job, conn: AgentConnection, sid
             session.turn_scope = scope
             if job.deadline is not None:
                 scope.deadline = job.deadline
-            result = await conn.prompt(sid, job.prompt, extra=turns.prompt_extra(job, sid))
+            with telemetry.span("prompt.agent") as work:
+                job.agent_trace = work.traceparent  # the parent of its permission waits
+                result = await conn.prompt(sid, job.prompt, extra=turns.prompt_extra(job, sid))
             await session.steering.settle(job)  # a steered turn: until the agent is quiet
         session.turn_scope = None
     except RemoteError as exc:

@@ -418,6 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-format", default="text", help="text|json")
     add("--access-log", action="store_true", help="log every request (method, route, status)")
     add(
+        "--otel-endpoint",
+        default=None,
+        metavar="URL",
+        help="export OpenTelemetry traces over OTLP/HTTP to URL (e.g. http://127.0.0.1:4318/v1/traces)",
+    )
+    add(
         "--device-flow-provider",
         action="append",
         default=None,

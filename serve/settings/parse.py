@@ -411,6 +411,7 @@ def parse_settings(
         chaos_kill_rate=chaos_rate,
         public_probes=ns.public_probes,
         access_log=ns.access_log,
+        otel_endpoint=parse_otel_endpoint(ns.otel_endpoint),
         device_flow_providers=tuple(parse_device_flow_providers(ns.device_flow_provider or [])),
         warm_agents=parse_int("--warm-agents", ns.warm_agents, minimum=0, maximum=64),
         warm_agents_max=parse_int("--warm-agents-max", ns.warm_agents_max, minimum=0, maximum=64),
@@ -475,3 +476,14 @@ def _approval_mode(raw: str | None) -> str | None:
     if not mode or any(c.isspace() for c in mode):
         raise SettingsError(f'Invalid --approval-mode "{raw}": give one mode id, e.g. default')
     return mode
+
+
+def parse_otel_endpoint(value: str | None) -> str | None:
+    """``--otel-endpoint``: an http(s) URL (the OTLP/HTTP traces endpoint, path included)."""
+    if value is None:
+        return None
+    url = value.strip()
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
+        raise SettingsError(f"--otel-endpoint must be an http(s) URL, got {value!r}")
+    return url

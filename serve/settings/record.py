@@ -177,6 +177,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     chaos_kill_rate: float = 0.0
     public_probes: bool = False
     access_log: bool = False
+    #: OTLP/HTTP traces endpoint (``--otel-endpoint``; None: the OTEL_* variables decide).
+    otel_endpoint: str | None = None
     device_flow_providers: tuple[str, ...] = ()
     #: Agent children kept spawned and initialized ahead of need, per workspace.
     warm_agents: int = 1

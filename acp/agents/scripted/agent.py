@@ -25,7 +25,8 @@ Model ``scripted-slow`` pauses 50 ms (cancellably) before each update. ``[flood 
 in the history as the text ``[flood N]``, not N chunks. The extension request
 ``_scripted/ping`` answers ``{}`` at once (for round-trip benchmarks); other unknown requests
 get -32601. ``[elicit form FIELDS]`` / ``[elicit url URL]`` ask ACP ``elicitation/create``
-(:mod:`.elicit`).
+(:mod:`.elicit`). With ``ACP_SCRIPTED_METHODS_LOG=PATH`` each request received appends
+``{"method", "meta"}`` (its ``params._meta``) as a JSON line to PATH.
 
 Fork and usage (not with ``--legacy``, which mimics an older agent that has neither):
 ``session/fork`` (advertised as ``sessionCapabilities.fork``) copies the parent's stored
@@ -123,6 +124,15 @@ class ScriptedAgent:
         self.hung = threading.Event()
         self.turns = itertools.count(1)
         self.client_capabilities: object = None  # from initialize ([elicit] checks it)
+        #: ``ACP_SCRIPTED_METHODS_LOG``: a file getting one JSON line per request received
+        #: (``{"method", "meta"}``: its ``params._meta``), for tests of what the daemon sends.
+        self.methods_log = os.environ.get("ACP_SCRIPTED_METHODS_LOG") or None
+
+    def _log_method(self, method: str, params: dict[str, Any]) -> None:
+        assert self.methods_log is not None
+        line = msgspec.json.encode({"method": method, "meta": params.get("_meta")}) + b"\n"
+        with self.write_lock, open(self.methods_log, "ab") as log:
+            log.write(line)
 
     # -- output -------------------------------------------------------------------------------
 
@@ -222,6 +232,8 @@ class ScriptedAgent:
             return
         try:
             params = _decode_params(msg.params)
+            if self.methods_log is not None:
+                self._log_method(msg.method, params)
             result = handler(self, msg.id, params)
         except (RpcFailure, acp121.Refused) as exc:
             self.reply_error(msg.id, exc.code, exc.message, exc.data)
