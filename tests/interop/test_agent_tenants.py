@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
 import tests.interop.test_agent_matrix as matrix
+from serve.isolation.identity import uid_for
 from serve.isolation.tenants import TENANTS_SUBDIR, dir_name
+from tests.conftest import AUTH
 from tests.interop.agents import CLAUDE, QWEN, ensure_installed
 from tests.interop.test_agent_matrix import _step_gate  # noqa: F401  (its autouse step gate)
 
@@ -85,3 +89,22 @@ class TestAgentFlowAsPrincipal(matrix.TestAgentFlow):
         assert not (other / "planted.txt").exists()
         assert await trio.to_thread.run_sync(tokens_file.read_bytes) == before
         # (the turn's own shell step, in the workspace, worked: test_4b_shell)
+
+    @pytest.mark.step("own_uid", needs=("create",))
+    async def test_12_as_root_the_agent_runs_under_the_principals_uid(
+        self, flow: matrix.Flow
+    ) -> None:
+        """A root daemon in multi-user mode runs each principal's agents under a uid of their
+        own (``--agent-uid-range auto``: serve/isolation/identity.py), the agent's node
+        runnable by another uid: the files it wrote in its HOME are that uid's."""
+        if os.geteuid() != 0:
+            pytest.skip("per-principal uids need a daemon run as root")
+        async with httpx.AsyncClient(base_url=flow.daemon.url, headers=AUTH) as client:
+            r = await client.get("/daemon/status")  # (the operator's: admin)
+            assert r.status_code == 200, r.text
+            uids = r.json()["isolation"]["uids"]
+        assert uids["active"], uids
+        uid = uid_for(PRINCIPAL, uids["range"]["start"], uids["range"]["count"])
+        home = flow.daemon.state_dir / TENANTS_SUBDIR / dir_name(PRINCIPAL) / "home"
+        owners = {p.stat().st_uid for p in home.rglob("*") if p.is_file()}
+        assert uid in owners, (uid, owners)
