@@ -45,7 +45,7 @@ from serve.access.roles import SessionAccess, can_vote, from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
 from serve.errors import wire_error
 from serve.errors.votes import vote_wire
-from serve.journal import Journal, JournalError, JournalNotFound
+from serve.journal import JournalBackend, JournalError, JournalNotFound
 from serve.permissions.mediator import CastVote, SessionOf
 from serve.sessions import ownership
 from serve.sessions.errors import (
@@ -126,6 +126,12 @@ def _optional[T](host: SessionHost, name: str, kind: type[T]) -> T | None:
     multi-user auth); hosts without it (tests' fakes) run without."""
     value = getattr(host, name, None)
     return value if isinstance(value, kind) else None
+
+
+def _journal_of(host: SessionHost) -> JournalBackend | None:
+    """The Host's journal (files or PostgreSQL) when it has one."""
+    value = getattr(host, "journal", None)
+    return value if isinstance(value, JournalBackend) else None
 
 
 @dataclass(frozen=True)
@@ -357,7 +363,7 @@ class SessionService:
             return
         access = SessionAccess(owner=principal.id)
         self.host.registry.owners.keep(session_id, access)
-        journal = _optional(self.host, "journal", Journal)
+        journal = _journal_of(self.host)
         if journal is not None and durable:
             await ownership.journal_record(journal, session_id, workspace, access)
 
@@ -366,7 +372,7 @@ class SessionService:
         access = self.host.registry.access_of(session_id)
         if access is not None:
             return access
-        journal = _optional(self.host, "journal", Journal)
+        journal = _journal_of(self.host)
         if journal is None:
             return None
         try:

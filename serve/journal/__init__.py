@@ -54,6 +54,7 @@ writer holds it), :class:`JournalIOError` (the file system; journaling that sess
 is then off, the session itself need not fail).
 """
 
+from serve.journal.backend import JournalBackend, JournalWriter
 from serve.journal.format import JournalRecord
 from serve.journal.journal import (
     Journal,
@@ -69,6 +70,7 @@ from serve.journal.store import JournalMeta
 
 __all__ = [
     "Journal",
+    "JournalBackend",
     "JournalBusy",
     "JournalError",
     "JournalIOError",
@@ -76,6 +78,7 @@ __all__ = [
     "JournalMeta",
     "JournalNotFound",
     "JournalRecord",
+    "JournalWriter",
     "Replay",
     "SessionJournal",
 ]
