@@ -46,3 +46,13 @@ def postgres_server() -> Iterator[PostgresServer]:
 def pg_url(postgres_server: PostgresServer) -> str:
     """A fresh database on the session's PostgreSQL server."""
     return postgres_server.new_database()
+
+
+@pytest.fixture(params=["files", "postgresql"])
+def journal_args(request: pytest.FixtureRequest) -> list[str]:
+    """Daemon flags selecting the journal backend: the files one (none), or PostgreSQL on a
+    fresh database of the session's server (``--journal-url``)."""
+    if request.param == "files":
+        return []
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return ["--journal-url", server.new_database()]
