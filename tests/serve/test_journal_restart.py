@@ -88,10 +88,13 @@ async def test_client_gets_exactly_the_missed_events_after_a_daemon_restart(
     if journal_args:  # the events and the lease are in the database, not in files
         assert not (tmp_path / "state" / "journal").exists()
         with psycopg.connect(journal_args[1]) as conn:
-            rows = conn.execute(
-                "SELECT max(event_id) FROM journal_events WHERE session_id = %s", (sid,)
-            ).fetchall()
-            assert rows == [(fresh[-1]["id"],)]
+            row = conn.execute(
+                "SELECT min(event_id), max(event_id), count(*) FROM journal_events"
+                " WHERE session_id = %s",
+                (sid,),
+            ).fetchone()
+            assert row is not None and row[0] == 1 and row[1] > fresh[-1]["id"]  # + shutdown
+            assert row[2] == row[1]  # gap-free
             leases = conn.execute("SELECT epoch FROM session_leases").fetchall()
             assert len(leases) == 1 and leases[0][0] >= 2  # two lives: two acquisitions
 
