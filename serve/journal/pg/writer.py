@@ -5,9 +5,10 @@ flusher, overload shedding, flush and close semantics) whose batches go to
 :class:`PgAppender` instead of segment files, whose meta goes to ``journal_sessions`` and
 whose blocking steps run under the database limiter (:func:`serve.threads.database_limiter`).
 
-A batch is one transaction: the runs' rows (``INSERT`` of every event, each carrying the
-writer's lease epoch) and the session row (``next_id``, counts) commit together or not at
-all, so the ids in the table are always one gap-free run. A run that does not continue the
+A batch is one transaction: the fence (an ``UPDATE`` of the session row with the writer's
+lease epoch, checked by its trigger under the lease's lock), the runs' rows (one ``INSERT``
+per run, each row carrying the epoch) and the session row (``next_id``, counts) commit
+together or not at all, so the ids in the table are always one gap-free run. A run that does not continue the
 journal (events the sink shed) deletes the older events first, in the same transaction,
 exactly like the files appender's reset. Past ``max_session_bytes`` the oldest events go,
 down to ``max_session_bytes - segment_bytes`` (the files journal drops a segment at a time).
@@ -103,6 +104,13 @@ class PgAppender:
         try:
             with self.pool.connection() as conn, conn.transaction():
                 with conn.cursor() as cur:
+                    # The fence first (the session row's trigger locks the lease and
+                    # checks the epoch), before a stale writer's rows could collide with
+                    # the new owner's ids; the events' own trigger checks them again.
+                    cur.execute(
+                        "UPDATE journal_sessions SET lease_epoch = %s WHERE session_id = %s",
+                        (epoch, sid),
+                    )
                     for run in runs:
                         if not run.count:
                             continue
@@ -110,14 +118,15 @@ class PgAppender:
                             cur.execute("DELETE FROM journal_events WHERE session_id = %s", (sid,))
                             count = total = 0
                             resets += 1
-                        rows = list(_rows(sid, epoch, run))
-                        cur.executemany(
+                        ids, types, frames = _columns(run)
+                        cur.execute(
                             "INSERT INTO journal_events"
                             " (session_id, event_id, event_type, frame, lease_epoch)"
-                            " VALUES (%s, %s, %s, %s, %s)",
-                            rows,
+                            " SELECT %s, i, t, f, %s"
+                            " FROM unnest(%s::bigint[], %s::text[], %s::bytea[]) AS u(i, t, f)",
+                            (sid, epoch, ids, types, frames),
                         )
-                        size = sum(len(r[2]) + len(r[3]) for r in rows)
+                        size = sum(map(len, types)) + sum(map(len, frames))
                         written += size
                         total += size
                         count += run.count
@@ -197,15 +206,20 @@ class PgAppender:
         """Nothing to close: connections go back to the pool after each call."""
 
 
-def _rows(sid: str, epoch: int, run: Run) -> list[tuple[str, int, str, bytes, int]]:
+def _columns(run: Run) -> tuple[list[int], list[str], list[bytes]]:
+    """A run's records as columns (ids, types, frames), read back from the record heads
+    (``serve.journal.format``: length, id, type length, then the type)."""
     parts = run.parts
-    out: list[tuple[str, int, str, bytes, int]] = []
+    ids: list[int] = []
+    types: list[str] = []
+    frames: list[bytes] = []
     for i in range(0, len(parts), 3):
         head = parts[i]
         _length, event_id, type_len = _HEAD.unpack_from(head, 0)
-        event_type = bytes(head[_HEAD.size : _HEAD.size + type_len]).decode("utf-8")
-        out.append((sid, event_id, event_type, bytes(parts[i + 1]), epoch))
-    return out
+        ids.append(event_id)
+        types.append(bytes(head[_HEAD.size : _HEAD.size + type_len]).decode("utf-8"))
+        frames.append(bytes(parts[i + 1]))
+    return ids, types, frames
 
 
 def _rotate(cur: psycopg.Cursor[Any], sid: str, keep_bytes: int) -> tuple[int, int]:

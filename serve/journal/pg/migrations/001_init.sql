@@ -42,16 +42,18 @@ CREATE TABLE journal_events (
 
 CREATE INDEX journal_sessions_updated ON journal_sessions (updated_at);
 
--- The fence: a write carries the writer's lease epoch and is refused unless it is the
--- session's current one. FOR SHARE makes a concurrent takeover (an UPDATE of the lease)
--- wait for this transaction, and makes this check see a takeover that committed first.
-CREATE FUNCTION journal_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+-- The fence: a write carries the writer's lease epoch and is refused (SQLSTATE AS001)
+-- unless it is the session's current one. The lease rows are read FOR SHARE: a concurrent
+-- takeover (an UPDATE of the lease) waits for this transaction, and this check sees a
+-- takeover that committed first. Sessions: per row. Events: once per statement (a batch's
+-- run is one INSERT), over its transition table.
+CREATE FUNCTION journal_sessions_fence() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     current_epoch bigint;
 BEGIN
     SELECT epoch INTO current_epoch FROM session_leases
         WHERE session_id = NEW.session_id FOR SHARE;
-    IF current_epoch IS NULL OR current_epoch <> NEW.lease_epoch THEN
+    IF current_epoch IS DISTINCT FROM NEW.lease_epoch THEN
         RAISE EXCEPTION 'session %: lease epoch % is stale (current %)',
             NEW.session_id, NEW.lease_epoch, current_epoch
             USING ERRCODE = 'AS001';
@@ -60,7 +62,30 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION journal_events_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    bad record;
+BEGIN
+    PERFORM 1 FROM session_leases l
+        WHERE l.session_id IN (SELECT n.session_id FROM new_rows n)
+        ORDER BY l.session_id FOR SHARE OF l;
+    SELECT n.session_id, n.lease_epoch, l.epoch AS current_epoch INTO bad
+        FROM new_rows n LEFT JOIN session_leases l ON l.session_id = n.session_id
+        WHERE l.epoch IS DISTINCT FROM n.lease_epoch LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'session %: lease epoch % is stale (current %)',
+            bad.session_id, bad.lease_epoch, bad.current_epoch
+            USING ERRCODE = 'AS001';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE TRIGGER journal_sessions_fence BEFORE INSERT OR UPDATE ON journal_sessions
-    FOR EACH ROW EXECUTE FUNCTION journal_fence();
-CREATE TRIGGER journal_events_fence BEFORE INSERT OR UPDATE ON journal_events
-    FOR EACH ROW EXECUTE FUNCTION journal_fence();
+    FOR EACH ROW EXECUTE FUNCTION journal_sessions_fence();
+CREATE TRIGGER journal_events_fence_insert AFTER INSERT ON journal_events
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION journal_events_fence();
+CREATE TRIGGER journal_events_fence_update AFTER UPDATE ON journal_events
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION journal_events_fence();
