@@ -14,8 +14,8 @@ import trio
 from serve.events import EventLog
 from serve.journal import JournalBusy, JournalLimits, JournalMeta
 from serve.journal.pg import PgJournal
+from serve.journal.pg.committer import FENCED_SQLSTATE, PgSessionJournal
 from serve.journal.pg.schema import migrate, migrations
-from serve.journal.pg.writer import FENCED_SQLSTATE, PgSessionJournal
 
 KIB = 1024
 DAY_MS = 24 * 3600 * 1000

@@ -8,10 +8,11 @@ whose blocking steps run under the database limiter (:func:`serve.threads.databa
 A batch is one transaction: the fence (an ``UPDATE`` of the session row with the writer's
 lease epoch, checked by its trigger under the lease's lock), the runs' rows (one ``INSERT``
 per run, each row carrying the epoch) and the session row (``next_id``, counts) commit
-together or not at all, so the ids in the table are always one gap-free run. A run that does not continue the
-journal (events the sink shed) deletes the older events first, in the same transaction,
-exactly like the files appender's reset. Past ``max_session_bytes`` the oldest events go,
-down to ``max_session_bytes - segment_bytes`` (the files journal drops a segment at a time).
+together or not at all, so the ids in the table are always one gap-free run. A run that
+does not continue the journal (events the sink shed) deletes the older events first, in
+the same transaction, exactly like the files appender's reset. Past ``max_session_bytes``
+the oldest events go, down to ``max_session_bytes - segment_bytes`` (the files journal
+drops a segment at a time).
 
 Fencing: the database refuses a row whose epoch is not the session's current lease epoch
 (``journal_fence`` in migrations/001_init.sql). A refused batch (SQLSTATE ``AS001``) means
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import psycopg
 import trio
+from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from serve.journal.store import JournalMeta, MetaFile, Run
@@ -44,6 +46,9 @@ log = logging.getLogger(__name__)
 FENCED_SQLSTATE = "AS001"
 _HEAD = struct.Struct("<IQH")  # the record head (serve.journal.format): length, id, type length
 _meta_encoder = msgspec.json.Encoder()
+#: The driver's connection and cursor as the journal uses them (rows as tuples).
+Connection = psycopg.Connection[TupleRow]
+Cursor = psycopg.Cursor[TupleRow]
 
 
 #: The driver's errors that mean "the database cannot be reached or failed".
@@ -63,7 +68,7 @@ class PgAppender:
 
     def __init__(
         self,
-        pool: ConnectionPool[Any],
+        pool: ConnectionPool[Connection],
         session_id: str,
         epoch: int,
         *,
@@ -222,7 +227,7 @@ def _columns(run: Run) -> tuple[list[int], list[str], list[bytes]]:
     return ids, types, frames
 
 
-def _rotate(cur: psycopg.Cursor[Any], sid: str, keep_bytes: int) -> tuple[int, int]:
+def _rotate(cur: Cursor, sid: str, keep_bytes: int) -> tuple[int, int]:
     """Delete the oldest events until at most ``keep_bytes`` remain (the newest one always
     stays); (events, bytes) left."""
     cur.execute(

@@ -34,12 +34,13 @@ from typing import Any
 import msgspec
 import psycopg
 import trio
+from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from serve import threads
 from serve.journal.format import JournalRecord
+from serve.journal.pg.committer import DB_ERRORS, Connection, Cursor, PgAppender, PgSessionJournal
 from serve.journal.pg.schema import migrate
-from serve.journal.pg.writer import DB_ERRORS, PgAppender, PgSessionJournal
 from serve.journal.store import JournalMeta
 from serve.journal.types import (
     JournalBusy,
@@ -101,7 +102,7 @@ class PgJournal:
         self.lease_ttl_ms = lease_ttl_ms
         self.renew_interval_ms = renew_interval_ms
         self.pool_size = min(pool_size, DATABASE_THREADS)
-        self._pool: ConnectionPool[Any] | None = None
+        self._pool: ConnectionPool[Connection] | None = None
         self._ready = trio.Lock()
         self._writers: dict[str, PgSessionJournal | None] = {}
         self.bytes_written = 0
@@ -124,13 +125,13 @@ class PgJournal:
             if self._pool is None:
                 self._pool = await threads.run_sync(database_limiter(), self._start_sync)
 
-    def _start_sync(self) -> ConnectionPool[Any]:
+    def _start_sync(self) -> ConnectionPool[Connection]:
         if self.owner_id is None:
             self.owner_id = _daemon_id(self.state_dir)
         try:
             with psycopg.connect(self.url, autocommit=True) as conn:
                 applied = migrate(conn)
-            pool: ConnectionPool[Any] = ConnectionPool(
+            pool: ConnectionPool[Connection] = ConnectionPool(
                 self.url,
                 min_size=1,
                 max_size=self.pool_size,
@@ -161,7 +162,7 @@ class PgJournal:
         return await threads.run_sync(database_limiter(), guarded)
 
     @property
-    def pool(self) -> ConnectionPool[Any]:
+    def pool(self) -> ConnectionPool[Connection]:
         assert self._pool is not None, "PgJournal.start() first"
         return self._pool
 
@@ -203,7 +204,7 @@ class PgJournal:
         self._writers[sid] = writer
         return writer, extra
 
-    def _acquire(self, cur: psycopg.Cursor[Any], sid: str) -> int:
+    def _acquire(self, cur: Cursor, sid: str) -> int:
         """Take ``sid``'s lease (free, expired or ours) with a new epoch, or JournalBusy."""
         row = cur.execute(
             "INSERT INTO session_leases AS l"
@@ -264,7 +265,7 @@ class PgJournal:
             assert row is not None
         return meta, self._appender(sid, epoch, row), replay
 
-    def _appender(self, sid: str, epoch: int, row: tuple[Any, ...]) -> PgAppender:
+    def _appender(self, sid: str, epoch: int, row: TupleRow) -> PgAppender:
         next_id, count, total = row
         return PgAppender(
             self.pool,
@@ -469,14 +470,14 @@ def _encode(meta: JournalMeta) -> str:
     return _meta_encoder.encode(meta).decode()
 
 
-def _session_row(cur: psycopg.Cursor[Any], sid: str) -> tuple[Any, ...] | None:
+def _session_row(cur: Cursor, sid: str) -> TupleRow | None:
     return cur.execute(
         "SELECT meta::text, clean_last_id, next_id FROM journal_sessions WHERE session_id = %s",
         (sid,),
     ).fetchone()
 
 
-def _read(cur: psycopg.Cursor[Any], sid: str, tail: int | None) -> Replay:
+def _read(cur: Cursor, sid: str, tail: int | None) -> Replay:
     """A session's journal as a :class:`Replay` (the database never holds a torn tail)."""
     row = _session_row(cur, sid)
     if row is None:
