@@ -104,6 +104,7 @@ class PgJournal:
         self.pool_size = min(pool_size, DATABASE_THREADS)
         self._pool: ConnectionPool[Connection] | None = None
         self._ready = trio.Lock()
+        self._closed = False
         self._writers: dict[str, PgSessionJournal | None] = {}
         self.bytes_written = 0
         self.events_written = 0
@@ -122,6 +123,8 @@ class PgJournal:
     async def start(self) -> None:
         """Open the pool and apply the migrations (once; the first caller does it)."""
         async with self._ready:
+            if self._closed:
+                raise JournalIOError("*", "the journal is closed")
             if self._pool is None:
                 self._pool = await threads.run_sync(database_limiter(), self._start_sync)
 
@@ -326,11 +329,21 @@ class PgJournal:
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Renew the leases (every ``renew_interval_ms``) and sweep (at start, every
-        ``sweep_interval_ms``, after a close), in one nursery, until cancelled."""
-        await self.start()
+        ``sweep_interval_ms``, after a close), in one nursery, until cancelled. A database
+        that cannot be reached at start is retried every ``RENEW_INTERVAL_MS`` (logged), not
+        raised: the service's supervisor would only restart it to fail again."""
+        task_status.started()
+        while True:
+            try:
+                await self.start()
+                break
+            except JournalIOError as exc:
+                if self._closed:
+                    return
+                log.warning("journal database unreachable (retrying): %s", exc)
+                await trio.sleep(self.renew_interval_ms / 1000)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.run_renewer)
-            task_status.started()
             interval = self.limits.sweep_interval_ms / 1000
             while True:
                 try:
@@ -440,6 +453,7 @@ class PgJournal:
     async def aclose(self) -> None:
         for writer in self.writers:
             await writer.aclose()
+        self._closed = True
         pool, self._pool = self._pool, None
         if pool is not None:
             with trio.CancelScope(shield=True):
