@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 import trio
@@ -130,7 +130,12 @@ def build_host(
         consensus_quorum=config.policy.consensus_quorum,
         response_timeout_ms=settings.permission_response_timeout_ms,
     )
-    journal = _journal(settings) if settings.journal else None
+
+    #: The daemon's URL once it listens (the lifecycle is made below; read when called).
+    def own_url() -> str:
+        return lifecycle.urls[0] if lifecycle.urls else ""
+
+    journal = _journal(settings, own_url) if settings.journal else None
     front = FrontStats(rate_limiter=limiter_for(settings.rate_limit))
 
     # The workspace runtimes are built below; these read them when called.
@@ -295,7 +300,7 @@ def build_host(
     return host, children
 
 
-def _journal(settings: Settings) -> JournalBackend:
+def _journal(settings: Settings, own_url: Callable[[], str]) -> JournalBackend:
     """The files journal under ``--state-dir``, or PostgreSQL's with ``--journal-url``."""
     limits = JournalLimits(
         retention_ms=settings.journal_retention_ms,
@@ -310,7 +315,7 @@ def _journal(settings: Settings) -> JournalBackend:
         settings.journal_url,
         limits,
         state_dir=settings.state_dir,
-        address=f"{'https' if settings.tls_cert else 'http'}://{settings.hostname}:{settings.port}",
+        address=own_url,
     )
 
 

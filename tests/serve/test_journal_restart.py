@@ -95,8 +95,9 @@ async def test_client_gets_exactly_the_missed_events_after_a_daemon_restart(
             ).fetchone()
             assert row is not None and row[0] == 1 and row[1] > fresh[-1]["id"]  # + shutdown
             assert row[2] == row[1]  # gap-free
-            leases = conn.execute("SELECT epoch FROM session_leases").fetchall()
+            leases = conn.execute("SELECT epoch, owner_address FROM session_leases").fetchall()
             assert len(leases) == 1 and leases[0][0] >= 2  # two lives: two acquisitions
+            assert leases[0][1] == daemon.url  # how to reach the owner
 
 
 async def test_a_torn_journal_tail_is_cut_and_the_epoch_changes(tmp_path: Path) -> None:

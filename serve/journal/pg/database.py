@@ -87,7 +87,7 @@ class PgJournal:
         *,
         state_dir: str | os.PathLike[str] | None = None,
         owner_id: str | None = None,
-        address: str = "",
+        address: str | Callable[[], str] = "",
         lease_ttl_ms: int = LEASE_TTL_MS,
         renew_interval_ms: int = RENEW_INTERVAL_MS,
         pool_size: int = DATABASE_THREADS,
@@ -98,7 +98,9 @@ class PgJournal:
         self.limits = limits or JournalLimits()
         self.state_dir = Path(state_dir) if state_dir is not None else None
         self.owner_id = owner_id
-        self.address = address
+        #: How other daemons reach this one (``owner_address``): the daemon's URL, known
+        #: once it listens (a function of the runtime's), written on acquire and renewal.
+        self._address = address
         self.lease_ttl_ms = lease_ttl_ms
         self.renew_interval_ms = renew_interval_ms
         self.pool_size = min(pool_size, DATABASE_THREADS)
@@ -163,6 +165,10 @@ class PgJournal:
                 raise JournalIOError(sid, f"database: {exc}") from exc
 
         return await threads.run_sync(database_limiter(), guarded)
+
+    @property
+    def address(self) -> str:
+        return self._address if isinstance(self._address, str) else self._address()
 
     @property
     def pool(self) -> ConnectionPool[Connection]:
@@ -385,12 +391,14 @@ class PgJournal:
     def _renew_sync(self, pairs: list[tuple[str, int]]) -> set[str]:
         with self.pool.connection() as conn:
             rows = conn.execute(
-                "UPDATE session_leases AS l SET expires_at = now() + %s * interval '1 millisecond'"
+                "UPDATE session_leases AS l SET expires_at = now() + %s * interval '1 millisecond',"
+                " owner_address = %s"
                 " FROM unnest(%s::text[], %s::bigint[]) AS o(session_id, epoch)"
                 " WHERE l.session_id = o.session_id AND l.epoch = o.epoch AND l.owner_id = %s"
                 " RETURNING l.session_id",
                 (
                     self.lease_ttl_ms,
+                    self.address,
                     [p[0] for p in pairs],
                     [p[1] for p in pairs],
                     self.owner_id,
