@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from serve.config import ConfigCell, DaemonConfig
     from serve.deviceflow.poller import DeviceFlowPoller
     from serve.isolation import Isolation
-    from serve.journal import Journal
+    from serve.journal import JournalBackend
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
     from serve.permissions.mediator import PermissionMediator
@@ -104,7 +104,7 @@ class Host:
     registry: WorkspaceRuntimes
     mediator: PermissionMediator
     effects: EffectGate
-    journal: Journal | None
+    journal: JournalBackend | None
     workspace_state: WorkspaceState
     #: Workspace-wide events fanned out to every session of a workspace, by message.
     hub: WorkspaceHub

@@ -13,6 +13,8 @@ journal        8        the event journal (``serve.journal``): writes, fsyncs, s
 file routes    8        the workspace file and settings routes (``serve.http.routes``)
                         and the ``/acp`` ``_qwen/file/*`` methods (``serve.acpfront``)
 agent fs       8        an agent's ``fs/*`` effects (``serve.permissions.effects``)
+database       8        the PostgreSQL journal (``serve.journal.pg``): its pool's
+                        connections (``--journal-url``); as many as the pool holds
 process scans  2        ``/proc`` scans: a stopped agent's leftovers, the reaper
                         (``acp.children``; its limiter lives there, ``acp`` does not
                         import ``serve``)
@@ -32,10 +34,13 @@ import trio.lowlevel
 JOURNAL_THREADS: Final = 8
 FILE_ROUTE_THREADS: Final = 8
 AGENT_FS_THREADS: Final = 8
+#: Also the PostgreSQL journal's pool size: a thread never waits for a connection.
+DATABASE_THREADS: Final = 8
 
 _journal: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("journal_threads")
 _files: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("file_route_threads")
 _agent_fs: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("agent_fs_threads")
+_database: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("database_threads")
 
 
 def _get(var: trio.lowlevel.RunVar[trio.CapacityLimiter], total: int) -> trio.CapacityLimiter:
@@ -57,6 +62,10 @@ def file_routes_limiter() -> trio.CapacityLimiter:
 
 def agent_fs_limiter() -> trio.CapacityLimiter:
     return _get(_agent_fs, AGENT_FS_THREADS)
+
+
+def database_limiter() -> trio.CapacityLimiter:
+    return _get(_database, DATABASE_THREADS)
 
 
 async def run_sync[T, *Ts](limiter: trio.CapacityLimiter, fn: Callable[[*Ts], T], *args: *Ts) -> T:

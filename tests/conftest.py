@@ -8,6 +8,8 @@ import httpx
 import pytest
 
 from tests.support.daemon import DaemonProcess, spawn_daemon
+from tests.support.postgres import PostgresServer, running_postgres
+from tests.support.postgres import skip_reason as postgres_skip_reason
 
 #: The bearer token of the shared test daemon (strict routes need one configured).
 TOKEN = "test-token-0123456789"
@@ -28,3 +30,29 @@ def daemon_proc() -> Iterator[DaemonProcess]:
 async def client(daemon_proc: DaemonProcess) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=daemon_proc.url, timeout=30, headers=AUTH) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the session (tests/support/postgres.py), or a skip."""
+    reason = postgres_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(postgres_server: PostgresServer) -> str:
+    """A fresh database on the session's PostgreSQL server."""
+    return postgres_server.new_database()
+
+
+@pytest.fixture(params=["files", "postgresql"])
+def journal_args(request: pytest.FixtureRequest) -> list[str]:
+    """Daemon flags selecting the journal backend: the files one (none), or PostgreSQL on a
+    fresh database of the session's server (``--journal-url``)."""
+    if request.param == "files":
+        return []
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return ["--journal-url", server.new_database()]

@@ -46,7 +46,7 @@ from serve.access.roles import SessionAccess, can_vote, from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
 from serve.errors import wire_error
 from serve.errors.votes import vote_wire
-from serve.journal import Journal, JournalError, JournalNotFound
+from serve.journal import JournalBackend, JournalError, JournalNotFound
 from serve.permissions.mediator import CastVote, SessionOf
 from serve.sessions import ownership
 from serve.sessions.errors import (
@@ -130,6 +130,12 @@ def _optional[T](host: SessionHost, name: str, kind: type[T]) -> T | None:
     multi-user auth); hosts without it (tests' fakes) run without."""
     value = getattr(host, name, None)
     return value if isinstance(value, kind) else None
+
+
+def _journal_of(host: SessionHost) -> JournalBackend | None:
+    """The Host's journal (files or PostgreSQL) when it has one."""
+    value = getattr(host, "journal", None)
+    return value if isinstance(value, JournalBackend) else None
 
 
 @dataclass(frozen=True)
@@ -346,7 +352,7 @@ class SessionService:
         """List entries of the sessions of ``workspace`` that are journaled but not live
         (``activeWorkState: "persisted"``: ``POST /session/:id/load`` restores one), those
         ``principal`` may load, oldest first; at most :data:`MAX_PERSISTED_LISTED`."""
-        journal = _optional(self.host, "journal", Journal)
+        journal = _journal_of(self.host)
         if journal is None:
             return []
         out: list[dict[str, Any]] = []
@@ -383,7 +389,7 @@ class SessionService:
     ) -> bool:
         """True when ``session_id`` is not live here but has a journal that ``principal``
         may restore (``POST /session/:id/load``): a not-found answer then says so."""
-        journal = _optional(self.host, "journal", Journal)
+        journal = _journal_of(self.host)
         if journal is None or self.host.registry.get(session_id) is not None:
             return False
         try:
@@ -419,7 +425,7 @@ class SessionService:
             return
         access = SessionAccess(owner=principal.id)
         self.host.registry.owners.keep(session_id, access)
-        journal = _optional(self.host, "journal", Journal)
+        journal = _journal_of(self.host)
         if journal is not None and durable:
             await ownership.journal_record(journal, session_id, workspace, access)
 
@@ -428,7 +434,7 @@ class SessionService:
         access = self.host.registry.access_of(session_id)
         if access is not None:
             return access
-        journal = _optional(self.host, "journal", Journal)
+        journal = _journal_of(self.host)
         if journal is None:
             return None
         try:

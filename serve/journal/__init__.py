@@ -11,6 +11,11 @@ to manage from trio's worker threads. SQLite would buy queries and transactions 
 not need, and its failure mode on a damaged file ("database disk image is malformed")
 is all-or-nothing, where ours is "keep the valid prefix".
 
+Backends: this package's files journal is the default; ``pg/`` keeps the same contract in
+PostgreSQL (``--journal-url``, with fenced session leases; docs/postgres-journal.md). The
+rest of the daemon sees only :class:`JournalBackend` and :class:`JournalWriter`
+(``backend.py``).
+
 Layout and format: ``store.py`` (directories, ``meta.json``, segments) and ``format.py``
 (records). Writer, flusher, overload policy and shutdown: ``writer.py``; the directory
 (open, reopen, read, delete, the janitor): ``journal.py``; errors and limits: ``types.py``.
@@ -54,6 +59,7 @@ writer holds it), :class:`JournalIOError` (the file system; journaling that sess
 is then off, the session itself need not fail).
 """
 
+from serve.journal.backend import JournalBackend, JournalWriter
 from serve.journal.format import JournalRecord
 from serve.journal.journal import (
     Journal,
@@ -69,6 +75,7 @@ from serve.journal.store import JournalMeta
 
 __all__ = [
     "Journal",
+    "JournalBackend",
     "JournalBusy",
     "JournalError",
     "JournalIOError",
@@ -76,6 +83,7 @@ __all__ = [
     "JournalMeta",
     "JournalNotFound",
     "JournalRecord",
+    "JournalWriter",
     "Replay",
     "SessionJournal",
 ]

@@ -76,7 +76,6 @@ from serve.journal.format import (
     record_parts_deferred,
 )
 from serve.journal.store import (
-    Appender,
     JournalMeta,
     MetaFile,
     Run,
@@ -114,6 +113,29 @@ class WriterHome(Protocol):
         """``writer`` is closed: forget it and sweep soon."""
 
 
+class RunAppender(Protocol):
+    """Where a writer's batches go: the files' :class:`serve.journal.store.Appender`, or
+    the PostgreSQL journal's (``serve.journal.pg``). ``append`` blocks (a worker thread),
+    makes the runs durable or raises ``OSError`` (retried; nothing of the batch counted)."""
+
+    records_written: int
+    bytes_written: int
+    fsyncs: int
+    resets: int
+    rotated_segments: int
+    disk_bytes: int
+
+    @property
+    def next_id(self) -> int | None: ...
+
+    @property
+    def last_id(self) -> int | None: ...
+
+    def append(self, runs: list[Run]) -> int: ...
+
+    def close(self) -> None: ...
+
+
 class SessionJournal:
     """One session's journal writer. See the module docstring."""
 
@@ -122,8 +144,8 @@ class SessionJournal:
         journal: WriterHome,
         meta: JournalMeta,
         directory: Path,
-        appender: Appender,
-        lock_fd: int,
+        appender: RunAppender,
+        lock_fd: int | None,
     ) -> None:
         limits = journal.limits
         self.journal = journal
@@ -292,7 +314,7 @@ class SessionJournal:
             before, before_bytes = appender.records_written, appender.bytes_written
             try:
                 with telemetry.span("journal.flush", attributes={"acp_serve.journal.bytes": size}):
-                    await threads.run_sync(journal_limiter(), appender.append, batch)
+                    await threads.run_sync(self._limiter(), appender.append, batch)
             except BaseException as exc:
                 # Not written: back to the front of the buffer. A cancel can only come while
                 # waiting for a worker thread (a thread once started is waited for), e.g. a
@@ -334,7 +356,7 @@ class SessionJournal:
         async with self._io_lock:
             meta_file = MetaFile(meta=meta, updated_at_ms=now_ms())
             try:
-                await threads.run_sync(journal_limiter(), write_meta, self.directory, meta_file)
+                await threads.run_sync(self._limiter(), self._store_meta, meta_file)
             except OSError as exc:
                 raise JournalIOError(self.session_id, f"meta write failed: {exc}") from exc
             self.meta = meta
@@ -362,7 +384,7 @@ class SessionJournal:
                 complete = not self._runs and (
                     self._last_seen_id is None or self._last_seen_id == self._appender.last_id
                 )
-                await threads.run_sync(journal_limiter(), self._finish, not discard and complete)
+                await threads.run_sync(self._limiter(), self._finish, not discard and complete)
             self.journal.writer_closed(self)
 
     def _finish(self, clean: bool) -> None:
@@ -370,16 +392,29 @@ class SessionJournal:
             self._appender.close()
             if clean:
                 last = self._appender.last_id or 0
-                write_meta(
-                    self.directory,
-                    MetaFile(meta=self.meta, clean_last_id=last, updated_at_ms=now_ms()),
+                self._store_meta(
+                    MetaFile(meta=self.meta, clean_last_id=last, updated_at_ms=now_ms())
                 )
         except OSError as exc:
             log.error("journal of session %s: closing failed: %s", self.session_id, exc)
         finally:
-            if self._lock_fd is not None:
-                release_lock(self._lock_fd)
-                self._lock_fd = None
+            self._release()
+
+    # ---- the storage hooks (the PostgreSQL writer overrides them) -------------------------
+
+    def _limiter(self) -> trio.CapacityLimiter:
+        """The worker-thread budget of this writer's blocking steps."""
+        return journal_limiter()
+
+    def _store_meta(self, meta_file: MetaFile) -> None:
+        """Replace the stored meta durably (blocking; ``OSError`` on failure)."""
+        write_meta(self.directory, meta_file)
+
+    def _release(self) -> None:
+        """Give up the journal (blocking; the last step of a close): the flock."""
+        if self._lock_fd is not None:
+            release_lock(self._lock_fd)
+            self._lock_fd = None
 
     def statistics(self) -> dict[str, Any]:
         appender = self._appender

@@ -17,7 +17,8 @@ The children, in start order (the root supervisor stops them in reverse)::
                             the root with backoff), so a flapping one never exhausts the
                             root's budget that the registries and the HTTP front share:
         chaos               (--chaos-kill-rate only)
-        journal-janitor     (journal on) retention and total-size bound of journals
+        journal-janitor     (journal on) retention and total-size bound of journals;
+                            PostgreSQL's (--journal-url) also renews the session leases
         device-flow-poller  RFC 8628 flows
         mcp-pool            shared MCP servers
         workspace-state     settings baselines for /workspace/reload
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 import trio
@@ -56,7 +57,7 @@ from serve.host import FrontStats, Host, Lifecycle
 from serve.http.app import collect_features
 from serve.http.routes import acp as acp_route
 from serve.isolation import Isolation, IsolationError
-from serve.journal import Journal, JournalLimits
+from serve.journal import Journal, JournalBackend, JournalLimits
 from serve.mcp import service as mcp_service
 from serve.permissions.effects import EffectGate
 from serve.permissions.mediator import PermissionMediator
@@ -129,17 +130,12 @@ def build_host(
         consensus_quorum=config.policy.consensus_quorum,
         response_timeout_ms=settings.permission_response_timeout_ms,
     )
-    journal = (
-        Journal(
-            settings.state_dir,
-            JournalLimits(
-                retention_ms=settings.journal_retention_ms,
-                max_total_bytes=settings.journal_max_total_bytes,
-            ),
-        )
-        if settings.journal
-        else None
-    )
+
+    #: The daemon's URL once it listens (the lifecycle is made below; read when called).
+    def own_url() -> str:
+        return lifecycle.urls[0] if lifecycle.urls else ""
+
+    journal = _journal(settings, own_url) if settings.journal else None
     front = FrontStats(rate_limiter=limiter_for(settings.rate_limit))
 
     # The workspace runtimes are built below; these read them when called.
@@ -302,6 +298,25 @@ def build_host(
             )
         )
     return host, children
+
+
+def _journal(settings: Settings, own_url: Callable[[], str]) -> JournalBackend:
+    """The files journal under ``--state-dir``, or PostgreSQL's with ``--journal-url``."""
+    limits = JournalLimits(
+        retention_ms=settings.journal_retention_ms,
+        max_total_bytes=settings.journal_max_total_bytes,
+    )
+    if settings.journal_url is None:
+        return Journal(settings.state_dir, limits)
+    # lazy: psycopg is loaded only by a daemon that uses the PostgreSQL journal
+    from serve.journal.pg import PgJournal
+
+    return PgJournal(
+        settings.journal_url,
+        limits,
+        state_dir=settings.state_dir,
+        address=own_url,
+    )
 
 
 def _rerunnable[M](spec: ChildSpec, actor: Actor[M]) -> ChildSpec:

@@ -123,7 +123,7 @@ from serve.sessions.steering import Steering
 
 if TYPE_CHECKING:
     from acp.client import AgentConnection
-    from serve.journal import Journal
+    from serve.journal import JournalBackend
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
     from serve.settings import Settings
@@ -170,7 +170,7 @@ class SessionActor(Actor[SessionMsg]):
         restart_intensity: int = 3,
         restart_period_s: float = 60.0,
         restart_backoff_s: float = 0.1,
-        journal: Journal | None = None,
+        journal: JournalBackend | None = None,
         source: AgentSource | None = None,
         effects: EffectGate | None = None,
         mcp_pool: McpPool | None = None,

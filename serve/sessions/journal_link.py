@@ -17,12 +17,12 @@ import trio
 
 from serve.events import EventLog
 from serve.journal import (
-    Journal,
+    JournalBackend,
     JournalError,
     JournalMeta,
     JournalNotFound,
+    JournalWriter,
     Replay,
-    SessionJournal,
 )
 
 log = logging.getLogger(__name__)
@@ -46,9 +46,9 @@ def log_from_replay(
 class JournalLink:
     """One session's journal writer (``journal`` None: ``--no-journal``)."""
 
-    def __init__(self, journal: Journal | None) -> None:
+    def __init__(self, journal: JournalBackend | None) -> None:
         self.journal = journal
-        self.writer: SessionJournal | None = None
+        self.writer: JournalWriter | None = None
         #: The meta's free-form attributes (serve/sessions/journal_load.py), kept when the
         #: journal is opened again.
         self.attrs: dict[str, str] = {}
@@ -82,7 +82,7 @@ class JournalLink:
             return
         await self.adopt(nursery, log_, writer)
 
-    async def adopt(self, nursery: trio.Nursery, log_: EventLog, writer: SessionJournal) -> None:
+    async def adopt(self, nursery: trio.Nursery, log_: EventLog, writer: JournalWriter) -> None:
         """Journal ``log_``'s events with ``writer`` (opened by the caller: a reopen)."""
         self.writer = writer
         self.attrs = dict(writer.meta.attrs)

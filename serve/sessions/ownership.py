@@ -20,7 +20,7 @@ import uuid
 from typing import TYPE_CHECKING, Protocol
 
 from serve.access.roles import ATTR, SessionAccess, from_attr, to_attr
-from serve.journal import Journal, JournalError, JournalMeta
+from serve.journal import JournalBackend, JournalError, JournalMeta
 
 if TYPE_CHECKING:
     from serve.sessions.journal_link import JournalLink
@@ -59,7 +59,7 @@ async def set_access(session: _Owned, msg: SetAccess) -> SessionAccess:
 
 
 async def journal_record(
-    journal: Journal, session_id: str, workspace: str, access: SessionAccess
+    journal: JournalBackend, session_id: str, workspace: str, access: SessionAccess
 ) -> None:
     """A journal holding only ``access`` (no events) for a session the agent made outside
     the registry (a vendor branch not loaded): a load after a daemon restart goes by it

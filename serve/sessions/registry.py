@@ -57,7 +57,7 @@ from serve.sessions.messages import ReapIfIdle
 if TYPE_CHECKING:
     from serve.config import RestartIntensity
     from serve.isolation import Isolation
-    from serve.journal import Journal
+    from serve.journal import JournalBackend
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
     from serve.permissions.mediator import PermissionMediator
@@ -150,7 +150,7 @@ class SessionRegistry(Actor[RegistryMsg]):
         name: str = "sessions",
         restart: RestartIntensity | None = None,
         effects: EffectGate | None = None,
-        journal: Journal | None = None,
+        journal: JournalBackend | None = None,
         mcp_pool: McpPool | None = None,
         retire_hook: Callable[[SessionActor], None] | None = None,
         total_count: Callable[[], int] | None = None,

@@ -326,6 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete closed sessions' journals this long after their last write; 0 = never",
     )
     add(
+        "--journal-url",
+        default=None,
+        metavar="URL",
+        help="keep the journal in PostgreSQL (postgresql://...) instead of files under "
+        "--state-dir (docs/postgres-journal.md)",
+    )
+    add(
         "--journal-max-total-bytes",
         default=str(DEFAULT_JOURNAL_MAX_TOTAL_BYTES),
         help="bound on all journals on disk (closed sessions deleted oldest first); 0 = off",

@@ -201,6 +201,8 @@ def parse_settings(
             "must be 0 (off) or at least 16777216 (one session's journal)"
         )
 
+    journal_url = parse_journal_url(ns.journal_url, ns.no_journal)
+
     origins: list[str] = []
     for pattern in ns.allow_origin or []:
         try:
@@ -351,6 +353,7 @@ def parse_settings(
         max_agent_line_bytes=line_bytes,
         journal_retention_ms=journal_retention,
         journal_max_total_bytes=journal_total,
+        journal_url=journal_url,
         allow_origins=tuple(origins),
         trusted_proxies=parse_trusted_proxies(ns.trusted_proxy or []),
         enable_session_shell=ns.enable_session_shell,
@@ -487,3 +490,17 @@ def parse_otel_endpoint(value: str | None) -> str | None:
     if scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
         raise SettingsError(f"--otel-endpoint must be an http(s) URL, got {value!r}")
     return url
+
+
+def parse_journal_url(value: str | None, no_journal: bool) -> str | None:
+    """``--journal-url``: a ``postgresql://`` (or ``postgres://``) URL, not with
+    ``--no-journal``."""
+    if value is None:
+        return None
+    if not value.startswith(("postgresql://", "postgres://")):
+        raise SettingsError(
+            f'Invalid --journal-url "{value.split("@")[-1]}": must be a postgresql:// URL'
+        )
+    if no_journal:
+        raise SettingsError("--journal-url and --no-journal contradict each other")
+    return value

@@ -132,6 +132,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     journal_retention_ms: int = DEFAULT_JOURNAL_RETENTION_MS
     #: Bytes all journals may take on disk; closed sessions' go first, oldest first (0: off).
     journal_max_total_bytes: int = DEFAULT_JOURNAL_MAX_TOTAL_BYTES
+    #: --journal-url: the PostgreSQL journal's libpq URL (None: the files journal).
+    journal_url: str | None = None
     allow_origins: tuple[str, ...] = ()
     #: --trusted-proxy: reverse proxies whose X-Forwarded-For names the client (IPs, CIDRs).
     trusted_proxies: tuple[str, ...] = ()

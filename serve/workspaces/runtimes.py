@@ -34,7 +34,7 @@ from serve.sessions.registry import RegistryMsg, SessionRegistry, Ticket
 if TYPE_CHECKING:
     from serve.config import RestartIntensity
     from serve.isolation import Isolation
-    from serve.journal import Journal
+    from serve.journal import JournalBackend
     from serve.mcp.pool import McpPool
     from serve.permissions.effects import EffectGate
     from serve.permissions.mediator import PermissionMediator
@@ -117,7 +117,7 @@ class WorkspaceRuntimes:
         restart: RestartIntensity | None = None,
         *,
         effects: EffectGate | None = None,
-        journal: Journal | None = None,
+        journal: JournalBackend | None = None,
         mcp_pool: McpPool | None = None,
         retire_hook: Callable[[SessionActor], None] | None = None,
         isolation: Isolation | None = None,

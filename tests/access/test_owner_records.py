@@ -88,10 +88,13 @@ async def acp_restores(d: DaemonProcess, token: str, sid: str) -> list[int]:
     return out
 
 
-def test_a_closed_operator_session_is_not_taken_over(tmp_path: Path) -> None:
+def test_a_closed_operator_session_is_not_taken_over(
+    tmp_path: Path, journal_args: list[str]
+) -> None:
     """Item 1: the operator's session, closed, is not B's to load (it was: B owned it and
-    read the operator's prompt); A cannot either; the operator still can."""
-    d = spawn_daemon(["--auth-tokens-file", str(tokens_file(tmp_path))], env=ENV)
+    read the operator's prompt); A cannot either; the operator still can. The owner record
+    is the journal's: on files and on PostgreSQL."""
+    d = spawn_daemon(["--auth-tokens-file", str(tokens_file(tmp_path)), *journal_args], env=ENV)
     try:
         op, ann, ben = client(d, TOKEN), client(d, ANN), client(d, BEN)
         sid = made_prompted_closed(op, "the operator's secret plan")

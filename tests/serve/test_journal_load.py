@@ -48,9 +48,11 @@ async def session_diag(client: httpx.AsyncClient, sid: str) -> dict[str, Any]:
     return next(s for s in body["full"]["sessions"] if s["sessionId"] == sid)  # type: ignore[no-any-return]
 
 
-async def first_life(tmp_path: Path, prompts: list[str], *, model: str | None = None) -> str:
+async def first_life(
+    tmp_path: Path, prompts: list[str], *, model: str | None = None, args: tuple[str, ...] = ()
+) -> str:
     """One session with ``prompts`` answered (and ``model`` switched to), then SIGTERM."""
-    d = daemon(tmp_path, *NO_SPARE)
+    d = daemon(tmp_path, *NO_SPARE, *args)
     try:
         async with httpx.AsyncClient(base_url=d.url, headers=AUTH, timeout=30) as client:
             sid = (await client.post("/session", json={"sessionScope": "thread"})).json()[
@@ -84,11 +86,12 @@ def used_of(events: list[Any]) -> int:
 
 
 async def test_a_load_after_a_restart_answers_from_the_journal_and_a_prompt_binds_an_agent(
-    tmp_path: Path,
+    tmp_path: Path, journal_args: list[str]
 ) -> None:
+    """On the files journal and on PostgreSQL (``--journal-url``)."""
     history = ["[usage] alpha bravo charlie", "delta echo foxtrot golf"]
-    sid = await first_life(tmp_path, history, model="scripted-slow")
-    d = daemon(tmp_path, *NO_SPARE)
+    sid = await first_life(tmp_path, history, model="scripted-slow", args=tuple(journal_args))
+    d = daemon(tmp_path, *NO_SPARE, *journal_args)
     try:
         async with httpx.AsyncClient(base_url=d.url, headers=AUTH, timeout=30) as client:
             loaded = await client.post(f"/session/{sid}/load", json={})

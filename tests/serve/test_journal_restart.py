@@ -6,15 +6,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 
 from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import spawn_daemon
 from tests.support.sse import collect_until
 
 
-async def _first_life(tmp_path: Path) -> tuple[str, str, list[dict[str, Any]]]:
+async def _first_life(
+    tmp_path: Path, args: list[str] | None = None
+) -> tuple[str, str, list[dict[str, Any]]]:
     daemon = spawn_daemon(
-        workspace=tmp_path / "ws", state_dir=tmp_path / "state", env={"QWEN_SERVER_TOKEN": TOKEN}
+        args or [],
+        workspace=tmp_path / "ws",
+        state_dir=tmp_path / "state",
+        env={"QWEN_SERVER_TOKEN": TOKEN},
     )
     try:
         async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
@@ -35,12 +41,16 @@ async def _first_life(tmp_path: Path) -> tuple[str, str, list[dict[str, Any]]]:
 
 
 async def test_client_gets_exactly_the_missed_events_after_a_daemon_restart(
-    tmp_path: Path,
+    tmp_path: Path, journal_args: list[str]
 ) -> None:
-    sid, epoch, before = await _first_life(tmp_path)
+    """On the files journal and on PostgreSQL (``--journal-url``)."""
+    sid, epoch, before = await _first_life(tmp_path, journal_args)
     seen_up_to = before[3]["id"]  # the client had read only the first four events
     daemon = spawn_daemon(
-        workspace=tmp_path / "ws", state_dir=tmp_path / "state", env={"QWEN_SERVER_TOKEN": TOKEN}
+        journal_args,
+        workspace=tmp_path / "ws",
+        state_dir=tmp_path / "state",
+        env={"QWEN_SERVER_TOKEN": TOKEN},
     )
     try:
         async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
@@ -75,6 +85,19 @@ async def test_client_gets_exactly_the_missed_events_after_a_daemon_restart(
             assert fresh[0]["id"] == missed[-1]["id"] + 1
     finally:
         daemon.stop()
+    if journal_args:  # the events and the lease are in the database, not in files
+        assert not (tmp_path / "state" / "journal").exists()
+        with psycopg.connect(journal_args[1]) as conn:
+            row = conn.execute(
+                "SELECT min(event_id), max(event_id), count(*) FROM journal_events"
+                " WHERE session_id = %s",
+                (sid,),
+            ).fetchone()
+            assert row is not None and row[0] == 1 and row[1] > fresh[-1]["id"]  # + shutdown
+            assert row[2] == row[1]  # gap-free
+            leases = conn.execute("SELECT epoch, owner_address FROM session_leases").fetchall()
+            assert len(leases) == 1 and leases[0][0] >= 2  # two lives: two acquisitions
+            assert leases[0][1] == daemon.url  # how to reach the owner
 
 
 async def test_a_torn_journal_tail_is_cut_and_the_epoch_changes(tmp_path: Path) -> None:

@@ -104,6 +104,8 @@ def test_budget_mode_defaults_to_warn_with_a_budget(tmp_path: Path) -> None:
         (["--journal-retention-ms", "-5"], {}, '--journal-retention-ms "-5"'),
         (["--journal-max-total-bytes", "1000"], {}, "at least 16777216"),
         (["--journal-max-total-bytes", "lots"], {}, '"lots"'),
+        (["--journal-url", "mysql://u:secret@db/x"], {}, "must be a postgresql:// URL"),
+        (["--journal-url", "postgresql://db/x", "--no-journal"], {}, "contradict"),
         (["--turn-settle-ms", "5"], {}, '--turn-settle-ms "5"'),
         (["--turn-settle-ms", "60001"], {}, '--turn-settle-ms "60001"'),
         (["--turn-settle-ms", "soon"], {}, '--turn-settle-ms "soon"'),
@@ -122,6 +124,9 @@ def test_hardening_bounds_defaults_and_values(tmp_path: Path) -> None:
     assert s.event_ring_bytes == 32 * 2**20 and s.max_agent_line_bytes == 16 * 2**20
     assert s.journal_retention_ms == 7 * 24 * 3600 * 1000
     assert s.journal_max_total_bytes == 2**30
+    assert s.journal_url is None  # the files journal by default
+    url = "postgresql://acp:pw@db.internal:5432/journal"
+    assert parse(tmp_path, "--journal-url", url).journal_url == url
     s = parse(
         tmp_path,
         "--event-ring-bytes",
@@ -225,3 +230,9 @@ def test_allow_origin_without_a_token_is_refused_with_the_policy_s_message(
         parse(tmp_path, *args, env={})
     assert str(info.value) == CorsPolicy.from_patterns(patterns).startup_problem(has_token=False)
     assert parse(tmp_path, *args, "--token", "t0123456").token == "t0123456"
+
+
+def test_a_refused_journal_url_does_not_echo_its_password(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError) as info:
+        parse(tmp_path, "--journal-url", "mysql://acp:s3cret@db.internal/x")
+    assert "s3cret" not in str(info.value) and "db.internal/x" in str(info.value)

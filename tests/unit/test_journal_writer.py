@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import msgspec
@@ -23,9 +23,34 @@ from serve.journal import (
     SessionJournal,
     store,
 )
+from serve.journal.pg import PgJournal
 from serve.threads import journal_limiter
+from tests.support.postgres import PostgresServer
 
 Published = list[tuple[int, str, bytes]]
+MakeJournal = Callable[..., Journal | PgJournal]
+
+
+@pytest.fixture(params=["files", "postgresql"])
+async def make(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MakeJournal]:
+    """A factory of journal backends over one store: files under ``tmp_path``, or one
+    fresh PostgreSQL database (each instance a daemon of its own: its own lease owner id).
+    The contract tests below run against both."""
+    made: list[PgJournal] = []
+    if request.param == "files":
+        yield lambda limits=None: Journal(tmp_path, limits)
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    url = server.new_database()
+
+    def pg(limits: JournalLimits | None = None) -> PgJournal:
+        journal = PgJournal(url, limits)
+        made.append(journal)
+        return journal
+
+    yield pg
+    for journal in made:
+        await journal.aclose()
 
 
 def meta(session_id: str = "sess-1", epoch: str = "epoch-1", **kw: object) -> JournalMeta:
@@ -67,9 +92,9 @@ async def publish(log: EventLog, n: int, *, start: int = 0, yield_every: int = 1
 
 
 async def test_round_trip_of_10k_frames_restores_an_eventlog_with_the_same_ids_and_epoch(
-    tmp_path: Path,
+    make: MakeJournal,
 ) -> None:
-    journal = Journal(tmp_path)
+    journal = make()
     m = meta()
     published: Published = []
     writer = await journal.open_writer(m)
@@ -81,7 +106,7 @@ async def test_round_trip_of_10k_frames_restores_an_eventlog_with_the_same_ids_a
         await writer.aclose()
     assert writer.statistics()["eventsWritten"] == 10_000
 
-    replay = await Journal(tmp_path).read(m.session_id)
+    replay = await make().read(m.session_id)
     assert replay.meta == m and replay.clean and replay.problems == ()
     assert (replay.count, replay.first_id, replay.last_id, replay.next_id) == (
         10_000,
@@ -92,7 +117,7 @@ async def test_round_trip_of_10k_frames_restores_an_eventlog_with_the_same_ids_a
     assert [tuple(r) for r in replay] == published
 
     # Rebuild the log the way the daemon will: same epoch, ids continue, replay works.
-    tail = await Journal(tmp_path).read(m.session_id, tail=8000)
+    tail = await make().read(m.session_id, tail=8000)
     assert len(tail.records) == 8000 and tail.records[0].event_id == 2001
     restored = EventLog(m.session_id, epoch=tail.meta.epoch)
     for event_id, _type, frame in tail:
@@ -105,7 +130,7 @@ async def test_round_trip_of_10k_frames_restores_an_eventlog_with_the_same_ids_a
     assert b"replay_complete" in chunk and b"state_resync_required" not in chunk
 
     # The journal continues with the restored log.
-    again = Journal(tmp_path)
+    again = make()
     writer2 = await again.open_writer(msgspec.structs.replace(m, origin="load"))
     assert writer2.next_id == 10_001
     tee(restored, writer2, published)
@@ -116,23 +141,23 @@ async def test_round_trip_of_10k_frames_restores_an_eventlog_with_the_same_ids_a
     assert [tuple(r) for r in final] == published
 
 
-async def test_flush_makes_everything_published_before_it_durable(tmp_path: Path) -> None:
-    journal = Journal(tmp_path)
+async def test_flush_makes_everything_published_before_it_durable(make: MakeJournal) -> None:
+    journal = make()
     writer = await journal.open_writer(meta())
     log = EventLog("sess-1", epoch="epoch-1", sink=writer.sink)
     await publish(log, 500)
     await writer.flush()  # no flusher task running: flush() alone does the write
     # Another Journal object (as another process would) sees all of it, read-only.
-    seen = Journal(tmp_path).load("sess-1")
+    seen = await make().read("sess-1")
     assert seen.count == 500 and seen.last_id == 500 and not seen.clean
     await publish(log, 500, start=500)
     await writer.flush()
-    assert Journal(tmp_path).load("sess-1").last_id == 1000
+    assert (await make().read("sess-1")).last_id == 1000
     await writer.aclose()
 
 
-async def test_clean_marker_only_after_aclose(tmp_path: Path) -> None:
-    journal = Journal(tmp_path)
+async def test_clean_marker_only_after_aclose(make: MakeJournal) -> None:
+    journal = make()
     writer = await journal.open_writer(meta())
     log = EventLog("sess-1", epoch="epoch-1", sink=writer.sink)
     await publish(log, 20)
@@ -142,21 +167,21 @@ async def test_clean_marker_only_after_aclose(tmp_path: Path) -> None:
     assert (await journal.read("sess-1")).clean
     # Reopening clears the marker before anything can be published.
     writer = await journal.open_writer(meta())
-    assert not Journal(tmp_path).load("sess-1").clean
+    assert not (await make().read("sess-1")).clean
     await writer.aclose()  # no events this time: still clean, same last id
     replay = await journal.read("sess-1")
     assert replay.clean and replay.last_id == 20
 
 
-async def test_cancelling_the_flusher_flushes_but_does_not_mark_clean(tmp_path: Path) -> None:
-    journal = Journal(tmp_path, JournalLimits(flush_interval_ms=60_000))
+async def test_cancelling_the_flusher_flushes_but_does_not_mark_clean(make: MakeJournal) -> None:
+    journal = make(JournalLimits(flush_interval_ms=60_000))
     writer = await journal.open_writer(meta())
     log = EventLog("sess-1", epoch="epoch-1", sink=writer.sink)
     async with trio.open_nursery() as nursery:
         await nursery.start(writer.run)
         await publish(log, 50)
         nursery.cancel_scope.cancel()
-    replay = Journal(tmp_path).load("sess-1")
+    replay = await make().read("sess-1")
     assert replay.last_id == 50 and not replay.clean
     await writer.aclose()
 
@@ -195,8 +220,8 @@ async def test_a_flush_cancelled_while_every_journal_thread_is_busy_keeps_its_ev
     assert replay.last_id == 20 and replay.clean
 
 
-async def test_concurrent_sessions_stay_separate(tmp_path: Path) -> None:
-    journal = Journal(tmp_path, JournalLimits(segment_bytes=64 * 1024))
+async def test_concurrent_sessions_stay_separate(make: MakeJournal) -> None:
+    journal = make(JournalLimits(segment_bytes=64 * 1024))
     sessions = [f"s{i}" for i in range(8)] + ["weird/../id", "ünïcode id"]
     published: dict[str, Published] = {sid: [] for sid in sessions}
     writers = {sid: await journal.open_writer(meta(sid, epoch=f"e-{sid}")) for sid in sessions}
@@ -223,9 +248,9 @@ async def test_concurrent_sessions_stay_separate(tmp_path: Path) -> None:
     assert stats["eventsWritten"] == sum(len(p) for p in published.values())
 
 
-async def test_overload_sheds_and_the_journal_restarts_after_the_gap(tmp_path: Path) -> None:
+async def test_overload_sheds_and_the_journal_restarts_after_the_gap(make: MakeJournal) -> None:
     limits = JournalLimits(max_buffer_bytes=64 * 1024, flush_batch_bytes=16 * 1024)
-    journal = Journal(tmp_path, limits)
+    journal = make(limits)
     writer = await journal.open_writer(meta())
     log = EventLog("sess-1", epoch="epoch-1", sink=writer.sink)
     await publish(log, 1000)  # ~200 KiB with nobody flushing
@@ -235,7 +260,7 @@ async def test_overload_sheds_and_the_journal_restarts_after_the_gap(tmp_path: P
     accepted = 1000 - stats["droppedEvents"]
     await writer.flush()
     assert not writer.shedding and writer.degraded  # degraded is sticky
-    assert Journal(tmp_path).load("sess-1").last_id == accepted
+    assert (await make().read("sess-1")).last_id == accepted
     await publish(log, 10, start=1000)
     await writer.aclose()
     replay = await journal.read("sess-1")
@@ -246,10 +271,10 @@ async def test_overload_sheds_and_the_journal_restarts_after_the_gap(tmp_path: P
 
 
 async def test_an_event_larger_than_the_buffer_bound_is_kept_when_the_buffer_is_empty(
-    tmp_path: Path,
+    make: MakeJournal,
 ) -> None:
     limits = JournalLimits(max_buffer_bytes=64 * 1024, flush_batch_bytes=16 * 1024)
-    journal = Journal(tmp_path, limits)
+    journal = make(limits)
     writer = await journal.open_writer(meta())
     published: Published = []
     log = EventLog("sess-1", epoch="epoch-1")
@@ -275,9 +300,9 @@ async def test_an_event_larger_than_the_buffer_bound_is_kept_when_the_buffer_is_
     assert [tuple(r) for r in replay] == published and not writer.degraded
 
 
-async def test_closing_while_shedding_is_not_clean(tmp_path: Path) -> None:
+async def test_closing_while_shedding_is_not_clean(make: MakeJournal) -> None:
     limits = JournalLimits(max_buffer_bytes=32 * 1024, flush_batch_bytes=8 * 1024)
-    journal = Journal(tmp_path, limits)
+    journal = make(limits)
     writer = await journal.open_writer(meta())
     log = EventLog("sess-1", epoch="epoch-1", sink=writer.sink)
     await publish(log, 500)
@@ -327,14 +352,16 @@ async def test_a_failed_write_is_retried_without_loss_or_duplicates(
     assert [tuple(r) for r in replay] == published and replay.problems == ()
 
 
-async def test_one_writer_per_session(tmp_path: Path) -> None:
-    journal = Journal(tmp_path)
+async def test_one_writer_per_session(make: MakeJournal) -> None:
+    journal = make()
     writer = await journal.open_writer(meta())
     with pytest.raises(JournalBusy):
         await journal.open_writer(meta())
     with pytest.raises(JournalBusy):  # another daemon on the same state directory
-        await Journal(tmp_path).open_writer(meta())
+        await make().open_writer(meta())
     await writer.aclose()
+    if not isinstance(journal, Journal):
+        return
     # An flock held elsewhere (another process) also refuses the writer.
     fd = store.try_lock(journal.session_dir("sess-1"))
     assert fd is not None
@@ -368,8 +395,8 @@ async def test_open_writer_repairs_a_torn_tail_and_continues(tmp_path: Path) -> 
     assert replay.meta.epoch == "epoch-2"
 
 
-async def test_fresh_writer_discards_old_events(tmp_path: Path) -> None:
-    journal = Journal(tmp_path)
+async def test_fresh_writer_discards_old_events(make: MakeJournal) -> None:
+    journal = make()
     writer = await journal.open_writer(meta())
     await publish(EventLog("sess-1", sink=writer.sink), 30)
     await writer.aclose()
@@ -381,8 +408,8 @@ async def test_fresh_writer_discards_old_events(tmp_path: Path) -> None:
     assert [r.event_id for r in replay] == [1, 2, 3] and replay.meta.epoch == "new"
 
 
-async def test_update_meta(tmp_path: Path) -> None:
-    journal = Journal(tmp_path)
+async def test_update_meta(make: MakeJournal) -> None:
+    journal = make()
     writer = await journal.open_writer(meta())
     new = msgspec.structs.replace(writer.meta, acp_session_id="acp-2", origin="resume")
     await writer.update_meta(new)
@@ -393,8 +420,8 @@ async def test_update_meta(tmp_path: Path) -> None:
     assert (await journal.read("sess-1")).meta == new
 
 
-async def test_delete_closes_the_writer_and_removes_the_journal(tmp_path: Path) -> None:
-    journal = Journal(tmp_path)
+async def test_delete_closes_the_writer_and_removes_the_journal(make: MakeJournal) -> None:
+    journal = make()
     writer = await journal.open_writer(meta())
     log = EventLog("sess-1", sink=writer.sink)
     await publish(log, 10)
@@ -402,7 +429,7 @@ async def test_delete_closes_the_writer_and_removes_the_journal(tmp_path: Path) 
     assert writer.closed
     log.publish("late", {})  # ignored, no error
     assert writer.ignored_after_close == 1
-    assert not journal.session_dir("sess-1").exists()
+    assert not isinstance(journal, Journal) or not journal.session_dir("sess-1").exists()
     assert await journal.list_sessions() == []
     with pytest.raises(JournalNotFound):
         await journal.read("sess-1")
@@ -431,8 +458,8 @@ async def test_list_sessions_skips_what_is_not_a_journal(tmp_path: Path) -> None
         await journal.read("impostor")
 
 
-async def test_statistics_report_progress(tmp_path: Path) -> None:
-    journal = Journal(tmp_path)
+async def test_statistics_report_progress(make: MakeJournal) -> None:
+    journal = make()
     writer = await journal.open_writer(meta())
     await publish(EventLog("sess-1", sink=writer.sink), 10)
     stats = writer.statistics()
