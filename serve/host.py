@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from serve.sessions.chaos import ChaosMonkey
     from serve.settings import Settings
     from serve.tenant_claim import Binding
+    from serve.webhooks import WebhookService
     from serve.workspaces.hub import WorkspaceHub
     from serve.workspaces.runtimes import WorkspaceRuntimes
     from serve.workspaces.state.reload import WorkspaceState
@@ -128,6 +129,8 @@ class Host:
     #: ``--audit-log`` alone) and the per-principal quotas; None without them.
     audit: AuditLog | None = None
     quotas: Quotas | None = None
+    #: Signed webhooks (serve/webhooks, docs/webhooks.md).
+    webhooks: WebhookService | None = None
 
     @property
     def multi_user(self) -> bool:

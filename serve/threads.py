@@ -62,3 +62,12 @@ def agent_fs_limiter() -> trio.CapacityLimiter:
 async def run_sync[T, *Ts](limiter: trio.CapacityLimiter, fn: Callable[[*Ts], T], *args: *Ts) -> T:
     """``trio.to_thread.run_sync(fn, *args)`` under ``limiter``."""
     return await trio.to_thread.run_sync(fn, *args, limiter=limiter)
+
+
+WEBHOOK_THREADS: Final = 2
+_webhooks: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("webhook_threads")
+
+
+def webhooks_limiter() -> trio.CapacityLimiter:
+    """The webhooks outbox's writes, fsyncs and removals (``serve.webhooks``)."""
+    return _get(_webhooks, WEBHOOK_THREADS)

@@ -41,6 +41,7 @@ from serve.http.routes import (
     sessions,
     shell,
     status,
+    webhooks,
     workspace,
 )
 from serve.http.wire import json_response
@@ -73,6 +74,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     elicitation,
     pending,
     members,
+    webhooks,
 )
 #: The order of the tags in ``GET /capabilities`` (as published: session tags first, the
 #: ACP transport tags last, the others in registration order).

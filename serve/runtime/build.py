@@ -9,6 +9,8 @@ The children, in start order (the root supervisor stops them in reverse)::
 
     reaper                  (a subreaper or PID 1 only) adopted orphans
     permission-mediator     pending permission requests
+    webhooks                signed webhooks (serve/webhooks): the log tap, the outbox, the
+                            deliveries (before the registries, stopped after them)
     sessions:<ws id> × W    one session registry per workspace runtime
     workspace-hub           workspace-wide events to every session, by message (core:
                             routes await it)
@@ -40,7 +42,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -65,6 +67,9 @@ from serve.sessions.actor import SessionActor
 from serve.sessions.chaos import ChaosMonkey
 from serve.settings import Settings, SettingsError
 from serve.tenant_claim import Binding
+from serve.webhooks import SessionFacts, WebhookService
+from serve.webhooks.signing import key_of
+from serve.webhooks.targets import AllowList, target_of
 from serve.workspaces.files.set import WorkspaceSet
 from serve.workspaces.hub import HUB_SERVICE, WorkspaceHub
 from serve.workspaces.runtimes import WorkspaceRuntimes
@@ -180,6 +185,7 @@ def build_host(
         HUB_SERVICE, hub.run, Restart.PERMANENT, shutdown_grace_s=2.0, stop=hub.close
     )
     mcp_pool, mcp_spec = mcp_service.build(settings, sessions_for)
+    webhooks = _webhooks(settings, config, lambda sid: runtimes.get(sid))
     try:
         isolation = Isolation(settings)
     except IsolationError as exc:
@@ -193,6 +199,7 @@ def build_host(
         mcp_pool=mcp_pool,
         retire_hook=retire,
         isolation=isolation,
+        event_tap=webhooks.tap,
     )
     device_flow, device_flow_spec = device_flow_service.build(settings, config, hub)
     state, state_spec = workspace_state.build(settings.workspaces, workspaces)
@@ -222,6 +229,12 @@ def build_host(
             Restart.PERMANENT,
             shutdown_grace_s=5.0,
             stop=isolation.close,
+        )
+    )
+    # Before the registries, so it stops after them: their sessions' last events are kept.
+    children.append(
+        ChildSpec(
+            "webhooks", webhooks.run, Restart.PERMANENT, shutdown_grace_s=5.0, stop=webhooks.close
         )
     )
     children.extend(runtimes.child_specs())
@@ -285,6 +298,7 @@ def build_host(
         workspaces=workspaces,
         audit=audit,
         quotas=quotas,
+        webhooks=webhooks,
     )
     # The /acp front is built over the Host (it reads the parts through it), so it is
     # the one part set here, before the Host is handed out.
@@ -301,6 +315,34 @@ def build_host(
             )
         )
     return host, children
+
+
+def _webhooks(
+    settings: Settings, config: DaemonConfig, session: Callable[[str], SessionActor | None]
+) -> WebhookService:
+    """The webhooks service; a bad ``webhooks:`` entry is a :class:`SettingsError`."""
+    section = config.webhooks
+    where = f"config {settings.config_file} at webhooks"
+    try:
+        allow = AllowList(
+            (*settings.webhook_allow, *section.allow), (settings.hostname, settings.port)
+        )
+    except ValueError as exc:
+        raise SettingsError(f"{where}.allow: {exc}") from None
+    for index, item in enumerate(section.subscriptions):
+        try:
+            key_of(item.secret)
+            target_of(item.url)
+        except ValueError as exc:
+            raise SettingsError(f"{where}.subscriptions[{index}]: {exc}") from None
+
+    def facts(session_id: str) -> SessionFacts | None:
+        found = session(session_id)
+        if found is None:
+            return None
+        return SessionFacts(found.access.owner, found.budget.snapshot().get("usage"))
+
+    return WebhookService(section, state_dir=settings.state_dir, allow=allow, facts=facts)
 
 
 def _rerunnable(spec: ChildSpec, actor: Actor[Any]) -> ChildSpec:

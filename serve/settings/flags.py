@@ -123,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a directory every agent may write under the sandbox (repeatable; absolute, "
         "existing; not in the state directory nor a workspace)",
     )
+    add(
+        "--webhook-allow",
+        action="append",
+        default=None,
+        metavar="HOST|CIDR",
+        help="a webhook receiver address, CIDR or host name allowed although loopback, "
+        "link-local or private (repeatable; docs/webhooks.md)",
+    )
     add("--no-journal", action="store_true", help="do not persist session events")
     add("--max-sessions", default="32", help="live sessions per workspace; 0 = unlimited")
     add("--max-total-sessions", default=None, help="daemon-wide session cap; 0 = unlimited")

@@ -43,6 +43,7 @@ from serve.settings.values import (
     parse_trusted_proxies,
 )
 from serve.tokens import InvalidBearerToken, TokenResolution, resolve_startup_token
+from serve.webhooks.targets import parse_allow as parse_webhook_allow
 
 
 def parse_settings(
@@ -128,6 +129,11 @@ def parse_settings(
         workspaces=(*workspaces, *untrusted),
         config_file=ns.config,
     )
+    webhook_allow = tuple(ns.webhook_allow or ())
+    try:
+        parse_webhook_allow(webhook_allow)
+    except ValueError as exc:
+        raise SettingsError(f"Invalid {exc}") from None
 
     max_sessions = parse_nonneg("--max-sessions", ns.max_sessions)
     max_total = (
@@ -297,6 +303,7 @@ def parse_settings(
         state_dir=state_dir,
         agent_sandbox=agent_sandbox,
         agent_allow_write=allow_write,
+        webhook_allow=webhook_allow,
         config_file=ns.config,
         journal=not ns.no_journal,
         max_sessions=max_sessions,

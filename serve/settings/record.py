@@ -193,6 +193,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: Directories every agent child may write besides its workspace, temp and HOME
     #: (``--agent-allow-write``, ``sandbox.allowWrite``): absolute, canonical, validated.
     agent_allow_write: tuple[str, ...] = ()
+    #: ``--webhook-allow``: receiver addresses, CIDRs, host names (serve/webhooks/targets.py).
+    webhook_allow: tuple[str, ...] = ()
     inert_flags: tuple[str, ...] = ()
     #: Multi-user auth, quotas and audit (serve/settings/multi_user.py; off by default).
     auth: AuthSettings = AuthSettings()

@@ -31,6 +31,7 @@ from serve.sessions.registry import SessionRegistry
 
 if TYPE_CHECKING:
     from serve.config import RestartIntensity
+    from serve.events.log import Tap
     from serve.isolation import Isolation
     from serve.journal import Journal
     from serve.mcp.pool import McpPool
@@ -119,9 +120,11 @@ class WorkspaceRuntimes:
         mcp_pool: McpPool | None = None,
         retire_hook: Callable[[SessionActor], None] | None = None,
         isolation: Isolation | None = None,
+        event_tap: Tap | None = None,
     ) -> None:
         self.settings = settings
         self.isolation = isolation
+        self.event_tap = event_tap
         self.effects = effects
         self.journal = journal
         self.mcp_pool = mcp_pool
@@ -167,6 +170,7 @@ class WorkspaceRuntimes:
                 owned_count=self.owned,
                 agent_source=source,
                 isolation=self.isolation,
+                event_tap=self.event_tap,
             )
 
         return WorkspaceRuntime(
