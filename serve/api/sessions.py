@@ -38,7 +38,7 @@ import trio
 from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from actors import ActorError, ActorStopped
 from serve.access import OPERATOR, Principal, role_of
-from serve.access.errors import WorkspaceDenied
+from serve.access.errors import AccessError, WorkspaceDenied
 from serve.access.quotas import Quotas, session_quota
 from serve.access.roles import can_vote, from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
@@ -72,6 +72,7 @@ from serve.sessions.messages import (
     Summarize,
 )
 from serve.sessions.registry import CreateSession, RestoreSession
+from serve.webhooks import WebhookService
 
 if TYPE_CHECKING:
     from serve.permissions.mediator import PermissionMediator
@@ -445,15 +446,21 @@ class SessionService:
         quotas = _optional(self.host, "quotas", Quotas)
         if quotas is None or principal is OPERATOR:
             return
-        if quotas.budgets:
-            # Closing sessions too: their spending joins the ended ones' (Quotas.retired)
-            # only once they leave the registry, so none is missed in between.
-            registered = self.host.registry.all_sessions()
-            owned = [s for s in registered if s.access.owner == principal.id]
-            tokens = sum(s.budget.tokens for s in owned)
-            cost = sum(s.budget.cost or 0.0 for s in owned)
-            quotas.check_budget(principal, tokens, cost)
-        quotas.take_prompt(principal)
+        try:
+            if quotas.budgets:
+                # Closing sessions too: their spending joins the ended ones'
+                # (Quotas.retired) only once they leave the registry, so none is missed.
+                registered = self.host.registry.all_sessions()
+                owned = [s for s in registered if s.access.owner == principal.id]
+                tokens = sum(s.budget.tokens for s in owned)
+                cost = sum(s.budget.cost or 0.0 for s in owned)
+                quotas.check_budget(principal, tokens, cost)
+            quotas.take_prompt(principal)
+        except AccessError as exc:  # quota_exceeded, budget_exhausted (scope principal)
+            webhooks = _optional(self.host, "webhooks", WebhookService)
+            if webhooks is not None:
+                webhooks.quota(principal.id, exc.body())
+            raise
 
     async def outcome(
         self, session: SessionActor, submitted: Submitted, client_id: str | None

@@ -185,7 +185,7 @@ def build_host(
         HUB_SERVICE, hub.run, Restart.PERMANENT, shutdown_grace_s=2.0, stop=hub.close
     )
     mcp_pool, mcp_spec = mcp_service.build(settings, sessions_for)
-    webhooks = _webhooks(settings, config, lambda sid: runtimes.get(sid))
+    webhooks = _webhooks(settings, config, lambda sid: runtimes.get(sid), lambda: lifecycle.port)
     try:
         isolation = Isolation(settings)
     except IsolationError as exc:
@@ -318,15 +318,16 @@ def build_host(
 
 
 def _webhooks(
-    settings: Settings, config: DaemonConfig, session: Callable[[str], SessionActor | None]
+    settings: Settings,
+    config: DaemonConfig,
+    session: Callable[[str], SessionActor | None],
+    port: Callable[[], int],
 ) -> WebhookService:
     """The webhooks service; a bad ``webhooks:`` entry is a :class:`SettingsError`."""
     section = config.webhooks
     where = f"config {settings.config_file} at webhooks"
     try:
-        allow = AllowList(
-            (*settings.webhook_allow, *section.allow), (settings.hostname, settings.port)
-        )
+        allow = AllowList((*settings.webhook_allow, *section.allow), settings.hostname, port)
     except ValueError as exc:
         raise SettingsError(f"{where}.allow: {exc}") from None
     for index, item in enumerate(section.subscriptions):

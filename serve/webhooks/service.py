@@ -82,7 +82,8 @@ class SessionFacts(NamedTuple):
 class _Event(NamedTuple):
     session_id: str
     kind: str
-    frame: bytes
+    #: A log event's SSE frame, or the data itself (``quota.exceeded``).
+    frame: bytes | dict[str, Any]
     facts: SessionFacts
     duration_ms: int | None
 
@@ -177,6 +178,20 @@ class WebhookService:
         except (trio.WouldBlock, trio.ClosedResourceError):
             self.dropped["inboxFull"] += 1
 
+    def quota(self, principal_id: str, refusal: dict[str, Any]) -> None:
+        """``principal_id`` hit a quota or its budget (the refusal's body): a
+        ``quota.exceeded`` for its principal-wide subscriptions and the admins'."""
+        if not self.subs:
+            return
+        data = {k: v for k, v in refusal.items() if k != "error"}
+        data["principal"] = principal_id
+        data["message"] = refusal.get("error")
+        event = _Event("", "quota.exceeded", data, SessionFacts(principal_id, None), None)
+        try:
+            self._send.send_nowait(event)
+        except (trio.WouldBlock, trio.ClosedResourceError):
+            self.dropped["inboxFull"] += 1
+
     # ---- the run loop ------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -232,16 +247,19 @@ class WebhookService:
         ]
         if not wanted:
             return
-        try:
-            envelope = _envelope(event.frame)
-        except (ValueError, msgspec.DecodeError):
-            return
-        raw = envelope.get("data")
-        data: dict[str, Any] = dict(raw) if isinstance(raw, dict) else {}
-        data["sessionId"] = event.session_id
-        data["eventId"] = envelope.get("id")
-        if envelope.get("promptId") is not None:
-            data["promptId"] = envelope["promptId"]
+        if isinstance(event.frame, dict):
+            data = event.frame
+        else:
+            try:
+                envelope = _envelope(event.frame)
+            except (ValueError, msgspec.DecodeError):
+                return
+            raw = envelope.get("data")
+            data = dict(raw) if isinstance(raw, dict) else {}
+            data["sessionId"] = event.session_id
+            data["eventId"] = envelope.get("id")
+            if envelope.get("promptId") is not None:
+                data["promptId"] = envelope["promptId"]
         if event.kind in ("turn.completed", "turn.failed"):
             data["durationMs"] = event.duration_ms
             data["usage"] = event.facts.usage

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import trio
@@ -107,16 +107,25 @@ class AllowList:
     when allowed: a webhook must not call the daemon's own API; a wildcard host means
     every local address on that port)."""
 
-    def __init__(self, entries: Iterable[str], own: tuple[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        entries: Iterable[str],
+        own_host: str | None = None,
+        own_port: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self.nets, self.names = parse_allow(entries)
-        self.own_port: int | None = None
+        #: The listen port, read at each check (``--port 0`` is known once listening).
+        self._own_port = own_port
         self.own: IPAddress | None = None
-        if own is not None:
-            self.own_port = own[1]
+        if own_host is not None:
             try:
-                self.own = ipaddress.ip_address(own[0].strip("[]"))
+                self.own = ipaddress.ip_address(own_host.strip("[]"))
             except ValueError:
                 self.own = None
+
+    @property
+    def own_port(self) -> int | None:
+        return self._own_port()
 
     def address_allowed(self, address: IPAddress, port: int | None = None) -> bool:
         if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
