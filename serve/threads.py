@@ -13,6 +13,7 @@ journal        8        the event journal (``serve.journal``): writes, fsyncs, s
 file routes    8        the workspace file and settings routes (``serve.http.routes``)
                         and the ``/acp`` ``_qwen/file/*`` methods (``serve.acpfront``)
 agent fs       8        an agent's ``fs/*`` effects (``serve.permissions.effects``)
+webhooks       2        the webhooks outbox: writes, fsyncs, removals (``serve.webhooks``)
 process scans  2        ``/proc`` scans: a stopped agent's leftovers, the reaper
                         (``acp.children``; its limiter lives there, ``acp`` does not
                         import ``serve``)

@@ -118,3 +118,38 @@ class Subscription(msgspec.Struct, frozen=True, rename="camel"):
             "source": self.source,
             "createdAt": self.created_at,
         }
+
+
+# ---- wire shapes (the OpenAPI document's; the route validates by hand for precise errors) --
+
+
+class WebhookRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, rename="camel"):
+    """``POST /webhooks``: ``events`` absent = every type; ``session_id`` absent = every
+    session the caller owns; ``secret`` absent = one is made."""
+
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+    events: tuple[EventType, ...] | None = None
+    session_id: str | None = None
+    secret: str | None = None
+
+
+class WebhookView(msgspec.Struct, frozen=True, rename="camel"):
+    """A subscription as listed (never its secret)."""
+
+    id: str
+    url: str
+    events: list[EventType]
+    session_id: str | None
+    owner: str | None
+    source: Literal["config", "api"]
+    created_at: str
+
+
+class WebhookCreated(WebhookView, frozen=True):
+    """The new subscription with its secret (answered once)."""
+
+    secret: str
+
+
+class WebhookList(msgspec.Struct, frozen=True):
+    webhooks: list[WebhookView]
