@@ -25,7 +25,15 @@ import msgspec
 
 from serve.webhooks.model import Subscription
 
-__all__ = ["Message", "load", "load_subscriptions", "remove", "save_subscriptions", "write"]
+__all__ = [
+    "Loaded",
+    "Message",
+    "load",
+    "load_subscriptions",
+    "remove",
+    "save_subscriptions",
+    "write",
+]
 
 
 class Message(msgspec.Struct, frozen=True):
@@ -75,13 +83,27 @@ def remove(root: str, seq: int) -> None:
         os.unlink(os.path.join(root, "outbox", f"{seq:020d}.msg"))
 
 
-def load(root: str, max_entries: int) -> tuple[list[Message], int]:
-    """The messages owed, oldest first (at most ``max_entries``), and how many files were
-    unreadable (removed)."""
+class Loaded(msgspec.Struct, frozen=True):
+    """What :func:`load` found: the messages (oldest first), the highest sequence number
+    of any message file (also those left for later), the unreadable files removed."""
+
+    messages: list[Message]
+    last_seq: int
+    bad: int
+
+
+def load(root: str, max_entries: int) -> Loaded:
+    """The messages owed, oldest first, at most ``max_entries`` (the rest stay on disk for
+    a later start)."""
     path = _dir(root)
     bad = 0
     out: list[Message] = []
-    for name in sorted(os.listdir(path)):
+    names = sorted(os.listdir(path))
+    last = 0
+    for name in names:
+        if name.endswith(".msg") and name[:-4].isdigit():
+            last = max(last, int(name[:-4]))
+    for name in names:
         full = os.path.join(path, name)
         if not name.endswith(".msg"):
             with contextlib.suppress(OSError):
@@ -96,7 +118,7 @@ def load(root: str, max_entries: int) -> tuple[list[Message], int]:
                 os.unlink(full)
         if len(out) >= max_entries:
             break
-    return out, bad
+    return Loaded(out, last, bad)
 
 
 def load_subscriptions(root: str) -> list[Subscription]:

@@ -204,11 +204,10 @@ class WebhookService:
         stored = await run_sync(limiter, outbox.load_subscriptions, self.root)
         for sub in stored:
             self.subs.setdefault(sub.id, sub)
-        messages, bad = await run_sync(
-            limiter, outbox.load, self.root, self.config.outbox_max_entries
-        )
-        if bad:
-            log.warning("webhooks: %d unreadable outbox entries removed", bad)
+        loaded = await run_sync(limiter, outbox.load, self.root, self.config.outbox_max_entries)
+        if loaded.bad:
+            log.warning("webhooks: %d unreadable outbox entries removed", loaded.bad)
+        self._seq = max(self._seq, loaded.last_seq)
         timeout = httpx.Timeout(self.config.timeout_s)
         async with (
             httpx.AsyncClient(
@@ -221,8 +220,7 @@ class WebhookService:
         ):
             self._client = client
             self._nursery = nursery
-            for message in messages:
-                self._seq = max(self._seq, message.seq)
+            for message in loaded.messages:
                 if message.sub_id not in self.subs:
                     self.dropped["orphaned"] += 1
                     await run_sync(limiter, outbox.remove, self.root, message.seq)
