@@ -10,6 +10,7 @@ get the error envelope.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import signal
 import threading
@@ -22,7 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
+from serve.runtime.build import build_host
+from serve.settings import SettingsError, parse_settings
 from serve.webhooks import new_secret, sign, verify
+from serve.webhooks.targets import AllowList
 from tests.support.daemon import DaemonProcess, spawn_daemon
 
 TOKEN = "webhook-operator-token-0123456789"
@@ -401,3 +405,67 @@ def webhook_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonP
     d = spawn_daemon(["--webhook-allow", "127.0.0.1"], env={"QWEN_SERVER_TOKEN": TOKEN})
     yield d
     d.stop()
+
+
+@pytest.mark.parametrize(
+    ("address", "allowed"),
+    [
+        ("93.184.216.34", True),  # public
+        ("2606:2800:220:1:248:1893:25c8:1946", True),
+        ("127.0.0.1", False),
+        ("::1", False),
+        ("169.254.169.254", False),  # cloud metadata (link-local)
+        ("fe80::1", False),
+        ("10.0.0.1", False),
+        ("172.16.5.4", False),
+        ("192.168.1.1", False),
+        ("100.64.0.1", False),
+        ("fd00::1", False),
+        ("0.0.0.0", False),
+        ("224.0.0.1", False),
+        ("::ffff:127.0.0.1", False),  # IPv4-mapped loopback
+        ("10.20.3.4", True),  # allowed by the CIDR below
+    ],
+)
+def test_the_default_allow_list(address: str, allowed: bool) -> None:
+    policy = AllowList(["10.20.0.0/16"], "127.0.0.1", lambda: 4170)
+    assert policy.address_allowed(ipaddress.ip_address(address), 443) is allowed
+
+
+def test_the_daemons_own_port_is_refused_even_when_allowed() -> None:
+    policy = AllowList(["127.0.0.1", "0.0.0.0/0"], "0.0.0.0", lambda: 4170)
+    assert policy.address_allowed(ipaddress.ip_address("127.0.0.1"), 8080)
+    assert not policy.address_allowed(ipaddress.ip_address("127.0.0.1"), 4170)
+
+
+@pytest.mark.parametrize(
+    ("section", "needle"),
+    [
+        ("  allow: ['not a host!']\n", "webhooks.allow"),
+        (
+            "  subscriptions:\n    - url: http://h.example/\n      secret: nope\n",
+            "subscriptions[0]",
+        ),
+        (
+            "  subscriptions:\n    - url: ftp://h.example/\n      secret: " + new_secret() + "\n",
+            "http",
+        ),
+        ("  maxAttempts: 0\n", "maxAttempts"),
+        ("  colour: red\n", "colour"),
+    ],
+)
+def test_a_bad_webhooks_section_stops_start_up_naming_it(
+    tmp_path: Path, section: str, needle: str
+) -> None:
+    config = _config(tmp_path, "webhooks:\n" + section)
+    settings = parse_settings(
+        ["--workspace", str(tmp_path), "--state-dir", str(tmp_path / "s"), "--config", config],
+        {"HOME": str(tmp_path)},
+    )
+    with pytest.raises(SettingsError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        build_host(settings)
+
+
+def test_a_bad_webhook_allow_flag_is_refused() -> None:
+    with pytest.raises(SettingsError, match="--webhook-allow"):
+        parse_settings(["--webhook-allow", "no/such thing"], {"HOME": "/tmp"})
