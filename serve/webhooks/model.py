@@ -127,7 +127,7 @@ class WebhookRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, re
     """``POST /webhooks``: ``events`` absent = every type; ``session_id`` absent = every
     session the caller owns; ``secret`` absent = one is made."""
 
-    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048, pattern="^https?://")]
     events: tuple[EventType, ...] | None = None
     session_id: str | None = None
     secret: str | None = None

@@ -72,8 +72,21 @@ def target_of(url: str) -> Target:
         raise ValueError("`url` has no host")
     if parts.username is not None or parts.password is not None:
         raise ValueError("`url` must not carry credentials")
+    host = parts.hostname.lower()
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            ascii_host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise ValueError("`url` has an invalid host name") from None
+        if not all(
+            label and len(label) < 64 and label.replace("-", "").replace("_", "").isalnum()
+            for label in ascii_host.rstrip(".").split(".")
+        ):
+            raise ValueError("`url` has an invalid host name")
     default = 443 if parts.scheme == "https" else 80
-    return Target(url, parts.hostname.lower(), port or default)
+    return Target(url, host, port or default)
 
 
 def parse_allow(entries: Iterable[str]) -> tuple[tuple[IPNetwork, ...], frozenset[str]]:
@@ -157,7 +170,7 @@ class AllowList:
                     infos = await trio.socket.getaddrinfo(
                         target.host, target.port, type=trio.socket.SOCK_STREAM
                     )
-                except OSError as exc:
+                except (OSError, UnicodeError, ValueError) as exc:
                     raise PermissionError(f"host {target.host!r} does not resolve: {exc}") from None
             if scope.cancelled_caught:
                 raise PermissionError(f"host {target.host!r} did not resolve in time")

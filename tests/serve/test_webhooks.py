@@ -372,6 +372,7 @@ def test_users_subscribe_to_their_own_sessions_and_allowed_addresses_only(
         ({}, "url"),
         ({"url": "ftp://127.0.0.1/"}, "url"),
         ({"url": "http://user:pw@127.0.0.1/"}, "url"),
+        ({"url": "http://\u0001\u00bdJ\u00c7"}, "url"),  # found by schemathesis: was a 500
         ({"url": "http://127.0.0.1/", "events": ["turn.nope"]}, "events"),
         ({"url": "http://127.0.0.1/", "events": "turn.completed"}, "events"),
         ({"url": "http://127.0.0.1/", "secret": "nope"}, "secret"),
