@@ -12,7 +12,11 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import re
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +31,7 @@ from serve.runtime.build import build_host
 from serve.settings import SettingsError, parse_settings
 from serve.webhooks import new_secret, sign, verify
 from serve.webhooks.targets import AllowList
-from tests.support.daemon import DaemonProcess, spawn_daemon
+from tests.support.daemon import ROOT, DaemonProcess, spawn_daemon
 
 TOKEN = "webhook-operator-token-0123456789"
 OP = {"Authorization": f"Bearer {TOKEN}"}
@@ -470,3 +474,42 @@ def test_a_bad_webhooks_section_stops_start_up_naming_it(
 def test_a_bad_webhook_allow_flag_is_refused() -> None:
     with pytest.raises(SettingsError, match="--webhook-allow"):
         parse_settings(["--webhook-allow", "no/such thing"], {"HOME": "/tmp"})
+
+
+def test_the_documented_receiver_checks_a_real_delivery(
+    tmp_path: Path, webhook_daemon: DaemonProcess
+) -> None:
+    code = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "webhooks.md").read_text(), re.S)
+    script = tmp_path / "receiver.py"
+    script.write_text(code[0])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    secret = new_secret()
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(port)],
+        env={"WEBHOOK_SECRET": secret},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        with httpx.Client(base_url=webhook_daemon.url, headers=OP, timeout=30) as http:
+            made = http.post(
+                "/webhooks",
+                json={
+                    "url": f"http://127.0.0.1:{port}/",
+                    "secret": secret,
+                    "events": ["turn.completed"],
+                },
+            )
+            assert made.status_code == 201, made.text
+            sid = http.post("/session", json={}).json()["sessionId"]
+            assert _prompt(http, sid, "hello").status_code == 200
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # bounded by the suite's timeout (300 s)
+            assert line.startswith("turn.completed ") and sid in line
+            assert http.delete(f"/webhooks/{made.json()['id']}").status_code == 204
+    finally:
+        proc.kill()
+        proc.wait()
