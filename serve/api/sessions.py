@@ -282,6 +282,9 @@ class SessionService:
             ticket: Ticket = await self.host.registry.ask(msg, timeout_s=ASK_TIMEOUT_S)
         except ActorStopped:
             raise SessionsUnavailable("Daemon is shutting down", "daemon_draining") from None
+        except AccessError as exc:  # the sessions quota
+            self._quota_hit(msg.owner, exc)
+            raise
         try:
             session = await ticket.pending.wait()
         except (SessionError, RemoteError) as exc:
@@ -457,10 +460,14 @@ class SessionService:
                 quotas.check_budget(principal, tokens, cost)
             quotas.take_prompt(principal)
         except AccessError as exc:  # quota_exceeded, budget_exhausted (scope principal)
-            webhooks = _optional(self.host, "webhooks", WebhookService)
-            if webhooks is not None:
-                webhooks.quota(principal.id, exc.body())
+            self._quota_hit(principal.id, exc)
             raise
+
+    def _quota_hit(self, principal_id: str, exc: AccessError) -> None:
+        """A ``quota.exceeded`` webhook for a refusal by a principal's quota or budget."""
+        webhooks = _optional(self.host, "webhooks", WebhookService)
+        if webhooks is not None:
+            webhooks.quota(principal_id, exc.body())
 
     async def outcome(
         self, session: SessionActor, submitted: Submitted, client_id: str | None

@@ -321,6 +321,8 @@ def test_users_subscribe_to_their_own_sessions_and_allowed_addresses_only(
         str(tokens),
         "--quota-prompts-per-minute",
         "1",
+        "--quota-sessions",
+        "1",
         "--webhook-allow",
         "127.0.0.1",
     ]
@@ -362,6 +364,18 @@ def test_users_subscribe_to_their_own_sessions_and_allowed_addresses_only(
             )
             hit = next(e for e in quota if e["type"] == "quota.exceeded")["data"]
             assert hit["principal"] == "alice" and hit["quota"] == "prompts_per_minute"
+            second = as_alice.post(
+                "/session", json={"cwd": str(d.workspace), "sessionScope": "thread"}
+            )
+            assert second.status_code == 429, second.text
+            quota = receiver.wait(
+                wide.json()["secret"],
+                lambda e: (
+                    [x["data"].get("quota") for x in e if x["type"] == "quota.exceeded"]
+                    == ["prompts_per_minute", "sessions"]
+                ),
+                "/alice-all",
+            )
             with httpx.Client(base_url=d.url, headers=OP) as op:
                 _wait_status(op, lambda s: s["outbox"]["entries"] == 0)
             assert receiver.events(bobs.json()["secret"], "/bob") == []
