@@ -224,6 +224,10 @@ def test_each_event_type_arrives_once_signed(tmp_path: Path, receiver: Receiver)
             _prompt(http, sid2, "[crash]")
             events = receiver.wait(secret, _has("session.failed"))
             section = _wait_status(http, lambda s: s["outbox"]["entries"] == 0)
+            (listed,) = http.get("/webhooks").json()["webhooks"]
+            assert listed["source"] == "config" and "secret" not in listed
+            kept = http.delete(f"/webhooks/{listed['id']}")
+            assert kept.status_code == 409 and kept.json()["code"] == "webhook_from_config"
         ids = [e["id"] for e in events]
         assert len(ids) == len(set(ids))  # each message once
         keys = [(e["data"]["sessionId"], e["data"]["eventId"]) for e in events]

@@ -34,7 +34,12 @@ from serve.webhooks import EVENT_TYPES, WebhookError, WebhookService
 blueprint = Blueprint("webhooks", __name__)
 
 _KEYS: Final = frozenset({"url", "events", "sessionId", "secret"})
-_STATUS: Final = {"webhook_target_forbidden": 403, "webhook_not_found": 404, "webhook_limit": 409}
+_STATUS: Final = {
+    "webhook_target_forbidden": 403,
+    "webhook_not_found": 404,
+    "webhook_limit": 409,
+    "webhook_from_config": 409,
+}
 
 FEATURES: tuple[Feature, ...] = (
     Feature(
@@ -55,7 +60,7 @@ def _refusal(exc: WebhookError) -> ApiError:
     body: dict[str, Any] = {"error": exc.message, "code": exc.code}
     if exc.field is not None:
         body["field"] = exc.field
-    return ApiError(_STATUS.get(exc.code, 409 if exc.code == "webhook_from_config" else 400), body)
+    return ApiError(_STATUS.get(exc.code, 400), body)
 
 
 def _invalid(message: str, field: str) -> ApiError:
@@ -92,10 +97,7 @@ async def create_webhook() -> Response:
     who = principal()
     host = daemon()
     if session_id is not None:
-        try:
-            session = find_session(session_id)
-        except Exception:
-            raise session_not_found(session_id) from None
+        session = find_session(session_id)  # SessionNotFound: 404 session_not_found
         if host.multi_user and not session_allows(host, who, session, OWNER):
             raise session_not_found(session_id)
     service = _service()
