@@ -23,7 +23,9 @@ Sections (more are added here as features need them, e.g. restart policies):
                   ``tokenEndpoint``, ``clientId``, ``scope``, ``pkce``), see
                   :mod:`serve.deviceflow.providers`;
 ``access``        multi-user access (``adminGroups``, ``sessionGroups``, ``workspaces``),
-                  see :mod:`serve.access.config`.
+                  see :mod:`serve.access.config`;
+``webhooks``      webhook bounds, the receiver allow-list and the operator's subscriptions,
+                  see :mod:`serve.webhooks.model` and ``docs/webhooks.md``.
 
 Who calls it: ``serve/__main__.py`` calls :func:`load_daemon_config` before anything starts
 (so a bad file is a clean exit 1 with the message on stderr), and ``Daemon.__init__``
@@ -51,6 +53,7 @@ from serve.permissions.config import (
 from serve.permissions.config import config_warnings as _permission_warnings
 from serve.settings import Settings, SettingsError
 from serve.settings.values import parse_allow_write
+from serve.webhooks.model import WebhooksConfig
 
 __all__ = [
     "MAX_CONFIG_BYTES",
@@ -106,6 +109,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sandbox: SandboxConfig = SandboxConfig()
     device_flow: DeviceFlowSection = msgspec.field(default=DeviceFlowSection(), name="deviceFlow")
     access: AccessConfig = AccessConfig()
+    webhooks: WebhooksConfig = WebhooksConfig()
 
     def permissions(self) -> PermissionsConfig:
         """The permission sections as the ``serve.permissions`` package's own Struct."""

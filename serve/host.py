@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from serve.sessions.chaos import ChaosMonkey
     from serve.settings import Settings
     from serve.tenant_claim import Binding
+    from serve.webhooks import WebhookService
     from serve.workspaces.hub import WorkspaceHub
     from serve.workspaces.runtimes import WorkspaceRuntimes
     from serve.workspaces.state.reload import WorkspaceState
@@ -132,6 +133,8 @@ class Host:
     #: ``--auth-tokens-file``'s table and state (the security front looks tokens up in it;
     #: ``/readyz`` and ``/daemon/status`` report it); None without the flag.
     tokens_file: TokensFile | None = None
+    #: Signed webhooks (serve/webhooks, docs/webhooks.md).
+    webhooks: WebhookService | None = None
 
     @property
     def multi_user(self) -> bool:

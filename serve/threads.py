@@ -15,6 +15,7 @@ file routes    8        the workspace file and settings routes (``serve.http.rou
 agent fs       8        an agent's ``fs/*`` effects (``serve.permissions.effects``)
 database       8        the PostgreSQL journal (``serve.journal.pg``): its pool's
                         connections (``--journal-url``); as many as the pool holds
+webhooks       2        the webhooks outbox: writes, fsyncs, removals (``serve.webhooks``)
 process scans  2        ``/proc`` scans: a stopped agent's leftovers, the reaper
                         (``acp.children``; its limiter lives there, ``acp`` does not
                         import ``serve``)
@@ -71,3 +72,12 @@ def database_limiter() -> trio.CapacityLimiter:
 async def run_sync[T, *Ts](limiter: trio.CapacityLimiter, fn: Callable[[*Ts], T], *args: *Ts) -> T:
     """``trio.to_thread.run_sync(fn, *args)`` under ``limiter``."""
     return await trio.to_thread.run_sync(fn, *args, limiter=limiter)
+
+
+WEBHOOK_THREADS: Final = 2
+_webhooks: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("webhook_threads")
+
+
+def webhooks_limiter() -> trio.CapacityLimiter:
+    """The webhooks outbox's writes, fsyncs and removals (``serve.webhooks``)."""
+    return _get(_webhooks, WEBHOOK_THREADS)

@@ -74,6 +74,11 @@ ROUTE_RULES: Final[dict[tuple[str, str], str]] = {
     ("GET", "/daemon/audit"): ADMIN,
     ("POST", "/daemon/drain"): ADMIN,
     ("POST", "/daemon/bind"): ADMIN,
+    # webhooks: any principal; the route checks the session it names is its own, and a
+    # principal sees and removes only its own subscriptions (an admin: all)
+    ("POST", "/webhooks"): ANY,
+    ("GET", "/webhooks"): ANY,
+    ("DELETE", "/webhooks/<webhook_id>"): ANY,
     # sessions
     ("POST", "/session"): ANY,
     ("GET", "/workspace/<path:workspace>/sessions"): LISTING,

@@ -40,7 +40,7 @@ import trio
 from acp.errors import INVALID_PARAMS, RESOURCE_NOT_FOUND, RemoteError
 from actors import ActorError, ActorStopped
 from serve.access import OPERATOR, Principal, role_of
-from serve.access.errors import WorkspaceDenied
+from serve.access.errors import AccessError, WorkspaceDenied
 from serve.access.quotas import Quotas, session_quota
 from serve.access.roles import SessionAccess, can_vote, from_attr
 from serve.api.prompts import PromptBody, TurnCompleted, turn_outcome
@@ -75,6 +75,7 @@ from serve.sessions.messages import (
     Summarize,
 )
 from serve.sessions.registry import CreateSession, RestoreSession
+from serve.webhooks import WebhookService
 
 if TYPE_CHECKING:
     from serve.permissions.mediator import PermissionMediator
@@ -298,6 +299,9 @@ class SessionService:
             ticket: Ticket = await self.host.registry.ask(msg, timeout_s=ASK_TIMEOUT_S)
         except ActorStopped:
             raise SessionsUnavailable("Daemon is shutting down", "daemon_draining") from None
+        except AccessError as exc:  # the sessions quota
+            self._quota_hit(msg.owner, exc)
+            raise
         try:
             session = await ticket.pending.wait()
         except (SessionError, RemoteError) as exc:
@@ -550,7 +554,11 @@ class SessionService:
         ``recap`` (docs/multi-user.md)."""
         quotas = self.check_budget(principal)
         if quotas is not None:
-            quotas.take_prompt(principal)
+            try:
+                quotas.take_prompt(principal)
+            except AccessError as exc:  # quota_exceeded (scope principal)
+                self._quota_hit(principal.id, exc)
+                raise
 
     def check_budget(self, principal: Principal) -> Quotas | None:
         """The principal's token and cost budgets only (a queued prompt given new content:
@@ -565,8 +573,18 @@ class SessionService:
             owned = [s for s in registered if s.access.owner == principal.id]
             tokens = sum(s.budget.tokens for s in owned)
             cost = sum(s.budget.cost or 0.0 for s in owned)
-            quotas.check_budget(principal, tokens, cost)
+            try:
+                quotas.check_budget(principal, tokens, cost)
+            except AccessError as exc:  # budget_exhausted (scope principal)
+                self._quota_hit(principal.id, exc)
+                raise
         return quotas
+
+    def _quota_hit(self, principal_id: str, exc: AccessError) -> None:
+        """A ``quota.exceeded`` webhook for a refusal by a principal's quota or budget."""
+        webhooks = _optional(self.host, "webhooks", WebhookService)
+        if webhooks is not None:
+            webhooks.quota(principal_id, exc.body())
 
     async def outcome(
         self, session: SessionActor, submitted: Submitted, client_id: str | None

@@ -39,7 +39,8 @@ Closing the log (after a terminal ``session_died`` / ``session_closed``) lets ev
 subscriber drain what is left and then end.
 
 A ``sink`` callback (the durable journal) sees every frame after it is encoded and before
-subscribers are woken.
+subscribers are woken; then a ``tap`` (the webhooks service, ``serve/webhooks``), which must
+not block either.
 
 Everything here runs on the trio thread; nothing blocks.
 """
@@ -69,6 +70,8 @@ DEFAULT_RING_BYTES = 32 * 1024 * 1024
 _encoder = msgspec.json.Encoder()
 
 Sink = Callable[[int, str, bytes], None]
+#: A tap (the webhooks service) sees ``(session id, event id, type, frame)`` after the sink.
+Tap = Callable[[str, int, str, bytes], None]
 
 
 class SubscriberLimitExceeded(Exception):
@@ -203,6 +206,7 @@ class EventLog:
         self._closed = False
         self.subscribers: set[Subscriber] = set()
         self.sink = sink
+        self.tap: Tap | None = None
         self.published = 0
         self.evictions = 0
         self.warnings = 0
@@ -247,6 +251,8 @@ class EventLog:
         self.published += 1
         if self.sink is not None:
             self.sink(event_id, event_type, frame)
+        if self.tap is not None:
+            self.tap(self.session_id, event_id, event_type, frame)
         self._wake.set()
         return event_id
 

@@ -42,6 +42,7 @@ from serve.http.routes import (
     sessions,
     shell,
     status,
+    webhooks,
     workspace,
 )
 from serve.http.wire import json_response
@@ -75,6 +76,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     elicitation,
     pending,
     members,
+    webhooks,
 )
 #: The order of the tags in ``GET /capabilities`` (as published: session tags first, the
 #: ACP transport tags last, the others in registration order).

@@ -341,6 +341,9 @@ def daemon_status(daemon: Host, detail: Detail, all_features: Sequence[Feature])
     chaos = daemon.chaos
     if chaos is not None:
         body["runtime"]["chaos"] = chaos.status()
+    webhooks = getattr(daemon, "webhooks", None)
+    if webhooks is not None:
+        body["webhooks"] = webhooks.statistics()
     journal = daemon.journal
     if journal is not None:
         body["runtime"]["journal"] = journal.statistics()

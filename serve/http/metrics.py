@@ -23,7 +23,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from quart import Blueprint, Response, current_app, g, request
 
@@ -271,6 +271,8 @@ def _state_series(d: Host) -> Iterator[Metric]:
         yield counter(
             "acp_serve_journal_dropped_events", "Events the journal shed", js["droppedEvents"]
         )
+    if d.webhooks is not None:
+        yield from _webhook_metrics(d.webhooks.statistics())
     if d.audit is not None:
         refused = CounterMetricFamily(
             "acp_serve_auth_refused",
@@ -290,6 +292,36 @@ def _state_series(d: Host) -> Iterator[Metric]:
         for tier, count in sorted(limiter.hits().items()):
             hits.add_metric((str(tier),), count)
         yield hits
+
+
+def _webhook_metrics(ws: dict[str, Any]) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    yield GaugeMetricFamily(
+        "acp_serve_webhook_subscriptions", "Webhook subscriptions", value=ws["subscriptions"]
+    )
+    yield GaugeMetricFamily(
+        "acp_serve_webhook_outbox_entries",
+        "Webhook messages owed (in the outbox)",
+        value=ws["outbox"]["entries"],
+    )
+    yield GaugeMetricFamily(
+        "acp_serve_webhook_outbox_bytes",
+        "Bytes of the webhook messages owed",
+        value=ws["outbox"]["bytes"],
+    )
+    yield CounterMetricFamily(
+        "acp_serve_webhook_delivered", "Webhook messages delivered (2xx)", value=ws["delivered"]
+    )
+    yield CounterMetricFamily(
+        "acp_serve_webhook_retried", "Webhook delivery attempts retried", value=ws["retried"]
+    )
+    dropped = CounterMetricFamily(
+        "acp_serve_webhook_dropped", "Webhook messages dropped", labels=("reason",)
+    )
+    for reason, count in sorted(ws["dropped"].items()):
+        dropped.add_metric((reason,), count)
+    yield dropped
 
 
 blueprint = Blueprint("metrics", __name__)

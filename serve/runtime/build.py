@@ -9,6 +9,8 @@ The children, in start order (the root supervisor stops them in reverse)::
 
     reaper                  (a subreaper or PID 1 only) adopted orphans
     permission-mediator     pending permission requests
+    webhooks                signed webhooks (serve/webhooks): the log tap, the outbox, the
+                            deliveries (before the registries, stopped after them)
     sessions:<ws id> × W    one session registry per workspace runtime
     workspace-hub           workspace-wide events to every session, by message (core:
                             routes await it)
@@ -66,6 +68,9 @@ from serve.sessions.actor import SessionActor
 from serve.sessions.chaos import ChaosMonkey
 from serve.settings import Settings, SettingsError
 from serve.tenant_claim import Binding
+from serve.webhooks import SessionFacts, WebhookService
+from serve.webhooks.signing import key_of
+from serve.webhooks.targets import AllowList, target_of
 from serve.workspaces.files.set import WorkspaceSet
 from serve.workspaces.hub import HUB_SERVICE, WorkspaceHub
 from serve.workspaces.runtimes import WorkspaceRuntimes
@@ -176,6 +181,7 @@ def build_host(
         HUB_SERVICE, hub.run, Restart.PERMANENT, shutdown_grace_s=2.0, stop=hub.close
     )
     mcp_pool, mcp_spec = mcp_service.build(settings, sessions_for)
+    webhooks = _webhooks(settings, config, lambda sid: runtimes.get(sid), lambda: lifecycle.port)
     try:
         isolation = Isolation(settings)
     except IsolationError as exc:
@@ -189,6 +195,7 @@ def build_host(
         mcp_pool=mcp_pool,
         retire_hook=retire,
         isolation=isolation,
+        event_tap=webhooks.tap,
     )
     device_flow, device_flow_spec = device_flow_service.build(settings, config, hub)
     state, state_spec = workspace_state.build(settings.workspaces, workspaces)
@@ -218,6 +225,12 @@ def build_host(
             Restart.PERMANENT,
             shutdown_grace_s=5.0,
             stop=isolation.close,
+        )
+    )
+    # Before the registries, so it stops after them: their sessions' last events are kept.
+    children.append(
+        ChildSpec(
+            "webhooks", webhooks.run, Restart.PERMANENT, shutdown_grace_s=5.0, stop=webhooks.close
         )
     )
     children.extend(runtimes.child_specs())
@@ -282,6 +295,7 @@ def build_host(
         audit=audit,
         quotas=quotas,
         tokens_file=TokensFile(auth.tokens_file) if auth.tokens_file else None,
+        webhooks=webhooks,
     )
     # The /acp front is built over the Host (it reads the parts through it), so it is
     # the one part set here, before the Host is handed out.
@@ -317,6 +331,35 @@ def _journal(settings: Settings, own_url: Callable[[], str]) -> JournalBackend:
         state_dir=settings.state_dir,
         address=own_url,
     )
+
+
+def _webhooks(
+    settings: Settings,
+    config: DaemonConfig,
+    session: Callable[[str], SessionActor | None],
+    port: Callable[[], int],
+) -> WebhookService:
+    """The webhooks service; a bad ``webhooks:`` entry is a :class:`SettingsError`."""
+    section = config.webhooks
+    where = f"config {settings.config_file} at webhooks"
+    try:
+        allow = AllowList((*settings.webhook_allow, *section.allow), settings.hostname, port)
+    except ValueError as exc:
+        raise SettingsError(f"{where}.allow: {exc}") from None
+    for index, item in enumerate(section.subscriptions):
+        try:
+            key_of(item.secret)
+            target_of(item.url)
+        except ValueError as exc:
+            raise SettingsError(f"{where}.subscriptions[{index}]: {exc}") from None
+
+    def facts(session_id: str) -> SessionFacts | None:
+        found = session(session_id)
+        if found is None:
+            return None
+        return SessionFacts(found.access.owner, found.budget.snapshot().get("usage"))
+
+    return WebhookService(section, state_dir=settings.state_dir, allow=allow, facts=facts)
 
 
 def _rerunnable[M](spec: ChildSpec, actor: Actor[M]) -> ChildSpec:

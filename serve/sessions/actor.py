@@ -54,6 +54,7 @@ from acp.schema import SessionSetup
 from actors import Actor, Reply, RestartWindow, Supervisor
 from serve.access.roles import SessionAccess
 from serve.events import EventLog, Subscriber
+from serve.events.log import Tap
 from serve.permissions.mediator import PermissionMediator
 from serve.permissions.modes import (
     AgentModes,
@@ -177,6 +178,7 @@ class SessionActor(Actor[SessionMsg]):
         fork_from: str | None = None,
         additional_directories: tuple[str, ...] = (),
         access: SessionAccess | None = None,
+        event_tap: Tap | None = None,
     ) -> None:
         Actor.__init__(self, f"session-{session_id or 'new'}", inbox_size=256)
         self.access = access or SessionAccess()  # owner and members (ownership.py)
@@ -201,6 +203,9 @@ class SessionActor(Actor[SessionMsg]):
             ring_size=ring_size or settings.event_ring_size,
             ring_bytes=settings.event_ring_bytes,
         )
+        #: The webhooks tap, set on every log this session uses (link_port.py swaps it).
+        self.event_tap = event_tap
+        self.log.tap = event_tap
         self.prompts = PromptQueue(
             limit=settings.max_pending_prompts_per_session,
             deadline_ms=settings.prompt_deadline_ms,

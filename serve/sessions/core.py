@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from acp.schema import SessionSetup
     from actors import Supervisor
     from serve.events import EventLog, Subscriber
+    from serve.events.log import Tap
     from serve.permissions.mediator import PermissionMediator
     from serve.permissions.modes import AgentModes
     from serve.sessions.agent_link import AgentLink
@@ -51,6 +52,7 @@ class SessionCore(Protocol):
     steering: Steering
     calls: AgentCalls
     log: EventLog
+    event_tap: Tap | None
     clients: ClientTable
     #: Open SSE subscriptions and the registered client each one names (or None).
     streams: dict[Subscriber, str | None]

@@ -97,6 +97,7 @@ async def open_agent(session: LinkedSession, nursery: trio.Nursery) -> None:
         await journal_load.remember(session.journal_link, session.settings, session.link)
     else:
         session.log, session.restored_from_journal = lazy.log, True  # (journaled by now)
+        session.log.tap = session.event_tap
         session.link.setup = lazy.setup
         adopt_setup(session, lazy.setup)
         session.binding.start_released()
@@ -156,6 +157,7 @@ class SessionLinkPort:
             await self._open_journal(fresh=True)
             return False
         s.log, s.restored_from_journal = restored
+        s.log.tap = s.event_tap
         await self._open_journal(fresh=False)
         return s.restored_from_journal
 

@@ -56,6 +56,7 @@ from serve.sessions.messages import ReapIfIdle
 
 if TYPE_CHECKING:
     from serve.config import RestartIntensity
+    from serve.events.log import Tap
     from serve.isolation import Isolation
     from serve.journal import JournalBackend
     from serve.mcp.pool import McpPool
@@ -158,8 +159,11 @@ class SessionRegistry(Actor[RegistryMsg]):
         agent_source: AgentSource | None = None,
         isolation: Isolation | None = None,
         owners: OwnerRecords | None = None,
+        event_tap: Tap | None = None,
     ) -> None:
         super().__init__(name, inbox_size=1024)
+        #: Every session log's tap (the webhooks service), or None.
+        self.event_tap = event_tap
         #: serve.config.RestartIntensity for the sessions' agent restarts (None: defaults).
         self.restart = restart
         self.supervisor_name = name
@@ -405,6 +409,7 @@ class SessionRegistry(Actor[RegistryMsg]):
                 fork_from=fork_from,
                 additional_directories=dirs,
                 access=access,
+                event_tap=self.event_tap,
                 **self._restart_kwargs(),
             )
             session.supervisor = self.supervisor

@@ -296,6 +296,14 @@ def build_parser() -> argparse.ArgumentParser:
         "create asks for none: plan, default (ask before writing), auto-edit, auto, yolo, or "
         "the agent's own id (default: the agent's own; scripts/serve --agent: default)",
     )
+    add(
+        "--webhook-allow",
+        action="append",
+        default=None,
+        metavar="HOST|CIDR",
+        help="a webhook receiver address, CIDR or host name allowed although loopback, "
+        "link-local or private (repeatable; docs/webhooks.md)",
+    )
     add("--no-journal", action="store_true", help="do not persist session events")
     add("--max-sessions", default="32", help="live sessions per workspace; 0 = unlimited")
     add(

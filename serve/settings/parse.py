@@ -52,6 +52,7 @@ from serve.tokens import (
     read_token_file,
     resolve_startup_token,
 )
+from serve.webhooks.targets import parse_allow as parse_webhook_allow
 
 
 def parse_settings(
@@ -154,6 +155,11 @@ def parse_settings(
         workspaces=(*workspaces, *untrusted),
         config_file=ns.config,
     )
+    webhook_allow = tuple(ns.webhook_allow or ())
+    try:
+        parse_webhook_allow(webhook_allow)
+    except ValueError as exc:
+        raise SettingsError(f"Invalid {exc}") from None
 
     max_sessions = parse_nonneg("--max-sessions", ns.max_sessions)
     max_total = (
@@ -342,6 +348,7 @@ def parse_settings(
         state_dir=state_dir,
         agent_sandbox=agent_sandbox,
         agent_allow_write=allow_write,
+        webhook_allow=webhook_allow,
         config_file=ns.config,
         journal=not ns.no_journal,
         max_sessions=max_sessions,

@@ -220,6 +220,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: The uids of principals' agents, ``(START, COUNT)``; None = the daemon's own uid
     #: (serve/isolation/identity.py; ``auto`` is resolved at parse time).
     agent_uid_range: tuple[int, int] | None = None
+    #: ``--webhook-allow``: receiver addresses, CIDRs, host names (serve/webhooks/targets.py).
+    webhook_allow: tuple[str, ...] = ()
     inert_flags: tuple[str, ...] = ()
     #: Multi-user auth, quotas and audit (serve/settings/multi_user.py; off by default).
     auth: AuthSettings = AuthSettings()

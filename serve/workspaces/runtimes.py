@@ -33,6 +33,7 @@ from serve.sessions.registry import RegistryMsg, SessionRegistry, Ticket
 
 if TYPE_CHECKING:
     from serve.config import RestartIntensity
+    from serve.events.log import Tap
     from serve.isolation import Isolation
     from serve.journal import JournalBackend
     from serve.mcp.pool import McpPool
@@ -121,9 +122,11 @@ class WorkspaceRuntimes:
         mcp_pool: McpPool | None = None,
         retire_hook: Callable[[SessionActor], None] | None = None,
         isolation: Isolation | None = None,
+        event_tap: Tap | None = None,
     ) -> None:
         self.settings = settings
         self.isolation = isolation
+        self.event_tap = event_tap
         self.effects = effects
         self.journal = journal
         self.mcp_pool = mcp_pool
@@ -172,6 +175,7 @@ class WorkspaceRuntimes:
                 agent_source=source,
                 isolation=self.isolation,
                 owners=self.owners,
+                event_tap=self.event_tap,
             )
 
         return WorkspaceRuntime(

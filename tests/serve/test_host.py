@@ -34,10 +34,12 @@ def test_children_in_start_order(tmp_path: Path) -> None:
     ws = next(iter(host.registry)).id
     # The workspace hub is a core child (routes await it); the optional services run under
     # their own supervisor, a child of the root with its own restart budget.
-    # The agents' limits (serve/isolation) start before the pools and stop after them.
+    # The agents' limits (serve/isolation) start before the pools and stop after them; the
+    # webhooks service before the registries, so it takes their sessions' last events.
     assert names == [
         "permission-mediator",
         "isolation",
+        "webhooks",
         f"agents:{ws}",
         f"sessions:{ws}",
         "workspace-hub",
@@ -70,6 +72,7 @@ def test_parts_share_one_set_of_collaborators(tmp_path: Path) -> None:
         assert registry.journal is host.journal
         assert registry.mcp_pool is host.mcp_pool
         assert registry.mediator is host.mediator
+        assert host.webhooks is not None and registry.event_tap == host.webhooks.tap
     assert host.front.rate_limiter is not None
 
 

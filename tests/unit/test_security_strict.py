@@ -36,6 +36,9 @@ EXPECTED = {
     ("POST", "/daemon/drain"),
     # A session's token and cost budget (it decides what the session may spend).
     ("PATCH", "/session/<id>/budget"),
+    # Webhook subscriptions (the daemon calls the URL a caller names).
+    ("POST", "/webhooks"),
+    ("DELETE", "/webhooks/<id>"),
 }
 
 

@@ -58,6 +58,7 @@ from serve.http.openapi.replies import Reply
 from serve.status.env import EnvCell
 from serve.status.preflight import PreflightCell
 from serve.tenant_claim import BindRequest
+from serve.webhooks.model import WebhookCreated, WebhookList, WebhookRequest
 from serve.workspaces.files.results import (
     EditResult,
     GlobResult,
@@ -88,6 +89,7 @@ PATH_PARAMS: Final[dict[str, str]] = {
     "server": "The MCP server name (a key of `mcpServers`).",
     "flow_id": "The device flow id (`deviceFlowId`).",
     "prompt_id": "The prompt id (`promptId` from the prompt's 202 answer).",
+    "webhook_id": "The webhook subscription id (`id` of POST /webhooks).",
 }
 
 _INCLUDE_PERSISTED = q(
@@ -620,6 +622,30 @@ CATALOG: Final[dict[tuple[str, str], Operation]] = {
         "End an ACP connection and release what it held",
         (Reply(202, "Ended; its streams close."),),
         params=(ACP_CONNECTION,),
+    ),
+    ("POST", "/webhooks"): Operation(
+        "Subscribe to signed webhooks (tag `webhooks`, docs/webhooks.md)",
+        (
+            ok(WebhookCreated, "The subscription with its `secret` (shown once).", 201),
+            err(400, "`invalid_webhook` (`field`), or malformed JSON."),
+            err(403, "`webhook_target_forbidden`: the allow-list refuses the URL's address."),
+            err(404, "`session_not_found`: `sessionId` is not a live session of the caller."),
+            err(409, "`webhook_limit`: too many subscriptions."),
+        ),
+        body=WebhookRequest,
+        body_required=True,
+    ),
+    ("GET", "/webhooks"): Operation(
+        "The caller's webhook subscriptions (an admin's: all), without secrets",
+        (ok(WebhookList),),
+    ),
+    ("DELETE", "/webhooks/<webhook_id>"): Operation(
+        "Remove a webhook subscription and the deliveries it is owed",
+        (
+            Reply(204, "Removed."),
+            err(404, "`webhook_not_found` (also someone else's)."),
+            err(409, "`webhook_from_config`: removed in the config file only."),
+        ),
     ),
 }
 

@@ -80,6 +80,8 @@ STRICT_ROUTES: tuple[StrictRoute, ...] = (
     StrictRoute("POST", "/daemon/bind", "late binding"),
     StrictRoute("POST", "/daemon/drain", "drain before suspend"),
     StrictRoute("PATCH", "/session/<id>/budget", "session budget"),
+    StrictRoute("POST", "/webhooks", "webhook subscribe (the daemon calls the URL)"),
+    StrictRoute("DELETE", "/webhooks/<id>", "webhook unsubscribe"),
 )
 
 _PARAM = re.compile(r"<[^<>]*>")
