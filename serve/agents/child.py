@@ -125,71 +125,45 @@ async def start_child(
     lowered: Callable[[ChildLimits | None], None],
     tenant: str = OPERATOR_TENANT,
 ) -> AgentChild | Exception:
-    """Spawn and ``initialize`` one child (see the module docstring). ``lowered`` is called
-    once its process runs at ``cpu_weight`` (a refill's lower weight; not called without
-    one); ``eof_grace_s`` is read when a failed child is stopped (it shrinks at shutdown)."""
-    with telemetry.span("agent.start", attributes={"acp_serve.agent.pooled": True}) as span:
-        started = await _start_child(
-            nursery,
-            settings,
-            isolation,
-            child_id=child_id,
-            cwd=cwd,
-            env=env,
-            cpu_weight=cpu_weight,
-            eof_grace_s=eof_grace_s,
-            lowered=lowered,
-            tenant=tenant,
-        )
-        if isinstance(started, Exception):
-            span.set_error(f"{type(started).__name__}: {started}")
-        return started
-
-
-async def _start_child(
-    nursery: trio.Nursery,
-    settings: Settings,
-    isolation: Isolation | None,
-    *,
-    child_id: str,
-    cwd: str,
-    env: dict[str, str],
-    cpu_weight: int | None,
-    eof_grace_s: Callable[[], float],
-    lowered: Callable[[ChildLimits | None], None],
-    tenant: str,
-) -> AgentChild | Exception:
+    """Spawn and ``initialize`` one child (see the module docstring), in an ``agent.start``
+    span. ``lowered`` is called once its process runs at ``cpu_weight`` (a refill's lower
+    weight; not called without one); ``eof_grace_s`` is read when a failed child is stopped
+    (it shrinks at shutdown)."""
     init_timeout = settings.initialize_timeout_ms / 1000
     mux = SessionMux()
-    try:
-        conn, limits = await spawn_limited(
-            nursery,
-            settings,
-            isolation,
-            cwd=cwd,
-            env=env,
-            handler=mux,
-            request_timeout_s=init_timeout,
-            cpu_weight=cpu_weight,
-            tenant=tenant,
-        )
-    except OSError as exc:
-        return exc
-    if cpu_weight is not None:
-        lowered(limits)
-    try:
-        await conn.initialize(timeout_s=init_timeout)
-    except BaseException as exc:
-        with trio.CancelScope(shield=True):
-            # Nothing to finish before initialize answered (a pool stopped mid-spawn
-            # does not wait out a full EOF grace on an agent that ignores EOF).
-            await conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s())
-            if limits is not None:
-                await limits.aclose()
-        if not isinstance(exc, Exception):
-            raise
-        return await start_failure(conn, exc)  # the sandbox's refusal, when it killed the child
-    return AgentChild(child_id, conn, mux, limits, tenant)
+    with telemetry.span("agent.start", attributes={"acp_serve.agent.pooled": True}) as span:
+        try:
+            conn, limits = await spawn_limited(
+                nursery,
+                settings,
+                isolation,
+                cwd=cwd,
+                env=env,
+                handler=mux,
+                request_timeout_s=init_timeout,
+                cpu_weight=cpu_weight,
+                tenant=tenant,
+            )
+        except OSError as exc:
+            span.set_error(f"{type(exc).__name__}: {exc}")
+            return exc
+        if cpu_weight is not None:
+            lowered(limits)
+        try:
+            await conn.initialize(timeout_s=init_timeout)
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                # Nothing to finish before initialize answered (a pool stopped mid-spawn
+                # does not wait out a full EOF grace on an agent that ignores EOF).
+                await conn.aclose(grace_s=1.0, eof_grace_s=eof_grace_s())
+                if limits is not None:
+                    await limits.aclose()
+            if not isinstance(exc, Exception):
+                raise
+            failed = await start_failure(conn, exc)  # the sandbox's refusal, when it killed it
+            span.set_error(f"{type(failed).__name__}: {failed}")
+            return failed
+        return AgentChild(child_id, conn, mux, limits, tenant)
 
 
 async def watch_child(child: AgentChild) -> ExitInfo:
