@@ -20,9 +20,19 @@ class CountingSource:
         self.handed: list[AgentConnection] = []
 
     async def acquire(
-        self, nursery: trio.Nursery, *, cwd: str, handler: ClientHandler, timeout_s: float
+        self,
+        nursery: trio.Nursery,
+        *,
+        cwd: str,
+        handler: ClientHandler,
+        timeout_s: float,
+        tenant: str | None = None,
     ) -> AgentConnection:
-        conn = await self.inner.acquire(nursery, cwd=cwd, handler=handler, timeout_s=timeout_s)
+        """The session's agent, for ``tenant`` (the principal it works for)."""
+        conn = await self.inner.acquire(
+            nursery, cwd=cwd, handler=handler, timeout_s=timeout_s, tenant=tenant
+        )
+        assert isinstance(conn, AgentConnection)  # no limits here: the connection itself
         assert conn.info is not None  # initialized before it is handed over
         self.handed.append(conn)
         return conn
