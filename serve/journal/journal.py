@@ -45,6 +45,7 @@ from serve.journal.store import (
     try_lock,
     write_meta,
 )
+from serve.journal.sweeps import SweepSchedule
 from serve.journal.types import (
     JournalBusy,
     JournalError,
@@ -70,7 +71,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Shortest pause between two sweeps of the janitor, in seconds.
-SWEEP_MIN_GAP_S = 1.0
 
 
 class Journal:
@@ -88,7 +88,7 @@ class Journal:
         self.swept_journals = 0  # closed journals deleted by the janitor
         self.swept_bytes = 0
         self.disk_bytes = 0  # every journal's bytes on disk at the last sweep
-        self._sweep_wanted = trio.Event()
+        self._sweeps = SweepSchedule()
 
     def session_dir(self, session_id: str) -> Path:
         return self.root / safe_name(session_id)
@@ -309,7 +309,7 @@ class Journal:
 
     def request_sweep(self) -> None:
         """Ask the janitor for a sweep soon (a journal was closed)."""
-        self._sweep_wanted.set()
+        self._sweeps.request()
 
     async def run_janitor(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -317,16 +317,7 @@ class Journal:
         """Sweep at start, every ``sweep_interval_ms``, and shortly after a journal closes
         (at most once a second)."""
         task_status.started()
-        interval = self.limits.sweep_interval_ms / 1000
-        while True:
-            try:
-                await self.sweep()
-            except JournalIOError as exc:
-                log.warning("journal sweep failed: %s", exc)
-            with trio.move_on_after(interval):
-                await self._sweep_wanted.wait()
-            self._sweep_wanted = trio.Event()
-            await trio.sleep(SWEEP_MIN_GAP_S)
+        await self._sweeps.run(self.sweep, self.limits.sweep_interval_ms / 1000)
 
     async def sweep(self) -> int:
         """Delete closed journals past the retention, then, while every journal together

@@ -724,10 +724,11 @@ async def test_a_group_collaborator_votes_over_acp_with_keys_from_a_file(
             ask = (await ws.until(lambda m: m.get("method") == "session/request_permission"))[-1]
             allow = {"outcome": {"outcome": "selected", "optionId": "allow"}}
             await ws.send({"jsonrpc": "2.0", "id": ask["id"], "result": allow})
-            with trio.fail_after(30):
-                while not (d.workspace / "by_group.txt").exists():  # noqa: ASYNC110
+            written = d.workspace / "by_group.txt"
+            with trio.fail_after(30):  # until its content is there (the file exists first)
+                while not (written.exists() and written.read_text() == "voted"):  # noqa: ASYNC110
                     await trio.sleep(0.05)
-            assert (d.workspace / "by_group.txt").read_text() == "voted"
+            assert written.read_text() == "voted"
         finally:
             await ws.abort()
         # Without the group, the same principal has no role: the session is not disclosed.

@@ -42,6 +42,7 @@ from serve.journal.format import JournalRecord
 from serve.journal.pg.committer import DB_ERRORS, Connection, Cursor, PgAppender, PgSessionJournal
 from serve.journal.pg.schema import migrate
 from serve.journal.store import JournalMeta
+from serve.journal.sweeps import SweepSchedule
 from serve.journal.types import (
     JournalBusy,
     JournalIOError,
@@ -61,7 +62,6 @@ RENEW_INTERVAL_MS = 5_000
 #: Longest wait for a pooled connection, in seconds (then the call fails: JournalIOError).
 POOL_TIMEOUT_S = 10.0
 DAEMON_ID_FILE = "daemon-id"
-SWEEP_MIN_GAP_S = 1.0
 
 _meta_decoder = msgspec.json.Decoder(JournalMeta)
 _meta_encoder = msgspec.json.Encoder()
@@ -118,7 +118,7 @@ class PgJournal:
         self.disk_bytes = 0
         self.renewals = 0
         self.leases_lost = 0
-        self._sweep_wanted = trio.Event()
+        self._sweeps = SweepSchedule()
 
     # ---- connections ---------------------------------------------------------------------
 
@@ -329,7 +329,7 @@ class PgJournal:
     # ---- the service: lease renewal and the janitor ----------------------------------------
 
     def request_sweep(self) -> None:
-        self._sweep_wanted.set()
+        self._sweeps.request()
 
     async def run_janitor(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -350,16 +350,7 @@ class PgJournal:
                 await trio.sleep(self.renew_interval_ms / 1000)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.run_renewer)
-            interval = self.limits.sweep_interval_ms / 1000
-            while True:
-                try:
-                    await self.sweep()
-                except JournalIOError as exc:
-                    log.warning("journal sweep failed: %s", exc)
-                with trio.move_on_after(interval):
-                    await self._sweep_wanted.wait()
-                self._sweep_wanted = trio.Event()
-                await trio.sleep(SWEEP_MIN_GAP_S)
+            await self._sweeps.run(self.sweep, self.limits.sweep_interval_ms / 1000)
 
     async def run_renewer(self) -> None:
         interval = self.renew_interval_ms / 1000
