@@ -1,0 +1,413 @@
+"""A cluster of real daemons for the chaos test: N ``acp-serve`` processes on one PostgreSQL
+journal (``--journal-url``), one workspace and one ``--shared-dir``, each with its own
+``--state-dir``, port and ``--advertise-url``; and the faults a pod meets: SIGKILL of the
+whole process tree (a pod that dies), SIGSTOP/SIGCONT of it (a pod frozen or partitioned
+away past its lease), restart on the same state directory (same owner id, same address).
+
+Also the clients' side: :class:`Prompter` (a prompt with a client-chosen ``promptId`` sent
+to random serving daemons, retried with the same id on transport errors, 5xx and 404 until
+it is answered, bounded) and :class:`Watcher` (one session's SSE stream read across
+daemons with ``Last-Event-ID`` / ``X-Qwen-Event-Epoch``, checking ids as it goes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import trio
+
+from tests.conftest import AUTH, TOKEN
+from tests.support.daemon import ROOT, DaemonProcess, spawn_daemon
+
+#: Flags of ``acp-serve --help`` (so the harness runs before every cluster flag exists).
+_HELP: str | None = None
+
+
+def supported(flag: str) -> bool:
+    global _HELP
+    if _HELP is None:
+        _HELP = subprocess.run(
+            [sys.executable, "-m", "serve", "--help"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    return flag in _HELP
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from ``/proc/*/task/*/children``), parents first."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            out.extend(kids)
+            todo.extend(kids)
+    return out
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass
+class Member:
+    """One daemon of the cluster (alive, frozen or dead)."""
+
+    name: str
+    port: int
+    state_dir: Path
+    proc: DaemonProcess | None = None
+    frozen: bool = False
+    owner_id: str = ""
+    lives: int = 0
+    #: The stderr of every earlier life (a restart starts a new log file).
+    old_logs: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.proc.poll() is None
+
+    @property
+    def serving(self) -> bool:
+        return self.alive and not self.frozen
+
+    def log(self) -> str:
+        now = self.proc.stderr() if self.proc is not None else ""
+        return "".join(self.old_logs) + now
+
+
+class Cluster:
+    def __init__(self, pg_url: str, root: Path, size: int = 3) -> None:
+        self.pg_url = pg_url
+        self.workspace = root / "ws"
+        self.shared = root / "shared"
+        self.workspace.mkdir(parents=True)
+        self.shared.mkdir(parents=True)
+        self.members = [Member(f"d{i}", free_port(), root / f"state-{i}") for i in range(size)]
+
+    def args(self, m: Member) -> list[str]:
+        args = ["--journal-url", self.pg_url, "--port", str(m.port), "--approval-mode", "yolo"]
+        if supported("--shared-dir"):
+            args += ["--shared-dir", str(self.shared)]
+        if supported("--advertise-url"):
+            args += ["--advertise-url", m.url]
+        return args
+
+    def start(self, m: Member) -> None:
+        assert not m.alive
+        if m.proc is not None:
+            m.old_logs.append(m.proc.stderr())
+        m.proc = spawn_daemon(
+            self.args(m),
+            workspace=self.workspace,
+            state_dir=m.state_dir,
+            env={"QWEN_SERVER_TOKEN": TOKEN},
+            ready_timeout_s=60,
+        )
+        m.frozen = False
+        m.lives += 1
+        m.owner_id = (m.state_dir / "daemon-id").read_text().strip()
+
+    def start_all(self) -> None:
+        for m in self.members:
+            self.start(m)
+
+    def kill(self, m: Member) -> None:
+        """SIGKILL the daemon and every process under it (a pod that dies), and reap it."""
+        assert m.proc is not None
+        pid = m.proc.proc.pid
+        tree = descendants(pid)
+        os.kill(pid, signal.SIGKILL)
+        _signal_all(tree, signal.SIGKILL)
+        _signal_all(descendants(pid), signal.SIGKILL)  # any forked meanwhile
+        m.proc.proc.wait(10)
+        m.frozen = False
+
+    def freeze(self, m: Member) -> None:
+        """SIGSTOP the daemon, then its tree (nothing of the pod runs)."""
+        assert m.proc is not None
+        pid = m.proc.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        _signal_all(descendants(pid), signal.SIGSTOP)
+        m.frozen = True
+
+    def thaw(self, m: Member) -> None:
+        assert m.proc is not None
+        pid = m.proc.proc.pid
+        _signal_all(descendants(pid), signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
+        m.frozen = False
+
+    def stop_all(self) -> None:
+        for m in self.members:
+            if m.proc is None:
+                continue
+            if m.frozen:
+                self.thaw(m)
+            if m.alive:
+                m.proc.stop(timeout_s=15)
+
+    def serving(self) -> list[Member]:
+        return [m for m in self.members if m.serving]
+
+    def pick(self) -> Member:
+        live = self.serving()
+        assert live, "no daemon serving"
+        return random.choice(live)
+
+    def by_owner_id(self, owner_id: str) -> Member | None:
+        return next((m for m in self.members if m.owner_id == owner_id), None)
+
+    # ---- the database ------------------------------------------------------------------
+
+    def sql(self, query: str, *args: object) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.pg_url, autocommit=True) as conn:
+            cur = conn.execute(query.encode(), args or None)
+            return cur.fetchall() if cur.description else []
+
+    def leases(self) -> dict[str, tuple[str, int, bool]]:
+        """session -> (owner id, epoch, live)."""
+        rows = self.sql(
+            "SELECT session_id, owner_id, epoch, expires_at > now() FROM session_leases"
+        )
+        return {r[0]: (r[1], int(r[2]), bool(r[3])) for r in rows}
+
+    def owned_by(self, m: Member) -> list[str]:
+        return [s for s, (owner, _, live) in self.leases().items() if owner == m.owner_id and live]
+
+
+# ---- clients -------------------------------------------------------------------------------
+
+#: Answers after which the same promptId is sent again (to another random daemon).
+RETRY_STATUSES = frozenset({404, 409, 429, 500, 502, 503, 504})
+
+
+@dataclass
+class Answer:
+    status: int
+    body: dict[str, Any]
+    attempts: int
+    #: (daemon, status or exception name) of every attempt that was retried.
+    retried: list[tuple[str, str]]
+    answered_at: float
+    first_failure_at: float | None
+
+
+class Prompter:
+    """Sends prompts to random serving daemons of ``cluster``."""
+
+    def __init__(self, cluster: Cluster, client: httpx.AsyncClient) -> None:
+        self.cluster = cluster
+        self.client = client
+
+    async def prompt(
+        self,
+        sid: str,
+        text: str,
+        prompt_id: str,
+        *,
+        deadline_s: float,
+        request_timeout_s: float = 15.0,
+        respond_async: bool = False,
+    ) -> Answer:
+        """Send until a definitive answer (2xx, or a status not in RETRY_STATUSES), at most
+        ``deadline_s``; every retry carries the same ``promptId``."""
+        body = {"prompt": [{"type": "text", "text": text}], "promptId": prompt_id}
+        headers = {"Prefer": "respond-async"} if respond_async else {}
+        retried: list[tuple[str, str]] = []
+        first_failure: float | None = None
+        with trio.fail_after(deadline_s):
+            while True:
+                m = self.cluster.pick()
+                try:
+                    r = await self.client.post(
+                        f"{m.url}/session/{sid}/prompt",
+                        json=body,
+                        headers=headers,
+                        timeout=request_timeout_s,
+                    )
+                except httpx.TransportError as exc:
+                    outcome = type(exc).__name__
+                else:
+                    if r.status_code not in RETRY_STATUSES:
+                        return Answer(
+                            r.status_code,
+                            r.json(),
+                            len(retried) + 1,
+                            retried,
+                            time.monotonic(),
+                            first_failure,
+                        )
+                    outcome = str(r.status_code)
+                    retry_after = r.headers.get("Retry-After", "")
+                first_failure = first_failure or time.monotonic()
+                retried.append((m.name, outcome))
+                pause = 0.2
+                if outcome.isdigit() and retry_after.isdigit():
+                    pause = min(1.0, float(retry_after))
+                await trio.sleep(pause)  # a client's back-off between retries
+
+
+@dataclass
+class Seen:
+    id: int
+    type: str
+    data: str  # the envelope's data, as JSON
+
+
+@dataclass
+class Watcher:
+    """One session's event stream as a client sees it across daemons and failovers.
+
+    ``received`` is the client's view, by id. A frame whose id is not the next one is a
+    violation, except after a ``state_resync_required`` (epoch_reset: the session was
+    restored by another daemon with a new epoch): the replay that follows may go back, and
+    where it differs from what the client had seen, the client's tail from that id on was
+    the dead owner's unjournaled tail (``lost``) and is replaced."""
+
+    sid: str
+    received: dict[int, Seen] = field(default_factory=dict)
+    last: int | None = None
+    epoch: str | None = None
+    violations: list[str] = field(default_factory=list)
+    resyncs: list[dict[str, Any]] = field(default_factory=list)
+    #: ids the client saw that a resync replaced: (epoch change index, count).
+    lost: list[int] = field(default_factory=list)
+    connections: list[str] = field(default_factory=list)
+    member: Member | None = None
+    scope: trio.CancelScope | None = None
+    in_replay: bool = False
+
+    def reconnect(self) -> None:
+        """Drop the current connection (its daemon was frozen); the loop opens another."""
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def _frame(self, env: dict[str, Any]) -> None:
+        etype = env.get("type", "")
+        if etype == "state_resync_required":
+            self.resyncs.append({"at": self.last, **(env.get("data") or {})})
+            self.in_replay = True
+            return
+        if etype == "replay_complete":
+            self.in_replay = False
+            return
+        if "id" not in env:
+            return
+        eid = int(env["id"])
+        seen = Seen(eid, etype, json.dumps(env.get("data"), sort_keys=True))
+        if self.in_replay and self.resyncs and self.resyncs[-1].get("reason") == "epoch_reset":
+            old = self.received.get(eid)
+            if old is not None and old != seen and self.last is not None:
+                # The client's tail from eid on was never journaled: the new owner reused
+                # those ids. Count what is replaced, once per resync.
+                self.lost.append(self.last - eid + 1)
+                for gone in range(eid, self.last + 1):
+                    self.received.pop(gone, None)
+                self.last = eid - 1
+            elif old is not None:
+                return  # the same event again (the journaled prefix): already had it
+            if self.last is not None and eid != self.last + 1 and eid > self.last:
+                self.violations.append(f"gap after resync: {self.last} -> {eid}")
+            self.received[eid] = seen
+            self.last = eid if self.last is None or eid > self.last else self.last
+            return
+        if self.last is not None and eid != self.last + 1:
+            self.violations.append(f"{self.last} -> {eid} ({etype})")
+        if eid in self.received and self.received[eid] != seen:
+            self.violations.append(f"id {eid} seen twice with different events")
+        self.received[eid] = seen
+        self.last = eid if self.last is None or eid > self.last else self.last
+
+    async def run(self, cluster: Cluster, client: httpx.AsyncClient) -> None:
+        """Read the stream forever (until cancelled), reconnecting to random serving daemons."""
+        while True:
+            m = cluster.pick()
+            headers = {"Last-Event-ID": str(self.last if self.last is not None else 0)}
+            if self.epoch:
+                headers["X-Qwen-Event-Epoch"] = self.epoch
+            with trio.CancelScope() as scope:
+                self.member, self.scope = m, scope
+                try:
+                    async with client.stream(
+                        "GET",
+                        f"{m.url}/session/{self.sid}/events",
+                        headers=headers,
+                        timeout=httpx.Timeout(10.0, read=30.0),
+                    ) as stream:
+                        self.connections.append(f"{m.name}:{stream.status_code}")
+                        if stream.status_code != 200:
+                            await stream.aread()
+                        else:
+                            epoch = stream.headers.get("x-qwen-event-epoch")
+                            if epoch:
+                                self.epoch = epoch
+                            await self._read(stream)
+                except (httpx.TransportError, httpx.StreamError):
+                    self.connections.append(f"{m.name}:dropped")
+            self.member, self.scope = None, None
+            await trio.sleep(0.2)  # a client's back-off before reconnecting
+
+    async def _read(self, stream: httpx.Response) -> None:
+        buffer = ""
+        async for text in stream.aiter_text():
+            buffer += text
+            while "\n\n" in buffer:
+                block, buffer = buffer.split("\n\n", 1)
+                data = [
+                    ln[5:].removeprefix(" ") for ln in block.split("\n") if ln.startswith("data:")
+                ]
+                if data:
+                    self._frame(json.loads("\n".join(data)))
+
+
+def client() -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        headers=AUTH, limits=httpx.Limits(max_connections=200, max_keepalive_connections=50)
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[k]
