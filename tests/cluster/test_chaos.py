@@ -85,8 +85,9 @@ def stale_rows(cluster: Cluster, sid: str, epoch: int) -> tuple[int, int]:
 
 async def wait_for(predicate: object, timeout_s: float, what: str) -> None:
     with trio.move_on_after(timeout_s) as scope:
-        while not predicate():  # type: ignore[operator]
-            await trio.sleep(0.05)  # noqa: ASYNC110 (a file written by another process)
+        # Files and rows written by other processes: nothing to wait on but polling.
+        while not predicate():  # type: ignore[operator]  # noqa: ASYNC110
+            await trio.sleep(0.05)
     if scope.cancelled_caught:
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
