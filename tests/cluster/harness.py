@@ -17,8 +17,6 @@ import os
 import random
 import signal
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,23 +27,15 @@ import psycopg
 import trio
 
 from tests.conftest import AUTH, TOKEN
-from tests.support.daemon import ROOT, DaemonProcess, spawn_daemon
-
-#: Flags of ``acp-serve --help`` (so the harness runs before every cluster flag exists).
-_HELP: str | None = None
+from tests.support.daemon import DaemonProcess, spawn_daemon
 
 
 def supported(flag: str) -> bool:
-    global _HELP
-    if _HELP is None:
-        _HELP = subprocess.run(
-            [sys.executable, "-m", "serve", "--help"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
-    return flag in _HELP
+    """Whether this acp-serve has ``flag`` (the harness runs before every cluster flag
+    exists; the chaos test skips until they do)."""
+    from serve.settings.flags import build_parser
+
+    return any(flag in action.option_strings for action in build_parser()._actions)
 
 
 def free_port() -> int:
@@ -144,7 +134,12 @@ class Cluster:
         )
         m.frozen = False
         m.lives += 1
-        m.owner_id = (m.state_dir / "daemon-id").read_text().strip()
+        id_file = m.state_dir / "daemon-id"  # written as the journal opens, maybe after
+        deadline = time.monotonic() + 30
+        while not id_file.exists() or not id_file.read_text().strip():
+            assert time.monotonic() < deadline, f"{m.name} wrote no {id_file}"
+            time.sleep(0.05)
+        m.owner_id = id_file.read_text().strip()
 
     def start_all(self) -> None:
         for m in self.members:
@@ -216,7 +211,17 @@ class Cluster:
 
 # ---- clients -------------------------------------------------------------------------------
 
-#: Answers after which the same promptId is sent again (to another random daemon).
+
+def _json(r: httpx.Response) -> dict[str, Any]:
+    try:
+        body = r.json()
+    except ValueError:
+        return {"text": r.text[:200]}
+    return body if isinstance(body, dict) else {"body": body}
+
+
+#: Answers after which the same promptId is sent again (to another random daemon), unless
+#: the body is the prompt's own terminal (it names the promptId).
 RETRY_STATUSES = frozenset({404, 409, 429, 500, 502, 503, 504})
 
 
@@ -267,21 +272,24 @@ class Prompter:
                 except httpx.TransportError as exc:
                     outcome = type(exc).__name__
                 else:
-                    if r.status_code not in RETRY_STATUSES:
+                    body = _json(r)
+                    if r.status_code not in RETRY_STATUSES or body.get("promptId") == prompt_id:
+                        # A status a retry cannot change, or this prompt's own terminal (an
+                        # ended turn: a retry with its promptId gets the same answer again).
                         return Answer(
                             r.status_code,
-                            r.json(),
+                            body,
                             len(retried) + 1,
                             retried,
                             time.monotonic(),
                             first_failure,
                         )
-                    outcome = str(r.status_code)
+                    outcome = f"{r.status_code} {body.get('code', '')}".strip()
                     retry_after = r.headers.get("Retry-After", "")
                 first_failure = first_failure or time.monotonic()
                 retried.append((m.name, outcome))
                 pause = 0.2
-                if outcome.isdigit() and retry_after.isdigit():
+                if outcome[:1].isdigit() and retry_after.isdigit():
                     pause = min(1.0, float(retry_after))
                 await trio.sleep(pause)  # a client's back-off between retries
 
@@ -297,11 +305,13 @@ class Seen:
 class Watcher:
     """One session's event stream as a client sees it across daemons and failovers.
 
-    ``received`` is the client's view, by id. A frame whose id is not the next one is a
-    violation, except after a ``state_resync_required`` (epoch_reset: the session was
-    restored by another daemon with a new epoch): the replay that follows may go back, and
-    where it differs from what the client had seen, the client's tail from that id on was
-    the dead owner's unjournaled tail (``lost``) and is replaced."""
+    ``received`` is the client's view, by id. Every frame's id must be the one after the
+    previous frame's; the one exception is a ``state_resync_required`` with reason
+    ``epoch_reset`` (the session was restored with a new epoch, by a takeover or a
+    restart): the replay that follows starts over, and the frames with ids the client had
+    already seen must be the same events, up to the first one that differs: from there on
+    the client had seen the dead owner's tail that never reached the journal, which the
+    new owner's events replace (``lost``: how many ids, per resync)."""
 
     sid: str
     received: dict[int, Seen] = field(default_factory=dict)
@@ -309,12 +319,15 @@ class Watcher:
     epoch: str | None = None
     violations: list[str] = field(default_factory=list)
     resyncs: list[dict[str, Any]] = field(default_factory=list)
-    #: ids the client saw that a resync replaced: (epoch change index, count).
     lost: list[int] = field(default_factory=list)
     connections: list[str] = field(default_factory=list)
     member: Member | None = None
     scope: trio.CancelScope | None = None
-    in_replay: bool = False
+    #: The id of the last frame taken on the current timeline (None: a replay starts over).
+    pos: int | None = None
+    #: After an epoch reset: the last id seen before it, until the new timeline passes it.
+    reset_at: int | None = None
+    diverged: bool = False
 
     def reconnect(self) -> None:
         """Drop the current connection (its daemon was frozen); the loop opens another."""
@@ -324,38 +337,32 @@ class Watcher:
     def _frame(self, env: dict[str, Any]) -> None:
         etype = env.get("type", "")
         if etype == "state_resync_required":
-            self.resyncs.append({"at": self.last, **(env.get("data") or {})})
-            self.in_replay = True
-            return
-        if etype == "replay_complete":
-            self.in_replay = False
+            data = env.get("data") or {}
+            self.resyncs.append({"at": self.last, **data})
+            if data.get("reason") != "epoch_reset":
+                self.violations.append(f"resync {data} after {self.last}")
+            self.pos, self.reset_at, self.diverged = None, self.last, False
             return
         if "id" not in env:
             return
         eid = int(env["id"])
         seen = Seen(eid, etype, json.dumps(env.get("data"), sort_keys=True))
-        if self.in_replay and self.resyncs and self.resyncs[-1].get("reason") == "epoch_reset":
+        if self.pos is not None and eid != self.pos + 1:
+            self.violations.append(f"{self.pos} -> {eid} ({etype})")
+        self.pos = eid
+        if self.reset_at is not None and eid <= self.reset_at:
             old = self.received.get(eid)
-            if old is not None and old != seen and self.last is not None:
-                # The client's tail from eid on was never journaled: the new owner reused
-                # those ids. Count what is replaced, once per resync.
-                self.lost.append(self.last - eid + 1)
-                for gone in range(eid, self.last + 1):
+            if old is not None and old != seen and not self.diverged:
+                self.diverged = True
+                self.lost.append(self.reset_at - eid + 1)
+                for gone in range(eid, self.reset_at + 1):
                     self.received.pop(gone, None)
-                self.last = eid - 1
-            elif old is not None:
-                return  # the same event again (the journaled prefix): already had it
-            if self.last is not None and eid != self.last + 1 and eid > self.last:
-                self.violations.append(f"gap after resync: {self.last} -> {eid}")
-            self.received[eid] = seen
-            self.last = eid if self.last is None or eid > self.last else self.last
-            return
-        if self.last is not None and eid != self.last + 1:
-            self.violations.append(f"{self.last} -> {eid} ({etype})")
-        if eid in self.received and self.received[eid] != seen:
+        elif eid in self.received and self.received[eid] != seen:
             self.violations.append(f"id {eid} seen twice with different events")
+        if self.reset_at is not None and eid >= self.reset_at:
+            self.reset_at = None
         self.received[eid] = seen
-        self.last = eid if self.last is None or eid > self.last else self.last
+        self.last = eid if self.diverged or self.last is None else max(self.last, eid)
 
     async def run(self, cluster: Cluster, client: httpx.AsyncClient) -> None:
         """Read the stream forever (until cancelled), reconnecting to random serving daemons."""

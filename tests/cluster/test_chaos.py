@@ -57,6 +57,9 @@ FREEZE_BOUND_S = 40.0
 #: what one flush window (50 ms) of a turn publishes, with a wide margin.
 MAX_LOST_TAIL = 200
 MARKER = "ran.log"
+#: A slow turn: events every 50 ms for about 10 s, so a fault lands while the owner is
+#: publishing (and flushing) them.
+SLOW = " ".join(f"[think tick {i}] [sleep 50]" for i in range(200)) + " slow done"
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -108,7 +111,9 @@ class Chaos:
     async def create(self, n: int) -> None:
         async def one() -> None:
             m = self.cluster.pick()
-            r = await self.http.post(f"{m.url}/session", json={}, timeout=60)
+            r = await self.http.post(
+                f"{m.url}/session", json={"sessionScope": "thread"}, timeout=60
+            )
             assert r.status_code == 200, r.text
             self.sessions.append(r.json()["sessionId"])
 
@@ -147,7 +152,7 @@ class Chaos:
             pid = "slow-" + uuid.uuid4().hex[:12]
             slow[sid] = pid
             started = await self.prompter.prompt(
-                sid, ask(pid, "[sleep 10000] slow done"), pid, deadline_s=20, respond_async=True
+                sid, ask(pid, SLOW), pid, deadline_s=20, respond_async=True
             )
             assert started.status == 202, (sid, started)
         await wait_for(
@@ -157,18 +162,18 @@ class Chaos:
         )
         t0 = time.monotonic()
         if kind == "kill":
-            self.cluster.kill(victim)
+            await trio.to_thread.run_sync(self.cluster.kill, victim)
         else:
             self.cluster.freeze(victim)
-            for w in self.watchers.values():
-                if w.member is victim:
+            for sid, w in self.watchers.items():  # streams from or through it hang
+                if w.member is victim or sid in slow:
                     w.reconnect()
 
         async def recover(sid: str) -> None:
             pid = slow[sid]
             # The killed turn, retried with its promptId: a definitive answer, never a rerun.
             self.killed_turns[pid] = await self.prompter.prompt(
-                sid, ask(pid, "[sleep 10000] slow done"), pid, deadline_s=bound_s + 30
+                sid, ask(pid, SLOW), pid, deadline_s=bound_s + 30
             )
             got = await self.answer(sid, "after", bound_s + 30)
             self.failover[kind].append(got.answered_at - t0)
@@ -202,10 +207,10 @@ async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: 
 
             # 1. SIGKILL d0 mid-turn; restart it on its state directory.
             await chaos.fault(d0, "kill", KILL_BOUND_S)
-            cluster.start(d0)
+            await trio.to_thread.run_sync(cluster.start, d0)
             # 2. SIGKILL d1 mid-turn (it owns some of d0's sessions by now); restart it.
             await chaos.fault(d1, "kill", KILL_BOUND_S)
-            cluster.start(d1)
+            await trio.to_thread.run_sync(cluster.start, d1)
             # 3. Freeze d2 mid-turn past its lease; its sessions answer on d0/d1.
             frozen = await chaos.fault(d2, "freeze", FREEZE_BOUND_S)
             frozen_epochs = {
@@ -222,11 +227,26 @@ async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: 
             await wait_for(lambda: "lease lost" in d2.log(), 30, "d2 to log 'lease lost'")
             status = (await http.get(f"{d2.url}/daemon/status", timeout=30)).json()
             journal = status["runtime"]["journal"]
-            assert journal["fencedSessions"] >= 1 or journal["leasesLost"] >= 1, journal
+            assert journal["fencedSessions"] and journal["leasesLost"] >= 1, journal
+            for w in chaos.watchers.values():  # streams through any daemon, d2 included
+                w.reconnect()
 
             # After the thaw every session still answers, on any daemon (d2 included).
             await chaos.every_session_answers(60)
-            await trio.sleep(0.5)  # the watchers read the last turns' events
+            last_ids = {
+                sid: int(n)
+                for sid, n in cluster.sql(
+                    "SELECT session_id, max(event_id) FROM journal_events GROUP BY session_id"
+                )
+            }
+            await wait_for(
+                lambda: all(
+                    (chaos.watchers[sid].last or 0) >= last_ids.get(sid, 0)
+                    for sid in chaos.sessions
+                ),
+                30,
+                "every stream to reach its journal's last event",
+            )
             watchers.cancel_scope.cancel()
     finally:
         cluster.stop_all()
@@ -262,6 +282,7 @@ async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: 
             sid,
         )
         journaled = {int(i): t for i, t in rows}
+        assert ids[-1] == max(journaled), (sid, ids[-1], max(journaled))
         for eid in ids:
             if eid in journaled:
                 assert journaled[eid] == w.received[eid].type, (sid, eid)
