@@ -117,6 +117,12 @@ class Cluster:
         args = ["--journal-url", self.pg_url, "--port", str(m.port), "--approval-mode", "yolo"]
         if supported("--shared-dir"):
             args += ["--shared-dir", str(self.shared)]
+        else:  # the scripted agent's store, shared the way --shared-dir would
+            m.state_dir.mkdir(parents=True, exist_ok=True)
+            link = m.state_dir / "scripted"
+            if not link.is_symlink():
+                (self.shared / "scripted").mkdir(exist_ok=True)
+                link.symlink_to(self.shared / "scripted")
         if supported("--advertise-url"):
             args += ["--advertise-url", m.url]
         return args
@@ -259,7 +265,7 @@ class Prompter:
         headers = {"Prefer": "respond-async"} if respond_async else {}
         retried: list[tuple[str, str]] = []
         first_failure: float | None = None
-        with trio.fail_after(deadline_s):
+        with trio.move_on_after(deadline_s):
             while True:
                 m = self.cluster.pick()
                 try:
@@ -272,19 +278,19 @@ class Prompter:
                 except httpx.TransportError as exc:
                     outcome = type(exc).__name__
                 else:
-                    body = _json(r)
-                    if r.status_code not in RETRY_STATUSES or body.get("promptId") == prompt_id:
+                    got = _json(r)
+                    if r.status_code not in RETRY_STATUSES or got.get("promptId") == prompt_id:
                         # A status a retry cannot change, or this prompt's own terminal (an
                         # ended turn: a retry with its promptId gets the same answer again).
                         return Answer(
                             r.status_code,
-                            body,
+                            got,
                             len(retried) + 1,
                             retried,
                             time.monotonic(),
                             first_failure,
                         )
-                    outcome = f"{r.status_code} {body.get('code', '')}".strip()
+                    outcome = f"{r.status_code} {got.get('code', '')}".strip()
                     retry_after = r.headers.get("Retry-After", "")
                 first_failure = first_failure or time.monotonic()
                 retried.append((m.name, outcome))
@@ -292,6 +298,10 @@ class Prompter:
                 if outcome[:1].isdigit() and retry_after.isdigit():
                     pause = min(1.0, float(retry_after))
                 await trio.sleep(pause)  # a client's back-off between retries
+        raise AssertionError(
+            f"session {sid}: prompt {prompt_id} not answered in {deadline_s} s;"
+            f" {len(retried)} attempts, the last: {retried[-8:]}"
+        )
 
 
 @dataclass

@@ -206,9 +206,13 @@ class Chaos:
 
 
 @pytest.mark.skipif(
-    not supported("--advertise-url") or not supported("--shared-dir"),
-    reason="the cluster core (--advertise-url, forwarding, takeover) and --shared-dir are "
-    "not on this branch yet",
+    not supported("--advertise-url"), reason="the cluster core is not on this branch yet"
+)
+@pytest.mark.xfail(
+    strict=False,
+    reason="needs the cluster core's forwarding and takeover: without them a request on a"
+    " session another daemon owns answers 404 session_not_found, and a killed owner's"
+    " sessions never answer again",
 )
 async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: str) -> None:
     cluster = Cluster(pg_url, tmp_path)
