@@ -441,7 +441,7 @@ class SessionActor(Actor[SessionMsg]):
                 )
                 return MetadataSet(self.session_id, name)
             case Attach(client_id=cid, peer=peer, voter=voter, principal=who):
-                client = attachments.register_client(self, cid, peer, voter, who)
+                client = await attachments.register_client(self, cid, peer, voter, who)
                 return Attached(client, self.view())
             case Detach(client_id=cid):
                 return await attachments.detach(self, cid)
