@@ -258,22 +258,27 @@ class Prompter:
         deadline_s: float,
         request_timeout_s: float = 15.0,
         respond_async: bool = False,
+        first: Member | None = None,
+        first_timeout_s: float = 2.0,
     ) -> Answer:
         """Send until a definitive answer (2xx, or a status not in RETRY_STATUSES), at most
-        ``deadline_s``; every retry carries the same ``promptId``."""
+        ``deadline_s``; every retry carries the same ``promptId``. ``first``: the daemon
+        of the first attempt (with ``first_timeout_s``), e.g. a frozen one a client has not
+        noticed yet: its request waits in that daemon's socket."""
         body = {"prompt": [{"type": "text", "text": text}], "promptId": prompt_id}
         headers = {"Prefer": "respond-async"} if respond_async else {}
         retried: list[tuple[str, str]] = []
         first_failure: float | None = None
         with trio.move_on_after(deadline_s):
             while True:
-                m = self.cluster.pick()
+                m, timeout = (first, first_timeout_s) if first else (self.cluster.pick(), None)
+                first = None
                 try:
                     r = await self.client.post(
                         f"{m.url}/session/{sid}/prompt",
                         json=body,
                         headers=headers,
-                        timeout=request_timeout_s,
+                        timeout=timeout or request_timeout_s,
                     )
                 except httpx.TransportError as exc:
                     outcome = type(exc).__name__
