@@ -191,23 +191,23 @@ class Chaos:
                 if w.member is victim or sid in slow:
                     w.reconnect()
 
-        # A client that has not noticed the freeze tries the frozen daemon first: its
-        # request waits in that daemon's socket until it resumes, long after the client
-        # gave up and retried elsewhere.
-        unaware = victim if kind == "freeze" else None
-
         async def recover(sid: str) -> None:
             pid = slow[sid]
             # The killed turn, retried with its promptId: a definitive answer, never a rerun.
             self.killed_turns[pid] = await self.prompter.prompt(
-                sid, ask(pid, SLOW), pid, deadline_s=bound_s + 30, first=unaware
+                sid, ask(pid, SLOW), pid, deadline_s=bound_s + 30
             )
-            got = await self.answer(sid, "after", bound_s + 30, first=unaware)
+            got = await self.answer(sid, "after", bound_s + 30)
             self.failover[kind].append(got.answered_at - t0)
 
         async with trio.open_nursery() as nursery:
             for sid in owned:
                 nursery.start_soon(recover, sid)
+                if kind == "freeze":
+                    # A client that has not noticed the freeze tries the frozen daemon
+                    # first: its request waits in that daemon's socket until it resumes,
+                    # long after the client gave up and the prompt ran elsewhere.
+                    nursery.start_soon(self.answer, sid, "unaware", bound_s + 30, victim)
             others = [s for s in self.sessions if s not in slow]
             for sid in others:
                 nursery.start_soon(self.answer, sid, "bystander", bound_s)
@@ -226,6 +226,12 @@ class Chaos:
 async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: str) -> None:
     cluster = Cluster(pg_url, tmp_path)
     d0, d1, d2 = cluster.members
+    began = time.monotonic()
+    phases: list[str] = []
+
+    def phase(name: str) -> None:
+        phases.append(f"{name} at {time.monotonic() - began:.1f} s")
+
     try:
         cluster.start_all()
         async with client() as http, trio.open_nursery() as watchers:
@@ -235,13 +241,16 @@ async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: 
                 chaos.watchers[sid] = w = Watcher(sid)
                 watchers.start_soon(w.run, cluster, http)
             await chaos.every_session_answers(60)
+            phase("30 sessions answered")
 
             # 1. SIGKILL d0 mid-turn; restart it on its state directory.
             await chaos.fault(d0, "kill", KILL_BOUND_S)
             await trio.to_thread.run_sync(cluster.start, d0)
+            phase("d0 killed, recovered, restarted")
             # 2. SIGKILL d1 mid-turn (it owns some of d0's sessions by now); restart it.
             await chaos.fault(d1, "kill", KILL_BOUND_S)
             await trio.to_thread.run_sync(cluster.start, d1)
+            phase("d1 killed, recovered, restarted")
             # 3. Freeze d2 mid-turn past its lease; its sessions answer on d0/d1.
             frozen = await chaos.fault(d2, "freeze", FREEZE_BOUND_S)
             frozen_epochs = {
@@ -252,6 +261,7 @@ async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: 
             assert not frozen_epochs, "d2 still holds its sessions' leases after they answered"
             # The rows each frozen session holds from d2's epoch, before d2 resumes.
             d2_rows = {sid: stale_rows(cluster, sid, chaos.epochs[sid]) for sid in frozen}
+            phase("d2 frozen, recovered")
             cluster.thaw(d2)
             # d2 resumes: its frozen turns go on and their events try to reach the
             # journal; the renewer finds its leases taken. The database refuses it.
@@ -278,14 +288,16 @@ async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: 
                     if (w.last or 0) < last_ids.get(sid, 0)
                 }
 
-            with trio.move_on_after(30):
+            with trio.move_on_after(15):  # asserted below, after the markers
                 while behind():  # noqa: ASYNC110 (events arriving over sockets)
                     await trio.sleep(0.05)
-            assert not behind(), f"streams behind their journal: {behind()}"
+            lagging = behind()
+            phase("d2 resumed, fenced; every session answered again")
             watchers.cancel_scope.cancel()
     finally:
         cluster.stop_all()
 
+    print("phases:", "; ".join(phases))
     # ---- no prompt ran twice -------------------------------------------------------------
     ran = markers(cluster)
     twice = {p: n for p, n in ran.items() if n > 1}
@@ -313,6 +325,7 @@ async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: 
         assert max(times) <= bound, (kind, sorted(times))
 
     # ---- event ids per session -----------------------------------------------------------
+    assert not lagging, f"streams that never reached their journal's last event: {lagging}"
     for sid, w in chaos.watchers.items():
         assert not w.violations, (sid, w.violations, w.connections)
         assert all(n <= MAX_LOST_TAIL for n in w.lost), (sid, w.lost)
@@ -320,7 +333,6 @@ async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: 
         assert ids == list(range(ids[0], ids[-1] + 1)), sid
         # What the client ended with is what the journal holds: same ids, same events.
         journaled = journal_view(cluster, sid)
-        assert ids[-1] >= last_ids[sid], (sid, ids[-1], last_ids[sid])
         for eid in ids:
             assert journaled.get(eid) == w.received[eid], (sid, eid)
     print(
