@@ -1,4 +1,4 @@
-"""Many daemons, one shared journal: who serves a request for a session (issue 47).
+"""Many daemons, one shared journal: who serves a request for a session.
 
 Theory of operation
 -------------------
@@ -27,6 +27,6 @@ different views of the lease never bounce one between them. Nothing here knows H
 ``serve.http.forward`` applies the decision.
 """
 
-from serve.cluster.routing import Route, route
+from serve.cluster.decide import Route, route
 
 __all__ = ["Route", "route"]

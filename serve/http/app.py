@@ -150,7 +150,7 @@ def create_app(host: Host) -> QuartTrio:
     tracing.install(app)  # a request's W3C traceparent header, into its log records
     instruments = metrics.install_metrics(app, host)
     access.install(app, host)  # the route rules, only with multi-user auth
-    if isinstance(host.journal, SharedJournal):  # many daemons on one journal (issue 47)
+    if isinstance(host.journal, SharedJournal):  # many daemons on one shared journal
         forward.install(app, host.journal)
     # Around the framework: a keep-alive connection becomes idle again after any response
     # of the app, and the app's calls in flight are counted for the drain.
