@@ -105,8 +105,9 @@ class Member:
 
 
 class Cluster:
-    def __init__(self, pg_url: str, root: Path, size: int = 3) -> None:
+    def __init__(self, pg_url: str, root: Path, size: int = 3, lease_ms: int = 20_000) -> None:
         self.pg_url = pg_url
+        self.lease_ms = lease_ms
         self.workspace = root / "ws"
         self.shared = root / "shared"
         self.workspace.mkdir(parents=True)
@@ -125,6 +126,8 @@ class Cluster:
                 link.symlink_to(self.shared / "scripted")
         if supported("--advertise-url"):
             args += ["--advertise-url", m.url]
+        if supported("--journal-lease-ms"):
+            args += ["--journal-lease-ms", str(self.lease_ms)]
         return args
 
     def start(self, m: Member) -> None:
