@@ -28,6 +28,7 @@ docs/performance.md). At the end:
 from __future__ import annotations
 
 import collections
+import importlib.util
 import json
 import os
 import time
@@ -223,10 +224,10 @@ class Chaos:
     not supported("--advertise-url"), reason="the cluster core is not on this branch yet"
 )
 @pytest.mark.xfail(
-    strict=False,
-    reason="needs the cluster core's forwarding and takeover: without them a request on a"
-    " session another daemon owns answers 404 session_not_found, and a killed owner's"
-    " sessions never answer again",
+    importlib.util.find_spec("serve.sessions.recovery") is None,
+    run=False,  # it fails after ~100 s: every killed turn retried with its promptId reran
+    reason="a restored session does not know the dead owner's prompt ids yet (issue 47's"
+    " serve/sessions/recovery.py): a killed turn retried with its promptId runs again",
 )
 async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: str) -> None:
     cluster = Cluster(pg_url, tmp_path, lease_ms=LEASE_MS)
