@@ -134,6 +134,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     journal_max_total_bytes: int = DEFAULT_JOURNAL_MAX_TOTAL_BYTES
     #: --journal-url: the PostgreSQL journal's libpq URL (None: the files journal).
     journal_url: str | None = None
+    #: --shared-dir: where the agents' places live instead of the state directory (the
+    #: principals' ``tenants/<name>/{home,scripted}``, the scripted agent's ``scripted``
+    #: store), shared by all daemons of a cluster; canonical. None: under ``state_dir``.
+    shared_dir: str | None = None
     allow_origins: tuple[str, ...] = ()
     #: --trusted-proxy: reverse proxies whose X-Forwarded-For names the client (IPs, CIDRs).
     trusted_proxies: tuple[str, ...] = ()
