@@ -24,6 +24,7 @@ from serve.journal import (
     JournalWriter,
     Replay,
 )
+from serve.sessions.recovery import PromptsOnRecord, scan
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class JournalLink:
         #: journal is opened again.
         self.attrs: dict[str, str] = {}
         self._kept: tuple[EventLog, bool] | None = None
+        #: What the journal read by a load says about the session's prompts, until
+        #: serve/sessions/recovery.py settles them.
+        self.on_record: PromptsOnRecord | None = None
 
     async def open(
         self,
@@ -108,6 +112,7 @@ class JournalLink:
             log.warning("journal of session %s unreadable: %s", session_id, exc)
             return None
         self.attrs = dict(replay.meta.attrs)
+        self.on_record = scan(replay)
         return log_from_replay(session_id, replay, ring_size, ring_bytes), bool(replay.records)
 
     def keep(self, restored: EventLog, had_records: bool) -> None:
@@ -127,6 +132,17 @@ class JournalLink:
             await writer.update_meta(msgspec.structs.replace(writer.meta, attrs=merged))
         except JournalError as exc:
             log.warning("session %s: journal meta not updated: %s", writer.session_id, exc)
+
+    async def flush(self) -> None:
+        """What was published so far is durable (an I/O error is logged: the writer
+        retries on its own)."""
+        writer = self.writer
+        if writer is None or writer.closed:
+            return
+        try:
+            await writer.flush()
+        except JournalError as exc:
+            log.warning("session %s: journal not flushed: %s", writer.session_id, exc)
 
     async def aclose(self, timeout_s: float = 5.0) -> None:
         if self.writer is not None:

@@ -1,0 +1,206 @@
+"""A session restored after its daemon died mid-turn (serve/sessions/recovery.py), on the
+files journal and on PostgreSQL: the dead daemon's turn ends with one ``turn_error {code:
+"owner_lost"}``, journaled, found again by every later restore; and a prompt re-sent with
+a ``promptId`` on record answers its first admission and never runs again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from tests.conftest import AUTH, TOKEN
+from tests.support.daemon import DaemonProcess, spawn_daemon
+from tests.support.sse import collect_until
+
+ASYNC = {"Prefer": "respond-async"}
+ENV = {"QWEN_SERVER_TOKEN": TOKEN}
+
+
+def _prompt(text: str, prompt_id: str) -> dict[str, object]:
+    return {"prompt": [{"type": "text", "text": text}], "promptId": prompt_id}
+
+
+def _daemon(tmp_path: Path, journal_args: list[str], *more: str) -> DaemonProcess:
+    return spawn_daemon(
+        [*journal_args, *more], workspace=tmp_path / "ws", state_dir=tmp_path / "state", env=ENV
+    )
+
+
+def _commands(tmp_path: Path, via: str) -> tuple[list[str], list[str]]:
+    """The agent flags of the first life and of the next ones. ``via`` agent: the same
+    scripted agent and store behind two command lines, so the second life's load goes
+    through the agent (a journal made behind another command: serve/sessions/journal_load.py)."""
+    if via == "journal":
+        return [], []
+    agent = f"{sys.executable} -m acp.agents.scripted --state-dir"
+    store = tmp_path / "ws" / ".agent-store"  # where the agent may write
+    return ["--agent", f"{agent} {store}"], ["--agent", f"{agent}={store}"]
+
+
+async def _journaled(client: httpx.AsyncClient, sid: str, event_id: int) -> None:
+    """Until the session's journal holds ``event_id`` (/daemon/status ``journal.lastId``)."""
+    with trio.fail_after(20):
+        while True:
+            body = (await client.get("/daemon/status", params={"detail": "full"})).json()
+            row = next(s for s in body["full"]["sessions"] if s["sessionId"] == sid)
+            if ((row.get("journal") or {}).get("lastId") or 0) >= event_id:
+                return
+            await trio.sleep(0.02)
+
+
+async def _kill(daemon: DaemonProcess) -> None:
+    os.kill(daemon.proc.pid, signal.SIGKILL)
+    await trio.to_thread.run_sync(daemon.proc.wait, 10)
+
+
+async def _history(client: httpx.AsyncClient, sid: str) -> list[dict[str, Any]]:
+    async with client.stream(
+        "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+    ) as stream:
+        events = await collect_until(stream, lambda e: e["type"] == "replay_complete")
+    return [e for e in events if "id" in e]
+
+
+def _all_of(*wanted: tuple[str, str]) -> Any:
+    """A stop condition: true once an event of each ``(type, promptId)`` was seen."""
+    missing = set(wanted)
+
+    def stop(event: dict[str, Any]) -> bool:
+        missing.discard((event["type"], event.get("promptId")))
+        return not missing
+
+    return stop
+
+
+def _terminals(events: list[dict[str, Any]], prompt_id: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in events
+        if e["type"] in ("turn_complete", "turn_error") and e.get("promptId") == prompt_id
+    ]
+
+
+@pytest.mark.parametrize("via", ["journal", "agent"])
+async def test_a_turn_cut_by_a_crash_ends_once_and_its_prompt_never_runs_again(
+    tmp_path: Path, journal_args: list[str], via: str
+) -> None:
+    """``via``: the load is answered from the journal (lazily), or through the agent."""
+    first_command, next_command = _commands(tmp_path, via)
+    daemon = _daemon(tmp_path, journal_args, *first_command)
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            done = await client.post(f"/session/{sid}/prompt", json=_prompt("first", "p-done"))
+            assert done.status_code == 200 and done.json()["stopReason"] == "end_turn"
+            cut = await client.post(
+                f"/session/{sid}/prompt", json=_prompt("[sleep 60000] cut", "p-cut"), headers=ASYNC
+            )
+            assert cut.status_code == 202, cut.text
+            first_admission = cut.json()
+            queued = await client.post(
+                f"/session/{sid}/prompt", json=_prompt("waits", "p-queued"), headers=ASYNC
+            )
+            assert queued.status_code == 202, queued.text
+            async with client.stream(
+                "GET",
+                f"/session/{sid}/events",
+                headers={"Last-Event-ID": str(first_admission["lastEventId"])},
+            ) as stream:
+                # The turn began (its echo) and the second prompt waits behind it.
+                seen = await collect_until(
+                    stream,
+                    _all_of(("session_update", "p-cut"), ("pending_prompt_added", "p-queued")),
+                )
+            await _journaled(client, sid, seen[-1]["id"])
+            await _kill(daemon)  # mid-turn: no terminal for p-cut or p-queued on record
+    finally:
+        daemon.stop()
+
+    again = _daemon(tmp_path, journal_args, *next_command)
+    try:
+        async with httpx.AsyncClient(base_url=again.url, headers=AUTH, timeout=30) as client:
+            loaded = await client.post(f"/session/{sid}/load", json={})
+            assert loaded.status_code == 200, loaded.text
+            epoch = loaded.json()["eventEpoch"]
+            assert epoch != first_admission["eventEpoch"]  # not closed cleanly
+            events = await _history(client, sid)
+            ids = [e["id"] for e in events]
+            assert ids == list(range(1, ids[-1] + 1))
+            assert loaded.json()["lastEventId"] == ids[-1]
+            # The dead daemon's turns end, first the one that ran, then the one that waited,
+            # each with one terminal that says why; they are the log's last events.
+            tail = events[-3:]
+            assert [(e["type"], e.get("promptId")) for e in tail] == [
+                ("turn_error", "p-cut"),
+                ("turn_error", "p-queued"),
+                ("pending_prompt_completed", "p-queued"),
+            ]
+            for terminal in tail[:2]:
+                data = terminal["data"]
+                assert data["code"] == "owner_lost" and data["errorKind"] == "owner_lost"
+                assert "daemon running this turn stopped" in data["message"]
+                assert data["sessionId"] == sid and data["promptId"] == terminal["promptId"]
+            assert tail[2]["data"]["state"] == "removed"  # it never ran
+            assert len(_terminals(events, "p-cut")) == 1
+            assert len(_terminals(events, "p-done")) == 1
+
+            # Re-sent prompt ids answer their first admission and run nothing.
+            blocking = await client.post(
+                f"/session/{sid}/prompt", json=_prompt("[sleep 60000] cut", "p-cut")
+            )
+            assert blocking.status_code == 503, blocking.text  # retryable: as a new prompt
+            assert blocking.json()["code"] == "owner_lost"
+            assert blocking.json()["promptId"] == "p-cut"
+            admitted = await client.post(
+                f"/session/{sid}/prompt", json=_prompt("[sleep 60000] cut", "p-cut"), headers=ASYNC
+            )
+            assert admitted.status_code == 202, admitted.text
+            assert admitted.json() == {
+                "promptId": "p-cut",
+                "lastEventId": first_admission["lastEventId"],
+                "eventEpoch": epoch,
+            }
+            replay = await client.post(f"/session/{sid}/prompt", json=_prompt("first", "p-done"))
+            assert replay.status_code == 200, replay.text
+            assert replay.json() == {"stopReason": "end_turn", "promptId": "p-done"}
+            status = (await client.get("/daemon/status", params={"detail": "full"})).json()
+            row = next(s for s in status["full"]["sessions"] if s["sessionId"] == sid)
+            if via == "journal":
+                assert row["agentPid"] is None  # no agent was bound to run anything
+            assert (await _history(client, sid))[-1]["id"] == ids[-1]  # nothing published
+
+            # The session goes on: a new prompt runs, its ids continue.
+            after = await client.post(f"/session/{sid}/prompt", json=_prompt("after", "p-after"))
+            assert after.status_code == 200, after.text
+            now = await _history(client, sid)
+            assert now[len(events)]["id"] == ids[-1] + 1
+            assert _terminals(now, "p-after")[0]["type"] == "turn_complete"
+            await _journaled(client, sid, now[-1]["id"])
+            await _kill(again)  # not clean again: the restore reads the terminals on record
+    finally:
+        again.stop()
+
+    third = _daemon(tmp_path, journal_args, *next_command)
+    try:
+        async with httpx.AsyncClient(base_url=third.url, headers=AUTH, timeout=30) as client:
+            loaded = await client.post(f"/session/{sid}/resume", json={})
+            assert loaded.status_code == 200, loaded.text
+            events = await _history(client, sid)
+            assert len(_terminals(events, "p-cut")) == 1  # published once
+            assert len(_terminals(events, "p-queued")) == 1
+            assert "owner_lost" not in str(_terminals(events, "p-after"))
+            assert events[-1]["id"] == now[-1]["id"]  # nothing new on record
+            again_cut = await client.post(
+                f"/session/{sid}/prompt", json=_prompt("[sleep 60000] cut", "p-cut"), headers=ASYNC
+            )
+            assert again_cut.json()["lastEventId"] == first_admission["lastEventId"]
+    finally:
+        assert third.stop() == 0
