@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from serve.sessions.budget import BudgetMeter
     from serve.sessions.clients import ClientTable
     from serve.sessions.control import AgentCalls
+    from serve.sessions.journal_link import JournalLink
     from serve.sessions.messages import CloseSession, SessionMsg
     from serve.sessions.prompt_queue import PromptQueue
     from serve.sessions.steering import Steering
@@ -53,6 +54,8 @@ class SessionCore(Protocol):
     calls: AgentCalls
     log: EventLog
     event_tap: Tap | None
+    #: The session's journal (its meta keeps what a restore needs, e.g. the budget).
+    journal_link: JournalLink
     clients: ClientTable
     #: Open SSE subscriptions and the registered client each one names (or None).
     streams: dict[Subscriber, str | None]

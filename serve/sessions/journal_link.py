@@ -24,7 +24,7 @@ from serve.journal import (
     JournalWriter,
     Replay,
 )
-from serve.sessions.recovery import PromptsOnRecord, scan
+from serve.sessions.turn_record import PromptsOnRecord, scan
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,10 @@ class JournalLink:
         #: What the journal read by a load says about the session's prompts, until
         #: serve/sessions/recovery.py settles them.
         self.on_record: PromptsOnRecord | None = None
+        #: Attributes :meth:`remember_soon` has yet to write, and its writer task's nursery.
+        self._pending: dict[str, str] = {}
+        self._writing = False
+        self._nursery: trio.Nursery | None = None
 
     async def open(
         self,
@@ -91,6 +95,7 @@ class JournalLink:
         self.writer = writer
         self.attrs = dict(writer.meta.attrs)
         log_.sink = writer.sink
+        self._nursery = nursery
         await nursery.start(writer.run)
 
     async def restore(
@@ -128,10 +133,31 @@ class JournalLink:
         writer = self.writer
         if writer is None or writer.closed:
             return
+        await self._write_meta(writer)
+
+    async def _write_meta(self, writer: JournalWriter) -> None:
         try:
-            await writer.update_meta(msgspec.structs.replace(writer.meta, attrs=merged))
+            await writer.update_meta(msgspec.structs.replace(writer.meta, attrs=dict(self.attrs)))
         except JournalError as exc:
             log.warning("session %s: journal meta not updated: %s", writer.session_id, exc)
+
+    def remember_soon(self, attrs: dict[str, str]) -> None:
+        """:meth:`remember` off the caller's path (e.g. the budget after each turn): one
+        write in flight at a time, later values coalesced into the next; what is left
+        when the journal closes is written then."""
+        self._pending.update(attrs)
+        if self._writing or self._nursery is None:
+            return
+        self._writing = True
+        self._nursery.start_soon(self._write_pending)
+
+    async def _write_pending(self) -> None:
+        try:
+            while self._pending:
+                attrs, self._pending = self._pending, {}
+                await self.remember(attrs)
+        finally:
+            self._writing = False
 
     async def flush(self) -> None:
         """What was published so far is durable (an I/O error is logged: the writer
@@ -145,9 +171,14 @@ class JournalLink:
             log.warning("session %s: journal not flushed: %s", writer.session_id, exc)
 
     async def aclose(self, timeout_s: float = 5.0) -> None:
-        if self.writer is not None:
+        writer = self.writer
+        if writer is not None:
             with trio.CancelScope(shield=True), trio.move_on_after(timeout_s):
-                await self.writer.aclose()
+                self.attrs = {**self.attrs, **self._pending}
+                self._pending = {}
+                if not writer.closed and self.attrs != writer.meta.attrs:
+                    await self._write_meta(writer)  # what a cancelled write left unwritten
+                await writer.aclose()
 
     def statistics(self) -> dict[str, Any] | None:
         return self.writer.statistics() if self.writer is not None else None

@@ -11,7 +11,9 @@ it), a steered turn settled (serve/sessions/steering.py), then exactly one termi
 
 The budget (serve/sessions/budget.py, sans-IO) hears of ``usage_update``\\ s and of each
 turn's ``usage``; its signals publish ``budget_warning`` / ``budget_exhausted``, and an
-exhausted budget ends the running turn and asks the agent to stop.
+exhausted budget ends the running turn and asks the agent to stop. After each turn and each
+change of the limits the budget is kept in the journal meta (:func:`save_budget`), for a
+restore (serve/sessions/recovery.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import trio
 from acp import telemetry
 from acp.errors import AcpError, ChannelClosed, RemoteError
 from serve.sessions import turns
+from serve.sessions.budget import ATTR as BUDGET_ATTR
 from serve.sessions.budget import Limits
 from serve.sessions.cancelling import cancel_permissions
 from serve.sessions.prompt_events import finish, publish_terminal
@@ -104,6 +107,7 @@ async def run_turn(session: SessionCore, job: Job) -> None:
         usage = session.turn_usage
         session.turn_usage = None
         budget_signals(session, session.budget.turn_ended(usage))
+        save_budget(session)
 
 
 async def _run_prompt(session: SessionCore, job: Job, conn: AgentConnection, sid: str) -> None:
@@ -196,4 +200,11 @@ def set_budget(session: SessionCore, msg: SetBudget) -> dict[str, Any]:
     snapshot = {"sessionId": session.session_id, **session.budget.snapshot()}
     session.log.publish("budget_updated", snapshot, originator=msg.client_id)
     budget_signals(session, signals)
+    save_budget(session)
     return snapshot
+
+
+def save_budget(session: SessionCore) -> None:
+    """Keep the budget in the journal meta for a restore (a write only when it changed,
+    off the turn's path)."""
+    session.journal_link.remember_soon({BUDGET_ATTR: session.budget.saved()})

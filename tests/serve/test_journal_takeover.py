@@ -1,11 +1,13 @@
 """A session restored after its daemon died mid-turn (serve/sessions/recovery.py), on the
 files journal and on PostgreSQL: the dead daemon's turn ends with one ``turn_error {code:
-"owner_lost"}``, journaled, found again by every later restore; and a prompt re-sent with
-a ``promptId`` on record answers its first admission and never runs again.
+"owner_lost"}``, journaled, found again by every later restore; a prompt re-sent with a
+``promptId`` on record answers its first admission and never runs again; and the session's
+budget (limits and spending) comes back with it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import trio
 
@@ -204,3 +207,71 @@ async def test_a_turn_cut_by_a_crash_ends_once_and_its_prompt_never_runs_again(
             assert again_cut.json()["lastEventId"] == first_admission["lastEventId"]
     finally:
         assert third.stop() == 0
+
+
+def _saved_budget(tmp_path: Path, journal_args: list[str], sid: str) -> dict[str, Any] | None:
+    """The budget the session keeps in its journal meta (``session.budget``), as stored."""
+    if journal_args:
+        with psycopg.connect(journal_args[1]) as conn:
+            row = conn.execute(
+                "SELECT meta -> 'attrs' ->> 'session.budget' FROM journal_sessions"
+                " WHERE session_id = %s",
+                (sid,),
+            ).fetchone()
+        raw = row[0] if row else None
+    else:
+        meta = tmp_path / "state" / "journal" / sid / "meta.json"
+        raw = json.loads(meta.read_text())["meta"]["attrs"].get("session.budget")
+    return json.loads(raw) if raw else None
+
+
+async def test_a_spent_budget_stays_spent_after_a_crash_and_a_restore(
+    tmp_path: Path, journal_args: list[str]
+) -> None:
+    daemon = _daemon(tmp_path, journal_args)
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            raised = await client.patch(f"/session/{sid}/budget", json={"maxTokens": 1000})
+            assert raised.status_code == 200, raised.text
+            spent = await client.post(f"/session/{sid}/prompt", json=_prompt("[usage 85] hi", "a"))
+            assert spent.status_code == 200, spent.text
+            before = (await client.get(f"/session/{sid}/budget")).json()
+            assert before["usage"]["totalTokens"] == 90  # 3 + 85 in, "echo: hi" out
+            lowered = await client.patch(f"/session/{sid}/budget", json={"maxTokens": 90})
+            assert lowered.json()["exhausted"] == "tokens"
+            refused = await client.post(f"/session/{sid}/prompt", json=_prompt("more", "b"))
+            assert refused.status_code == 402 and refused.json()["code"] == "budget_exhausted"
+            with trio.fail_after(20):  # until the meta write landed (off the turn's path)
+                while True:
+                    saved = await trio.to_thread.run_sync(
+                        _saved_budget, tmp_path, journal_args, sid
+                    )
+                    if saved is not None and (saved.get("limits") or {}).get("max_tokens") == 90:
+                        break
+                    await trio.sleep(0.02)
+            assert saved["tokens"] == 90
+            await _kill(daemon)
+    finally:
+        daemon.stop()
+
+    # The restoring daemon's default is far larger: the session's own limit wins, and what
+    # it spent is still spent.
+    again = _daemon(tmp_path, journal_args, "--session-token-budget", "100000")
+    try:
+        async with httpx.AsyncClient(base_url=again.url, headers=AUTH, timeout=30) as client:
+            loaded = await client.post(f"/session/{sid}/load", json={})
+            assert loaded.status_code == 200, loaded.text
+            after = (await client.get(f"/session/{sid}/budget")).json()
+            assert after["usage"] == {**before["usage"], "inTurnEstimate": 0}
+            assert after["budget"]["maxTokens"] == 90 and after["exhausted"] == "tokens"
+            refused = await client.post(f"/session/{sid}/prompt", json=_prompt("more", "c"))
+            assert refused.status_code == 402 and refused.json()["code"] == "budget_exhausted"
+            raised = await client.patch(f"/session/{sid}/budget", json={"maxTokens": 1000})
+            assert raised.json()["exhausted"] is None
+            runs = await client.post(f"/session/{sid}/prompt", json=_prompt("[usage 10] go", "d"))
+            assert runs.status_code == 200, runs.text
+            total = (await client.get(f"/session/{sid}/budget")).json()["usage"]["totalTokens"]
+            assert total > 90 + 10  # counted on from what was spent
+    finally:
+        assert again.stop() == 0
