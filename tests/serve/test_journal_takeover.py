@@ -275,3 +275,49 @@ async def test_a_spent_budget_stays_spent_after_a_crash_and_a_restore(
             assert total > 90 + 10  # counted on from what was spent
     finally:
         assert again.stop() == 0
+
+
+def _received(methods_log: Path, method: str) -> bool:
+    """Whether the scripted agent logged a request of ``method`` (ACP_SCRIPTED_METHODS_LOG)."""
+    return methods_log.exists() and f'"{method}"'.encode() in methods_log.read_bytes()
+
+
+def _journaled_frames(url: str, sid: str) -> list[bytes]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT frame FROM journal_events WHERE session_id = %s ORDER BY event_id", (sid,)
+        ).fetchall()
+    return [bytes(row[0]) for row in rows]
+
+
+async def test_in_a_cluster_the_agent_gets_a_turn_only_once_its_start_is_on_record(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A daemon frozen the moment its agent received a prompt has already committed the
+    turn's first event: whoever restores the session knows that promptId."""
+    methods_log = tmp_path / "agent-log" / "methods.jsonl"
+    methods_log.parent.mkdir()
+    daemon = spawn_daemon(
+        ["--journal-url", pg_url, "--agent-allow-write", str(methods_log.parent)],
+        workspace=tmp_path / "ws",
+        state_dir=tmp_path / "state",
+        env={**ENV, "ACP_SCRIPTED_METHODS_LOG": str(methods_log)},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=AUTH, timeout=30) as client:
+            sid = (await client.post("/session", json={})).json()["sessionId"]
+            started = await client.post(
+                f"/session/{sid}/prompt",
+                json=_prompt("[sleep 60000] started", "p-started"),
+                headers=ASYNC,
+            )
+            assert started.status_code == 202, started.text
+            with trio.fail_after(20):
+                while not _received(methods_log, "session/prompt"):  # noqa: ASYNC110 (another process)
+                    await trio.sleep(0.002)
+            os.kill(daemon.proc.pid, signal.SIGSTOP)  # nothing more is written from here
+            frames = await trio.to_thread.run_sync(_journaled_frames, pg_url, sid)
+            assert any(b'"promptId":"p-started"' in frame for frame in frames)
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGKILL)
+        daemon.proc.wait(10)
