@@ -148,8 +148,11 @@ class JournalLink:
         self._pending.update(attrs)
         if self._writing or self._nursery is None:
             return
+        try:
+            self._nursery.start_soon(self._write_pending)
+        except RuntimeError:  # the session's nursery is closed: the close wrote them
+            return
         self._writing = True
-        self._nursery.start_soon(self._write_pending)
 
     async def _write_pending(self) -> None:
         try:
