@@ -25,12 +25,12 @@ measured (``unbudgeted: true`` in the snapshot).
 
 **Across a restore** (a load or resume from the journal, after a restart or on another
 daemon): :meth:`BudgetMeter.saved` is what the session keeps in its journal meta
-(``session.budget``, JSON: the spending settled by finished turns, the cost figures, and
-the limits when a ``PATCH`` set them; written after each turn and each ``PATCH``), and
-:meth:`BudgetMeter.restore` takes it back, so a spent budget stays spent. Limits never
-set on the session follow the restoring daemon's ``--session-*-budget`` defaults. A crash
-loses at most the spending of the turn it cut, and of the one before when its meta write
-had not landed. What the principal quotas charge (:attr:`BudgetMeter.tokens_here`,
+(``session.budget``, JSON: the spending settled by finished turns, the cost figures, and the
+limits when a ``PATCH`` set them; written within a second of each turn or ``PATCH``,
+coalesced: ``JournalLink.remember_soon``), and :meth:`BudgetMeter.restore` takes it back, so
+a spent budget stays spent. Limits never set on the session follow the restoring daemon's
+``--session-*-budget`` defaults. A crash loses at most the spending of the turn it cut and
+of the second before it. What the principal quotas charge (:attr:`BudgetMeter.tokens_here`,
 :attr:`BudgetMeter.cost_here`) is what was spent since the restore: the restored part was
 charged where it was spent.
 

@@ -28,6 +28,10 @@ from serve.sessions.turn_record import PromptsOnRecord, scan
 
 log = logging.getLogger(__name__)
 
+#: Longest a value given to :meth:`JournalLink.remember_soon` waits for its meta write
+#: (seconds): back-to-back turns cost one write per interval, not one each.
+REMEMBER_SOON_S = 1.0
+
 
 def log_from_replay(
     session_id: str, replay: Replay, ring_size: int, ring_bytes: int, *, epoch: str | None = None
@@ -142,9 +146,9 @@ class JournalLink:
             log.warning("session %s: journal meta not updated: %s", writer.session_id, exc)
 
     def remember_soon(self, attrs: dict[str, str]) -> None:
-        """:meth:`remember` off the caller's path (e.g. the budget after each turn): one
-        write in flight at a time, later values coalesced into the next; what is left
-        when the journal closes is written then."""
+        """:meth:`remember` off the caller's path (e.g. the budget after each turn): at
+        most one write per :data:`REMEMBER_SOON_S`, the values given meanwhile coalesced
+        into it; what is left when the journal closes is written then."""
         self._pending.update(attrs)
         if self._writing or self._nursery is None:
             return
@@ -157,6 +161,7 @@ class JournalLink:
     async def _write_pending(self) -> None:
         try:
             while self._pending:
+                await trio.sleep(REMEMBER_SOON_S)  # coalesce back-to-back turns' values
                 attrs, self._pending = self._pending, {}
                 await self.remember(attrs)
         finally:

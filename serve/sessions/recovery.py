@@ -23,9 +23,9 @@ yet):
   :data:`~serve.sessions.prompt_queue.MAX_REMEMBERED_PROMPTS`, as for live admissions):
   a re-submission answers its first admission (``lastEventId``: the id before its first
   event on record) and, for a blocking caller, its recorded outcome; it does not run.
-* **The budget comes back** from the meta's ``session.budget`` attribute (written after
-  each turn and each change of the limits: serve/sessions/budget.py), before the dead
-  owner's turns end, so a spent budget stays spent.
+* **The budget comes back** from the meta's ``session.budget`` attribute (written within
+  a second of each turn and each change of the limits: serve/sessions/budget.py), before
+  the dead owner's turns end, so a spent budget stays spent.
 
 Bounds: the scan reads the records the restore reads (the journal's last
 ``--event-ring-size`` events) and keeps at most one entry per prompt id among them. A
