@@ -1,0 +1,312 @@
+"""The ``journal`` section of ``scripts/bench_round.py``: the files journal beside the
+PostgreSQL one (``--journal-url``) and the failover time of two daemons on one database.
+
+Modes (each a fresh daemon, the journal on; a fresh database per mode on the PostgreSQL
+server ``bench_round.py`` starts for the section, :func:`tests.support.postgres.running_postgres`:
+``initdb`` in a temporary directory, 127.0.0.1 and a unix socket there, ``fsync`` on):
+
+* ``files`` and ``pg`` — with the default agent (the scripted one):
+  ``prompt``: ``--journal-prompts`` prompts on one session, each timed from the POST
+  (``Prefer: respond-async``) to its ``turn_complete`` on the session's SSE stream (p50,
+  p99), after 5 warm-ups; ``flood``: one turn ``[flood --flood-events]`` (blocking POST),
+  the events published divided by the time to the end of the turn, and the events the
+  journal wrote divided by the time until it has the turn's last event (its writer's
+  ``lastId`` reaches the log's, nothing buffered: ``GET /daemon/status?detail=full``),
+  and the share shed (the writer fell ``max_buffer_bytes`` behind); ``load``:
+  ``--sessions`` sessions prompted twice each, the daemon stopped (SIGTERM) and started
+  again on the same state directory (database), then ``POST /session/:id/load`` of each
+  (p50: served from the journal, no agent). Then a second daemon with ``qwen --acp`` (the
+  agent ``qwen serve`` runs) for the same prompt round trip, so ``qwen serve`` has a row
+  with the same agent.
+* ``qwen`` — ``qwen serve``: the ``qwen --acp`` prompt round trip only (it has no journal,
+  so no load from one, and its agent no flood).
+* ``failover`` — two daemons (A, B) on one database, one ``--shared-dir`` and one
+  workspace, each with its own ``--state-dir``. A session is made on A and prompted once;
+  once A's journal has the turn, A is SIGKILLed (its process group), and B is asked
+  ``POST /session/:id/prompt`` (blocking) again every 50 ms until it answers 200: the
+  time from the kill to that answer (B takes the session over on the first request). The
+  same with A frozen (SIGSTOP) instead: B forwards to A, which cannot answer, until A's
+  lease expires (TTL 20 s); then A gets SIGCONT and is stopped. Needs the cluster core
+  (``--advertise-url`` and ``--shared-dir`` in ``python -m serve --help``): without it the
+  rows say so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench_density import AUTH, acp_serve_argv, free_port, qwen_serve_argv, start, stop
+from bench_turn import Http, pct
+
+Figures = dict[str, float]
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ["files", "pg", "qwen", "failover"]
+#: Bound on a wait for the journal to catch up or for a failover, in seconds.
+WAIT_S = 90.0
+#: How often the failover client asks again (and the status is polled), in seconds.
+RETRY_S = 0.05
+NEEDS_CORE = "n/a (needs the cluster core)"
+
+
+def prompt_body(text: str) -> dict[str, Any]:
+    return {"prompt": [{"type": "text", "text": text}]}
+
+
+def daemon_argv(
+    ctx: Any, state: Path, port: int, url: str | None, workspace: Path, agent: str | None
+) -> list[str]:
+    """acp-serve with the journal on (``url``: on PostgreSQL); ``agent`` None: the default
+    agent (the scripted one, its store under the state or shared directory)."""
+    argv = acp_serve_argv(workspace, state, port, agent or "", [])
+    argv.remove("--no-journal")
+    if agent is None:
+        at = argv.index("--agent")
+        del argv[at : at + 2]
+    return argv + (["--journal-url", url] if url else [])
+
+
+def round_trips(port: int, prompts: int) -> tuple[float, float]:
+    """(p50, p99) in ms of prompts timed to ``turn_complete`` on SSE, one session."""
+    client = Http(port)
+    try:
+        for i in range(5):
+            client.prompt_sse(f"warm {i}")
+        times = [client.prompt_sse(f"hi {i}") for i in range(prompts)]
+    finally:
+        client.close()
+    return statistics.median(times), pct(times, 0.99)
+
+
+def session_status(client: httpx.Client, sid: str) -> dict[str, Any]:
+    body = client.get("/daemon/status", params={"detail": "full"}).json()
+    for entry in body["full"]["sessions"]:
+        if entry.get("sessionId") == sid:
+            return dict(entry)
+    raise RuntimeError(f"{sid} is not live")
+
+
+def journal_caught_up(client: httpx.Client, sid: str) -> dict[str, Any]:
+    """Wait (bounded) until the session's journal has its log's last event; its stats."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        entry = session_status(client, sid)
+        stats = entry.get("journal") or {}
+        if stats.get("lastId", -1) >= entry["eventLog"]["lastEventId"] and not stats.get(
+            "bufferedBytes"
+        ):
+            return dict(stats)
+        time.sleep(RETRY_S)
+    raise RuntimeError(f"the journal of {sid} did not catch up in {WAIT_S:.0f} s")
+
+
+def flood(client: httpx.Client, events: int) -> Figures:
+    sid = client.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+    client.post(f"/session/{sid}/prompt", json=prompt_body("warm")).raise_for_status()
+    before = journal_caught_up(client, sid)
+    published0 = session_status(client, sid)["eventLog"]["published"]
+    t0 = time.perf_counter()
+    client.post(f"/session/{sid}/prompt", json=prompt_body(f"[flood {events}]")).raise_for_status()
+    turn_s = time.perf_counter() - t0
+    after = journal_caught_up(client, sid)
+    journal_s = time.perf_counter() - t0
+    published = session_status(client, sid)["eventLog"]["published"] - published0
+    written = after["eventsWritten"] - before["eventsWritten"]
+    shed = after["droppedEvents"] - before["droppedEvents"]
+    return {
+        "flood_turn_eps": published / turn_s,
+        "flood_journal_eps": written / journal_s,
+        "flood_shed_pct": 100 * shed / max(published, 1),
+    }
+
+
+def run_backend(mode: str, ctx: Any) -> Figures:
+    url = ctx.pg.new_database() if mode == "pg" else None
+    state = ctx.tmp / f"state-journal-{mode}-{time.monotonic_ns()}"
+    port = free_port()
+    argv = daemon_argv(ctx, state, port, url, ctx.workspace, None)
+    log = ctx.tmp / f"journal-{mode}-{port}.log"
+    proc = start(argv, ctx.env, port, ROOT, log)
+    out: Figures = {}
+    try:
+        out["rtt_p50_ms"], out["rtt_p99_ms"] = round_trips(port, ctx.args.journal_prompts)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=300) as c:
+            out |= flood(c, ctx.args.flood_events)
+            sids = []
+            for _ in range(ctx.args.sessions):
+                made = c.post("/session", json={"sessionScope": "thread"})
+                sid = made.json()["sessionId"]
+                for i in range(2):
+                    c.post(f"/session/{sid}/prompt", json=prompt_body(f"hi {i}")).raise_for_status()
+                sids.append(sid)
+    finally:
+        stop(proc)
+    port = free_port()
+    argv = daemon_argv(ctx, state, port, url, ctx.workspace, None)
+    proc = start(argv, ctx.env, port, ROOT, ctx.tmp / f"journal-{mode}-load-{port}.log")
+    try:
+        loads = []
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=300) as c:
+            for sid in sids:
+                t0 = time.perf_counter()
+                c.post(f"/session/{sid}/load", json={}).raise_for_status()
+                loads.append((time.perf_counter() - t0) * 1000)
+        out["load_p50_ms"] = statistics.median(loads)
+    finally:
+        stop(proc)
+    port = free_port()
+    state = ctx.tmp / f"state-journal-{mode}-qwen-{time.monotonic_ns()}"
+    argv = daemon_argv(ctx, state, port, url, ctx.workspace, ctx.agent)
+    proc = start(argv, ctx.env, port, ROOT, ctx.tmp / f"journal-{mode}-qwen-{port}.log")
+    try:
+        out["qrtt_p50_ms"], out["qrtt_p99_ms"] = round_trips(port, ctx.args.journal_prompts)
+    finally:
+        stop(proc)
+    return out
+
+
+def run_qwen(ctx: Any) -> Figures:
+    port = free_port()
+    argv = qwen_serve_argv(ctx.cli, ctx.workspace, port)
+    proc = start(argv, ctx.env, port, ctx.workspace, ctx.tmp / f"journal-qwen-{port}.log")
+    try:
+        p50, p99 = round_trips(port, ctx.args.journal_prompts)
+    finally:
+        stop(proc)
+    return {"qrtt_p50_ms": p50, "qrtt_p99_ms": p99}
+
+
+_core: bool | None = None
+
+
+def has_cluster_core() -> bool:
+    """The daemon of this tree has the flags the failover needs."""
+    global _core
+    if _core is None:
+        shown = subprocess.run(
+            [sys.executable, "-m", "serve", "--help"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        _core = "--advertise-url" in shown and "--shared-dir" in shown
+    return _core
+
+
+def failover_once(ctx: Any, sig: int) -> float:
+    """ms from ``sig`` to owner A's process group until B answers a prompt for A's session."""
+    tag = f"{sig}-{time.monotonic_ns()}"
+    url = ctx.pg.new_database()
+    shared = ctx.tmp / f"shared-{tag}"
+    workspace = ctx.tmp / f"ws-cluster-{tag}"
+    shared.mkdir()
+    workspace.mkdir()
+    procs: list[subprocess.Popen[str]] = []
+    ports = []
+    try:
+        for name in ("a", "b"):
+            port = free_port()
+            argv = daemon_argv(ctx, ctx.tmp / f"state-{name}-{tag}", port, url, workspace, None)
+            argv += ["--shared-dir", str(shared)]
+            procs.append(start(argv, ctx.env, port, ROOT, ctx.tmp / f"failover-{name}-{tag}.log"))
+            ports.append(port)
+        owner, other = (f"http://127.0.0.1:{p}" for p in ports)
+        with httpx.Client(base_url=owner, headers=AUTH, timeout=60) as a:
+            sid = a.post("/session", json={"sessionScope": "thread"}).json()["sessionId"]
+            a.post(f"/session/{sid}/prompt", json=prompt_body("before")).raise_for_status()
+            journal_caught_up(a, sid)
+        with httpx.Client(base_url=other, headers=AUTH, timeout=WAIT_S) as b:
+            b.get("/health").raise_for_status()
+            seen: list[int] = []
+            t0 = time.perf_counter()
+            os.killpg(procs[0].pid, sig)
+            while time.perf_counter() - t0 < WAIT_S:
+                try:
+                    got = b.post(f"/session/{sid}/prompt", json=prompt_body("after"))
+                except httpx.HTTPError:
+                    got = None
+                if got is not None and got.status_code == 200:
+                    return (time.perf_counter() - t0) * 1000
+                code = got.status_code if got is not None else 0
+                if not seen or seen[-1] != code:
+                    seen.append(code)
+                time.sleep(RETRY_S)
+        raise RuntimeError(f"B did not answer in {WAIT_S:.0f} s (statuses {seen})")
+    finally:
+        if sig == signal.SIGSTOP and procs:
+            os.killpg(procs[0].pid, signal.SIGCONT)
+        for proc in procs:
+            stop(proc)
+
+
+def run_failover(ctx: Any) -> Figures:
+    if not has_cluster_core():
+        return {}
+    out = {"failover_kill_ms": failover_once(ctx, signal.SIGKILL)}
+    if ctx.args.failover_frozen:
+        out["failover_stop_ms"] = failover_once(ctx, signal.SIGSTOP)
+    return out
+
+
+def run_journal(mode: str, ctx: Any) -> Figures:
+    if mode == "qwen":
+        return run_qwen(ctx)
+    if mode == "failover":
+        return run_failover(ctx)
+    return run_backend(mode, ctx)
+
+
+#: (label, key, format, the ``qwen serve`` cell when it has no figure of its own or None).
+ROWS: list[tuple[str, str, str, str | None]] = [
+    ("prompt round trip p50, scripted agent (ms)", "rtt_p50_ms", "{:.2f}", "-"),
+    ("prompt round trip p99, scripted agent (ms)", "rtt_p99_ms", "{:.2f}", "-"),
+    ("prompt round trip p50, qwen --acp (ms)", "qrtt_p50_ms", "{:.2f}", None),
+    ("prompt round trip p99, qwen --acp (ms)", "qrtt_p99_ms", "{:.2f}", None),
+    ("load served from the journal p50 (ms)", "load_p50_ms", "{:.1f}", "n/a"),
+    ("flood: events/s to the end of the turn", "flood_turn_eps", "{:,.0f}", "n/a"),
+    ("flood: events/s journaled", "flood_journal_eps", "{:,.0f}", "n/a"),
+    ("flood: events shed by the journal (%)", "flood_shed_pct", "{:.1f}", "n/a"),
+    ("failover, owner SIGKILLed: B answers (ms)", "failover_kill_ms", "{:.0f}", "n/a"),
+    ("failover, owner SIGSTOPped: B answers (ms)", "failover_stop_ms", "{:.0f}", "n/a"),
+]
+
+
+def report(results: dict[tuple[str, str], list[Figures]]) -> list[list[str]]:
+    """The section's table: head and rows (medians over the runs)."""
+
+    def med(mode: str, key: str) -> float:
+        values = [r[key] for r in results.get(("journal", mode), []) if key in r]
+        return float(statistics.median(values)) if values else float("nan")
+
+    head = ["metric", "files", "PostgreSQL", "PG/files", "qwen serve", "PG/qwen"]
+    lines = [head]
+    for label, key, fmt, ref_cell in ROWS:
+        if key.startswith("failover"):
+            pg = med("failover", key)
+            if pg != pg:
+                core = has_cluster_core()
+                missing = "n/a (not run)" if core else NEEDS_CORE
+                lines.append([label, "n/a", missing, "-", "n/a", "-"])
+                continue
+            lines.append([label, "n/a", fmt.format(pg), "-", "n/a", "-"])
+            continue
+        files, pg = med("files", key), med("pg", key)
+        ref = med("qwen", key) if ref_cell is None else float("nan")
+        cells = [label]
+        for value in (files, pg):
+            cells.append(fmt.format(value) if value == value else "-")
+        cells.append(f"{pg / files:.2f}" if pg == pg and files == files and files else "-")
+        cells.append(fmt.format(ref) if ref == ref else (ref_cell or "-"))
+        cells.append(f"{pg / ref:.2f}" if ref == ref and pg == pg and ref else "-")
+        lines.append(cells)
+    return lines
