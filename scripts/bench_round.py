@@ -3,8 +3,9 @@
 hypercorn-trio app, the modes interleaved run by run, with ratios.
 
     .venv/bin/python scripts/bench_round.py [--runs 3]
-        [--sections small,prompt,packed,iso,pattern,turn] [--prompts 30] [--sessions 12]
-        [--turn-prompts 300] [--base-root DIR] [--markdown]
+        [--sections small,prompt,packed,iso,pattern,turn[,journal]] [--prompts 30]
+        [--sessions 12] [--turn-prompts 300] [--journal-prompts 100] [--flood-events 40000]
+        [--no-failover-frozen] [--base-root DIR] [--markdown]
 
 Both daemons run the real ``qwen --acp`` (``node <cli.js> --acp``) against the fake model
 of ``tests/support/fake_openai.py``, on the same workspace. Sections (each interleaves its
@@ -40,6 +41,17 @@ modes run by run; per mode a fresh process):
   /session/:id/prompt``) and, for ``qwen --acp``, ``qwen serve`` (time to
   ``turn_complete`` on SSE, as acp-serve's ``acp-sse``), ``--turn-prompts`` prompts
   interleaved one by one; the cost is acp-serve minus direct (p50 and p99).
+
+* ``journal`` (opt-in: not in the default ``--sections``) — the files journal beside the
+  PostgreSQL one (``--journal-url`` on a PostgreSQL server this script starts for the
+  section, ``tests/support/postgres.py``, and stops), the scripted agent: prompt round trip
+  to ``turn_complete`` on SSE (p50, p99; ``--journal-prompts``, every daemon's prompts
+  interleaved one by one, with ``qwen --acp`` behind each journal beside ``qwen serve``),
+  ``POST /session/:id/load`` served from the journal after a restart (p50, ``--sessions``
+  sessions), events/s of a ``[flood --flood-events]`` turn (to the end of the turn, and
+  journaled), and the failover time of two daemons on one database (the owner SIGKILLed,
+  and SIGSTOPped unless ``--no-failover-frozen``): ``scripts/bench_round_journal.py``.
+  Printed as its own table: files, PostgreSQL, PG/files, ``qwen serve``, PG/qwen.
 
 ``base-<mode>`` (``--base-modes acp,warm1,...``) adds the same mode run by the daemon of
 the source tree ``--base-root`` (e.g. ``git archive main`` unpacked): before/after in one

@@ -43,14 +43,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from bench_density import AUTH, acp_serve_argv, free_port, qwen_serve_argv, start, stop
 from bench_turn import Http, pct
 
 Figures = dict[str, float]
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ["files", "pg", "qwen", "failover"]
+MODES = ["files", "pg", "rtt", "failover"]
 #: Bound on a wait for the journal to catch up or for a failover, in seconds.
 WAIT_S = 90.0
 #: How often the failover client asks again (and the status is polled), in seconds.
@@ -75,16 +74,30 @@ def daemon_argv(
     return argv + (["--journal-url", url] if url else [])
 
 
-def round_trips(port: int, prompts: int) -> tuple[float, float]:
-    """(p50, p99) in ms of prompts timed to ``turn_complete`` on SSE, one session."""
-    client = Http(port)
+def round_trips(ports: dict[str, int], prompts: int) -> Figures:
+    """Per daemon (name -> port), one session, prompts timed to ``turn_complete`` on SSE,
+    one daemon after the other prompt by prompt (the machine's load falls on all alike):
+    ``rtt_p50_ms@<name>`` and ``rtt_p99_ms@<name>``, or without ``@`` for one daemon."""
+    clients: dict[str, Http] = {}
     try:
+        for name, port in ports.items():
+            clients[name] = Http(port)
         for i in range(5):
-            client.prompt_sse(f"warm {i}")
-        times = [client.prompt_sse(f"hi {i}") for i in range(prompts)]
+            for client in clients.values():
+                client.prompt_sse(f"warm {i}")
+        times: dict[str, list[float]] = {name: [] for name in clients}
+        for i in range(prompts):
+            for name, client in clients.items():
+                times[name].append(client.prompt_sse(f"hi {i}"))
     finally:
-        client.close()
-    return statistics.median(times), pct(times, 0.99)
+        for client in clients.values():
+            client.close()
+    out: Figures = {}
+    for name, values in times.items():
+        at = f"@{name}" if len(ports) > 1 else ""
+        out[f"rtt_p50_ms{at}"] = statistics.median(values)
+        out[f"rtt_p99_ms{at}"] = pct(values, 0.99)
+    return out
 
 
 def session_status(client: httpx.Client, sid: str) -> dict[str, Any]:
@@ -100,10 +113,9 @@ def journal_caught_up(client: httpx.Client, sid: str) -> dict[str, Any]:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         entry = session_status(client, sid)
-        stats = entry.get("journal") or {}
-        if stats.get("lastId", -1) >= entry["eventLog"]["lastEventId"] and not stats.get(
-            "bufferedBytes"
-        ):
+        stats = entry.get("journal")
+        last = entry["eventLog"]["lastEventId"]
+        if stats and (stats["lastId"] or 0) >= last and not stats["bufferedBytes"]:
             return dict(stats)
         time.sleep(RETRY_S)
     raise RuntimeError(f"the journal of {sid} did not catch up in {WAIT_S:.0f} s")
@@ -138,7 +150,6 @@ def run_backend(mode: str, ctx: Any) -> Figures:
     proc = start(argv, ctx.env, port, ROOT, log)
     out: Figures = {}
     try:
-        out["rtt_p50_ms"], out["rtt_p99_ms"] = round_trips(port, ctx.args.journal_prompts)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=AUTH, timeout=300) as c:
             out |= flood(c, ctx.args.flood_events)
             sids = []
@@ -163,26 +174,42 @@ def run_backend(mode: str, ctx: Any) -> Figures:
         out["load_p50_ms"] = statistics.median(loads)
     finally:
         stop(proc)
-    port = free_port()
-    state = ctx.tmp / f"state-journal-{mode}-qwen-{time.monotonic_ns()}"
-    argv = daemon_argv(ctx, state, port, url, ctx.workspace, ctx.agent)
-    proc = start(argv, ctx.env, port, ROOT, ctx.tmp / f"journal-{mode}-qwen-{port}.log")
-    try:
-        out["qrtt_p50_ms"], out["qrtt_p99_ms"] = round_trips(port, ctx.args.journal_prompts)
-    finally:
-        stop(proc)
     return out
 
 
-def run_qwen(ctx: Any) -> Figures:
-    port = free_port()
-    argv = qwen_serve_argv(ctx.cli, ctx.workspace, port)
-    proc = start(argv, ctx.env, port, ctx.workspace, ctx.tmp / f"journal-qwen-{port}.log")
+#: The daemons of the ``rtt`` mode: name -> (journal, agent: None the scripted one, "qwen"
+#: ``qwen --acp``); ``qwen`` is ``qwen serve``.
+RTT_DAEMONS: dict[str, tuple[str, str | None]] = {
+    "files": ("files", None),
+    "pg": ("pg", None),
+    "files+qwen": ("files", "qwen"),
+    "pg+qwen": ("pg", "qwen"),
+    "qwen": ("", "qwen"),
+}
+
+
+def run_rtt(ctx: Any) -> Figures:
+    """The prompt round trips of every daemon of :data:`RTT_DAEMONS`, interleaved."""
+    procs: list[subprocess.Popen[str]] = []
+    ports: dict[str, int] = {}
     try:
-        p50, p99 = round_trips(port, ctx.args.journal_prompts)
+        for name, (journal, agent) in RTT_DAEMONS.items():
+            port = free_port()
+            log = ctx.tmp / f"journal-rtt-{name}-{port}.log"
+            if name == "qwen":
+                argv = qwen_serve_argv(ctx.cli, ctx.workspace, port)
+                procs.append(start(argv, ctx.env, port, ctx.workspace, log))
+            else:
+                url = ctx.pg.new_database() if journal == "pg" else None
+                state = ctx.tmp / f"state-journal-rtt-{name}-{time.monotonic_ns()}"
+                command = ctx.agent if agent else None
+                argv = daemon_argv(ctx, state, port, url, ctx.workspace, command)
+                procs.append(start(argv, ctx.env, port, ROOT, log))
+            ports[name] = port
+        return round_trips(ports, ctx.args.journal_prompts)
     finally:
-        stop(proc)
-    return {"qrtt_p50_ms": p50, "qrtt_p99_ms": p99}
+        for proc in procs:
+            stop(proc)
 
 
 _core: bool | None = None
@@ -259,25 +286,32 @@ def run_failover(ctx: Any) -> Figures:
 
 
 def run_journal(mode: str, ctx: Any) -> Figures:
-    if mode == "qwen":
-        return run_qwen(ctx)
+    if mode == "rtt":
+        return run_rtt(ctx)
     if mode == "failover":
         return run_failover(ctx)
     return run_backend(mode, ctx)
 
 
-#: (label, key, format, the ``qwen serve`` cell when it has no figure of its own or None).
-ROWS: list[tuple[str, str, str, str | None]] = [
-    ("prompt round trip p50, scripted agent (ms)", "rtt_p50_ms", "{:.2f}", "-"),
-    ("prompt round trip p99, scripted agent (ms)", "rtt_p99_ms", "{:.2f}", "-"),
-    ("prompt round trip p50, qwen --acp (ms)", "qrtt_p50_ms", "{:.2f}", None),
-    ("prompt round trip p99, qwen --acp (ms)", "qrtt_p99_ms", "{:.2f}", None),
-    ("load served from the journal p50 (ms)", "load_p50_ms", "{:.1f}", "n/a"),
-    ("flood: events/s to the end of the turn", "flood_turn_eps", "{:,.0f}", "n/a"),
-    ("flood: events/s journaled", "flood_journal_eps", "{:,.0f}", "n/a"),
-    ("flood: events shed by the journal (%)", "flood_shed_pct", "{:.1f}", "n/a"),
-    ("failover, owner SIGKILLed: B answers (ms)", "failover_kill_ms", "{:.0f}", "n/a"),
-    ("failover, owner SIGSTOPped: B answers (ms)", "failover_stop_ms", "{:.0f}", "n/a"),
+#: (label, key, format): the ``rtt`` mode's rows, ``<key>@files`` and ``@pg``, and for
+#: ``qwen --acp`` ``<key>@files+qwen``, ``@pg+qwen`` and ``@qwen`` (``qwen serve``).
+RTT_ROWS: list[tuple[str, str, str]] = [
+    ("prompt round trip p50, scripted agent (ms)", "rtt_p50_ms", "{:.2f}"),
+    ("prompt round trip p99, scripted agent (ms)", "rtt_p99_ms", "{:.2f}"),
+    ("prompt round trip p50, qwen --acp (ms)", "rtt_p50_ms", "{:.2f}"),
+    ("prompt round trip p99, qwen --acp (ms)", "rtt_p99_ms", "{:.2f}"),
+]
+#: (label, key, format): the ``files`` and ``pg`` modes' rows (``qwen serve``: none).
+ROWS: list[tuple[str, str, str]] = [
+    ("load served from the journal p50 (ms)", "load_p50_ms", "{:.1f}"),
+    ("flood: events/s to the end of the turn", "flood_turn_eps", "{:,.0f}"),
+    ("flood: events/s journaled", "flood_journal_eps", "{:,.0f}"),
+    ("flood: events shed by the journal (%)", "flood_shed_pct", "{:.1f}"),
+]
+#: The ``failover`` mode's rows: one figure, PostgreSQL only.
+FAILOVER_ROWS: list[tuple[str, str, str]] = [
+    ("failover, owner SIGKILLed: B answers (ms)", "failover_kill_ms", "{:.0f}"),
+    ("failover, owner SIGSTOPped: B answers (ms)", "failover_stop_ms", "{:.0f}"),
 ]
 
 
@@ -288,25 +322,30 @@ def report(results: dict[tuple[str, str], list[Figures]]) -> list[list[str]]:
         values = [r[key] for r in results.get(("journal", mode), []) if key in r]
         return float(statistics.median(values)) if values else float("nan")
 
-    head = ["metric", "files", "PostgreSQL", "PG/files", "qwen serve", "PG/qwen"]
-    lines = [head]
-    for label, key, fmt, ref_cell in ROWS:
-        if key.startswith("failover"):
-            pg = med("failover", key)
-            if pg != pg:
-                core = has_cluster_core()
-                missing = "n/a (not run)" if core else NEEDS_CORE
-                lines.append([label, "n/a", missing, "-", "n/a", "-"])
-                continue
+    def row(label: str, fmt: str, files: float, pg: float, ref: float, no_ref: str) -> list[str]:
+        def shown(value: float) -> str:
+            return fmt.format(value) if value == value else "-"
+
+        def ratio(a: float, b: float) -> str:
+            return f"{a / b:.2f}" if a == a and b == b and b else "-"
+
+        ref_cell = shown(ref) if ref == ref else no_ref
+        return [label, shown(files), shown(pg), ratio(pg, files), ref_cell, ratio(pg, ref)]
+
+    nan = float("nan")
+    lines = [["metric", "files", "PostgreSQL", "PG/files", "qwen serve", "PG/qwen"]]
+    for n, (label, key, fmt) in enumerate(RTT_ROWS):
+        agent = "+qwen" if n >= 2 else ""  # qwen serve runs qwen --acp, not the scripted agent
+        files, pg = med("rtt", f"{key}@files{agent}"), med("rtt", f"{key}@pg{agent}")
+        ref = med("rtt", f"{key}@qwen") if agent else nan
+        lines.append(row(label, fmt, files, pg, ref, "-"))
+    for label, key, fmt in ROWS:
+        lines.append(row(label, fmt, med("files", key), med("pg", key), nan, "n/a"))
+    for label, key, fmt in FAILOVER_ROWS:
+        pg = med("failover", key)
+        if pg == pg:
             lines.append([label, "n/a", fmt.format(pg), "-", "n/a", "-"])
-            continue
-        files, pg = med("files", key), med("pg", key)
-        ref = med("qwen", key) if ref_cell is None else float("nan")
-        cells = [label]
-        for value in (files, pg):
-            cells.append(fmt.format(value) if value == value else "-")
-        cells.append(f"{pg / files:.2f}" if pg == pg and files == files and files else "-")
-        cells.append(fmt.format(ref) if ref == ref else (ref_cell or "-"))
-        cells.append(f"{pg / ref:.2f}" if ref == ref and pg == pg and ref else "-")
-        lines.append(cells)
+        else:
+            missing = "n/a (not run)" if has_cluster_core() else NEEDS_CORE
+            lines.append([label, "n/a", missing, "-", "n/a", "-"])
     return lines
