@@ -10,9 +10,9 @@ server ``bench_round.py`` starts for the section, :func:`tests.support.postgres.
   (``Prefer: respond-async``) to its ``turn_complete`` on the session's SSE stream (p50,
   p99), after 5 warm-ups; ``flood``: one turn ``[flood --flood-events]`` (blocking POST),
   the events published divided by the time to the end of the turn, and the events the
-  journal wrote divided by the time until it has the turn's last event (its writer's
-  ``lastId`` reaches the log's, nothing buffered: ``GET /daemon/status?detail=full``),
-  and the share shed (the writer fell ``max_buffer_bytes`` behind); ``load``:
+  journal wrote divided by the time until it is done with the turn (every event the log
+  published written or shed, nothing buffered: ``GET /daemon/status?detail=full``), and
+  the share shed (the writer fell ``max_buffer_bytes`` behind); ``load``:
   ``--sessions`` sessions prompted twice each, the daemon stopped (SIGTERM) and started
   again on the same state directory (database), then ``POST /session/:id/load`` of each
   (p50: served from the journal, no agent). Then a second daemon with ``qwen --acp`` (the
@@ -109,13 +109,17 @@ def session_status(client: httpx.Client, sid: str) -> dict[str, Any]:
 
 
 def journal_caught_up(client: httpx.Client, sid: str) -> dict[str, Any]:
-    """Wait (bounded) until the session's journal has its log's last event; its stats."""
+    """Wait (bounded) until the session's journal has done with every event its log
+    published; its stats."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         entry = session_status(client, sid)
         stats = entry.get("journal")
-        last = entry["eventLog"]["lastEventId"]
-        if stats and (stats["lastId"] or 0) >= last and not stats["bufferedBytes"]:
+        published = entry["eventLog"]["published"]
+        # Every event written or shed (a shed tail is never written: the journal restarts
+        # after the gap with the next event), nothing in flight.
+        done = stats and stats["eventsWritten"] + stats["droppedEvents"] >= published
+        if done and not stats["bufferedBytes"]:
             return dict(stats)
         time.sleep(RETRY_S)
     raise RuntimeError(f"the journal of {sid} did not catch up in {WAIT_S:.0f} s")
