@@ -27,8 +27,9 @@ server ``bench_round.py`` starts for the section, :func:`tests.support.postgres.
   time from the kill to that answer (B takes the session over on the first request). The
   same with A frozen (SIGSTOP) instead: B forwards to A, which cannot answer, until A's
   lease expires (TTL 20 s); then A gets SIGCONT and is stopped. Needs the cluster core
-  (``--advertise-url`` and ``--shared-dir`` in ``python -m serve --help``): without it the
-  rows say so.
+  (``--advertise-url`` in ``python -m serve --help`` and ``serve/cluster/``): without it the
+  rows say so. Without ``--shared-dir`` the scripted agent's store (what the failover needs
+  shared) is linked into both state directories instead.
 """
 
 from __future__ import annotations
@@ -216,22 +217,37 @@ def run_rtt(ctx: Any) -> Figures:
             stop(proc)
 
 
-_core: bool | None = None
+_help: str | None = None
 
 
-def has_cluster_core() -> bool:
-    """The daemon of this tree has the flags the failover needs."""
-    global _core
-    if _core is None:
-        shown = subprocess.run(
+def daemon_help() -> str:
+    """``python -m serve --help`` of this tree (once)."""
+    global _help
+    if _help is None:
+        _help = subprocess.run(
             [sys.executable, "-m", "serve", "--help"],
             cwd=ROOT,
             capture_output=True,
             text=True,
             check=False,
         ).stdout
-        _core = "--advertise-url" in shown and "--shared-dir" in shown
-    return _core
+    return _help
+
+
+def has_cluster_core() -> bool:
+    """This tree's daemon forwards and takes over sessions (``serve/cluster/``)."""
+    return "--advertise-url" in daemon_help() and (ROOT / "serve" / "cluster").is_dir()
+
+
+def shared_flags(state: Path, shared: Path) -> list[str]:
+    """``--shared-dir`` where the daemon has it; else the scripted agent's store (all the
+    failover needs shared) linked into the state directory."""
+    if "--shared-dir" in daemon_help():
+        return ["--shared-dir", str(shared)]
+    (shared / "scripted").mkdir(exist_ok=True)
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "scripted").symlink_to(shared / "scripted")
+    return []
 
 
 def failover_once(ctx: Any, sig: int) -> float:
@@ -247,8 +263,9 @@ def failover_once(ctx: Any, sig: int) -> float:
     try:
         for name in ("a", "b"):
             port = free_port()
-            argv = daemon_argv(ctx, ctx.tmp / f"state-{name}-{tag}", port, url, workspace, None)
-            argv += ["--shared-dir", str(shared)]
+            state = ctx.tmp / f"state-{name}-{tag}"
+            argv = daemon_argv(ctx, state, port, url, workspace, None)
+            argv += shared_flags(state, shared)
             procs.append(start(argv, ctx.env, port, ROOT, ctx.tmp / f"failover-{name}-{tag}.log"))
             ports.append(port)
         owner, other = (f"http://127.0.0.1:{p}" for p in ports)
