@@ -284,7 +284,12 @@ def failover_once(ctx: Any, sig: int) -> float:
                 except httpx.HTTPError:
                     got = None
                 if got is not None and got.status_code == 200:
-                    return (time.perf_counter() - t0) * 1000
+                    took = (time.perf_counter() - t0) * 1000
+                    before = f"statuses {seen} (0: no answer), then" if seen else "at once"
+                    print(
+                        f"  failover ({signal.Signals(sig).name}): B {before} 200", file=sys.stderr
+                    )
+                    return took
                 code = got.status_code if got is not None else 0
                 if not seen or seen[-1] != code:
                     seen.append(code)
