@@ -502,7 +502,7 @@ def main() -> int:
     parser.add_argument("--settle-s", type=float, default=6.0)
     parser.add_argument("--wrk-s", type=int, default=5)
     parser.add_argument(
-        "--journal-prompts", type=int, default=100, help="journal: prompt round trips per mode"
+        "--journal-prompts", type=int, default=100, help="journal: prompt round trips per daemon"
     )
     parser.add_argument(
         "--flood-events", type=int, default=40_000, help="journal: events of the flood turn"

@@ -1,35 +1,35 @@
 """The ``journal`` section of ``scripts/bench_round.py``: the files journal beside the
 PostgreSQL one (``--journal-url``) and the failover time of two daemons on one database.
 
-Modes (each a fresh daemon, the journal on; a fresh database per mode on the PostgreSQL
-server ``bench_round.py`` starts for the section, :func:`tests.support.postgres.running_postgres`:
-``initdb`` in a temporary directory, 127.0.0.1 and a unix socket there, ``fsync`` on):
+Modes (the journal on in every acp-serve daemon; a fresh database per daemon on the
+PostgreSQL server ``bench_round.py`` starts for the section,
+:func:`tests.support.postgres.running_postgres`: ``initdb`` in a temporary directory,
+127.0.0.1 and a unix socket there, ``fsync`` on):
 
-* ``files`` and ``pg`` — with the default agent (the scripted one):
-  ``prompt``: ``--journal-prompts`` prompts on one session, each timed from the POST
-  (``Prefer: respond-async``) to its ``turn_complete`` on the session's SSE stream (p50,
-  p99), after 5 warm-ups; ``flood``: one turn ``[flood --flood-events]`` (blocking POST),
-  the events published divided by the time to the end of the turn, and the events the
-  journal wrote divided by the time until it is done with the turn (every event the log
-  published written or shed, nothing buffered: ``GET /daemon/status?detail=full``), and
-  the share shed (the writer fell ``max_buffer_bytes`` behind); ``load``:
-  ``--sessions`` sessions prompted twice each, the daemon stopped (SIGTERM) and started
-  again on the same state directory (database), then ``POST /session/:id/load`` of each
-  (p50: served from the journal, no agent). Then a second daemon with ``qwen --acp`` (the
-  agent ``qwen serve`` runs) for the same prompt round trip, so ``qwen serve`` has a row
-  with the same agent.
-* ``qwen`` — ``qwen serve``: the ``qwen --acp`` prompt round trip only (it has no journal,
-  so no load from one, and its agent no flood).
+* ``files`` and ``pg`` — a fresh daemon with the default agent (the scripted one):
+  ``flood``: one turn ``[flood --flood-events]`` (blocking POST), the events published
+  divided by the time to the end of the turn, and the events the journal wrote divided by
+  the time until it is done with the turn (every event the log published written or shed,
+  nothing buffered: ``GET /daemon/status?detail=full``), and the share shed (the writer
+  fell ``max_buffer_bytes`` behind); ``load``: ``--sessions`` sessions prompted twice each,
+  the daemon stopped (SIGTERM) and started again on the same state directory (database),
+  then ``POST /session/:id/load`` of each (p50: served from the journal, no agent).
+* ``rtt`` — five daemons at once (:data:`RTT_DAEMONS`): the scripted agent and ``qwen
+  --acp`` behind each journal, and ``qwen serve`` (which runs ``qwen --acp`` itself: it has
+  no row with the scripted agent, no journal to load from, no flood). One session each;
+  ``--journal-prompts`` prompts per daemon, each timed from the POST (``Prefer:
+  respond-async``) to its ``turn_complete`` on the session's SSE stream (p50, p99), after 5
+  warm-ups, the daemons taking turns prompt by prompt.
 * ``failover`` — two daemons (A, B) on one database, one ``--shared-dir`` and one
   workspace, each with its own ``--state-dir``. A session is made on A and prompted once;
   once A's journal has the turn, A is SIGKILLed (its process group), and B is asked
   ``POST /session/:id/prompt`` (blocking) again every 50 ms until it answers 200: the
   time from the kill to that answer (B takes the session over on the first request). The
   same with A frozen (SIGSTOP) instead: B forwards to A, which cannot answer, until A's
-  lease expires (TTL 20 s); then A gets SIGCONT and is stopped. Needs the cluster core
-  (``--advertise-url`` in ``python -m serve --help`` and ``serve/cluster/``): without it the
-  rows say so. Without ``--shared-dir`` the scripted agent's store (what the failover needs
-  shared) is linked into both state directories instead.
+  lease expires (``--journal-lease-ms``, 20 s); then A gets SIGCONT and is stopped. Needs
+  the cluster core (``--advertise-url`` in ``python -m serve --help`` and
+  ``serve/cluster/``): without it the rows say so. Without ``--shared-dir`` the scripted
+  agent's store (what the failover needs shared) is linked into both state directories.
 """
 
 from __future__ import annotations
