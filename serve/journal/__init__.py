@@ -59,7 +59,7 @@ writer holds it), :class:`JournalIOError` (the file system; journaling that sess
 is then off, the session itself need not fail).
 """
 
-from serve.journal.backend import JournalBackend, JournalWriter
+from serve.journal.backend import JournalBackend, JournalWriter, SharedJournal
 from serve.journal.format import JournalRecord
 from serve.journal.journal import (
     Journal,
@@ -72,8 +72,10 @@ from serve.journal.journal import (
     SessionJournal,
 )
 from serve.journal.store import JournalMeta
+from serve.journal.types import FINAL_EVENTS, Ownership
 
 __all__ = [
+    "FINAL_EVENTS",
     "Journal",
     "JournalBackend",
     "JournalBusy",
@@ -84,6 +86,8 @@ __all__ = [
     "JournalNotFound",
     "JournalRecord",
     "JournalWriter",
+    "Ownership",
     "Replay",
     "SessionJournal",
+    "SharedJournal",
 ]

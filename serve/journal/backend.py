@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import trio
 
 from serve.journal.store import JournalMeta
-from serve.journal.types import JournalLimits, Replay
+from serve.journal.types import JournalLimits, Ownership, Replay
 
 
 class JournalWriter(Protocol):
@@ -88,3 +88,14 @@ class JournalBackend(Protocol):
         """Close every open writer (and the PostgreSQL journal's pool)."""
 
     def statistics(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class SharedJournal(JournalBackend, Protocol):
+    """A journal several daemons share (the PostgreSQL one): each session has one owner,
+    and any daemon can ask who it is (``serve.cluster``)."""
+
+    owner_id: str | None
+
+    async def owner_of(self, session_id: str) -> Ownership | None:
+        """The session's lease holder and whether it may be taken (None: no journal)."""

@@ -10,6 +10,7 @@ bounds every session journal (units in the names, checked at construction);
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Final
 
 import msgspec
 
@@ -84,3 +85,26 @@ class Replay(msgspec.Struct, frozen=True, kw_only=True):
 
     def __iter__(self) -> Iterator[JournalRecord]:
         return iter(self.records)
+
+
+#: The event types that end a session (``session_closed`` / ``session_died``): a journal
+#: whose last event is one of them belongs to a session that ended, not one to take over.
+FINAL_EVENTS: Final = frozenset({"session_closed", "session_died"})
+
+
+class Ownership(msgspec.Struct, frozen=True, kw_only=True):
+    """Who holds a journaled session on a shared journal (``PgJournal.owner_of``)."""
+
+    session_id: str
+    #: The lease holder's daemon id (None: never leased, or its lease row was deleted).
+    owner_id: str | None
+    #: How to reach the holder (its ``--advertise-url``); "" when unknown.
+    address: str
+    #: The lease is unexpired and its holder's liveness lock is held.
+    alive: bool
+    #: The holder is this daemon.
+    mine: bool
+    #: The journal's last event ends the session (it is not taken over, only loaded).
+    ended: bool
+    #: The session's workspace (from its meta).
+    workspace: str

@@ -138,6 +138,8 @@ def build_host(
 
     #: The daemon's URL once it listens (the lifecycle is made below; read when called).
     def own_url() -> str:
+        if settings.advertise_url is not None:
+            return settings.advertise_url
         return lifecycle.urls[0] if lifecycle.urls else ""
 
     journal = _journal(settings, own_url) if settings.journal else None

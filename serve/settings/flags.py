@@ -104,6 +104,7 @@ _SECTION_OF = {
     "--access-log": "observability",
     "--chaos-kill-rate": "observability",
     "--device-flow-provider": "multi-user",
+    "--advertise-url": "sessions",
 }
 _SECTION_PREFIXES = (
     ("--auth-", "multi-user"),
@@ -339,6 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="keep the journal in PostgreSQL (postgresql://...) instead of files under "
         "--state-dir (docs/postgres-journal.md)",
+    )
+    add(
+        "--advertise-url",
+        default=None,
+        metavar="URL",
+        help="with --journal-url: how the other daemons reach this one, e.g. "
+        "http://$(POD_IP):4170 (default: the URL it listens on)",
     )
     add(
         "--journal-max-total-bytes",

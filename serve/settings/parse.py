@@ -208,6 +208,7 @@ def parse_settings(
         )
 
     journal_url = parse_journal_url(ns.journal_url, ns.no_journal)
+    advertise_url = parse_advertise_url(ns.advertise_url, journal_url)
 
     origins: list[str] = []
     for pattern in ns.allow_origin or []:
@@ -361,6 +362,7 @@ def parse_settings(
         journal_retention_ms=journal_retention,
         journal_max_total_bytes=journal_total,
         journal_url=journal_url,
+        advertise_url=advertise_url,
         allow_origins=tuple(origins),
         trusted_proxies=parse_trusted_proxies(ns.trusted_proxy or []),
         enable_session_shell=ns.enable_session_shell,
@@ -496,6 +498,24 @@ def parse_otel_endpoint(value: str | None) -> str | None:
     scheme, _, rest = url.partition("://")
     if scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
         raise SettingsError(f"--otel-endpoint must be an http(s) URL, got {value!r}")
+    return url
+
+
+def parse_advertise_url(value: str | None, journal_url: str | None) -> str | None:
+    """``--advertise-url``: an http(s) URL with a host, only with ``--journal-url`` (the
+    other daemons of the shared journal forward requests there)."""
+    if value is None:
+        return None
+    url = value.strip().rstrip("/")
+    scheme, _, rest = url.partition("://")
+    host = rest.split("/", 1)[0]
+    if scheme.lower() not in ("http", "https") or not host or "/" in rest:
+        raise SettingsError(
+            f"--advertise-url must be an http(s) URL with a host and no path "
+            f"(http://10.0.0.7:4170), got {value!r}"
+        )
+    if journal_url is None:
+        raise SettingsError("--advertise-url needs --journal-url (only a shared journal forwards)")
     return url
 
 

@@ -134,6 +134,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     journal_max_total_bytes: int = DEFAULT_JOURNAL_MAX_TOTAL_BYTES
     #: --journal-url: the PostgreSQL journal's libpq URL (None: the files journal).
     journal_url: str | None = None
+    #: --advertise-url: how the daemons sharing the journal reach this one (None: the URL
+    #: it listens on).
+    advertise_url: str | None = None
     allow_origins: tuple[str, ...] = ()
     #: --trusted-proxy: reverse proxies whose X-Forwarded-For names the client (IPs, CIDRs).
     trusted_proxies: tuple[str, ...] = ()

@@ -106,6 +106,12 @@ def test_budget_mode_defaults_to_warn_with_a_budget(tmp_path: Path) -> None:
         (["--journal-max-total-bytes", "lots"], {}, '"lots"'),
         (["--journal-url", "mysql://u:secret@db/x"], {}, "must be a postgresql:// URL"),
         (["--journal-url", "postgresql://db/x", "--no-journal"], {}, "contradict"),
+        (["--advertise-url", "http://10.0.0.7:4170"], {}, "needs --journal-url"),
+        (
+            ["--journal-url", "postgresql://db/x", "--advertise-url", "10.0.0.7:4170"],
+            {},
+            "must be an http(s) URL with a host",
+        ),
         (["--turn-settle-ms", "5"], {}, '--turn-settle-ms "5"'),
         (["--turn-settle-ms", "60001"], {}, '--turn-settle-ms "60001"'),
         (["--turn-settle-ms", "soon"], {}, '--turn-settle-ms "soon"'),
@@ -127,6 +133,8 @@ def test_hardening_bounds_defaults_and_values(tmp_path: Path) -> None:
     assert s.journal_url is None  # the files journal by default
     url = "postgresql://acp:pw@db.internal:5432/journal"
     assert parse(tmp_path, "--journal-url", url).journal_url == url
+    advertised = parse(tmp_path, "--journal-url", url, "--advertise-url", "http://10.0.0.7:4170/")
+    assert advertised.advertise_url == "http://10.0.0.7:4170"
     s = parse(
         tmp_path,
         "--event-ring-bytes",

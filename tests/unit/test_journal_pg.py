@@ -129,18 +129,55 @@ async def test_a_restarted_daemon_takes_its_own_sessions_back_at_once(
     writer = await first.open_writer(meta())
     epoch = writer.epoch
     # It dies without closing (its lease still live); the same daemon starts again.
+    await first.release_liveness()
     again = make(state_dir=tmp_path)
     writer2 = await again.open_writer(meta())
     assert writer2.epoch > epoch and again.owner_id == first.owner_id
     await writer2.aclose()
 
 
+async def test_a_dead_owners_sessions_are_taken_at_once_a_frozen_ones_after_their_lease(
+    make: MakePg, pg_url: str
+) -> None:
+    """A live daemon holds its liveness lock: its unexpired lease is refused to others.
+    When its process dies (its connection ends: here, closed) its sessions may be taken at
+    once, long before the lease's 60 s; ``owner_of`` says who holds what, and where."""
+    a = make(lease_ttl_ms=60_000, renew_interval_ms=10_000, address="http://127.0.0.1:1111")
+    b = make(lease_ttl_ms=60_000, renew_interval_ms=10_000, address="http://127.0.0.1:2222")
+    writer_a = await a.open_writer(meta())
+    log_a = EventLog("s1", sink=writer_a.sink)
+    await write(writer_a, log_a, 3)
+    seen = await b.owner_of("s1")
+    assert seen is not None and seen.alive and not seen.mine and not seen.ended
+    assert (seen.owner_id, seen.address, seen.workspace) == (
+        a.owner_id,
+        "http://127.0.0.1:1111",
+        "/w",
+    )
+    assert await b.owner_of("nope") is None
+    with pytest.raises(JournalBusy, match=r"http://127\.0\.0\.1:1111"):
+        await b.open_writer(meta())
+
+    await a.release_liveness()  # A's process is gone: PostgreSQL ended its connection
+    seen = await b.owner_of("s1")
+    assert seen is not None and not seen.alive and seen.owner_id == a.owner_id
+    replay, writer_b = await b.reopen("s1", tail=None, meta_for=lambda r: r.meta)
+    assert writer_b.epoch > writer_a.epoch and replay.last_id == 3 and not replay.clean
+    mine = await b.owner_of("s1")
+    assert mine is not None and mine.alive and mine.mine and mine.address.endswith(":2222")
+    log_b = EventLog("s1", next_id=replay.next_id, sink=writer_b.sink)
+    log_b.publish("session_closed", {"reason": "closed"})
+    await writer_b.aclose()
+    ended = await a.owner_of("s1")
+    assert ended is not None and ended.ended and not ended.alive
+
+
 async def test_migrations_apply_once_and_record_their_version(pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert migrate(conn) == [v for v, _, _ in migrations()]
         assert migrate(conn) == []
-        rows = conn.execute("SELECT version, name FROM schema_version").fetchall()
-    assert rows == [(1, "001_init.sql")]
+        rows = conn.execute("SELECT version, name FROM schema_version ORDER BY 1").fetchall()
+    assert rows == [(1, "001_init.sql"), (2, "002_owner_liveness.sql")]
 
 
 async def test_the_janitor_deletes_old_and_excess_closed_journals_never_a_leased_one(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -44,10 +45,12 @@ from serve.journal.pg.schema import migrate
 from serve.journal.store import JournalMeta
 from serve.journal.sweeps import SweepSchedule
 from serve.journal.types import (
+    FINAL_EVENTS,
     JournalBusy,
     JournalIOError,
     JournalLimits,
     JournalNotFound,
+    Ownership,
     Replay,
 )
 from serve.journal.writer import SessionJournal
@@ -62,6 +65,13 @@ RENEW_INTERVAL_MS = 5_000
 #: Longest wait for a pooled connection, in seconds (then the call fails: JournalIOError).
 POOL_TIMEOUT_S = 10.0
 DAEMON_ID_FILE = "daemon-id"
+#: The advisory lock class of daemon liveness ("aclv"; migration 002): a live daemon holds
+#: ``(LIVENESS_LOCK, hashtext(owner_id))`` on a connection of its own.
+LIVENESS_LOCK = 0x61636C76
+#: Tries (one every LIVENESS_RETRY_S) to take the liveness lock at start: a restarted
+#: daemon's previous backend may take a moment to end.
+LIVENESS_TRIES = 20
+LIVENESS_RETRY_S = 0.25
 
 _meta_decoder = msgspec.json.Decoder(JournalMeta)
 _meta_encoder = msgspec.json.Encoder()
@@ -105,6 +115,8 @@ class PgJournal:
         self.renew_interval_ms = renew_interval_ms
         self.pool_size = min(pool_size, DATABASE_THREADS)
         self._pool: ConnectionPool[Connection] | None = None
+        #: The connection holding this daemon's liveness lock (worker threads only).
+        self._alive_conn: Connection | None = None
         self._ready = trio.Lock()
         self._closed = False
         self._writers: dict[str, PgSessionJournal | None] = {}
@@ -146,11 +158,47 @@ class PgJournal:
                 name="acp-serve-journal",
             )
             pool.open(wait=True, timeout=POOL_TIMEOUT_S)
+            self._hold_liveness()
         except (psycopg.Error, PoolTimeout) as exc:
             raise JournalIOError("*", f"database {_url_for_log(self.url)}: {exc}") from exc
         if applied:
             log.info("journal database %s: migrations %s applied", _url_for_log(self.url), applied)
         return pool
+
+    def _hold_liveness(self) -> None:
+        """Take this daemon's liveness lock on a connection of its own (worker thread).
+        Held, other daemons see this one alive (``journal_owner_alive``); when this
+        process dies PostgreSQL ends the connection and they may take its sessions at once."""
+        old, self._alive_conn = self._alive_conn, None
+        if old is not None:
+            old.close()
+        conn = psycopg.connect(self.url, autocommit=True)
+        for _ in range(LIVENESS_TRIES):
+            row = conn.execute(
+                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (LIVENESS_LOCK, self.owner_id)
+            ).fetchone()
+            if row is not None and row[0]:
+                self._alive_conn = conn
+                return
+            time.sleep(LIVENESS_RETRY_S)
+        conn.close()
+        log.error(
+            "journal owner id %s: another live daemon holds its liveness lock (two daemons on "
+            "one --state-dir?); other daemons may take this one's sessions",
+            self.owner_id,
+        )
+
+    def _check_liveness(self) -> None:
+        """Keep the liveness lock (worker thread, every renewal): a connection that was lost
+        (the database restarted, a network cut) is made again and the lock taken again."""
+        conn = self._alive_conn
+        try:
+            if conn is not None and not conn.closed:
+                conn.execute("SELECT 1")
+                return
+        except psycopg.Error:
+            log.warning("journal liveness connection lost: taking the lock again")
+        self._hold_liveness()
 
     async def _call[*Ts, T](self, sid: str, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         """``fn(*args)`` in a worker thread, the driver's errors as :class:`JournalIOError`."""
@@ -224,6 +272,7 @@ class PgJournal:
             "  epoch = EXCLUDED.epoch, expires_at = EXCLUDED.expires_at,"
             "  owner_address = EXCLUDED.owner_address, acquired_at = now()"
             " WHERE l.expires_at <= now() OR l.owner_id = EXCLUDED.owner_id"
+            "  OR NOT journal_owner_alive(l.owner_id)"
             " RETURNING epoch",
             (sid, self.owner_id, self.lease_ttl_ms, self.address),
         ).fetchone()
@@ -307,6 +356,35 @@ class PgJournal:
             ).fetchall()
         return [_meta_decoder.decode(str(r[0])) for r in rows]
 
+    async def owner_of(self, session_id: str) -> Ownership | None:
+        """Who holds ``session_id`` and whether it may be taken (None: no journal of it)."""
+        return await self._call(session_id, self._owner_sync, session_id)
+
+    def _owner_sync(self, sid: str) -> Ownership | None:
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT l.owner_id, l.owner_address,"
+                " coalesce(l.expires_at > now() AND journal_owner_alive(l.owner_id), false),"
+                " (SELECT e.event_type FROM journal_events e WHERE e.session_id = s.session_id"
+                "  ORDER BY e.event_id DESC LIMIT 1),"
+                " s.meta->>'workspace'"
+                " FROM journal_sessions s LEFT JOIN session_leases l USING (session_id)"
+                " WHERE s.session_id = %s",
+                (sid,),
+            ).fetchone()
+        if row is None:
+            return None
+        owner = None if row[0] is None else str(row[0])
+        return Ownership(
+            session_id=sid,
+            owner_id=owner,
+            address=str(row[1] or ""),
+            alive=bool(row[2]),
+            mine=owner is not None and owner == self.owner_id,
+            ended=row[3] in FINAL_EVENTS,
+            workspace=str(row[4] or ""),
+        )
+
     async def delete(self, session_id: str) -> bool:
         writer = self._writers.get(session_id)
         if writer is not None:
@@ -358,6 +436,7 @@ class PgJournal:
             await trio.sleep(interval)
             with trio.move_on_after(interval) as scope:
                 try:
+                    await self.keep_alive()
                     await self.renew()
                 except JournalIOError as exc:
                     log.warning("journal leases not renewed: %s", exc)
@@ -378,6 +457,10 @@ class PgJournal:
                 self.leases_lost += 1
                 writer.lease_lost("not renewed: another daemon holds it")
         return len(kept)
+
+    async def keep_alive(self) -> None:
+        """Check (and if lost, take again) this daemon's liveness lock."""
+        await self._call("*", self._check_liveness)
 
     def _renew_sync(self, pairs: list[tuple[str, int]]) -> set[str]:
         with self.pool.connection() as conn:
@@ -454,9 +537,17 @@ class PgJournal:
             await writer.aclose()
         self._closed = True
         pool, self._pool = self._pool, None
-        if pool is not None:
-            with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True):
+            if pool is not None:
                 await threads.run_sync(database_limiter(), pool.close)
+            await self.release_liveness()
+
+    async def release_liveness(self) -> None:
+        """Close the liveness connection: other daemons see this one dead from now on
+        (its close; the tests' stand-in for a SIGKILL)."""
+        alive, self._alive_conn = self._alive_conn, None
+        if alive is not None:
+            await threads.run_sync(database_limiter(), alive.close)
 
     def statistics(self) -> dict[str, Any]:
         writers = self.writers
