@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 import yaml
 
 kubernetes_validate = pytest.importorskip(
@@ -583,6 +585,119 @@ def test_replicas_overlay_prestop_drains_the_daemon() -> None:
         assert d.stop() == 0
     gone = run_hook(d.port)
     assert gone.returncode == 0 and "drain failed" in gone.stderr
+
+
+def _missing_daemon_flags(*flags: str) -> list[str]:
+    from serve.settings.flags import build_parser
+
+    usage = build_parser().format_help()
+    return [flag for flag in flags if flag not in usage]
+
+
+def _kubelet_expand(arg: str, env: dict[str, str]) -> str:
+    """``$(NAME)`` in a container's command replaced as the kubelet does (unknown: kept)."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_CLUSTER_FLAGS_MISSING = _missing_daemon_flags("--advertise-url", "--shared-dir")
+
+
+@pytest.mark.skipif(
+    bool(_CLUSTER_FLAGS_MISSING),
+    reason=f"this daemon has no {' and no '.join(_CLUSTER_FLAGS_MISSING)} yet (issue 47's "
+    "cluster steps): the overlay runs it with both",
+)
+async def test_daemons_with_the_overlay_flags_hand_a_session_over(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Two pods of the overlay as the kubelet would start them (their command with the
+    Secret's URL and the pod IP put in, one database, one workspace and one shared volume,
+    each its own state): both serve the probes without the token and the API with it; a
+    rolling update's end of a pod (its preStop drain, then SIGTERM) leaves its session to
+    the other, which continues the conversation its agent kept on the shared volume."""
+    from tests.conftest import AUTH
+    from tests.serve.test_effects import of_type, said, turn
+
+    _, deployment, container = _overlay()
+    (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    shared, workspace = tmp_path / "shared", tmp_path / "workspace"
+    shared.mkdir()
+    workspace.mkdir()
+    on_volume = {"/shared": str(shared)}
+    init_command = [on_volume.get(a, a.replace("/shared/", f"{shared}/")) for a in init["command"]]
+    with trio.fail_after(30):
+        await trio.run_process(init_command)
+    home = next(e["value"] for e in container["env"] if e["name"] == "HOME")
+    home = home.replace("/shared/", f"{shared}/")
+    assert await trio.Path(home).is_dir()
+    *_, pre_stop_delay, drain_url = container["lifecycle"]["preStop"]["exec"]["command"]
+    pre_stop_script = container["lifecycle"]["preStop"]["exec"]["command"][2]
+    daemons = []
+    try:
+        for n in range(2):
+            port = _free_port()
+            pod_env = {JOURNAL_ENV: pg_url, "POD_IP": "127.0.0.1"}
+            args = [_kubelet_expand(a, pod_env) for a in container["command"][1:]]
+            for flag in ("--hostname", "--port", "--workspace", "--state-dir"):
+                i = args.index(flag)  # spawn_daemon gives its own, on 127.0.0.1
+                del args[i : i + 2]
+            args[args.index("--shared-dir") + 1] = str(shared)
+            i = args.index("--advertise-url") + 1
+            assert args[i] == "http://127.0.0.1:4170"
+            args[i] = f"http://127.0.0.1:{port}"
+            daemons.append(
+                spawn_daemon(
+                    ["--hostname", "127.0.0.1", "--port", str(port), *args],
+                    workspace=workspace,
+                    state_dir=tmp_path / f"state-{n}",
+                    env={"QWEN_SERVER_TOKEN": TOKEN, "HOME": home},
+                )
+            )
+        a, b = daemons
+        ids = {(d.state_dir / "daemon-id").read_text() for d in daemons}
+        assert len(ids) == 2  # two owners: each pod's state is its own
+        for d in daemons:
+            async with httpx.AsyncClient(base_url=d.url, timeout=30) as anonymous:
+                assert (await anonymous.get("/readyz")).status_code == 200
+                assert (await anonymous.get("/capabilities")).status_code == 401
+        async with httpx.AsyncClient(base_url=a.url, headers=AUTH, timeout=60) as client:
+            r = await client.post("/session", json={})
+            assert r.status_code == 200, r.text
+            sid = r.json()["sessionId"]
+            events = await turn(client, sid, "said on pod a")
+            assert events[-1]["type"] == "turn_complete", events[-1]
+        hook = [
+            sys.executable,
+            "-c",
+            pre_stop_script,
+            "0",
+            drain_url.replace(":4170/", f":{a.port}/"),
+        ]
+        env = {**os.environ, "QWEN_SERVER_TOKEN": TOKEN}
+        with trio.fail_after(90):
+            drained = await trio.run_process(
+                hook, env=env, capture_stdout=True, capture_stderr=True, check=False
+            )
+        out = drained.stdout.decode()
+        assert out.startswith("drain: 200"), out + drained.stderr.decode()
+        assert float(pre_stop_delay) > 0
+        assert a.stop() == 0  # SIGTERM after the hook, as the kubelet sends it
+        async with httpx.AsyncClient(base_url=b.url, headers=AUTH, timeout=60) as client:
+            r = await client.post(f"/session/{sid}/load", json={})
+            assert r.status_code == 200, r.text
+            events = await turn(client, sid, "said on pod b")
+            assert of_type(events, "session_died") == [], events
+            assert events[-1]["type"] == "turn_complete", events[-1]
+            assert "said on pod b" in said(events)
+    finally:
+        for d in daemons:
+            assert d.stop() == 0
 
 
 # ---- the journal's database: CloudNativePG or a plain StatefulSet ------------------------
