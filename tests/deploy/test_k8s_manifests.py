@@ -621,9 +621,9 @@ async def test_daemons_with_the_overlay_flags_hand_a_session_over(
     each its own state): both serve the probes without the token and the API with it; a
     rolling update's end of a pod (its preStop drain, then SIGTERM) leaves its session to
     the other, which continues the conversation its agent kept on the shared volume."""
-    from tests.conftest import AUTH
     from tests.serve.test_effects import of_type, said, turn
 
+    auth = {"Authorization": f"Bearer {TOKEN}"}
     _, deployment, container = _overlay()
     (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
     shared, workspace = tmp_path / "shared", tmp_path / "workspace"
@@ -666,7 +666,7 @@ async def test_daemons_with_the_overlay_flags_hand_a_session_over(
             async with httpx.AsyncClient(base_url=d.url, timeout=30) as anonymous:
                 assert (await anonymous.get("/readyz")).status_code == 200
                 assert (await anonymous.get("/capabilities")).status_code == 401
-        async with httpx.AsyncClient(base_url=a.url, headers=AUTH, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=a.url, headers=auth, timeout=60) as client:
             r = await client.post("/session", json={})
             assert r.status_code == 200, r.text
             sid = r.json()["sessionId"]
@@ -688,7 +688,7 @@ async def test_daemons_with_the_overlay_flags_hand_a_session_over(
         assert out.startswith("drain: 200"), out + drained.stderr.decode()
         assert float(pre_stop_delay) > 0
         assert a.stop() == 0  # SIGTERM after the hook, as the kubelet sends it
-        async with httpx.AsyncClient(base_url=b.url, headers=AUTH, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=b.url, headers=auth, timeout=60) as client:
             r = await client.post(f"/session/{sid}/load", json={})
             assert r.status_code == 200, r.text
             events = await turn(client, sid, "said on pod b")
