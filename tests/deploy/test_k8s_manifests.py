@@ -268,19 +268,25 @@ def test_daemon_with_the_manifest_flags_serves_probes_without_token() -> None:
         assert d.stop() == 0
 
 
-def test_resources_shown_in_the_docs_are_valid() -> None:
-    """Complete resources in docs/kubernetes.md's YAML blocks validate too."""
+def _doc_resources() -> list[dict[str, Any]]:
+    """The complete resources in docs/kubernetes.md's YAML blocks."""
     text = (ROOT / "docs" / "kubernetes.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL)
-    resources = [
+    return [
         doc
         for block in blocks
         for doc in yaml.safe_load_all(block)
         if isinstance(doc, dict) and "kind" in doc and "apiVersion" in doc
     ]
+
+
+def test_resources_shown_in_the_docs_are_valid() -> None:
+    """Complete resources in docs/kubernetes.md's YAML blocks validate too."""
+    resources = _doc_resources()
     assert {r["kind"] for r in resources} >= {"NetworkPolicy"}
     for resource in resources:
-        kubernetes_validate.validate(resource, VERSIONS[-1], strict=True)
+        if (resource["apiVersion"], resource["kind"]) not in CUSTOM_KINDS:
+            kubernetes_validate.validate(resource, VERSIONS[-1], strict=True)
 
 
 def test_the_daemon_is_the_containers_pid_1() -> None:
@@ -698,6 +704,34 @@ async def test_daemons_with_the_overlay_flags_hand_a_session_over(
     finally:
         for d in daemons:
             assert d.stop() == 0
+
+
+def test_the_documented_network_policies_let_the_replicas_work() -> None:
+    """The docs' policies admit the overlay's daemons to each other on their port (they
+    forward a session's requests to its owner) and to the StatefulSet's database, and
+    nothing but the daemons to that database."""
+    policies = {r["metadata"]["name"]: r for r in _doc_resources() if r["kind"] == "NetworkPolicy"}
+
+    def admits(policy: dict[str, Any], labels: dict[str, str], port: int) -> bool:
+        for rule in policy["spec"]["ingress"]:
+            peers = [p["podSelector"]["matchLabels"] for p in rule["from"] if "podSelector" in p]
+            ports = {p["port"] for p in rule.get("ports", [])}
+            if any(peer.items() <= labels.items() for peer in peers) and port in ports:
+                return True
+        return False
+
+    _, deployment, container = _overlay()
+    daemon = deployment["spec"]["template"]["metadata"]["labels"]
+    (port,) = [p["containerPort"] for p in container["ports"]]
+    (statefulset,) = [d for d in _render("postgres/statefulset") if d["kind"] == "StatefulSet"]
+    journal = statefulset["spec"]["template"]["metadata"]["labels"]
+    to_daemons, to_journal = policies["acp-serve-ingress-only"], policies["acp-serve-journal"]
+    assert to_daemons["spec"]["podSelector"]["matchLabels"].items() <= daemon.items()
+    assert not to_daemons["spec"]["podSelector"]["matchLabels"].items() <= journal.items()
+    assert admits(to_daemons, daemon, port)
+    assert to_journal["spec"]["podSelector"]["matchLabels"].items() <= journal.items()
+    assert admits(to_journal, daemon, 5432)
+    assert not admits(to_journal, journal, 5432) and not admits(to_journal, {}, 5432)
 
 
 # ---- the journal's database: CloudNativePG or a plain StatefulSet ------------------------
