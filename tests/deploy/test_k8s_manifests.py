@@ -412,6 +412,23 @@ def _overlay() -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     return docs, deployment, container
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize(
+    ("target", "kinds"),
+    [
+        (OVERLAY, {"Deployment", "Service", "PersistentVolumeClaim", "PodDisruptionBudget"}),
+        ("postgres/statefulset", {"StatefulSet", "Service"}),
+    ],
+)
+def test_the_replicas_kit_renders_valid_resources(
+    target: str, kinds: set[str], version: str
+) -> None:
+    docs = _render(target)
+    assert {d["kind"] for d in docs} == kinds
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
 @pytest.mark.parametrize(
     "target", [".", "overlays/workspace-alpha", "overlays/delegated-cgroups", OVERLAY]
 )
