@@ -659,8 +659,7 @@ async def test_daemons_with_the_overlay_flags_hand_a_session_over(
     home = next(e["value"] for e in container["env"] if e["name"] == "HOME")
     home = home.replace("/shared/", f"{shared}/")
     assert await trio.Path(home).is_dir()
-    *_, pre_stop_delay, drain_url = container["lifecycle"]["preStop"]["exec"]["command"]
-    pre_stop_script = container["lifecycle"]["preStop"]["exec"]["command"][2]
+    _, _, pre_stop_script, _, drain_url = container["lifecycle"]["preStop"]["exec"]["command"]
     daemons = []
     try:
         for n in range(2):
@@ -709,7 +708,6 @@ async def test_daemons_with_the_overlay_flags_hand_a_session_over(
             )
         out = drained.stdout.decode()
         assert out.startswith("drain: 200"), out + drained.stderr.decode()
-        assert float(pre_stop_delay) > 0
         assert a.stop() == 0  # SIGTERM after the hook, as the kubelet sends it
         async with httpx.AsyncClient(base_url=b.url, headers=auth, timeout=60) as client:
             r = await client.post(f"/session/{sid}/load", json={})
