@@ -18,7 +18,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from acp import telemetry
-from serve.http import access, capabilities, metrics, middleware, restore_hint, tracing
+from serve.http import access, capabilities, forward, metrics, middleware, restore_hint, tracing
 from serve.http.capabilities import Feature
 from serve.http.context import FEATURES_KEY, HOST_KEY
 from serve.http.errors import ApiError, to_api_error
@@ -46,6 +46,7 @@ from serve.http.routes import (
     workspace,
 )
 from serve.http.wire import json_response
+from serve.journal import SharedJournal
 from serve.sessions.errors import SessionNotFound
 
 if TYPE_CHECKING:
@@ -149,6 +150,8 @@ def create_app(host: Host) -> QuartTrio:
     tracing.install(app)  # a request's W3C traceparent header, into its log records
     instruments = metrics.install_metrics(app, host)
     access.install(app, host)  # the route rules, only with multi-user auth
+    if isinstance(host.journal, SharedJournal):  # many daemons on one shared journal
+        forward.install(app, host.journal)
     # Around the framework: a keep-alive connection becomes idle again after any response
     # of the app, and the app's calls in flight are counted for the drain.
     # quart types asgi_app as its own method; any ASGI callable serves (ASGI middleware).

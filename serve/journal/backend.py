@@ -31,6 +31,8 @@ class JournalWriter(Protocol):
     session_id: str
     meta: JournalMeta
     degraded: bool
+    #: Called (trio thread) once a shared journal's lease was lost (serve/journal/pg).
+    on_lease_lost: Callable[[], bool] | None
 
     @property
     def closed(self) -> bool: ...

@@ -61,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -170,6 +171,9 @@ class SessionJournal:
         self._shedding = False
         self._last_seen_id: int | None = None
         self.degraded = False
+        #: Told (trio thread) when a shared journal's lease was lost: another daemon took
+        #: the session over (``PgJournal.renew``); answers whether the news was delivered.
+        self.on_lease_lost: Callable[[], bool] | None = None
         self.accepted_events = 0
         self.dropped_events = 0
         self.ignored_after_close = 0

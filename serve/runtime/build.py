@@ -332,6 +332,8 @@ def _journal(settings: Settings, own_url: Callable[[], str]) -> JournalBackend:
         limits,
         state_dir=settings.state_dir,
         address=own_url,
+        lease_ttl_ms=settings.journal_lease_ms,
+        renew_interval_ms=settings.journal_lease_ms // 4,
     )
 
 

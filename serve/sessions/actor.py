@@ -51,7 +51,7 @@ import trio
 
 from acp.process import ExitInfo
 from acp.schema import SessionSetup
-from actors import Actor, Reply, RestartWindow, Supervisor
+from actors import Actor, ActorStopped, InboxFull, Reply, RestartWindow, Supervisor
 from serve.access.roles import SessionAccess
 from serve.events import EventLog, Subscriber
 from serve.events.log import Tap
@@ -224,6 +224,7 @@ class SessionActor(Actor[SessionMsg]):
         self.link.fork_from = self.fork_from = fork_from
         self.link.additional_directories = additional_directories
         self.journal_link = JournalLink(journal)
+        self.journal_link.on_lost = self._lease_lost
         self.current_model: str | None = None
         self.current_mode: str | None = None
         self.closing = False
@@ -441,7 +442,7 @@ class SessionActor(Actor[SessionMsg]):
                 )
                 return MetadataSet(self.session_id, name)
             case Attach(client_id=cid, peer=peer, voter=voter, principal=who):
-                client = attachments.register_client(self, cid, peer, voter, who)
+                client = await attachments.register_client(self, cid, peer, voter, who)
                 return Attached(client, self.view())
             case Detach(client_id=cid):
                 return await attachments.detach(self, cid)
@@ -507,6 +508,19 @@ class SessionActor(Actor[SessionMsg]):
         return advertised_modes(self.setup, live)
 
     # ---- endings -----------------------------------------------------------------------
+
+    def _lease_lost(self) -> bool:
+        """Another daemon took this session over (a shared journal fenced its writer): it
+        ends here as a death nothing journals (``session_died {reason: "lease_lost"}`` to
+        the streams open here), so the next request finds the new owner. False: the inbox
+        is full (told again at the next renewal)."""
+        try:
+            self.tell_nowait(CloseSession(reason="lease_lost", died=True))
+        except InboxFull:
+            return False
+        except ActorStopped:
+            pass
+        return True
 
     async def close_session(self, msg: CloseSession) -> None:
         if self.closing:

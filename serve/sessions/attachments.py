@@ -10,12 +10,14 @@ timeout (``idle_timeout``). Functions of the session's inbox (one trio thread).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from serve.journal import SharedJournal
 from serve.sessions.clients import OPERATOR_ID
 from serve.sessions.messages import CloseSession, Detached, Subscription
 
@@ -34,21 +36,51 @@ def iso_now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def register_client(
+#: The meta attribute naming the clients registered on a session of a shared journal
+#: (``--journal-url``), so a daemon that takes the session over (serve/cluster) knows them:
+#: JSON ``{clientId: principalId}``, the last :data:`MAX_JOURNALED_CLIENTS` registered.
+CLIENTS_ATTR = "clients"
+#: Clients remembered in the journal per session (ids).
+MAX_JOURNALED_CLIENTS = 64
+
+
+def journaled_clients(session: SessionCore) -> dict[str, str]:
+    """The clients a shared journal's meta names (``{}``: none, or unreadable)."""
+    raw = session.journal_link.attrs.get(CLIENTS_ATTR)
+    if not raw:
+        return {}
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): v for k, v in found.items() if isinstance(v, str)}
+
+
+async def register_client(
     session: SessionCore,
     requested: str | None,
     peer: str | None,
     voter: bool = True,
     principal: str = OPERATOR_ID,
 ) -> str:
-    """Reuse ``requested`` if ``principal`` registered it here, else mint a fresh id
-    (another principal's id is, to this one, an unknown id)."""
-    client_id = (
-        requested
-        if requested is not None and session.clients.owned_by(requested, principal)
-        else f"client_{uuid.uuid4()}"
+    """Reuse ``requested`` if ``principal`` registered it here (or, on a shared journal,
+    on the daemon that owned the session before), else mint a fresh id (another principal's
+    id is, to this one, an unknown id)."""
+    shared = isinstance(session.journal_link.journal, SharedJournal)
+    journaled = journaled_clients(session) if shared else {}
+    known = requested is not None and (
+        session.clients.owned_by(requested, principal) or journaled.get(requested) == principal
     )
+    client_id = requested if known and requested is not None else f"client_{uuid.uuid4()}"
     session.clients.register(client_id, peer, voter, principal)
+    if shared and journaled.get(client_id) != principal:
+        journaled.pop(client_id, None)
+        journaled[client_id] = principal
+        while len(journaled) > MAX_JOURNALED_CLIENTS:
+            journaled.pop(next(iter(journaled)))
+        await session.journal_link.remember({CLIENTS_ATTR: json.dumps(journaled)})
     return client_id
 
 

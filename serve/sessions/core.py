@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from serve.sessions.budget import BudgetMeter
     from serve.sessions.clients import ClientTable
     from serve.sessions.control import AgentCalls
+    from serve.sessions.journal_link import JournalLink
     from serve.sessions.messages import CloseSession, SessionMsg
     from serve.sessions.prompt_queue import PromptQueue
     from serve.sessions.steering import Steering
@@ -54,6 +55,8 @@ class SessionCore(Protocol):
     log: EventLog
     event_tap: Tap | None
     clients: ClientTable
+    #: The session's journal writer and its meta's attributes.
+    journal_link: JournalLink
     #: Open SSE subscriptions and the registered client each one names (or None).
     streams: dict[Subscriber, str | None]
     last_seen_ms: int

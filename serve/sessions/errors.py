@@ -151,6 +151,20 @@ class AgentUnavailable(SessionsUnavailable):
         self.session_id = session_id
 
 
+class SessionOwnedElsewhere(SessionsUnavailable):
+    """A shared journal's session whose lease another live daemon holds: restoring it here
+    would make two owners (503, retryable: the request is forwarded, or the next try is)."""
+
+    def __init__(self, session_id: str, detail: str) -> None:
+        super().__init__(
+            f'Session "{session_id}" is owned by another daemon ({detail})',
+            "session_owned_elsewhere",
+            sessionId=session_id,
+            retryable=True,
+        )
+        self.session_id = session_id
+
+
 class ControlTimeout(SessionsUnavailable):
     """A control request waited its whole bound behind earlier ones and was not sent to
     the agent (it did not happen): ``agent_busy``."""

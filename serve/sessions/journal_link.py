@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -53,6 +54,8 @@ class JournalLink:
         #: journal is opened again.
         self.attrs: dict[str, str] = {}
         self._kept: tuple[EventLog, bool] | None = None
+        #: The session's news that another daemon took it over (its writer was fenced).
+        self.on_lost: Callable[[], bool] | None = None
 
     async def open(
         self,
@@ -85,6 +88,7 @@ class JournalLink:
     async def adopt(self, nursery: trio.Nursery, log_: EventLog, writer: JournalWriter) -> None:
         """Journal ``log_``'s events with ``writer`` (opened by the caller: a reopen)."""
         self.writer = writer
+        writer.on_lease_lost = self.on_lost
         self.attrs = dict(writer.meta.attrs)
         log_.sink = writer.sink
         await nursery.start(writer.run)

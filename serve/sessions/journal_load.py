@@ -46,8 +46,9 @@ import trio
 
 from acp.schema import SessionSetup, decode_session_setup
 from serve.events import EventLog
-from serve.journal import JournalError, JournalMeta, JournalNotFound, Replay
+from serve.journal import JournalBusy, JournalError, JournalMeta, JournalNotFound, Replay
 from serve.sessions.agent_link import AgentLink
+from serve.sessions.errors import SessionOwnedElsewhere
 from serve.sessions.journal_link import JournalLink, log_from_replay
 
 if TYPE_CHECKING:
@@ -148,6 +149,8 @@ async def read(
     except JournalNotFound:
         log.info("session %s has no journal: its %s goes through the agent", session_id, action)
         return None
+    except JournalBusy as exc:  # a shared journal: another live daemon owns it
+        raise SessionOwnedElsewhere(session_id, str(exc)) from None
     except JournalError as exc:
         log.warning("journal of session %s not reopened: %s", session_id, exc)
         return None

@@ -349,6 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
         "http://$(POD_IP):4170 (default: the URL it listens on)",
     )
     add(
+        "--journal-lease-ms",
+        default="20000",
+        metavar="MS",
+        help="with --journal-url: a session's lease; a frozen daemon's sessions are taken "
+        "over this long after its last renewal (renewed every quarter of it; default 20000)",
+    )
+    add(
         "--journal-max-total-bytes",
         default=str(DEFAULT_JOURNAL_MAX_TOTAL_BYTES),
         help="bound on all journals on disk (closed sessions deleted oldest first); 0 = off",

@@ -209,6 +209,9 @@ def parse_settings(
 
     journal_url = parse_journal_url(ns.journal_url, ns.no_journal)
     advertise_url = parse_advertise_url(ns.advertise_url, journal_url)
+    journal_lease = parse_int(
+        "--journal-lease-ms", ns.journal_lease_ms, minimum=2000, maximum=600_000, unit="ms"
+    )
 
     origins: list[str] = []
     for pattern in ns.allow_origin or []:
@@ -363,6 +366,7 @@ def parse_settings(
         journal_max_total_bytes=journal_total,
         journal_url=journal_url,
         advertise_url=advertise_url,
+        journal_lease_ms=journal_lease,
         allow_origins=tuple(origins),
         trusted_proxies=parse_trusted_proxies(ns.trusted_proxy or []),
         enable_session_shell=ns.enable_session_shell,

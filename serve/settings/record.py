@@ -137,6 +137,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     #: --advertise-url: how the daemons sharing the journal reach this one (None: the URL
     #: it listens on).
     advertise_url: str | None = None
+    #: --journal-lease-ms: a shared journal's session lease; renewed every quarter of it.
+    journal_lease_ms: int = 20_000
     allow_origins: tuple[str, ...] = ()
     #: --trusted-proxy: reverse proxies whose X-Forwarded-For names the client (IPs, CIDRs).
     trusted_proxies: tuple[str, ...] = ()

@@ -44,6 +44,7 @@ from serve.sessions.errors import (
     SessionError,
     SessionLimitError,
     SessionNotFound,
+    SessionOwnedElsewhere,
     SessionRequestError,
     SessionsUnavailable,
     TurnFailed,
@@ -172,6 +173,14 @@ CASES: list[tuple[SessionError, int, dict[str, str], bytes]] = [
         RETRY,
         b'{"error":"set_model was not sent: the agent is still busy after 30 s",'
         b'"code":"agent_busy","retryable":true}',
+    ),
+    (
+        SessionOwnedElsewhere("s1", "its lease is held by d2 at http://10.0.0.8:4170"),
+        503,
+        RETRY,
+        b'{"error":"Session \\"s1\\" is owned by another daemon (its lease is held by d2 at '
+        b'http://10.0.0.8:4170)","code":"session_owned_elsewhere","sessionId":"s1",'
+        b'"retryable":true}',
     ),
     (
         SessionsUnavailable("Daemon is draining", "daemon_draining"),

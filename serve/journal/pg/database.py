@@ -446,6 +446,7 @@ class PgJournal:
     async def renew(self) -> int:
         """Extend every open writer's lease; fence the writers whose lease was taken.
         Returns how many were renewed."""
+        self._tell_lost()
         writers = {w.session_id: w for w in self.writers if not w.closed and not w.fenced}
         if not writers:
             return 0
@@ -456,7 +457,15 @@ class PgJournal:
             if sid not in kept and not writer.closed:
                 self.leases_lost += 1
                 writer.lease_lost("not renewed: another daemon holds it")
+        self._tell_lost()
         return len(kept)
+
+    def _tell_lost(self) -> None:
+        """Tell each fenced writer's session, once delivered, that its lease is lost."""
+        for writer in self.writers:
+            told = writer.on_lease_lost
+            if writer.fenced and told is not None and told():
+                writer.on_lease_lost = None
 
     async def keep_alive(self) -> None:
         """Check (and if lost, take again) this daemon's liveness lock."""

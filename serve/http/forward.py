@@ -1,0 +1,243 @@
+"""Any daemon answers any request: a session route for a session another daemon of the
+shared journal owns is proxied there, one whose owner is gone is taken over here.
+
+Installed only with a shared journal (``--journal-url``); :mod:`serve.cluster` has the
+design and the decision (:func:`serve.cluster.route`), this module applies it as the last
+``before_request`` hook (after the access gate: the caller is known), for every route with a
+``<session_id>``, when that session is not live on this daemon:
+
+* **forward**: the request (method, path and query, body, headers but the hop-by-hop ones
+  and ``Host``) goes to the owner's ``--advertise-url`` with ``X-Acp-Serve-Forwarded-By``;
+  its answer comes back as it is, streamed (an event stream stays open as long as both
+  ends do). The owner must answer with its status line within
+  :data:`HEADERS_TIMEOUT_S`; an owner that refuses the connection (just killed) is asked
+  about again and, gone, taken over here; one that does not answer (frozen) is ``503
+  session_owner_unreachable`` with ``Retry-After`` until its lease expires.
+* **take over**: :meth:`SessionService.open_restored` (``load``) as the caller, so only a
+  caller with a role on the session restores it (anyone else gets the route's own 404);
+  with an ``X-Qwen-Client-Id`` the caller's client id is registered again on the restored
+  session (the dead owner's clients are not known here otherwise). The route then runs on
+  the live session.
+
+Bounds: one ``httpx.AsyncClient`` per app, at most :data:`MAX_CONNECTIONS` connections to
+other daemons; a forwarded request body is the one the security front already bounded
+(``--max-body-bytes``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Final
+
+import httpx
+import trio
+from quart import Response, make_response, request
+from quart_trio import QuartTrio
+
+from serve.api import SessionService
+from serve.cluster import Route, route
+from serve.http.access import principal
+from serve.http.context import daemon
+from serve.http.errors import ApiError, to_api_error
+from serve.journal import JournalError, Ownership, SharedJournal
+from serve.sessions.errors import SessionNotFound, SessionOwnedElsewhere
+
+log = logging.getLogger(__name__)
+
+#: The header that marks a request another daemon forwarded (it is never forwarded again).
+FORWARDED_BY: Final = "X-Acp-Serve-Forwarded-By"
+#: Longest wait, in seconds, for a forwarded request's status line.
+HEADERS_TIMEOUT_S: Final = 10.0
+#: Longest wait, in seconds, to connect to another daemon.
+CONNECT_TIMEOUT_S: Final = 2.0
+#: Connections kept to other daemons (streams included).
+MAX_CONNECTIONS: Final = 256
+#: Seconds a client is told to wait when the owner did not answer.
+RETRY_AFTER_S: Final = "2"
+
+_HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+_RESPONSE_DROP: Final = _HOP_BY_HOP | {"date", "server"}
+#: The restore routes restore by themselves (they are forwarded, never taken over here).
+_RESTORE_SUFFIXES: Final = ("/load", "/resume")
+
+
+def install(app: QuartTrio, journal: SharedJournal) -> None:
+    """Route session requests through the cluster (the last ``before_request`` hook)."""
+    client: httpx.AsyncClient | None = None
+
+    def peer_client() -> httpx.AsyncClient:
+        nonlocal client
+        if client is None:
+            client = httpx.AsyncClient(
+                timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S, pool=CONNECT_TIMEOUT_S),
+                limits=httpx.Limits(max_connections=MAX_CONNECTIONS),
+                follow_redirects=False,
+                trust_env=False,
+            )
+        return client
+
+    async def hook() -> Response | None:
+        session_id = (request.view_args or {}).get("session_id")
+        if not isinstance(session_id, str) or not session_id:
+            return None
+        if daemon().registry.get(session_id) is not None:
+            return None
+        return await _route(journal, session_id, peer_client)
+
+    async def close() -> None:
+        if client is not None:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+
+    app.before_request_funcs.setdefault(None, []).append(hook)
+    app.after_serving(close)
+
+
+async def _owner(journal: SharedJournal, session_id: str) -> Ownership | None:
+    try:
+        return await journal.owner_of(session_id)
+    except JournalError as exc:
+        log.warning("session %s: owner not known (%s); answered here", session_id, exc)
+        return None
+
+
+async def _route(
+    journal: SharedJournal, session_id: str, peer: Callable[[], httpx.AsyncClient]
+) -> Response | None:
+    forwarded = FORWARDED_BY in request.headers
+    owner = await _owner(journal, session_id)
+    for _ in range(2):  # a second look after an owner found dead or a lost race
+        decision = route(owner, forwarded=forwarded)
+        if decision is Route.LOCAL:
+            return None
+        if decision is Route.UNREACHABLE:
+            raise _unreachable(session_id, "its owner moved while this request was forwarded")
+        assert owner is not None
+        if decision is Route.FORWARD:
+            answer = await _forward(peer(), owner, journal.owner_id or "")
+            if answer is not None:
+                return answer
+        elif _restores_itself():
+            return None
+        else:
+            try:
+                await _take_over(owner)
+                return None
+            except SessionOwnedElsewhere:
+                pass  # another daemon took it first: forward there
+        owner = await _owner(journal, session_id)
+    raise _unreachable(session_id, "its owner did not answer")
+
+
+def _restores_itself() -> bool:
+    rule = request.url_rule.rule if request.url_rule is not None else ""
+    return rule.rstrip("/").endswith(_RESTORE_SUFFIXES)
+
+
+def _unreachable(session_id: str, why: str) -> ApiError:
+    return ApiError(
+        503,
+        {
+            "error": f'Session "{session_id}" cannot be reached now: {why}; retry',
+            "code": "session_owner_unreachable",
+            "sessionId": session_id,
+            "retryable": True,
+        },
+        {"Retry-After": RETRY_AFTER_S},
+    )
+
+
+async def _take_over(owner: Ownership) -> None:
+    """Restore the session here as the caller (its lease is taken with a new epoch)."""
+    host = daemon()
+    api = SessionService(host)
+    groups = dict(host.config.access.session_groups)
+    client_id = request.headers.get("X-Qwen-Client-Id")
+    log.info(
+        "session %s: taking it over from %s (its lease %s)",
+        owner.session_id,
+        owner.owner_id,
+        "expired" if owner.owner_id and not owner.mine else "is this daemon's",
+    )
+    try:
+        workspace = api.workspace(owner.workspace or None)
+        if client_id:
+            await api.restore(
+                owner.session_id,
+                workspace,
+                "load",
+                client_id,
+                request.remote_addr,
+                principal=principal(),
+                group_roles=groups,
+            )
+        else:
+            await api.open_restored(
+                owner.session_id, workspace, "load", principal=principal(), group_roles=groups
+            )
+    except SessionOwnedElsewhere:
+        raise
+    except SessionNotFound:
+        return  # no role on it, or nothing to restore: the route answers its own 404
+    except Exception as exc:
+        mapped = to_api_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from None
+
+
+async def _forward(client: httpx.AsyncClient, owner: Ownership, me: str) -> Response | None:
+    """Proxy the request to the owner; None when it could not be reached (refused)."""
+    raw_path = request.scope.get("raw_path") or request.path.encode()
+    url = owner.address.rstrip("/") + bytes(raw_path).decode("ascii", "replace")
+    if request.query_string:
+        url += "?" + request.query_string.decode("ascii", "replace")
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP]
+    headers.append((FORWARDED_BY, me or "?"))
+    if request.remote_addr:
+        prior = request.headers.get("X-Forwarded-For")
+        headers.append(
+            ("X-Forwarded-For", f"{prior}, {request.remote_addr}" if prior else request.remote_addr)
+        )
+    body = await request.get_data()
+    outgoing = client.build_request(request.method, url, headers=headers, content=body)
+    upstream: httpx.Response | None = None
+    with trio.move_on_after(HEADERS_TIMEOUT_S):
+        try:
+            upstream = await client.send(outgoing, stream=True)
+        except httpx.TransportError as exc:
+            log.info("session %s: owner %s not reached: %r", owner.session_id, url, exc)
+            return None
+    if upstream is None:
+        raise _unreachable(owner.session_id, f"its owner did not answer in {HEADERS_TIMEOUT_S:g} s")
+    kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROP}
+    response = await make_response(_relay(upstream), upstream.status_code, kept)
+    assert isinstance(response, Response)
+    response.timeout = None
+    return response
+
+
+async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+    except httpx.TransportError:
+        return  # the owner went away mid-stream: the client reconnects (Last-Event-ID)
+    finally:
+        with trio.CancelScope(shield=True):
+            await upstream.aclose()

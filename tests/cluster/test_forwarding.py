@@ -1,0 +1,171 @@
+"""Any daemon answers any request (serve/cluster, serve/http/forward.py): two real daemons
+on one PostgreSQL journal, the scripted agent, requests sent to the daemon that does not own
+the session. Forwarded while the owner lives (the owner keeps its lease and serves the event
+stream through the other daemon); taken over on the next request once the owner is killed
+(a new lease epoch, the conversation goes on); a closed session is not revived by a request;
+someone without a role on a session cannot take it over."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+import trio
+
+from tests.conftest import AUTH, TOKEN
+from tests.support.daemon import DaemonProcess, spawn_daemon
+from tests.support.sse import collect_until
+
+TEXT = {"type": "text", "text": "hello"}
+
+
+def lease(url: str, sid: str) -> tuple[str, int]:
+    """(owner_id, epoch) of the session's lease (blocking)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT owner_id, epoch FROM session_leases WHERE session_id = %s", (sid,)
+        ).fetchone()
+    assert row is not None
+    return str(row[0]), int(row[1])
+
+
+def daemon_id(d: DaemonProcess) -> str:
+    return (d.state_dir / "daemon-id").read_text().strip()
+
+
+@pytest.fixture
+def pair(tmp_path: Path, pg_url: str) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
+    """Daemons A and B: one workspace, one journal database, one scripted agent store (the
+    places --shared-dir shares, linked here), their own state directories."""
+    ws, store = tmp_path / "ws", tmp_path / "shared-scripted"
+    ws.mkdir()
+    store.mkdir()
+    started: list[DaemonProcess] = []
+    for name in ("a", "b"):
+        state = tmp_path / f"state-{name}"
+        state.mkdir()
+        (state / "scripted").symlink_to(store)
+        started.append(
+            spawn_daemon(
+                ["--journal-url", pg_url],
+                workspace=ws,
+                state_dir=state,
+                env={"QWEN_SERVER_TOKEN": TOKEN},
+            )
+        )
+    try:
+        yield started[0], started[1]
+    finally:
+        for d in started:
+            d.stop()
+
+
+async def prompt(client: httpx.AsyncClient, sid: str, cid: str, text: str) -> httpx.Response:
+    return await client.post(
+        f"/session/{sid}/prompt",
+        json={"prompt": [{"type": "text", "text": text}]},
+        headers={"X-Qwen-Client-Id": cid, "Prefer": "respond-async"},
+    )
+
+
+async def test_a_request_on_the_other_daemon_is_forwarded_to_the_owner(
+    pair: tuple[DaemonProcess, DaemonProcess], pg_url: str
+) -> None:
+    a, b = pair
+    async with (
+        httpx.AsyncClient(base_url=a.url, headers=AUTH, timeout=30) as on_a,
+        httpx.AsyncClient(base_url=b.url, headers=AUTH, timeout=30) as on_b,
+    ):
+        created = (await on_a.post("/session", json={})).json()
+        sid, cid = created["sessionId"], created["clientId"]
+        owner_before = await trio.to_thread.run_sync(lease, pg_url, sid)
+        async with on_b.stream(
+            "GET", f"/session/{sid}/events", headers={"Accept": "text/event-stream"}
+        ) as stream:
+            assert stream.status_code == 200
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            sent = await prompt(on_b, sid, cid, "[echo forwarded]")
+            assert sent.status_code == 202, sent.text
+            events = await collect_until(stream, lambda e: e.get("type") == "turn_complete")
+        text = "".join(
+            e["data"]["update"]["content"]["text"]
+            for e in events
+            if e.get("type") == "session_update"
+            and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
+        )
+        assert "forwarded" in text
+        # Served by A all along: B took no lease, A's epoch is unchanged.
+        assert await trio.to_thread.run_sync(lease, pg_url, sid) == owner_before
+        assert owner_before[0] == daemon_id(a)
+        listed = (await on_b.get(f"/session/{sid}/pending-prompts")).status_code
+        assert listed == 200
+
+
+async def test_a_killed_owners_session_is_taken_over_on_the_next_request(
+    pair: tuple[DaemonProcess, DaemonProcess], pg_url: str
+) -> None:
+    a, b = pair
+    async with (
+        httpx.AsyncClient(base_url=a.url, headers=AUTH, timeout=30) as on_a,
+        httpx.AsyncClient(base_url=b.url, headers=AUTH, timeout=30) as on_b,
+    ):
+        created = (await on_a.post("/session", json={})).json()
+        sid, cid = created["sessionId"], created["clientId"]
+        first = await prompt(on_a, sid, cid, "[echo before]")
+        assert first.status_code == 202, first.text
+        async with on_a.stream("GET", f"/session/{sid}/events") as stream:
+            await collect_until(stream, lambda e: e.get("type") == "turn_complete")
+        _, epoch_a = await trio.to_thread.run_sync(lease, pg_url, sid)
+
+        os.kill(a.proc.pid, signal.SIGKILL)
+        a.proc.wait(10)
+        t0 = time.monotonic()
+        answered = await prompt(on_b, sid, cid, "[echo after]")
+        took = time.monotonic() - t0
+        assert answered.status_code == 202, answered.text
+        assert took < 10  # the lease's TTL is 20 s: the liveness lock told B at once
+        owner, epoch_b = await trio.to_thread.run_sync(lease, pg_url, sid)
+        assert owner == daemon_id(b) and epoch_b > epoch_a
+        async with on_b.stream(
+            "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+        ) as stream:
+            events = await collect_until(
+                stream,
+                lambda e: (
+                    e.get("type") == "turn_complete"
+                    and e["data"].get("promptId") == answered.json()["promptId"]
+                ),
+            )
+        ids = [e["id"] for e in events if "id" in e]
+        assert ids == sorted(set(ids))  # strictly increasing
+        chunks = "".join(
+            e["data"]["update"]["content"]["text"]
+            for e in events
+            if e.get("type") == "session_update"
+            and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
+        )
+        assert "before" in chunks and "after" in chunks  # one conversation, both turns
+
+
+async def test_a_closed_session_is_not_revived_by_a_request_on_another_daemon(
+    pair: tuple[DaemonProcess, DaemonProcess],
+) -> None:
+    a, b = pair
+    async with (
+        httpx.AsyncClient(base_url=a.url, headers=AUTH, timeout=30) as on_a,
+        httpx.AsyncClient(base_url=b.url, headers=AUTH, timeout=30) as on_b,
+    ):
+        created = (await on_a.post("/session", json={})).json()
+        sid, cid = created["sessionId"], created["clientId"]
+        closed = await on_a.delete(f"/session/{sid}", headers={"X-Qwen-Client-Id": cid})
+        assert closed.status_code == 204, closed.text
+        answered = await prompt(on_b, sid, cid, "[echo zombie]")
+        assert answered.status_code == 404, answered.text
+        assert answered.json()["code"] == "session_not_found"
+        assert f"POST /session/{sid}/load" in answered.json()["error"]  # on purpose only
