@@ -642,8 +642,10 @@ async def test_daemons_with_the_overlay_flags_hand_a_session_over(
     """Two pods of the overlay as the kubelet would start them (their command with the
     Secret's URL and the pod IP put in, one database, one workspace and one shared volume,
     each its own state): both serve the probes without the token and the API with it; a
-    rolling update's end of a pod (its preStop drain, then SIGTERM) leaves its session to
-    the other, which continues the conversation its agent kept on the shared volume."""
+    session made on one is answered through the other (forwarded to the advertised pod
+    address); a rolling update's end of a pod (its preStop drain, then SIGTERM) leaves its
+    session to the other, which continues the conversation its agent kept on the shared
+    volume."""
     from tests.serve.test_effects import of_type, said, turn
 
     auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -694,6 +696,11 @@ async def test_daemons_with_the_overlay_flags_hand_a_session_over(
             sid = r.json()["sessionId"]
             events = await turn(client, sid, "said on pod a")
             assert events[-1]["type"] == "turn_complete", events[-1]
+        # Another pod answers it too: forwarded to the owner at its advertised pod address.
+        async with httpx.AsyncClient(base_url=b.url, headers=auth, timeout=60) as client:
+            events = await turn(client, sid, "via pod b")
+            assert events[-1]["type"] == "turn_complete", events[-1]
+            assert "via pod b" in said(events)
         hook = [
             sys.executable,
             "-c",
