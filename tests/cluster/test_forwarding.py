@@ -41,19 +41,18 @@ def daemon_id(d: DaemonProcess) -> str:
 
 @pytest.fixture
 def pair(tmp_path: Path, pg_url: str) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
-    """Daemons A and B: one workspace, one journal database, one scripted agent store (the
-    places --shared-dir shares, linked here), their own state directories."""
-    ws, store = tmp_path / "ws", tmp_path / "shared-scripted"
+    """Daemons A and B: one workspace, one journal database, one --shared-dir (the agents'
+    places: the scripted agent's store), their own state directories."""
+    ws, shared = tmp_path / "ws", tmp_path / "shared"
     ws.mkdir()
-    store.mkdir()
+    shared.mkdir()
     started: list[DaemonProcess] = []
     for name in ("a", "b"):
         state = tmp_path / f"state-{name}"
         state.mkdir()
-        (state / "scripted").symlink_to(store)
         started.append(
             spawn_daemon(
-                ["--journal-url", pg_url],
+                ["--journal-url", pg_url, "--shared-dir", str(shared)],
                 workspace=ws,
                 state_dir=state,
                 env={"QWEN_SERVER_TOKEN": TOKEN},
