@@ -556,18 +556,26 @@ def test_replicas_overlay_runs_daemons_behind_the_plain_service() -> None:
 def test_replicas_overlay_grace_period_covers_the_drains(tmp_path: Path) -> None:
     """preStop (its delay, then POST /daemon/drain: --drain-timeout-ms for running turns and
     --cancel-grace-ms + the margin for those cancelled past it), then SIGTERM's own drain
-    when a turn outlived that, then the forced shutdown: all within the grace period."""
+    when a turn outlived that, then the forced shutdown: all within the grace period, as
+    the daemon parses the overlay's flags."""
     from serve.http.routes.drain import CANCEL_MARGIN_S
 
     _, deployment, container = _overlay()
     *_, delay, url = container["lifecycle"]["preStop"]["exec"]["command"]
-    args = list(container["command"][1:])
-    for flag in ("--journal-url", "--advertise-url", "--shared-dir"):
-        i = args.index(flag)  # the cluster's: they do not change the timings
-        del args[i : i + 2]
-    args[args.index("/workspace")] = str(tmp_path)
-    args[args.index("/state")] = str(tmp_path / "state")
+    # The daemon's own parser accepts the whole command line, as the kubelet expands it
+    # (the volumes made real here).
+    pod_env = {
+        JOURNAL_ENV: "postgresql://acp:pw@acp-serve-journal-rw:5432/acp",
+        "POD_IP": "10.0.0.7",
+    }
+    args = [_kubelet_expand(a, pod_env) for a in container["command"][1:]]
+    for path in ("/workspace", "/state", "/shared"):
+        (tmp_path / path[1:]).mkdir()
+        args[args.index(path)] = str(tmp_path / path[1:])
     settings = parse_settings(args, {"QWEN_SERVER_TOKEN": TOKEN, "HOME": str(tmp_path)})
+    assert settings.journal_url == pod_env[JOURNAL_ENV]
+    assert settings.advertise_url == "http://10.0.0.7:4170"
+    assert settings.shared_dir == str((tmp_path / "shared").resolve())
     drain_s = settings.drain_timeout_ms / 1000
     pre_stop_s = float(delay) + drain_s + settings.cancel_grace_ms / 1000 + CANCEL_MARGIN_S
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -610,13 +618,6 @@ def test_replicas_overlay_prestop_drains_the_daemon() -> None:
     assert gone.returncode == 0 and "drain failed" in gone.stderr
 
 
-def _missing_daemon_flags(*flags: str) -> list[str]:
-    from serve.settings.flags import build_parser
-
-    usage = build_parser().format_help()
-    return [flag for flag in flags if flag not in usage]
-
-
 def _kubelet_expand(arg: str, env: dict[str, str]) -> str:
     """``$(NAME)`` in a container's command replaced as the kubelet does (unknown: kept)."""
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg)
@@ -628,14 +629,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-_CLUSTER_FLAGS_MISSING = _missing_daemon_flags("--advertise-url", "--shared-dir")
-
-
-@pytest.mark.skipif(
-    bool(_CLUSTER_FLAGS_MISSING),
-    reason=f"this daemon has no {' and no '.join(_CLUSTER_FLAGS_MISSING)} yet (issue 47's "
-    "cluster steps): the overlay runs it with both",
-)
 async def test_daemons_with_the_overlay_flags_hand_a_session_over(
     pg_url: str, tmp_path: Path
 ) -> None:
