@@ -68,7 +68,7 @@ async def test_a_frozen_owner_is_fenced_and_ends_its_copy_when_it_resumes(
             sid, cid = created["sessionId"], created["clientId"]
             owner_a, epoch_a = await trio.to_thread.run_sync(lease, pg_url, sid)
             with trio.fail_after(10):  # A's first events committed (a 50 ms batch)
-                while not await trio.to_thread.run_sync(epochs_in_id_order, pg_url, sid):
+                while not await trio.to_thread.run_sync(epochs_in_id_order, pg_url, sid):  # noqa: ASYNC110 (the database)
                     await trio.sleep(0.05)
             async with on_a.stream("GET", f"/session/{sid}/events") as watcher:
                 os.kill(a.proc.pid, signal.SIGSTOP)
