@@ -554,11 +554,12 @@ def test_replicas_overlay_runs_daemons_behind_the_plain_service() -> None:
 
 
 def test_replicas_overlay_grace_period_covers_the_drains(tmp_path: Path) -> None:
-    """preStop (its delay, then POST /daemon/drain: --drain-timeout-ms for running turns and
-    --cancel-grace-ms + the margin for those cancelled past it), then SIGTERM's own drain
-    when a turn outlived that, then the forced shutdown: all within the grace period, as
-    the daemon parses the overlay's flags."""
-    from serve.http.routes.drain import CANCEL_MARGIN_S
+    """preStop (its delay, then POST /daemon/drain: --drain-timeout-ms for running turns,
+    --cancel-grace-ms + the margin for those cancelled past it, then the sessions handed
+    over) and the forced shutdown; or, when a turn outlived the drain (then nothing is
+    handed over yet), the hook, SIGTERM's own drain and the forced shutdown: either within
+    the grace period, as the daemon parses the overlay's flags."""
+    from serve.http.routes.drain import CANCEL_MARGIN_S, HAND_OVER_S
 
     _, deployment, container = _overlay()
     *_, delay, url = container["lifecycle"]["preStop"]["exec"]["command"]
@@ -579,6 +580,7 @@ def test_replicas_overlay_grace_period_covers_the_drains(tmp_path: Path) -> None
     drain_s = settings.drain_timeout_ms / 1000
     pre_stop_s = float(delay) + drain_s + settings.cancel_grace_ms / 1000 + CANCEL_MARGIN_S
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > pre_stop_s + HAND_OVER_S + SHUTDOWN_FORCE_S
     assert grace > pre_stop_s + drain_s + SHUTDOWN_FORCE_S
     assert url == f"http://127.0.0.1:{_flag(args, '--port')}/daemon/drain"
 
@@ -708,10 +710,11 @@ async def test_daemons_with_the_overlay_flags_hand_a_session_over(
             )
         out = drained.stdout.decode()
         assert out.startswith("drain: 200"), out + drained.stderr.decode()
+        assert json.loads(out.split(" ", 2)[2])["movedSessions"] == 1  # handed over
         assert a.stop() == 0  # SIGTERM after the hook, as the kubelet sends it
+        # The client goes on as if nothing happened: its next prompt, on the pod left, takes
+        # the session over (restored from the journal and the agent's store on /shared).
         async with httpx.AsyncClient(base_url=b.url, headers=auth, timeout=60) as client:
-            r = await client.post(f"/session/{sid}/load", json={})
-            assert r.status_code == 200, r.text
             events = await turn(client, sid, "said on pod b")
             assert of_type(events, "session_died") == [], events
             assert events[-1]["type"] == "turn_complete", events[-1]
