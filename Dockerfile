@@ -12,7 +12,8 @@ COPY pyproject.toml README.md /src/
 COPY actors /src/actors
 COPY acp /src/acp
 COPY serve /src/serve
-RUN pip install --no-cache-dir --disable-pip-version-check /src \
+# With the postgres extra (psycopg 3 and its pool): --journal-url, the N-replica overlay.
+RUN pip install --no-cache-dir --disable-pip-version-check "/src[postgres]" \
     && python -m compileall -q "$(python -c 'import serve, os; print(os.path.dirname(os.path.dirname(serve.__file__)))')" \
     && rm -rf /src \
     && mkdir -p /workspace /state \

@@ -3,8 +3,9 @@
 hypercorn-trio app, the modes interleaved run by run, with ratios.
 
     .venv/bin/python scripts/bench_round.py [--runs 3]
-        [--sections small,prompt,packed,iso,pattern,turn] [--prompts 30] [--sessions 12]
-        [--turn-prompts 300] [--base-root DIR] [--markdown]
+        [--sections small,prompt,packed,iso,pattern,turn[,journal]] [--prompts 30]
+        [--sessions 12] [--turn-prompts 300] [--journal-prompts 100] [--flood-events 40000]
+        [--no-failover-frozen] [--base-root DIR] [--markdown]
 
 Both daemons run the real ``qwen --acp`` (``node <cli.js> --acp``) against the fake model
 of ``tests/support/fake_openai.py``, on the same workspace. Sections (each interleaves its
@@ -41,6 +42,17 @@ modes run by run; per mode a fresh process):
   ``turn_complete`` on SSE, as acp-serve's ``acp-sse``), ``--turn-prompts`` prompts
   interleaved one by one; the cost is acp-serve minus direct (p50 and p99).
 
+* ``journal`` (opt-in: not in the default ``--sections``) — the files journal beside the
+  PostgreSQL one (``--journal-url`` on a PostgreSQL server this script starts for the
+  section, ``tests/support/postgres.py``, and stops), the scripted agent: prompt round trip
+  to ``turn_complete`` on SSE (p50, p99; ``--journal-prompts``, every daemon's prompts
+  interleaved one by one, with ``qwen --acp`` behind each journal beside ``qwen serve``),
+  ``POST /session/:id/load`` served from the journal after a restart (p50, ``--sessions``
+  sessions), events/s of a ``[flood --flood-events]`` turn (to the end of the turn, and
+  journaled), and the failover time of two daemons on one database (the owner SIGKILLed,
+  and SIGSTOPped unless ``--no-failover-frozen``): ``scripts/bench_round_journal.py``.
+  Printed as its own table: files, PostgreSQL, PG/files, ``qwen serve``, PG/qwen.
+
 ``base-<mode>`` (``--base-modes acp,warm1,...``) adds the same mode run by the daemon of
 the source tree ``--base-root`` (e.g. ``git archive main`` unpacked): before/after in one
 run. Printed: per row the median over runs of each mode, and ratios to ``qwen`` and (for
@@ -51,6 +63,7 @@ The load average is printed at the start and the end: read small differences as 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shlex
@@ -71,6 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import bench_round_journal  # noqa: E402
 from bench_density import (  # noqa: E402
     AUTH,
     TOKEN,
@@ -322,6 +336,7 @@ class Context:
         self.workspace = tmp / "ws"
         self.caps_file = tmp / "capabilities.json"
         self.agent = shlex.join(qwen_acp_argv(cli))
+        self.pg: Any = None  # the PostgreSQL server of the journal section
 
     def acp_argv(self, mode: str, port: int, flags: list[str]) -> tuple[list[str], Path]:
         state = self.tmp / f"state-{mode}-{time.monotonic_ns()}"
@@ -337,6 +352,7 @@ SECTIONS: dict[str, list[str]] = {
     "iso": ["qwen", "iso"],
     "pattern": ["qwen", "packed", "iso"],
     "turn": ["scripted", "qwen"],
+    "journal": bench_round_journal.MODES,
 }
 
 #: (label, section, key, the acp-serve mode, format): one printed row each.
@@ -416,6 +432,8 @@ def run_mode(section: str, mode: str, ctx: Context) -> Figures:
         return run_pattern(mode, ctx)
     if section == "turn":
         return run_turn(plain, ctx)
+    if section == "journal":
+        return bench_round_journal.run_journal(plain, ctx)
     per_agent = ctx.args.sessions if plain.startswith("packed") else 1
     return run_sessions(mode, ctx, per_agent)
 
@@ -429,7 +447,7 @@ def report(results: dict[tuple[str, str], list[Figures]], args: argparse.Namespa
     head = ["metric", "qwen serve", "bare app", "acp-serve", "acp/qwen", "acp/bare"]
     if base:
         head[4:4] = ["before", "before/qwen"]
-    lines = []
+    lines = [head]
     for label, section, key, mode, fmt in ROWS:
         if section not in args.sections:
             continue
@@ -444,14 +462,24 @@ def report(results: dict[tuple[str, str], list[Figures]], args: argparse.Namespa
         row.append(f"{ours / ref:.2f}" if ref == ref and ref else "-")
         row.append(f"{ours / bare:.2f}" if bare == bare and bare else "-")
         lines.append([c if c != "nan" else "-" for c in row])
-    if args.markdown:
+    if len(lines) > 1:
+        print_table(lines, args.markdown)
+    if "journal" in args.sections:
+        print()
+        print_table(bench_round_journal.report(results), args.markdown)
+
+
+def print_table(lines: list[list[str]], markdown: bool) -> None:
+    """``lines``: the head, then the rows; aligned, or as a markdown table."""
+    head = lines[0]
+    if markdown:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
-        for row in lines:
+        for row in lines[1:]:
             print("| " + " | ".join(row) + " |")
         return
-    widths = [max(len(r[i]) for r in [head, *lines]) for i in range(len(head))]
-    for row in [head, *lines]:
+    widths = [max(len(r[i]) for r in lines) for i in range(len(head))]
+    for row in lines:
         print(
             "  ".join(
                 c.ljust(w) if i == 0 else c.rjust(w)
@@ -473,6 +501,18 @@ def main() -> int:
     parser.add_argument("--gap-s", type=float, default=1.5)
     parser.add_argument("--settle-s", type=float, default=6.0)
     parser.add_argument("--wrk-s", type=int, default=5)
+    parser.add_argument(
+        "--journal-prompts", type=int, default=100, help="journal: prompt round trips per daemon"
+    )
+    parser.add_argument(
+        "--flood-events", type=int, default=40_000, help="journal: events of the flood turn"
+    )
+    parser.add_argument(
+        "--no-failover-frozen",
+        dest="failover_frozen",
+        action="store_false",
+        help="journal: only the SIGKILLed owner's failover (the frozen one waits out a lease)",
+    )
     parser.add_argument("--base-root", default=str(ROOT))
     parser.add_argument("--base-modes", default="", help="e.g. acp,warm1,packed")
     parser.add_argument("--markdown", action="store_true")
@@ -491,10 +531,16 @@ def main() -> int:
     print(f"load average at start: {loadavg()}", file=sys.stderr)
     results: dict[tuple[str, str], list[Figures]] = {}
     base = [m for m in args.base_modes.split(",") if m]
-    with FakeOpenAI(workdir=str(tmp / "ws")) as model:
+    with FakeOpenAI(workdir=str(tmp / "ws")) as model, contextlib.ExitStack() as stack:
         env = qwen_env(tmp / "home", model.env())
         env["QWEN_SERVER_TOKEN"] = TOKEN
         ctx = Context(args, tmp, env, cli)
+        if "journal" in args.sections:
+            from tests.support.postgres import running_postgres, skip_reason
+
+            if (why := skip_reason()) is not None:
+                raise SystemExit(f"the journal section needs PostgreSQL: {why}")
+            ctx.pg = stack.enter_context(running_postgres())
         for run in range(args.runs):
             for section in args.sections:
                 modes = SECTIONS[section]

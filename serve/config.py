@@ -172,6 +172,7 @@ def with_config_grants(settings: Settings, config: DaemonConfig) -> Settings:
         state_dir=settings.state_dir,
         workspaces=(*settings.workspaces, *settings.untrusted_workspaces),
         config_file=settings.config_file,
+        shared_dir=settings.shared_dir,
     )
     merged = tuple(dict.fromkeys((*settings.agent_allow_write, *grants)))
     return msgspec.structs.replace(settings, agent_allow_write=merged)

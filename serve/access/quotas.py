@@ -14,8 +14,9 @@ leaves its registry: closing or deleting a session and opening a new one does no
 principal's spending). A refusal is :class:`~serve.access.errors.PrincipalBudgetExhausted`
 (``402 budget_exhausted`` with ``scope: "principal"``). The ended sessions' sums are kept in
 memory for at most :data:`MAX_PRINCIPALS` principals (the least recently charged is
-forgotten first) and start at zero when the daemon starts, as a restored session's own
-budget does.
+forgotten first) and start at zero when the daemon starts; a session restored from its
+journal brings its own budget back, but is charged here only what it spends from then on
+(``BudgetMeter.tokens_here``), so closing and loading a session never counts it twice.
 """
 
 from __future__ import annotations

@@ -571,8 +571,9 @@ class SessionService:
             # only once they leave the registry, so none is missed in between.
             registered = self.host.registry.all_sessions()
             owned = [s for s in registered if s.access.owner == principal.id]
-            tokens = sum(s.budget.tokens for s in owned)
-            cost = sum(s.budget.cost or 0.0 for s in owned)
+            # What each spent here (since a restore: the rest was charged where it was).
+            tokens = sum(s.budget.tokens_here for s in owned)
+            cost = sum(s.budget.cost_here for s in owned)
             try:
                 quotas.check_budget(principal, tokens, cost)
             except AccessError as exc:  # budget_exhausted (scope principal)

@@ -13,20 +13,24 @@ the exec wrapper (``acp/confine.py``) with a Landlock ruleset planned by
   then a read root), its private temp directory, its ``HOME``, the operator's grants
   (``--agent-allow-write DIR``, repeatable, and ``sandbox.allowWrite`` in the config file:
   validated at start by :func:`serve.settings.values.parse_allow_write`), and for the
-  built-in scripted agent its conversation store (``<state>/scripted``: the agent's own
+  built-in scripted agent its conversation store (``<state>/scripted``, ``DIR/scripted``
+  with ``--shared-dir``: the agent's own
   session files, which, like an agent's files under HOME, hold all of its sessions); a few
   device files
   (``/dev/null``, ``/dev/tty``, ``/dev/pts``, ``/dev/shm`` ...);
 * **read**: everything else;
 * **protected** (carved out of both): the state directory (journals, device-flow
   credentials, MCP sockets' folders, the scripted store of a non-default agent, every
-  principal's places), the files the daemon trusts (:func:`serve.isolation.tenants.trusted_files`:
-  the config file, the tokens and JWKS files, the audit log, the TLS files, the token file),
+  principal's places), the shared directory (``--shared-dir``: the principals' places and
+  the scripted store there), the files the daemon trusts
+  (:func:`serve.isolation.tenants.trusted_files`: the config file, the tokens and JWKS
+  files, the audit log, the TLS files, the token file),
   every other workspace of the daemon, and the other children's temp directories.
 
 With ``--auth-*`` a child's HOME and scripted store are its principal's
-(:func:`tenant_setup`, :mod:`serve.isolation.tenants`), inside the state directory: granted
-to that child by the more specific rule, protected from every other child.
+(:func:`tenant_setup`, :mod:`serve.isolation.tenants`), inside the state directory (the
+shared directory with ``--shared-dir``): granted to that child by the more specific rule,
+protected from every other child.
 
 The private temp directory (``TMPDIR``, ``TMP``, ``TEMP``, and the variables of
 :data:`AGENT_TEMP_ENV` for agents that do not honour ``TMPDIR``) is a fresh ``0700`` directory under
@@ -241,13 +245,15 @@ def _roots(
     if home and os.path.isabs(home) and os.path.isdir(home):
         write.append(home)
     write.extend(settings.agent_allow_write)  # validated at start (absolute, no protected place)
-    scripted = os.path.join(settings.state_dir, "scripted") if places is None else places.store
+    scripted = tenants.scripted_store(settings) if places is None else places.store
     if settings.agent_is_default:
         os.makedirs(scripted, mode=0o700, exist_ok=True)
         write.append(scripted)
-    # The state directory holds every tenant's places: the child's own are granted inside
-    # it (the specific rule wins), the others stay carved out (tenants.py).
+    # The state directory (or the shared one) holds every tenant's places: the child's own
+    # are granted inside it (the specific rule wins), the others stay carved out (tenants.py).
     protected = [settings.state_dir, temp_parent(settings.state_dir)]
+    if settings.shared_dir:
+        protected.append(settings.shared_dir)
     protected.extend(tenants.trusted_files(settings))  # tokens, JWKS, config, audit, TLS
     for w in (*settings.workspaces, *settings.untrusted_workspaces):
         if os.path.realpath(w) != workspace:
@@ -282,7 +288,7 @@ def _grant_unsandboxed(
     if home and os.path.isabs(home) and os.path.isdir(home):
         write.append(home)
     if settings.agent_is_default:  # its store: the one its environment names
-        scripted = env.get("ACP_SCRIPTED_STATE_DIR") or os.path.join(settings.state_dir, "scripted")
+        scripted = env.get("ACP_SCRIPTED_STATE_DIR") or tenants.scripted_store(settings)
         os.makedirs(scripted, mode=0o700, exist_ok=True)
         write.append(scripted)
     identity.grant(run_as, share=_shared_roots(write, None))
@@ -447,9 +453,11 @@ def status(settings: Settings) -> dict[str, Any]:
         if home:
             write.append(home)
         if settings.agent_is_default:
-            write.append(os.path.join(settings.state_dir, "scripted"))
+            write.append(tenants.scripted_store(settings))
         write.extend(settings.agent_allow_write)
         protected = [settings.state_dir, *tenants.trusted_files(settings)]
+        if settings.shared_dir:
+            protected.insert(1, settings.shared_dir)
         out["roots"] = {
             "read": ["/"],
             "readOnly": list(settings.untrusted_workspaces),

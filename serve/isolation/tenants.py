@@ -5,16 +5,23 @@ Theory of operation
 An agent runs the shell commands its user typed: in multi-user mode (any ``--auth-*``) it is
 treated as that user. Every agent child belongs to one principal, its **tenant**, for its whole
 life (the agent pool keys its children by tenant, :mod:`serve.agents.slots`), and a tenant's
-children get places of their own, under the daemon's state directory::
+children get places of their own, under the daemon's state directory, or under
+``--shared-dir DIR`` when it is given (:func:`places_dir`)::
 
     <state>/tenants/<name>/home       HOME (the agent's own store, caches, settings)
     <state>/tenants/<name>/scripted   the built-in scripted agent's conversation store
+
+``--shared-dir`` is for a cluster (several daemons on one journal, docs/postgres-journal.md):
+each daemon keeps its own state directory (its daemon id, journal files, the agents' temp
+directories), and the places an agent keeps its sessions in are in the directory all of them
+share, so an agent started on another daemon finds the session it must load.
 
 ``<name>`` is :func:`dir_name`: a readable, escaped prefix of the principal id and a hash of
 it, so ``../x``, ``group:eng`` or a 4 KiB id map to one safe directory name each, and two ids
 never share one. The state directory is carved out of every child's sandbox (neither read nor
 written, :mod:`serve.isolation.sandbox`); a child's own places are granted inside it by the
 more specific rule, so every *other* tenant's places stay protected without being listed.
+The shared directory is carved out the same way (its places are granted the same way).
 Each child's private temp directory is its own already (``<state>/agent-tmp/...``).
 
 A tenant's HOME starts with the operator's agent set-up: the files of :data:`HOME_SEED` (the
@@ -26,7 +33,8 @@ the daemon's environment that point into the operator's HOME (``XDG_CONFIG_HOME`
 ``CODEX_HOME``, ...) are re-rooted in the tenant's HOME (:func:`tenant_env`).
 
 Without ``--auth-*`` there is one principal, the operator, and its agents keep the daemon's
-own HOME and ``<state>/scripted`` (:func:`places` answers ``None``: as before).
+own HOME and ``<state>/scripted`` (``DIR/scripted`` with ``--shared-dir``:
+:func:`scripted_store`; :func:`places` answers ``None``: as before).
 
 :func:`trusted_files` lists the files the daemon trusts wherever the operator put them (the
 tokens file, the JWKS file, the config file, the audit log and its rotations, the TLS key and
@@ -57,14 +65,18 @@ __all__ = [
     "dir_name",
     "multi_user",
     "places",
+    "places_dir",
+    "scripted_store",
     "tenant_env",
     "trusted_files",
 ]
 
 #: The tenant of single-user mode (and of sessions made with the operator token).
 OPERATOR_TENANT: Final = "operator"
-#: Under the state directory: one directory per tenant.
+#: Under the state directory (or the shared one): one directory per tenant.
 TENANTS_SUBDIR: Final = "tenants"
+#: Under the state directory (or the shared one): the scripted agent's store, single-user mode.
+SCRIPTED_SUBDIR: Final = "scripted"
 #: Characters kept as they are in a tenant's directory name (the rest become ``_``).
 _SAFE: Final = re.compile(r"[^A-Za-z0-9._-]")
 #: Length of the readable prefix of a tenant's directory name (characters).
@@ -122,8 +134,18 @@ def dir_name(tenant: str) -> str:
     return f"{readable}-{digest}"
 
 
+def places_dir(settings: Settings) -> str:
+    """Where the agents' places are: ``--shared-dir`` when given, else the state directory."""
+    return settings.shared_dir or settings.state_dir
+
+
+def scripted_store(settings: Settings) -> str:
+    """The scripted agent's store in single-user mode (``ACP_SCRIPTED_STATE_DIR``)."""
+    return os.path.join(places_dir(settings), SCRIPTED_SUBDIR)
+
+
 def tenant_root(settings: Settings, tenant: str) -> str:
-    return os.path.join(settings.state_dir, TENANTS_SUBDIR, dir_name(tenant))
+    return os.path.join(places_dir(settings), TENANTS_SUBDIR, dir_name(tenant))
 
 
 def places(settings: Settings, tenant: str | None) -> Places | None:
@@ -133,8 +155,8 @@ def places(settings: Settings, tenant: str | None) -> Places | None:
         return None
     root = tenant_root(settings, tenant)
     home = os.path.join(root, "home")
-    store = os.path.join(root, "scripted")
-    for path in (settings.state_dir, os.path.dirname(root), root, home, store):
+    store = os.path.join(root, SCRIPTED_SUBDIR)
+    for path in (places_dir(settings), os.path.dirname(root), root, home, store):
         os.makedirs(path, mode=0o700, exist_ok=True)
     _seed(home)
     return Places(tenant, os.path.realpath(root), os.path.realpath(home), os.path.realpath(store))
@@ -159,7 +181,8 @@ def _seed(home: str) -> None:
             pass
         try:
             os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
-            tmp = f"{dst}.seed-{os.getpid()}"
+            # (unique: daemons sharing the directory may have the same pid in their pods)
+            tmp = f"{dst}.seed-{os.getpid()}-{os.urandom(4).hex()}"
             shutil.copyfile(src, tmp)
             os.chmod(tmp, 0o600)
             os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))

@@ -167,7 +167,10 @@ def build_host(
     def retire(session: SessionActor) -> None:
         front.retire(session.log.statistics())
         if quotas is not None:  # a principal's budget counts its ended sessions too
-            quotas.retired(session.access.owner, session.budget.tokens, session.budget.cost or 0.0)
+            # (since it was restored: its earlier spending was charged where it was spent)
+            quotas.retired(
+                session.access.owner, session.budget.tokens_here, session.budget.cost_here
+            )
 
     #: One Workspace per root for every part (one per-path writer lock table).
     workspaces = WorkspaceSet()

@@ -17,16 +17,18 @@ stream gets that terminal event and ends; the root's ``on_give_up`` hook, set in
 
 Shutdown order: stop accepting (``draining``), end every session (each publishes
 ``session_died {reason: "daemon_shutdown"}`` and closes its event log, so SSE streams end
-cleanly instead of being cut by hypercorn's graceful timeout), end the fronts' other
-streams (``lifecycle.stream_closers``: the /acp connection streams and WebSockets, after
-their pumps relayed that last event), let the listener stop once nothing of the app is in
-flight (bounded by ``--http-graceful-timeout-ms``; past it the connections still busy, such
-as a write blocked on a reader that stopped reading, are shut down), then the root supervisor
-stops its children in reverse start order: the HTTP listener first, the session actors
-(and their agent processes, stopped by escalation) after it. The whole drain is bounded by
+cleanly instead of being cut by hypercorn's graceful timeout; in a cluster,
+``--journal-url``, the idle ones are handed over instead, with no final event:
+serve/api/handover.py), end the fronts' other streams (``lifecycle.stream_closers``: the
+/acp connection streams and WebSockets, after their pumps relayed that last event), let the
+listener stop once nothing of the app is in flight (bounded by
+``--http-graceful-timeout-ms``; past it the connections still busy, such as a write blocked
+on a reader that stopped reading, are shut down), then the root supervisor stops its
+children in reverse start order: the HTTP listener first, the session actors (and their
+agent processes, stopped by escalation) after it. The whole drain is bounded by
 :data:`SHUTDOWN_FORCE_S`; past it the remaining tasks are cancelled, and a cleanup that
-cannot be cancelled (a shielded flush on a stalled disk) gets :data:`HARD_EXIT_MARGIN_S` more
-before every agent group is SIGKILLed and the process exits 1.
+cannot be cancelled (a shielded flush on a stalled disk) gets :data:`HARD_EXIT_MARGIN_S`
+more before every agent group is SIGKILLed and the process exits 1.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import hypercorn.trio
 import trio
 
 from actors import ChildSpec, Restart
+from serve.api.handover import hand_over_idle
 from serve.config import DaemonConfig
 from serve.host import Host
 from serve.http.app import create_app
@@ -155,8 +158,16 @@ class Daemon:
                 await trio.sleep(0.05)
 
     async def _close_sessions(self, reason: str) -> None:
-        """End every session: ``session_died {reason}``, logs closed, SSE streams end."""
+        """End every session: ``session_died {reason}``, logs closed, SSE streams end. In a
+        cluster (``--journal-url``) the idle ones are handed over instead, with no final
+        event (serve/api/handover.py): another daemon restores them on the next request."""
         with trio.move_on_after(SHUTDOWN_FORCE_S - 1):
+            if self.settings.journal_url is not None:
+                handed = await hand_over_idle(
+                    self.host.registry.live(), timeout_s=SHUTDOWN_FORCE_S - 2
+                )
+                if handed.moved or handed.kept:
+                    log.info("sessions handed over: %d (ended: %d)", handed.moved, handed.kept)
             await self.host.registry.close_all(reason)
 
     async def _end_streams(self) -> None:

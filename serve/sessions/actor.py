@@ -93,6 +93,7 @@ from serve.sessions.messages import (
     CloseSession,
     Describe,
     Detach,
+    HandOver,
     Heartbeat,
     KnowsClient,
     ListPending,
@@ -427,6 +428,8 @@ class SessionActor(Actor[SessionMsg]):
                 return await cancelling.cancel_turn(self, cid)
             case CloseSession():
                 return await self.close_session(msg)
+            case HandOver():
+                return await self.hand_over()
             case SetModel():
                 return switches.start_model_switch(self, msg)
             case SetApprovalMode():
@@ -532,6 +535,15 @@ class SessionActor(Actor[SessionMsg]):
         )
         self.stopping = True
         self.close()  # ends the actor loop; run() then stops the child
+
+    async def hand_over(self) -> bool:
+        """Leave this daemon for another (endings.hand_over); False while busy."""
+        if not await endings.hand_over(self):
+            return False
+        self._idle_at_close = True  # the agent gets the short stop of an idle close
+        self.stopping = True
+        self.close()  # ends the actor loop; run() stops the agent and closes the journal
+        return True
 
     async def drain_inbox(self) -> None:
         """Before the final event: handle what is already in the inbox (the mediator's

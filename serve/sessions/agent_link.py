@@ -52,7 +52,7 @@ from acp.schema import (
     SessionSetup,
 )
 from actors import RestartWindow
-from serve.isolation import ChildLimits, Isolation, OomReport, identity, sandbox
+from serve.isolation import ChildLimits, Isolation, OomReport, identity, sandbox, tenants
 from serve.permissions.elicitation import CLIENT_CAPABILITY as ELICITATION_CAPABILITY
 from serve.sessions.errors import AgentSandboxDenied, NotSupportedByAgent
 
@@ -255,7 +255,7 @@ def agent_env(settings: Settings) -> dict[str, str]:
     """The agent child's environment: ours, scrubbed, plus the daemon's hints."""
     env = scrub_env(os.environ)
     if settings.agent_is_default:
-        env["ACP_SCRIPTED_STATE_DIR"] = os.path.join(settings.state_dir, "scripted")
+        env["ACP_SCRIPTED_STATE_DIR"] = tenants.scripted_store(settings)  # or --shared-dir's
         env["ACP_SCRIPTED_RETENTION_MS"] = str(settings.journal_retention_ms)
     env["QWEN_CODE_NO_RELAUNCH"] = "true"
     if settings.otel_endpoint and "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" not in env:

@@ -23,6 +23,17 @@ What counts (ACP schema v1, ``schema.unstable.json``; RFDs ``session-usage`` and
 An agent that reported nothing yet is **unbudgeted**: limits are kept but nothing can be
 measured (``unbudgeted: true`` in the snapshot).
 
+**Across a restore** (a load or resume from the journal, after a restart or on another
+daemon): :meth:`BudgetMeter.saved` is what the session keeps in its journal meta
+(``session.budget``, JSON: the spending settled by finished turns, the cost figures, and the
+limits when a ``PATCH`` set them; written within a second of each turn or ``PATCH``,
+coalesced: ``JournalLink.remember_soon``), and :meth:`BudgetMeter.restore` takes it back, so
+a spent budget stays spent. Limits never set on the session follow the restoring daemon's
+``--session-*-budget`` defaults. A crash loses at most the spending of the turn it cut and
+of the second before it. What the principal quotas charge (:attr:`BudgetMeter.tokens_here`,
+:attr:`BudgetMeter.cost_here`) is what was spent since the restore: the restored part was
+charged where it was spent.
+
 Verdicts: :meth:`BudgetMeter.check` compares each dimension's spending with its limit and
 returns the new :class:`Signal`\\ s once each: ``warn`` when spending reaches
 :data:`WARN_FRACTION` of a limit, ``exhausted`` at the limit. Changing the limits
@@ -46,6 +57,8 @@ MAX_TOKEN_LIMIT: Final = 2**53
 #: The largest cost limit accepted (in the limit's currency).
 MAX_COST_LIMIT: Final = 1e12
 DEFAULT_CURRENCY: Final = "USD"
+#: The journal meta attribute that keeps a session's budget across a restore.
+ATTR: Final = "session.budget"
 
 Dimension = Literal["tokens", "cost"]
 
@@ -56,6 +69,25 @@ class Limits(msgspec.Struct, frozen=True):
     max_tokens: int | None = None
     max_cost: float | None = None
     currency: str = DEFAULT_CURRENCY
+
+
+class Saved(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A meter's state as kept in the journal meta (:meth:`BudgetMeter.saved`)."""
+
+    tokens: int = 0  # settled: finished turns
+    input_tokens: int = 0
+    output_tokens: int = 0
+    turns_reported: int = 0
+    reported: bool = False
+    context_used: int | None = None
+    context_size: int | None = None
+    cost_banked: float = 0.0
+    cost_seen: float = 0.0
+    cost_currency: str | None = None
+    limits: Limits | None = None  # set on the session (PATCH); None: the daemon's defaults
+
+
+_saved_decoder = msgspec.json.Decoder(Saved)
 
 
 class Signal(msgspec.Struct, frozen=True):
@@ -91,6 +123,11 @@ class BudgetMeter:
         self.reported = False
         self._warned: set[str] = set()
         self._exhausted: set[str] = set()
+        #: The limits were set on the session (``PATCH``), not the daemon's defaults.
+        self.own_limits = False
+        #: Spending brought back by :meth:`restore` (charged where it was spent).
+        self._restored_tokens = 0
+        self._restored_cost = 0.0
 
     # ---- spending ----------------------------------------------------------------------
 
@@ -103,6 +140,16 @@ class BudgetMeter:
         if self.cost_currency is None:
             return None
         return self.cost_banked + self.cost_seen
+
+    @property
+    def tokens_here(self) -> int:
+        """Tokens spent since this meter was restored (all of them when it never was)."""
+        return max(0, self.tokens - self._restored_tokens)
+
+    @property
+    def cost_here(self) -> float:
+        """Cost incurred since this meter was restored (0.0 when none is reported)."""
+        return max(0.0, (self.cost or 0.0) - self._restored_cost)
 
     def turn_started(self) -> None:
         self._in_turn = True
@@ -161,6 +208,7 @@ class BudgetMeter:
 
     def set_limits(self, limits: Limits) -> list[Signal]:
         self.limits = limits
+        self.own_limits = True
         self._warned.clear()
         self._exhausted.clear()
         return self.check()
@@ -197,6 +245,53 @@ class BudgetMeter:
             if spent >= limit:
                 return dim
         return None
+
+    # ---- across a restore --------------------------------------------------------------
+
+    def saved(self) -> str:
+        """What :meth:`restore` takes back (JSON; the settled spending, not a running
+        turn's estimate)."""
+        state = Saved(
+            tokens=self.settled_tokens,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            turns_reported=self.turns_reported,
+            reported=self.reported,
+            context_used=self.context_used,
+            context_size=self.context_size,
+            cost_banked=self.cost_banked,
+            cost_seen=self.cost_seen,
+            cost_currency=self.cost_currency,
+            limits=self.limits if self.own_limits else None,
+        )
+        return msgspec.json.encode(state).decode()
+
+    def restore(self, saved: str) -> bool:
+        """Take back what :meth:`saved` wrote (False, nothing changed: unreadable).
+        Warnings and exhaustion already signalled before are not signalled again."""
+        try:
+            state = _saved_decoder.decode(saved)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
+        self.settled_tokens = max(0, state.tokens)
+        self.input_tokens = max(0, state.input_tokens)
+        self.output_tokens = max(0, state.output_tokens)
+        self.turns_reported = max(0, state.turns_reported)
+        self.reported = state.reported
+        self.context_used, self.context_size = state.context_used, state.context_size
+        finite = math.isfinite(state.cost_banked) and math.isfinite(state.cost_seen)
+        if finite and state.cost_currency is not None:
+            self.cost_banked = max(0.0, state.cost_banked)
+            self.cost_seen = max(0.0, state.cost_seen)
+            self.cost_currency = state.cost_currency
+        if state.limits is not None:
+            self.limits, self.own_limits = state.limits, True
+        self._restored_tokens = self.tokens
+        self._restored_cost = self.cost or 0.0
+        self._warned.clear()
+        self._exhausted.clear()
+        self.check()  # signalled in the session's earlier life
+        return True
 
     # ---- read model --------------------------------------------------------------------
 

@@ -54,9 +54,9 @@ class SessionCore(Protocol):
     calls: AgentCalls
     log: EventLog
     event_tap: Tap | None
-    clients: ClientTable
-    #: The session's journal writer and its meta's attributes.
+    #: The session's journal (its meta keeps what a restore needs, e.g. the budget).
     journal_link: JournalLink
+    clients: ClientTable
     #: Open SSE subscriptions and the registered client each one names (or None).
     streams: dict[Subscriber, str | None]
     last_seen_ms: int

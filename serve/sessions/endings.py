@@ -1,4 +1,5 @@
-"""How a session ends: every unfinished prompt gets its terminal, then one final event.
+"""How a session ends: every unfinished prompt gets its terminal, then one final event;
+or, handed over to another daemon, with no event at all.
 
 :func:`abort_everything` runs once (``ended`` guards it): the running turn's request is
 abandoned, every admitted prompt ends (``turns.aborted``: ``turn_complete {promptCancelled}``
@@ -8,6 +9,13 @@ the child is stopped next), the inbox is drained (the mediator's ``permission_re
 events for that withdrawal must precede the final event), then ``session_closed
 {reason, closedBy?}`` or ``session_died {reason, exitCode?, signalCode?}`` is published and
 the log closed (SSE streams drain and end).
+
+:func:`hand_over` (``POST /daemon/drain`` in a cluster, ``--journal-url``) ends an idle
+session on this daemon only: its permission requests are withdrawn, its streams end with
+no final event (clients reconnect with ``Last-Event-ID``, and reach the daemon that
+restores it), and the actor stops; its agent is stopped and its journal flushed and closed
+cleanly (a PostgreSQL lease is released: ``expires_at = now()``), so another daemon
+restores it from the journal on the next request, with the same event epoch.
 """
 
 from __future__ import annotations
@@ -64,3 +72,17 @@ async def abort_everything(
         log.info("session %s closed (%s)", sid, reason)
     session.log.close()
     session.ended.set()
+
+
+async def hand_over(session: SessionCore) -> bool:
+    """Leave this daemon without a final event (module docstring); False while busy. The
+    caller then stops the actor (its ``run`` closes the agent and the journal)."""
+    if session.ended.is_set() or session.closing or session.pending_count:
+        return False
+    session.closing = True
+    await cancelling.cancel_permissions(session, forget=True)
+    await session.drain_inbox()
+    session.log.close()
+    session.ended.set()
+    log.info("session %s handed over: its journal is closed for another daemon", session.session_id)
+    return True

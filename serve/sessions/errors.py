@@ -306,6 +306,7 @@ RETRYABLE_TURN_CODES: Final = frozenset(
     {
         "channel_closed",
         "daemon_shutdown",
+        "owner_lost",  # the daemon running it stopped; the session was restored elsewhere
         "agent_restarted",
         "cancel_timeout",
         "agent_oom",  # the agent is restored in place: the next prompt may run

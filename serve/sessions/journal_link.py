@@ -25,8 +25,13 @@ from serve.journal import (
     JournalWriter,
     Replay,
 )
+from serve.sessions.turn_record import PromptsOnRecord, scan
 
 log = logging.getLogger(__name__)
+
+#: Longest a value given to :meth:`JournalLink.remember_soon` waits for its meta write
+#: (seconds): back-to-back turns cost one write per interval, not one each.
+REMEMBER_SOON_S = 1.0
 
 
 def log_from_replay(
@@ -56,6 +61,13 @@ class JournalLink:
         self._kept: tuple[EventLog, bool] | None = None
         #: The session's news that another daemon took it over (its writer was fenced).
         self.on_lost: Callable[[], bool] | None = None
+        #: What the journal read by a load says about the session's prompts, until
+        #: serve/sessions/recovery.py settles them.
+        self.on_record: PromptsOnRecord | None = None
+        #: Attributes :meth:`remember_soon` has yet to write, and its writer task's nursery.
+        self._pending: dict[str, str] = {}
+        self._writing = False
+        self._nursery: trio.Nursery | None = None
 
     async def open(
         self,
@@ -91,6 +103,7 @@ class JournalLink:
         writer.on_lease_lost = self.on_lost
         self.attrs = dict(writer.meta.attrs)
         log_.sink = writer.sink
+        self._nursery = nursery
         await nursery.start(writer.run)
 
     async def restore(
@@ -112,6 +125,7 @@ class JournalLink:
             log.warning("journal of session %s unreadable: %s", session_id, exc)
             return None
         self.attrs = dict(replay.meta.attrs)
+        self.on_record = scan(replay)
         return log_from_replay(session_id, replay, ring_size, ring_bytes), bool(replay.records)
 
     def keep(self, restored: EventLog, had_records: bool) -> None:
@@ -127,15 +141,56 @@ class JournalLink:
         writer = self.writer
         if writer is None or writer.closed:
             return
+        await self._write_meta(writer)
+
+    async def _write_meta(self, writer: JournalWriter) -> None:
         try:
-            await writer.update_meta(msgspec.structs.replace(writer.meta, attrs=merged))
+            await writer.update_meta(msgspec.structs.replace(writer.meta, attrs=dict(self.attrs)))
         except JournalError as exc:
             log.warning("session %s: journal meta not updated: %s", writer.session_id, exc)
 
+    def remember_soon(self, attrs: dict[str, str]) -> None:
+        """:meth:`remember` off the caller's path (e.g. the budget after each turn): at
+        most one write per :data:`REMEMBER_SOON_S`, the values given meanwhile coalesced
+        into it; what is left when the journal closes is written then."""
+        self._pending.update(attrs)
+        if self._writing or self._nursery is None:
+            return
+        try:
+            self._nursery.start_soon(self._write_pending)
+        except RuntimeError:  # the session's nursery is closed: the close wrote them
+            return
+        self._writing = True
+
+    async def _write_pending(self) -> None:
+        try:
+            while self._pending:
+                await trio.sleep(REMEMBER_SOON_S)  # coalesce back-to-back turns' values
+                attrs, self._pending = self._pending, {}
+                await self.remember(attrs)
+        finally:
+            self._writing = False
+
+    async def flush(self) -> None:
+        """What was published so far is durable (an I/O error is logged: the writer
+        retries on its own)."""
+        writer = self.writer
+        if writer is None or writer.closed:
+            return
+        try:
+            await writer.flush()
+        except JournalError as exc:
+            log.warning("session %s: journal not flushed: %s", writer.session_id, exc)
+
     async def aclose(self, timeout_s: float = 5.0) -> None:
-        if self.writer is not None:
+        writer = self.writer
+        if writer is not None:
             with trio.CancelScope(shield=True), trio.move_on_after(timeout_s):
-                await self.writer.aclose()
+                self.attrs = {**self.attrs, **self._pending}
+                self._pending = {}
+                if not writer.closed and self.attrs != writer.meta.attrs:
+                    await self._write_meta(writer)  # what a cancelled write left unwritten
+                await writer.aclose()
 
     def statistics(self) -> dict[str, Any] | None:
         return self.writer.statistics() if self.writer is not None else None

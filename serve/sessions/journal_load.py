@@ -47,6 +47,7 @@ import trio
 from acp.schema import SessionSetup, decode_session_setup
 from serve.events import EventLog
 from serve.journal import JournalBusy, JournalError, JournalMeta, JournalNotFound, Replay
+from serve.sessions import turn_record
 from serve.sessions.agent_link import AgentLink
 from serve.sessions.errors import SessionOwnedElsewhere
 from serve.sessions.journal_link import JournalLink, log_from_replay
@@ -156,6 +157,7 @@ async def read(
         return None
     restored = log_from_replay(session_id, replay, ring_size, ring_bytes, epoch=writer.meta.epoch)
     await journal_link.adopt(nursery, restored, writer)  # kept when it is opened again
+    journal_link.on_record = turn_record.scan(replay)  # settled once the log is in place
     attrs = journal_link.attrs
     why = "no records" if not replay.records else _eager_reason(attrs, settings, action)
     if why is not None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from serve.permissions.modes import advertised_modes
-from serve.sessions import journal_load, ownership
+from serve.sessions import journal_load, ownership, recovery
 from serve.sessions.core import SessionCore
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ async def open_agent(session: LinkedSession, nursery: trio.Nursery) -> None:
         session.link.setup = lazy.setup
         adopt_setup(session, lazy.setup)
         session.binding.start_released()
+        await recovery.settle(session, session.journal_link)  # the dead owner's turns end
     await ownership.settle(session)
 
 
@@ -159,6 +160,7 @@ class SessionLinkPort:
         s.log, s.restored_from_journal = restored
         s.log.tap = s.event_tap
         await self._open_journal(fresh=False)
+        await recovery.settle(s, s.journal_link)  # before the agent replays anything
         return s.restored_from_journal
 
     async def _open_journal(self, *, fresh: bool) -> None:

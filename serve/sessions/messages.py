@@ -205,6 +205,12 @@ class ReleaseAgent(msgspec.Struct, frozen=True):
     reason: str = "idle"
 
 
+class HandOver(msgspec.Struct, Request[bool], frozen=True):
+    """Leave this daemon for another one (a cluster's drain, serve/sessions/endings.py):
+    no final event; the journal is closed cleanly once the actor is gone, which releases
+    its lease. Answered False (nothing done) while a prompt runs or waits."""
+
+
 SessionMsg = (
     PromptRequest
     | CancelTurn
@@ -231,6 +237,7 @@ SessionMsg = (
     | SetBudget
     | SetConfigOption
     | SetAccess
+    | HandOver
 )
 
 # ---- typed replies ------------------------------------------------------------------------

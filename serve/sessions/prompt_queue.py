@@ -7,7 +7,9 @@ agent, no event log. The session actor drives it and publishes what it returns.
 
 * :meth:`~PromptQueue.admit` admits a prompt (``PromptQueueFull`` past the limit) or, for a
   ``promptId`` it remembers (the last :data:`MAX_REMEMBERED_PROMPTS` ids), returns the
-  earlier job again: a re-submission is the same turn, not a second one. An absolute
+  earlier job again: a re-submission is the same turn, not a second one (after a restore
+  from the journal, the prompts on record are remembered as ended:
+  :meth:`~PromptQueue.remember_ended`). An absolute
   deadline (the daemon's, shortened by the request's) is fixed at admission, so queueing
   time counts.
 * :meth:`~PromptQueue.take` hands the worker the next job in FIFO order; jobs whose deadline
@@ -229,6 +231,33 @@ class PromptQueue:
         while len(self._admitted) > self.remember:
             self._admitted.popitem(last=False)
         return Admitted(job, True)
+
+    def remember_ended(
+        self,
+        prompt_id: str,
+        *,
+        client_id: str | None,
+        text: str,
+        queued: bool,
+        started: bool,
+        kind: str,
+        data: dict[str, Any],
+    ) -> Terminal | None:
+        """Remember a prompt admitted before the session was restored from its journal
+        (serve/sessions/recovery.py) as ended with ``kind`` / ``data``: a re-submission of
+        its id answers it and does not run again. None when the id is known already."""
+        if prompt_id in self._admitted:
+            return None
+        request = PromptRequest(msgspec.Raw(b"[]"), text, client_id, trace=None)
+        job = Job(request, prompt_id, queued=queued, queued_at="", deadline=None)
+        job.started = started
+        data.setdefault("promptId", prompt_id)
+        job.terminal = Terminal(job, kind, data, started)
+        job.state = "done"
+        self._admitted[prompt_id] = job
+        while len(self._admitted) > self.remember:
+            self._admitted.popitem(last=False)
+        return job.terminal
 
     def take(self, now: float) -> tuple[Job | None, list[Terminal]]:
         """The next job to run (None: nothing queued, or a job still runs), and the

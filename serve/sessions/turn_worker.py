@@ -2,16 +2,20 @@
 
 :func:`prompt_worker` is a task of the session's nursery: it waits for the agent (a restart
 or a rebind in progress: ``link.ready``) and for no exclusive extension call (rewind,
-branch), takes the next admitted prompt in FIFO order (expired ones end with
-``turn_error {code:"deadline_exceeded"}`` first) and runs it (:func:`run_turn`):
+branch), takes the next admitted prompt in FIFO order (expired ones end with ``turn_error
+{code:"deadline_exceeded"}`` first) and runs it (:func:`run_turn`):
 ``pending_prompt_started`` for a queued one, the prompt echoed as ``user_message_chunk``,
-``session/prompt`` inside the turn's cancel scope (its deadline, a cancel and the budget end
-it), a steered turn settled (serve/sessions/steering.py), then exactly one terminal
-(``turn_complete`` or ``turn_error``; serve/sessions/turns.py shapes them).
+``session/prompt`` (in a cluster, ``--journal-url``, once the echo is journaled: a daemon
+restoring the session after this one died knows the turn began) inside the turn's cancel
+scope (its deadline, a cancel and the budget end it), a steered turn settled
+(serve/sessions/steering.py), then exactly one terminal (``turn_complete`` or
+``turn_error``; serve/sessions/turns.py shapes them).
 
 The budget (serve/sessions/budget.py, sans-IO) hears of ``usage_update``\\ s and of each
 turn's ``usage``; its signals publish ``budget_warning`` / ``budget_exhausted``, and an
-exhausted budget ends the running turn and asks the agent to stop.
+exhausted budget ends the running turn and asks the agent to stop. After each turn and each
+change of the limits the budget is kept in the journal meta (:func:`save_budget`), for a
+restore (serve/sessions/recovery.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import trio
 from acp import telemetry
 from acp.errors import AcpError, ChannelClosed, RemoteError
 from serve.sessions import turns
+from serve.sessions.budget import ATTR as BUDGET_ATTR
 from serve.sessions.budget import Limits
 from serve.sessions.cancelling import cancel_permissions
 from serve.sessions.prompt_events import finish, publish_terminal
@@ -35,6 +40,11 @@ if TYPE_CHECKING:
     from serve.sessions.core import SessionCore
     from serve.sessions.messages import SetBudget
     from serve.sessions.prompt_queue import Job
+
+
+#: Longest a turn waits for its start to be journaled in a cluster (s); past it the turn
+#: runs anyway (the journal is failing: it retries on its own).
+TURN_START_FLUSH_S = 2.0
 
 
 async def prompt_worker(session: SessionCore) -> None:
@@ -97,6 +107,11 @@ async def run_turn(session: SessionCore, job: Job) -> None:
         return
     for block in turns.text_blocks(job.prompt):  # echo the prompt, as the reference does
         session.side.relay("user_message_chunk", turns.user_chunk(block))
+    if session.settings.journal_url is not None:
+        # A cluster: the turn is on record before the agent gets it, so a daemon that
+        # restores the session after this one died knows the promptId (never run twice).
+        with trio.move_on_after(TURN_START_FLUSH_S):
+            await session.journal_link.flush()
     session.budget.turn_started()
     try:
         await _run_prompt(session, job, conn, sid)
@@ -104,6 +119,7 @@ async def run_turn(session: SessionCore, job: Job) -> None:
         usage = session.turn_usage
         session.turn_usage = None
         budget_signals(session, session.budget.turn_ended(usage))
+        save_budget(session)
 
 
 async def _run_prompt(session: SessionCore, job: Job, conn: AgentConnection, sid: str) -> None:
@@ -196,4 +212,11 @@ def set_budget(session: SessionCore, msg: SetBudget) -> dict[str, Any]:
     snapshot = {"sessionId": session.session_id, **session.budget.snapshot()}
     session.log.publish("budget_updated", snapshot, originator=msg.client_id)
     budget_signals(session, signals)
+    save_budget(session)
     return snapshot
+
+
+def save_budget(session: SessionCore) -> None:
+    """Keep the budget in the journal meta for a restore (a write only when it changed,
+    off the turn's path)."""
+    session.journal_link.remember_soon({BUDGET_ATTR: session.budget.saved()})

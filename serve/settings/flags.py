@@ -75,6 +75,7 @@ _SECTION_OF = {
     "--agent-sandbox": "isolation",
     "--agent-allow-write": "isolation",
     "--state-dir": "sessions",
+    "--shared-dir": "sessions",
     "--config": "serving",
     "--no-journal": "sessions",
     "--approval-mode": "sessions",
@@ -354,6 +355,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="with --journal-url: a session's lease; a frozen daemon's sessions are taken "
         "over this long after its last renewal (renewed every quarter of it; default 20000)",
+    )
+    add(
+        "--shared-dir",
+        default=None,
+        metavar="DIR",
+        help="an existing, writable directory all daemons of a cluster share: the agents' "
+        "places (each principal's HOME and store under DIR/tenants, the scripted agent's "
+        "store DIR/scripted) live there instead of under --state-dir, so an agent started "
+        "on another daemon finds the session it loads (default $ACP_SERVE_SHARED_DIR, "
+        "else none)",
     )
     add(
         "--journal-max-total-bytes",

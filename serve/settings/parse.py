@@ -41,6 +41,7 @@ from serve.settings.values import (
     parse_nonneg,
     parse_positive,
     parse_rate_limit,
+    parse_shared_dir,
     parse_timer,
     parse_token_header,
     parse_trusted_proxies,
@@ -143,6 +144,12 @@ def parse_settings(
 
     state_dir = ns.state_dir or env.get("ACP_SERVE_STATE_DIR") or default_state_dir(env)
     state_dir = str(Path(state_dir).expanduser().absolute())
+    # --shared-dir: the agents' places shared by a cluster's daemons (serve/isolation/tenants.py).
+    shared_dir = parse_shared_dir(
+        ns.shared_dir or env.get("ACP_SERVE_SHARED_DIR") or None,
+        state_dir=state_dir,
+        workspaces=(*workspaces, *untrusted),
+    )
     agent_sandbox = parse_agent_sandbox(
         ns.agent_sandbox or env.get("ACP_SERVE_AGENT_SANDBOX") or "auto"
     )
@@ -154,6 +161,7 @@ def parse_settings(
         state_dir=state_dir,
         workspaces=(*workspaces, *untrusted),
         config_file=ns.config,
+        shared_dir=shared_dir,
     )
     webhook_allow = tuple(ns.webhook_allow or ())
     try:
@@ -367,6 +375,7 @@ def parse_settings(
         journal_url=journal_url,
         advertise_url=advertise_url,
         journal_lease_ms=journal_lease,
+        shared_dir=shared_dir,
         allow_origins=tuple(origins),
         trusted_proxies=parse_trusted_proxies(ns.trusted_proxy or []),
         enable_session_shell=ns.enable_session_shell,

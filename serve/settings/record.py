@@ -139,6 +139,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     advertise_url: str | None = None
     #: --journal-lease-ms: a shared journal's session lease; renewed every quarter of it.
     journal_lease_ms: int = 20_000
+    #: --shared-dir: where the agents' places live instead of the state directory (the
+    #: principals' ``tenants/<name>/{home,scripted}``, the scripted agent's ``scripted``
+    #: store), shared by all daemons of a cluster; canonical. None: under ``state_dir``.
+    shared_dir: str | None = None
     allow_origins: tuple[str, ...] = ()
     #: --trusted-proxy: reverse proxies whose X-Forwarded-For names the client (IPs, CIDRs).
     trusted_proxies: tuple[str, ...] = ()

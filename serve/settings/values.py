@@ -310,16 +310,25 @@ def parse_allow_write(
     state_dir: str,
     workspaces: Sequence[str],
     config_file: str | None = None,
+    shared_dir: str | None = None,
 ) -> tuple[str, ...]:
     """The agents' write grants (``source``: the flag or the config key naming them):
     each absolute and an existing directory, canonical (symlinks resolved), neither in the
-    state directory (journals, credentials) nor the config file nor a workspace (a grant
-    applies to every agent child: it would let one workspace's agents write another's).
-    A grant *holding* one of those is fine: the sandbox carves them out of it."""
+    state directory (journals, credentials) nor the shared directory (every principal's
+    places) nor the config file nor a workspace (a grant applies to every agent child: it
+    would let one workspace's agents write another's). A grant *holding* one of those is
+    fine: the sandbox carves them out of it."""
     out: list[str] = []
     state = os.path.realpath(state_dir)
     never = "which agents may never write"
     guarded = [(state, f"the state directory {state_dir} (journals, credentials), {never}")]
+    if shared_dir:
+        guarded.append(
+            (
+                os.path.realpath(shared_dir),
+                f"the shared directory {shared_dir} (every principal's places), {never}",
+            )
+        )
     guarded += [
         (
             os.path.realpath(w),
@@ -347,6 +356,68 @@ def parse_allow_write(
         if real not in out:
             out.append(real)
     return tuple(out)
+
+
+#: Under ``--shared-dir``: the places the daemon makes there (serve/isolation/tenants.py).
+SHARED_SUBDIRS: Final = ("tenants", "scripted")
+
+
+def parse_shared_dir(raw: str | None, *, state_dir: str, workspaces: Sequence[str]) -> str | None:
+    """``--shared-dir`` (or ``$ACP_SERVE_SHARED_DIR``): an existing directory the daemon can
+    write, canonical; never made here (a missing mount must not become a local directory
+    that no other daemon sees). Neither the state directory or inside it (each daemon's
+    own), nor a workspace or inside one (its agents write it), nor holding the state
+    directory in the places the daemon makes there. Blocking (a ``stat``, one probe file)."""
+    if raw is None:
+        return None
+    flag = "--shared-dir"
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    if not path.exists():
+        raise SettingsError(
+            f'Invalid {flag} "{raw}": directory does not exist (mount the volume the '
+            "cluster's daemons share there, or create it)"
+        )
+    if not path.is_dir():
+        raise SettingsError(f'Invalid {flag} "{raw}": not a directory')
+    real = str(path.resolve())
+    probe = os.path.join(real, f".write-check-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise SettingsError(
+            f'Invalid {flag} "{raw}": not writable ({exc.strerror or type(exc).__name__}); '
+            "give a directory this daemon can write"
+        ) from None
+
+    def within(inner: str, outer: str) -> bool:
+        return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+    state = os.path.realpath(state_dir)
+    if within(real, state):
+        where = "is" if real == state else "is inside"
+        raise SettingsError(
+            f'Invalid {flag} "{raw}": {where} the state directory {state_dir}, which is this '
+            "daemon's own; give a directory all daemons of the cluster share"
+        )
+    for sub in SHARED_SUBDIRS:
+        if within(state, os.path.join(real, sub)):
+            raise SettingsError(
+                f'Invalid {flag} "{raw}": the state directory {state_dir} is inside '
+                f"{os.path.join(real, sub)}, where the daemon keeps the agents' places"
+            )
+    for w in workspaces:
+        ws = os.path.realpath(w)
+        if within(real, ws):
+            where = "is" if real == ws else "is inside"
+            raise SettingsError(
+                f'Invalid {flag} "{raw}": {where} the workspace {w}, which its agents write; '
+                "give a directory outside every workspace"
+            )
+    return real
 
 
 def parse_device_flow_providers(values: Sequence[str]) -> list[str]:

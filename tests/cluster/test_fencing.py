@@ -35,17 +35,23 @@ def epochs_in_id_order(url: str, sid: str) -> list[int]:
 async def test_a_frozen_owner_is_fenced_and_ends_its_copy_when_it_resumes(
     tmp_path: Path, pg_url: str
 ) -> None:
-    ws, store = tmp_path / "ws", tmp_path / "shared-scripted"
+    ws, shared = tmp_path / "ws", tmp_path / "shared"
     ws.mkdir()
-    store.mkdir()
+    shared.mkdir()
     daemons: list[DaemonProcess] = []
     for name in ("a", "b"):
         state = tmp_path / f"state-{name}"
         state.mkdir()
-        (state / "scripted").symlink_to(store)
         daemons.append(
             spawn_daemon(
-                ["--journal-url", pg_url, "--journal-lease-ms", "2000"],
+                [
+                    "--journal-url",
+                    pg_url,
+                    "--journal-lease-ms",
+                    "2000",
+                    "--shared-dir",
+                    str(shared),
+                ],
                 workspace=ws,
                 state_dir=state,
                 env={"QWEN_SERVER_TOKEN": TOKEN},
@@ -61,6 +67,9 @@ async def test_a_frozen_owner_is_fenced_and_ends_its_copy_when_it_resumes(
             created = (await on_a.post("/session", json={})).json()
             sid, cid = created["sessionId"], created["clientId"]
             owner_a, epoch_a = await trio.to_thread.run_sync(lease, pg_url, sid)
+            with trio.fail_after(10):  # A's first events committed (a 50 ms batch)
+                while not await trio.to_thread.run_sync(epochs_in_id_order, pg_url, sid):  # noqa: ASYNC110 (the database)
+                    await trio.sleep(0.05)
             async with on_a.stream("GET", f"/session/{sid}/events") as watcher:
                 os.kill(a.proc.pid, signal.SIGSTOP)
                 frozen = True

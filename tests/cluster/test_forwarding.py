@@ -35,25 +35,34 @@ def lease(url: str, sid: str) -> tuple[str, int]:
     return str(row[0]), int(row[1])
 
 
+def journaled(url: str, sid: str, event_type: str) -> int:
+    """How many ``event_type`` events of ``sid`` are committed (blocking)."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM journal_events WHERE session_id = %s AND event_type = %s",
+            (sid, event_type),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def daemon_id(d: DaemonProcess) -> str:
     return (d.state_dir / "daemon-id").read_text().strip()
 
 
 @pytest.fixture
 def pair(tmp_path: Path, pg_url: str) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
-    """Daemons A and B: one workspace, one journal database, one scripted agent store (the
-    places --shared-dir shares, linked here), their own state directories."""
-    ws, store = tmp_path / "ws", tmp_path / "shared-scripted"
+    """Daemons A and B: one workspace, one journal database, one --shared-dir (the agents'
+    places: the scripted agent's store), their own state directories."""
+    ws, shared = tmp_path / "ws", tmp_path / "shared"
     ws.mkdir()
-    store.mkdir()
+    shared.mkdir()
     started: list[DaemonProcess] = []
     for name in ("a", "b"):
         state = tmp_path / f"state-{name}"
         state.mkdir()
-        (state / "scripted").symlink_to(store)
         started.append(
             spawn_daemon(
-                ["--journal-url", pg_url],
+                ["--journal-url", pg_url, "--shared-dir", str(shared)],
                 workspace=ws,
                 state_dir=state,
                 env={"QWEN_SERVER_TOKEN": TOKEN},
@@ -122,6 +131,10 @@ async def test_a_killed_owners_session_is_taken_over_on_the_next_request(
         async with on_a.stream("GET", f"/session/{sid}/events") as stream:
             await collect_until(stream, lambda e: e.get("type") == "turn_complete")
         _, epoch_a = await trio.to_thread.run_sync(lease, pg_url, sid)
+        # Killed once its turn is committed (a crash loses at most the last 50 ms batch).
+        with trio.fail_after(10):
+            while not await trio.to_thread.run_sync(journaled, pg_url, sid, "turn_complete"):  # noqa: ASYNC110 (the database)
+                await trio.sleep(0.02)
 
         os.kill(a.proc.pid, signal.SIGKILL)
         a.proc.wait(10)

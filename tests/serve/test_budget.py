@@ -79,3 +79,27 @@ def test_malformed_usage_is_ignored() -> None:
     meter.turn_started()
     assert meter.turn_ended({"totalTokens": "9"}) == []
     assert meter.snapshot()["unbudgeted"] is True
+
+
+def test_a_restored_meter_keeps_its_spending_and_own_limits_and_signals_nothing_again() -> None:
+    meter = BudgetMeter(Limits(max_tokens=5000))
+    meter.turn_started()
+    meter.on_usage_update({"used": 10, "size": 1000, "cost": {"amount": 0.5, "currency": "USD"}})
+    meter.turn_ended({"totalTokens": 85, "inputTokens": 80, "outputTokens": 5})
+    defaults_only = meter.saved()
+    assert _kinds(meter.set_limits(Limits(max_tokens=100, max_cost=1.0))) == [("warn", "tokens")]
+    saved = meter.saved()
+
+    back = BudgetMeter(Limits(max_tokens=7000))  # the restoring daemon's default
+    assert back.restore(saved)
+    assert back.snapshot() == meter.snapshot()
+    assert back.tokens_here == 0 and back.cost_here == 0.0  # charged where it was spent
+    back.turn_started()
+    assert back.turn_ended({"totalTokens": 5}) == []  # warned in its earlier life
+    back.turn_started()
+    assert _kinds(back.turn_ended({"totalTokens": 10})) == [("exhausted", "tokens")]
+    assert back.tokens_here == 15
+    follows = BudgetMeter(Limits(max_tokens=7000))
+    assert follows.restore(defaults_only)  # no limit of its own: the daemon's default
+    assert follows.limits.max_tokens == 7000 and follows.tokens == 85
+    assert not BudgetMeter().restore("{not json")

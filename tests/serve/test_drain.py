@@ -50,6 +50,7 @@ async def test_drain_then_a_hard_kill_loses_nothing(tmp_path: Path) -> None:
             body = drained.json()
             assert body["drained"] is True and body["journalFlushed"] is True
             assert body["busyAtStart"] == 2
+            assert body["sessions"] == 2 and body["movedSessions"] == 0  # files: they stay
             assert body["cancelledSessions"] == 1
             # Safe to suspend: nothing runs, nothing new is admitted.
             assert (await client.get("/readyz")).status_code == 503

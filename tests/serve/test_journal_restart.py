@@ -69,10 +69,11 @@ async def test_client_gets_exactly_the_missed_events_after_a_daemon_restart(
             missed = [e for e in replayed if "id" in e]
             # Same ids, same content, nothing before the cursor, nothing twice.
             assert missed[: len(before) - 4] == before[4:]
-            # Then the shutdown marker of the first life (journaled too), and no replay
-            # of the agent's own history on top of it.
+            # Then the shutdown marker of the first life (journaled too; on PostgreSQL, a
+            # cluster, the stopping daemon handed the idle session over: no marker), and no
+            # replay of the agent's own history on top of it.
             tail_types = [e["type"] for e in missed[len(before) - 4 :]]
-            assert tail_types == ["session_died"]
+            assert tail_types == ([] if journal_args else ["session_died"])
             # The session works and ids continue.
             r = await client.post(
                 f"/session/{sid}/prompt", json={"prompt": [{"type": "text", "text": "four"}]}
@@ -93,7 +94,7 @@ async def test_client_gets_exactly_the_missed_events_after_a_daemon_restart(
                 " WHERE session_id = %s",
                 (sid,),
             ).fetchone()
-            assert row is not None and row[0] == 1 and row[1] > fresh[-1]["id"]  # + shutdown
+            assert row is not None and row[0] == 1 and row[1] >= fresh[-1]["id"]
             assert row[2] == row[1]  # gap-free
             leases = conn.execute("SELECT epoch, owner_address FROM session_leases").fetchall()
             assert len(leases) == 1 and leases[0][0] >= 2  # two lives: two acquisitions

@@ -105,3 +105,53 @@ def test_help_is_grouped_and_names_every_default(tmp_path: Path) -> None:
     assert len(entries) > 60
     missing = [e.split()[0] for e in entries if "default" not in e]
     assert missing == [], missing
+
+
+@pytest.mark.parametrize("what", ["missing", "a-file"])
+def test_a_shared_dir_that_is_not_a_directory_stops_start_up(tmp_path: Path, what: str) -> None:
+    shared = tmp_path / "shared"
+    if what == "a-file":
+        shared.write_text("not a directory\n")
+    done = _acp_serve(
+        "--port",
+        "0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--shared-dir",
+        str(shared),
+        tmp=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "listening" not in done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "--shared-dir" in lines[0] and str(shared) in lines[0], lines[0]
+    expected = "does not exist" if what == "missing" else "not a directory"
+    assert expected in lines[0], lines[0]
+    assert not shared.is_dir()  # a missing mount is never made a local directory
+
+
+@pytest.mark.parametrize("where", ["mode-0500", "in-proc"])
+def test_a_shared_dir_that_cannot_be_written_stops_start_up(tmp_path: Path, where: str) -> None:
+    if where == "mode-0500" and os.geteuid() == 0:
+        pytest.skip("root writes through directory permissions")
+    shared = tmp_path / "read-only" if where == "mode-0500" else Path("/proc/sys")
+    if where == "mode-0500":
+        shared.mkdir(mode=0o500)
+    try:
+        done = _acp_serve(
+            "--port",
+            "0",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--shared-dir",
+            str(shared),
+            tmp=tmp_path,
+        )
+    finally:
+        if where == "mode-0500":
+            shared.chmod(0o700)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "--shared-dir" in lines[0] and "not writable" in lines[0] and str(shared) in lines[0]

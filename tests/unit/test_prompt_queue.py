@@ -222,6 +222,33 @@ def test_remembered_ids_are_bounded() -> None:
     assert not q.admit(PromptRequest(RAW, "x", None, prompt_id="c"), now=0).fresh
 
 
+def test_a_prompt_remembered_from_the_journal_answers_its_id_and_never_runs() -> None:
+    q = PromptQueue(remember=2)
+    ended = q.remember_ended(
+        "old",
+        client_id="c",
+        text="t",
+        queued=False,
+        started=True,
+        kind="turn_error",
+        data={"code": "owner_lost"},
+    )
+    assert ended is not None and ended.job.done and ended.data["promptId"] == "old"
+    again = q.admit(PromptRequest(RAW, "x", "c", prompt_id="old"), now=0)
+    assert not again.fresh and again.job is ended.job
+    assert q.pending_count == 0 and q.take(0) == (None, [])  # nothing to run
+
+    def remember(pid: str) -> Terminal | None:
+        return q.remember_ended(
+            pid, client_id=None, text="", queued=False, started=True, kind="k", data={}
+        )
+
+    assert remember("old") is None  # known: kept as it was
+    remember("b")
+    remember("c")  # past the bound: the oldest is forgotten
+    assert q.known("old") is None and q.known("c") is not None
+
+
 def test_deadline_counts_queueing_time_and_the_shorter_one_wins() -> None:
     q = PromptQueue(deadline_ms=10_000)
     a = q.admit(PromptRequest(RAW, "x", None), now=0).job

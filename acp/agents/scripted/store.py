@@ -201,7 +201,8 @@ class Store:
         os.makedirs(os.path.dirname(self.dir), mode=0o700, exist_ok=True)
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         path = self._path(record.session_id)
-        tmp = f"{path}.{os.getpid()}.tmp"
+        # (unique: agents of daemons sharing the directory may have the same pid in their pods)
+        tmp = f"{path}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(fd, "wb") as f:
             f.write(self._encoder.encode(record))

@@ -11,9 +11,12 @@ planned stop: the caller drains first, then suspends. Body (optional)
    (each turn ends with its terminal event, queued prompts are cancelled in turn), bounded
    by ``--cancel-grace-ms`` + :data:`CANCEL_MARGIN_S`.
 3. The journal is flushed (every event accepted so far is on disk).
+4. In a cluster (``--journal-url``), the sessions move (serve/api/handover.py): each is
+   handed over with no final event, its agent stopped and its journal closed cleanly (its
+   lease released), so another daemon restores it on the next request for it.
 
 Answers ``200 {"drained": true, "sessions", "busyAtStart", "cancelledSessions",
-"journalFlushed"}``
+"journalFlushed", "movedSessions"}``
 once all of that is true: suspending now loses nothing; after the resume, sessions are
 restored from the journal with their history (``POST /session/:id/load``). If turns
 outlived even the cancel bound the answer is ``503 drain_incomplete`` (with
@@ -29,6 +32,7 @@ import msgspec
 import trio
 from quart import Blueprint, Response
 
+from serve.api.handover import hand_over_idle
 from serve.http.capabilities import Feature
 from serve.http.context import daemon
 from serve.http.errors import ApiError, bad_request
@@ -48,6 +52,9 @@ MAX_DRAIN_MS = 600_000
 #: Seconds past ``--cancel-grace-ms`` that cancelled turns get to end.
 CANCEL_MARGIN_S = 2.0
 _POLL_S = 0.05
+#: Seconds the sessions handed over in a cluster get to be gone (agents stopped, journals
+#: closed).
+HAND_OVER_S = 10.0
 
 
 @blueprint.post("/daemon/drain")
@@ -105,12 +112,17 @@ async def post_drain() -> Response:
             raise ApiError(
                 503, {"error": f"The journal could not be flushed: {exc}", "code": "journal_io"}
             ) from None
+    moved = 0
+    if d.settings.journal_url is not None:  # a cluster: the sessions move, not end
+        handed = await hand_over_idle(d.registry.live(), timeout_s=HAND_OVER_S)
+        moved = handed.moved
     answer = {
         "drained": True,
         "sessions": len(d.registry.live()),
         "busyAtStart": busy_at_start,
         "cancelledSessions": len(cancelled),
         "journalFlushed": flushed,
+        "movedSessions": moved,
     }
     log.info("drained on request: %s", msgspec.json.encode(answer).decode())
     return json_response(answer, headers={"Cache-Control": "no-store"})

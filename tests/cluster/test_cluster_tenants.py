@@ -1,0 +1,115 @@
+"""Two users on a cluster, as an attacker would try it: ``ben`` goes through the daemon that
+does not own ``ann``'s session, before and after its owner is killed. Forwarded, the owner
+refuses him as it would directly; after the kill he cannot take the session over (its
+lease stays the dead owner's until ``ann`` comes), nor use her client id, before or after
+she took it over. Two real daemons, one PostgreSQL journal, one --shared-dir, a tokens file."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.access.test_owner_records import ANN, BEN, ENV, tokens_file
+from tests.cluster.test_forwarding import daemon_id, journaled, lease
+from tests.support.daemon import DaemonProcess, spawn_daemon
+
+
+def as_user(d: DaemonProcess, token: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=d.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+
+
+def refused(r: httpx.Response) -> None:
+    assert r.status_code in (400, 404), r.text
+    assert r.json()["code"] in ("session_not_found", "invalid_client_id"), r.text
+
+
+async def test_another_user_can_neither_reach_nor_take_over_a_session_through_the_cluster(
+    tmp_path: Path, pg_url: str
+) -> None:
+    ws, shared = tmp_path / "ws", tmp_path / "shared"
+    ws.mkdir()
+    shared.mkdir()
+    tokens = tokens_file(tmp_path)
+    daemons = [
+        spawn_daemon(
+            [
+                "--journal-url",
+                pg_url,
+                "--shared-dir",
+                str(shared),
+                "--auth-tokens-file",
+                str(tokens),
+            ],
+            workspace=ws,
+            state_dir=tmp_path / f"state-{name}",
+            env=ENV,
+        )
+        for name in ("a", "b")
+    ]
+    a, b = daemons
+    try:
+        async with as_user(a, ANN) as ann_a, as_user(b, ANN) as ann_b, as_user(b, BEN) as ben_b:
+            made = await ann_a.post("/session", json={"sessionScope": "thread"})
+            assert made.status_code == 200, made.text
+            sid, cid = made.json()["sessionId"], made.json()["clientId"]
+            said = await ann_a.post(
+                f"/session/{sid}/prompt",
+                json={"prompt": [{"type": "text", "text": "[echo secret plans]"}]},
+                headers={"X-Qwen-Client-Id": cid},
+            )
+            assert said.status_code == 200, said.text
+            before = await trio.to_thread.run_sync(lease, pg_url, sid)
+            prompt = {"prompt": [{"type": "text", "text": "[echo ben was here]"}]}
+
+            # Forwarded to A, which refuses ben as it would directly.
+            refused(await ben_b.get(f"/session/{sid}/members"))
+            refused(await ben_b.post(f"/session/{sid}/prompt", json=prompt))
+            refused(
+                await ben_b.post(
+                    f"/session/{sid}/prompt", json=prompt, headers={"X-Qwen-Client-Id": cid}
+                )
+            )
+            events = await ben_b.get(f"/session/{sid}/events")
+            refused(events)
+
+            with trio.fail_after(10):  # A's turn committed, then A is killed
+                while not await trio.to_thread.run_sync(journaled, pg_url, sid, "turn_complete"):  # noqa: ASYNC110 (the database)
+                    await trio.sleep(0.02)
+            os.kill(a.proc.pid, signal.SIGKILL)
+            a.proc.wait(10)
+
+            # Ben, through B, cannot take it over: nothing is restored, the lease stays A's.
+            refused(await ben_b.post(f"/session/{sid}/prompt", json=prompt))
+            refused(
+                await ben_b.post(
+                    f"/session/{sid}/prompt", json=prompt, headers={"X-Qwen-Client-Id": cid}
+                )
+            )
+            refused(await ben_b.post(f"/session/{sid}/load", json={}))
+            assert await trio.to_thread.run_sync(lease, pg_url, sid) == before
+
+            # Ann, through B, goes on with her own client id.
+            again = await ann_b.post(
+                f"/session/{sid}/prompt",
+                json={"prompt": [{"type": "text", "text": "[echo still mine]"}]},
+                headers={"X-Qwen-Client-Id": cid},
+            )
+            assert again.status_code == 200, again.text
+            owner, epoch = await trio.to_thread.run_sync(lease, pg_url, sid)
+            assert owner == daemon_id(b) and epoch > before[1]
+            # ... and her client id is still hers alone on the new owner.
+            refused(
+                await ben_b.post(
+                    f"/session/{sid}/prompt", json=prompt, headers={"X-Qwen-Client-Id": cid}
+                )
+            )
+            refused(await ben_b.get(f"/session/{sid}/members"))
+    finally:
+        for d in daemons:
+            d.stop()
