@@ -30,14 +30,6 @@ from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import DaemonProcess, spawn_daemon
 
 
-def supported(flag: str) -> bool:
-    """Whether this acp-serve has ``flag`` (the harness runs before every cluster flag
-    exists; the chaos test skips until they do)."""
-    from serve.settings.flags import build_parser
-
-    return any(flag in action.option_strings for action in build_parser()._actions)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -115,20 +107,11 @@ class Cluster:
         self.members = [Member(f"d{i}", free_port(), root / f"state-{i}") for i in range(size)]
 
     def args(self, m: Member) -> list[str]:
-        args = ["--journal-url", self.pg_url, "--port", str(m.port), "--approval-mode", "yolo"]
-        if supported("--shared-dir"):
-            args += ["--shared-dir", str(self.shared)]
-        else:  # the scripted agent's store, shared the way --shared-dir would
-            m.state_dir.mkdir(parents=True, exist_ok=True)
-            link = m.state_dir / "scripted"
-            if not link.is_symlink():
-                (self.shared / "scripted").mkdir(exist_ok=True)
-                link.symlink_to(self.shared / "scripted")
-        if supported("--advertise-url"):
-            args += ["--advertise-url", m.url]
-        if supported("--journal-lease-ms"):
-            args += ["--journal-lease-ms", str(self.lease_ms)]
-        return args
+        return [
+            *("--journal-url", self.pg_url, "--shared-dir", str(self.shared)),
+            *("--port", str(m.port), "--advertise-url", m.url),
+            *("--journal-lease-ms", str(self.lease_ms), "--approval-mode", "yolo"),
+        ]
 
     def start(self, m: Member) -> None:
         assert not m.alive
