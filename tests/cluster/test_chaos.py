@@ -293,6 +293,8 @@ async def test_three_daemons_survive_kills_and_a_freeze(tmp_path: Path, pg_url: 
             watchers.cancel_scope.cancel()
     finally:
         cluster.stop_all()
+        for m in cluster.members:  # kept with the test's tmp_path, for a failure's story
+            (tmp_path / f"{m.name}.log").write_text(m.log())
 
     print("phases:", "; ".join(phases))
     # Every property is checked and every failure named (a chaos run is costly to repeat).

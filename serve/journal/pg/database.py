@@ -154,6 +154,7 @@ class PgJournal:
                 max_size=self.pool_size,
                 timeout=POOL_TIMEOUT_S,
                 kwargs={"autocommit": True},
+                configure=self._configure,
                 open=False,
                 name="acp-serve-journal",
             )
@@ -164,6 +165,16 @@ class PgJournal:
         if applied:
             log.info("journal database %s: migrations %s applied", _url_for_log(self.url), applied)
         return pool
+
+    def _configure(self, conn: Connection) -> None:
+        """Every pooled connection (worker thread): a transaction left open longer than a
+        renewal interval is ended by the server. A daemon frozen (or cut off) inside a
+        batch holds the lock the fence takes on the session's lease; without this another
+        daemon's takeover would wait for it for as long as it stays frozen."""
+        conn.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+            (str(self.renew_interval_ms),),
+        )
 
     def _hold_liveness(self) -> None:
         """Take this daemon's liveness lock on a connection of its own (worker thread).
