@@ -679,6 +679,9 @@ async def test_daemons_with_the_overlay_flags_hand_a_session_over(
                 )
             )
         a, b = daemons
+        with trio.fail_after(20):  # written when each one's journal first reaches the database
+            while not all((d.state_dir / "daemon-id").exists() for d in daemons):  # noqa: ASYNC110 (other processes)
+                await trio.sleep(0.05)
         ids = {(d.state_dir / "daemon-id").read_text() for d in daemons}
         assert len(ids) == 2  # two owners: each pod's state is its own
         for d in daemons:
