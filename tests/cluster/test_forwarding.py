@@ -128,7 +128,11 @@ async def test_a_killed_owners_session_is_taken_over_on_the_next_request(
         sid, cid = created["sessionId"], created["clientId"]
         first = await prompt(on_a, sid, cid, "[echo before]")
         assert first.status_code == 202, first.text
-        async with on_a.stream("GET", f"/session/{sid}/events") as stream:
+        # From the start (the turn may be over before the stream opens: a live-only stream
+        # would then wait for ever).
+        async with on_a.stream(
+            "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+        ) as stream:
             await collect_until(stream, lambda e: e.get("type") == "turn_complete")
         _, epoch_a = await trio.to_thread.run_sync(lease, pg_url, sid)
         # Killed once its turn is committed (a crash loses at most the last 50 ms batch).
