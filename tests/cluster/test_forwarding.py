@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import trio
 
+from tests.acpfront.helpers import Ws
 from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import DaemonProcess, spawn_daemon
 from tests.support.sse import collect_until
@@ -186,3 +187,42 @@ async def test_a_closed_session_is_not_revived_by_a_request_on_another_daemon(
         assert answered.status_code == 404, answered.text
         assert answered.json()["code"] == "session_not_found"
         assert f"POST /session/{sid}/load" in answered.json()["error"]  # on purpose only
+
+
+async def acp_load(d: DaemonProcess, sid: str) -> dict[str, object]:
+    """``session/load`` of ``sid`` over ``/acp`` (WebSocket) on ``d``: the reply."""
+    ws = await Ws.connect(d.port, headers=AUTH)
+    try:
+        await ws.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+        await ws.until(lambda m: m.get("id") == 1)
+        params = {"sessionId": sid, "cwd": str(d.workspace), "mcpServers": []}
+        await ws.send({"jsonrpc": "2.0", "id": 2, "method": "session/load", "params": params})
+        reply: dict[str, object] = (await ws.until(lambda m: m.get("id") == 2))[-1]
+    finally:
+        await ws.abort()
+    return reply
+
+
+async def test_acp_load_is_refused_for_a_live_owners_session_and_takes_a_dead_ones_over(
+    pair: tuple[DaemonProcess, DaemonProcess], pg_url: str
+) -> None:
+    """The /acp front is not forwarded: on the other daemon a ``session/load`` of a session
+    whose owner lives is refused (it would make two owners); once the owner is dead the same
+    load takes the session over."""
+    a, b = pair
+    async with httpx.AsyncClient(base_url=a.url, headers=AUTH, timeout=30) as on_a:
+        sid = (await on_a.post("/session", json={})).json()["sessionId"]
+    refused = await acp_load(b, sid)
+    error = refused.get("error")
+    assert isinstance(error, dict), refused
+    # /acp answers a failed open with its retryable 503 (serve/api/__init__.py, point 4);
+    # the message says why.
+    assert error["data"]["httpStatus"] == 503 and error["data"]["retryable"], refused
+    assert "is owned by another daemon" in error["message"], refused
+    assert (await trio.to_thread.run_sync(lease, pg_url, sid))[0] == daemon_id(a)
+
+    os.kill(a.proc.pid, signal.SIGKILL)
+    a.proc.wait(10)
+    loaded = await acp_load(b, sid)
+    assert "result" in loaded, loaded
+    assert (await trio.to_thread.run_sync(lease, pg_url, sid))[0] == daemon_id(b)
