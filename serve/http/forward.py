@@ -9,10 +9,11 @@ design and the decision (:func:`serve.cluster.route`), this module applies it as
 * **forward**: the request (method, path and query, body, headers but the hop-by-hop ones
   and ``Host``) goes to the owner's ``--advertise-url`` with ``X-Acp-Serve-Forwarded-By``;
   its answer comes back as it is, streamed (an event stream stays open as long as both
-  ends do). The owner must answer with its status line within
-  :data:`HEADERS_TIMEOUT_S`; an owner that refuses the connection (just killed) is asked
-  about again and, gone, taken over here; one that does not answer (frozen) is ``503
-  session_owner_unreachable`` with ``Retry-After`` until its lease expires.
+  ends do). The owner must answer with its status line within :data:`HEADERS_TIMEOUT_S`
+  (all the request's tries together) and before its lease ends; an owner that refuses the
+  connection (just killed) or stays silent past its lease (frozen) is asked about again
+  and, gone, taken over here; one still holding its lease at the end of the wait is
+  ``503 session_owner_unreachable`` with ``Retry-After``.
 * **take over**: :meth:`SessionService.open_restored` (``load``) as the caller, so only a
   caller with a role on the session restores it (anyone else gets the route's own 404);
   with an ``X-Qwen-Client-Id`` the caller's client id is registered again on the restored
@@ -120,6 +121,7 @@ async def _route(
     journal: SharedJournal, session_id: str, peer: Callable[[], httpx.AsyncClient]
 ) -> Response | None:
     forwarded = FORWARDED_BY in request.headers
+    deadline = trio.current_time() + HEADERS_TIMEOUT_S  # for the owners' status lines
     owner = await _owner(journal, session_id)
     for _ in range(2):  # a second look after an owner found dead or a lost race
         decision = route(owner, forwarded=forwarded)
@@ -129,7 +131,7 @@ async def _route(
             raise _unreachable(session_id, "its owner moved while this request was forwarded")
         assert owner is not None
         if decision is Route.FORWARD:
-            answer = await _forward(peer(), owner, journal.owner_id or "")
+            answer = await _forward(peer(), owner, journal.owner_id or "", deadline)
             if answer is not None:
                 return answer
         elif _restores_itself():
@@ -201,8 +203,11 @@ async def _take_over(owner: Ownership) -> None:
         raise mapped from None
 
 
-async def _forward(client: httpx.AsyncClient, owner: Ownership, me: str) -> Response | None:
-    """Proxy the request to the owner; None when it could not be reached (refused)."""
+async def _forward(
+    client: httpx.AsyncClient, owner: Ownership, me: str, deadline: float
+) -> Response | None:
+    """Proxy the request to the owner; None when it could not be reached (refused, or no
+    status line by ``deadline`` or its lease's end)."""
     raw_path = request.scope.get("raw_path") or request.path.encode()
     url = owner.address.rstrip("/") + bytes(raw_path).decode("ascii", "replace")
     if request.query_string:
@@ -217,14 +222,18 @@ async def _forward(client: httpx.AsyncClient, owner: Ownership, me: str) -> Resp
     body = await request.get_data()
     outgoing = client.build_request(request.method, url, headers=headers, content=body)
     upstream: httpx.Response | None = None
-    with trio.move_on_after(HEADERS_TIMEOUT_S):
+    # No longer than the owner's lease lasts (plus a renewal's worth): an owner that froze
+    # is taken over as soon as its lease expires, not a whole wait later.
+    wait_s = min(deadline - trio.current_time(), owner.lease_left_ms / 1000 + 1.0)
+    with trio.move_on_after(wait_s):
         try:
             upstream = await client.send(outgoing, stream=True)
         except httpx.TransportError as exc:
             log.info("session %s: owner %s not reached: %r", owner.session_id, url, exc)
             return None
     if upstream is None:
-        raise _unreachable(owner.session_id, f"its owner did not answer in {HEADERS_TIMEOUT_S:g} s")
+        log.info("session %s: owner %s did not answer in %.1f s", owner.session_id, url, wait_s)
+        return None  # asked about again: taken over once its lease expired
     kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROP}
     response = await make_response(_relay(upstream), upstream.status_code, kept)
     assert isinstance(response, Response)

@@ -108,3 +108,5 @@ class Ownership(msgspec.Struct, frozen=True, kw_only=True):
     ended: bool
     #: The session's workspace (from its meta).
     workspace: str
+    #: What is left of the lease, in ms (0: expired, or none).
+    lease_left_ms: int = 0

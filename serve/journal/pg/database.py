@@ -378,7 +378,8 @@ class PgJournal:
                 " coalesce(l.expires_at > now() AND journal_owner_alive(l.owner_id), false),"
                 " (SELECT e.event_type FROM journal_events e WHERE e.session_id = s.session_id"
                 "  ORDER BY e.event_id DESC LIMIT 1),"
-                " s.meta->>'workspace'"
+                " s.meta->>'workspace',"
+                " coalesce(extract(epoch FROM l.expires_at - now()) * 1000, 0)"
                 " FROM journal_sessions s LEFT JOIN session_leases l USING (session_id)"
                 " WHERE s.session_id = %s",
                 (sid,),
@@ -394,6 +395,7 @@ class PgJournal:
             mine=owner is not None and owner == self.owner_id,
             ended=row[3] in FINAL_EVENTS,
             workspace=str(row[4] or ""),
+            lease_left_ms=max(int(row[5] or 0), 0),
         )
 
     async def delete(self, session_id: str) -> bool:
