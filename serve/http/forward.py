@@ -20,6 +20,12 @@ design and the decision (:func:`serve.cluster.route`), this module applies it as
   session (the dead owner's clients are not known here otherwise). The route then runs on
   the live session.
 
+A list of a workspace's sessions (``GET /workspace/:path/sessions``) is the cluster's:
+the daemon asks every other live daemon that owns sessions (:meth:`SharedJournal.peers`) for
+its own list, as the caller, and merges them with its own (a live entry wins over a
+``persisted`` one of the same session); a daemon that does not answer within
+:data:`PEER_LIST_TIMEOUT_S` is left out (logged).
+
 Bounds: one ``httpx.AsyncClient`` per app, at most :data:`MAX_CONNECTIONS` connections to
 other daemons; a forwarded request body is the one the security front already bounded
 (``--max-body-bytes``).
@@ -29,11 +35,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Final
+from typing import Any, Final
 
 import httpx
 import trio
-from quart import Response, make_response, request
+from quart import Response, current_app, make_response, request
 from quart_trio import QuartTrio
 
 from serve.api import SessionService
@@ -54,6 +60,10 @@ HEADERS_TIMEOUT_S: Final = 10.0
 CONNECT_TIMEOUT_S: Final = 2.0
 #: Connections kept to other daemons (streams included).
 MAX_CONNECTIONS: Final = 256
+#: Longest wait, in seconds, for another daemon's list of sessions.
+PEER_LIST_TIMEOUT_S: Final = 2.0
+#: The app extension holding the :class:`Cluster` (absent without a shared journal).
+CLUSTER_KEY: Final = "acp_serve.cluster"
 #: Seconds a client is told to wait when the owner did not answer.
 RETRY_AFTER_S: Final = "2"
 
@@ -77,20 +87,96 @@ _RESPONSE_DROP: Final = _HOP_BY_HOP | {"date", "server"}
 _RESTORE_SUFFIXES: Final = ("/load", "/resume")
 
 
-def install(app: QuartTrio, journal: SharedJournal) -> None:
-    """Route session requests through the cluster (the last ``before_request`` hook)."""
-    client: httpx.AsyncClient | None = None
+class Cluster:
+    """The HTTP side of a daemon on a shared journal: its client to the other daemons."""
 
-    def peer_client() -> httpx.AsyncClient:
-        nonlocal client
-        if client is None:
-            client = httpx.AsyncClient(
+    def __init__(self, journal: SharedJournal) -> None:
+        self.journal = journal
+        self._client: httpx.AsyncClient | None = None
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S, pool=CONNECT_TIMEOUT_S),
                 limits=httpx.Limits(max_connections=MAX_CONNECTIONS),
                 follow_redirects=False,
                 trust_env=False,
             )
-        return client
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            with trio.CancelScope(shield=True):
+                await self._client.aclose()
+
+    async def merged_list(self, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``own`` (this daemon's list entries) with the other live daemons' lists for the
+        same request (not when this request was itself forwarded)."""
+        if FORWARDED_BY in request.headers:
+            return own
+        try:
+            peers = await self.journal.peers()
+        except JournalError as exc:
+            log.warning("the other daemons' sessions not listed: %s", exc)
+            return own
+        lists: list[list[dict[str, Any]]] = [own]
+        if peers:
+            answers: list[list[dict[str, Any]]] = [[] for _ in peers]
+            headers = _outgoing_headers(self.journal.owner_id or "")
+            async with trio.open_nursery() as nursery:
+                for i, address in enumerate(peers):
+                    nursery.start_soon(self._peer_list, address, headers, answers, i)
+            lists.extend(answers)
+        return _merge(lists)
+
+    async def _peer_list(
+        self,
+        address: str,
+        headers: list[tuple[str, str]],
+        answers: list[list[dict[str, Any]]],
+        i: int,
+    ) -> None:
+        url = _target(address)
+        with trio.move_on_after(PEER_LIST_TIMEOUT_S):
+            try:
+                r = await self.client().get(url, headers=headers)
+                found = r.json().get("sessions") if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+                log.info("sessions of %s not listed: %r", address, exc)
+                return
+            if isinstance(found, list):
+                answers[i] = [e for e in found if isinstance(e, dict)]
+            return
+        log.info("sessions of %s not listed: no answer in %g s", address, PEER_LIST_TIMEOUT_S)
+
+
+def _merge(lists: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One entry per session, in order; a live entry replaces a ``persisted`` one."""
+    merged: dict[str, dict[str, Any]] = {}
+    for entries in lists:
+        for entry in entries:
+            sid = entry.get("sessionId")
+            if not isinstance(sid, str):
+                continue
+            known = merged.get(sid)
+            if known is None or (
+                known.get("activeWorkState") == "persisted"
+                and entry.get("activeWorkState") != "persisted"
+            ):
+                merged[sid] = entry
+    return list(merged.values())
+
+
+def cluster() -> Cluster | None:
+    """The app's :class:`Cluster` (None without a shared journal)."""
+    found = current_app.extensions.get(CLUSTER_KEY)
+    return found if isinstance(found, Cluster) else None
+
+
+def install(app: QuartTrio, journal: SharedJournal) -> None:
+    """Route session requests through the cluster (the last ``before_request`` hook)."""
+    front = Cluster(journal)
+    app.extensions[CLUSTER_KEY] = front
 
     async def hook() -> Response | None:
         session_id = (request.view_args or {}).get("session_id")
@@ -98,15 +184,10 @@ def install(app: QuartTrio, journal: SharedJournal) -> None:
             return None
         if daemon().registry.get(session_id) is not None:
             return None
-        return await _route(journal, session_id, peer_client)
-
-    async def close() -> None:
-        if client is not None:
-            with trio.CancelScope(shield=True):
-                await client.aclose()
+        return await _route(journal, session_id, front.client)
 
     app.before_request_funcs.setdefault(None, []).append(hook)
-    app.after_serving(close)
+    app.after_serving(front.aclose)
 
 
 async def _owner(journal: SharedJournal, session_id: str) -> Ownership | None:
@@ -208,17 +289,8 @@ async def _forward(
 ) -> Response | None:
     """Proxy the request to the owner; None when it could not be reached (refused, or no
     status line by ``deadline`` or its lease's end)."""
-    raw_path = request.scope.get("raw_path") or request.path.encode()
-    url = owner.address.rstrip("/") + bytes(raw_path).decode("ascii", "replace")
-    if request.query_string:
-        url += "?" + request.query_string.decode("ascii", "replace")
-    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP]
-    headers.append((FORWARDED_BY, me or "?"))
-    if request.remote_addr:
-        prior = request.headers.get("X-Forwarded-For")
-        headers.append(
-            ("X-Forwarded-For", f"{prior}, {request.remote_addr}" if prior else request.remote_addr)
-        )
+    url = _target(owner.address)
+    headers = _outgoing_headers(me)
     body = await request.get_data()
     outgoing = client.build_request(request.method, url, headers=headers, content=body)
     upstream: httpx.Response | None = None
@@ -239,6 +311,28 @@ async def _forward(
     assert isinstance(response, Response)
     response.timeout = None
     return response
+
+
+def _target(address: str) -> str:
+    """This request's path and query on the daemon at ``address``."""
+    raw_path = request.scope.get("raw_path") or request.path.encode()
+    url = address.rstrip("/") + bytes(raw_path).decode("ascii", "replace")
+    if request.query_string:
+        url += "?" + request.query_string.decode("ascii", "replace")
+    return url
+
+
+def _outgoing_headers(me: str) -> list[tuple[str, str]]:
+    """This request's headers for another daemon (not the hop-by-hop ones, not ``Host``),
+    marked forwarded by ``me``."""
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP]
+    headers.append((FORWARDED_BY, me or "?"))
+    if request.remote_addr:
+        prior = request.headers.get("X-Forwarded-For")
+        headers.append(
+            ("X-Forwarded-For", f"{prior}, {request.remote_addr}" if prior else request.remote_addr)
+        )
+    return headers
 
 
 async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:

@@ -101,3 +101,6 @@ class SharedJournal(JournalBackend, Protocol):
 
     async def owner_of(self, session_id: str) -> Ownership | None:
         """The session's lease holder and whether it may be taken (None: no journal)."""
+
+    async def peers(self) -> list[str]:
+        """The addresses of the other live daemons that own sessions."""

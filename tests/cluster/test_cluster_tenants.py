@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import trio
@@ -77,6 +78,14 @@ async def test_another_user_can_neither_reach_nor_take_over_a_session_through_th
             )
             events = await ben_b.get(f"/session/{sid}/events")
             refused(events)
+            # The cluster's list, through B: hers to her (asked of A as her), not to him.
+            listed = "/workspace/" + quote(str(ws), safe="") + "/sessions?include=persisted"
+            hers = (await ann_b.get(listed)).json()["sessions"]
+            assert sid in [e["sessionId"] for e in hers]
+            his = await ben_b.get(listed)
+            assert his.status_code == 200 and sid not in [
+                e["sessionId"] for e in his.json()["sessions"]
+            ]
 
             with trio.fail_after(10):  # A's turn committed, then A is killed
                 while not await trio.to_thread.run_sync(journaled, pg_url, sid, "turn_complete"):  # noqa: ASYNC110 (the database)

@@ -12,12 +12,14 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import psycopg
 import pytest
 import trio
 
+from serve.http.forward import FORWARDED_BY
 from tests.acpfront.helpers import Ws
 from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import DaemonProcess, spawn_daemon
@@ -226,3 +228,29 @@ async def test_acp_load_is_refused_for_a_live_owners_session_and_takes_a_dead_on
     loaded = await acp_load(b, sid)
     assert "result" in loaded, loaded
     assert (await trio.to_thread.run_sync(lease, pg_url, sid))[0] == daemon_id(b)
+
+
+async def test_a_workspace_list_is_the_clusters(
+    pair: tuple[DaemonProcess, DaemonProcess],
+) -> None:
+    """Any daemon lists the sessions of every daemon (each once, live before persisted);
+    a list another daemon forwarded is the daemon's own (no second fan-out)."""
+    a, b = pair
+    async with (
+        httpx.AsyncClient(base_url=a.url, headers=AUTH, timeout=30) as on_a,
+        httpx.AsyncClient(base_url=b.url, headers=AUTH, timeout=30) as on_b,
+    ):
+        made_a = (await on_a.post("/session", json={"sessionScope": "thread"})).json()
+        made_b = (await on_b.post("/session", json={"sessionScope": "thread"})).json()
+        both = {made_a["sessionId"], made_b["sessionId"]}
+        path = "/workspace/" + quote(str(a.workspace), safe="") + "/sessions"
+        for client in (on_a, on_b):
+            for query in ("", "?include=persisted"):
+                r = await client.get(path + query)
+                assert r.status_code == 200, r.text
+                entries = r.json()["sessions"]
+                ids = [e["sessionId"] for e in entries]
+                assert set(ids) == both and len(ids) == 2, entries
+                assert all(e["activeWorkState"] != "persisted" for e in entries), entries
+        own = await on_a.get(path, headers={FORWARDED_BY: "someone"})
+        assert [e["sessionId"] for e in own.json()["sessions"]] == [made_a["sessionId"]]

@@ -29,7 +29,7 @@ from serve.events import (
     RETRY_FRAME,
     SubscriberLimitExceeded,
 )
-from serve.http import plural, prompt_steer
+from serve.http import forward, plural, prompt_steer
 from serve.http.access import (
     LEASE_CHECK_S,
     Lease,
@@ -311,6 +311,9 @@ async def list_sessions(workspace: str) -> Response:
     if request.args.get("include") == "persisted":  # acp-serve's: journaled, not loaded
         groups = dict(daemon().config.access.session_groups)
         sessions += await api.persisted_summaries(path, principal(), groups)
+    shared = forward.cluster()
+    if shared is not None:  # many daemons on one journal: the other daemons' sessions too
+        sessions = await shared.merged_list(sessions)
     return json_response({"sessions": sessions})
 
 

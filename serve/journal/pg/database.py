@@ -65,6 +65,8 @@ RENEW_INTERVAL_MS = 5_000
 #: Longest wait for a pooled connection, in seconds (then the call fails: JournalIOError).
 POOL_TIMEOUT_S = 10.0
 DAEMON_ID_FILE = "daemon-id"
+#: Other daemons asked for their sessions by a cluster-wide list (daemons).
+MAX_PEERS = 64
 #: The advisory lock class of daemon liveness ("aclv"; migration 002): a live daemon holds
 #: ``(LIVENESS_LOCK, hashtext(owner_id))`` on a connection of its own.
 LIVENESS_LOCK = 0x61636C76
@@ -397,6 +399,21 @@ class PgJournal:
             workspace=str(row[4] or ""),
             lease_left_ms=max(int(row[5] or 0), 0),
         )
+
+    async def peers(self) -> list[str]:
+        """The addresses of the other live daemons that own sessions (at most
+        :data:`MAX_PEERS`)."""
+        return await self._call("*", self._peers_sync)
+
+    def _peers_sync(self) -> list[str]:
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT owner_address FROM session_leases"
+                " WHERE expires_at > now() AND owner_id <> %s AND owner_address <> ''"
+                " AND journal_owner_alive(owner_id) ORDER BY 1 LIMIT %s",
+                (self.owner_id or "", MAX_PEERS),
+            ).fetchall()
+        return [str(r[0]) for r in rows]
 
     async def delete(self, session_id: str) -> bool:
         writer = self._writers.get(session_id)
