@@ -20,6 +20,10 @@ design and the decision (:func:`serve.cluster.route`), this module applies it as
   session (the dead owner's clients are not known here otherwise). The route then runs on
   the live session.
 
+A vote by request id alone (``POST /permission/:requestId``) that this daemon does not know
+is sent to the other live daemons (:meth:`Cluster.vote_elsewhere`): only the daemon whose
+session asked knows the id.
+
 A list of a workspace's sessions (``GET /workspace/:path/sessions``) is the cluster's:
 the daemon asks every other live daemon that owns sessions (:meth:`SharedJournal.peers`) for
 its own list, as the caller, and merges them with its own (a live entry wins over a
@@ -148,6 +152,45 @@ class Cluster:
                 answers[i] = [e for e in found if isinstance(e, dict)]
             return
         log.info("sessions of %s not listed: no answer in %g s", address, PEER_LIST_TIMEOUT_S)
+
+    async def vote_elsewhere(self) -> Response | None:
+        """``POST /permission/:requestId`` for a request this daemon does not know: sent to
+        the other live daemons (only the one whose session asked knows the id; the others
+        answer 404 and change nothing); the first answer that is not a 404, or None."""
+        if FORWARDED_BY in request.headers:
+            return None
+        try:
+            peers = await self.journal.peers()
+        except JournalError as exc:
+            log.warning("vote not sent to the other daemons: %s", exc)
+            return None
+        if not peers:
+            return None
+        headers = _outgoing_headers(self.journal.owner_id or "")
+        body = await request.get_data()
+        found: list[httpx.Response] = []
+        async with trio.open_nursery() as nursery:
+
+            async def ask(address: str) -> None:
+                with trio.move_on_after(PEER_LIST_TIMEOUT_S):
+                    try:
+                        r = await self.client().post(
+                            _target(address), headers=headers, content=body
+                        )
+                    except httpx.HTTPError as exc:
+                        log.info("vote not sent to %s: %r", address, exc)
+                        return
+                    if r.status_code != 404:
+                        found.append(r)
+                        nursery.cancel_scope.cancel()
+
+            for address in peers:
+                nursery.start_soon(ask, address)
+        if not found:
+            return None
+        answer = found[0]
+        kept = {k: v for k, v in answer.headers.items() if k.lower() not in _RESPONSE_DROP}
+        return Response(answer.content, answer.status_code, kept)
 
 
 def _merge(lists: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:

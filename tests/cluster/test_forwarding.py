@@ -254,3 +254,32 @@ async def test_a_workspace_list_is_the_clusters(
                 assert all(e["activeWorkState"] != "persisted" for e in entries), entries
         own = await on_a.get(path, headers={FORWARDED_BY: "someone"})
         assert [e["sessionId"] for e in own.json()["sessions"]] == [made_a["sessionId"]]
+
+
+async def test_a_vote_by_request_id_reaches_the_daemon_whose_session_asked(
+    pair: tuple[DaemonProcess, DaemonProcess],
+) -> None:
+    """``POST /permission/:requestId`` carries no session: sent to the daemon that does not
+    own the session, it is passed to the one that knows the request; an unknown id is 404."""
+    a, b = pair
+    allow = {"outcome": {"outcome": "selected", "optionId": "allow"}}
+    async with (
+        httpx.AsyncClient(base_url=a.url, headers=AUTH, timeout=30) as on_a,
+        httpx.AsyncClient(base_url=b.url, headers=AUTH, timeout=30) as on_b,
+    ):
+        created = (await on_a.post("/session", json={})).json()
+        sid, cid = created["sessionId"], created["clientId"]
+        async with on_a.stream(
+            "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+        ) as stream:
+            sent = await prompt(on_a, sid, cid, "[write voted.txt yes]")
+            assert sent.status_code == 202, sent.text
+            asked = await collect_until(stream, lambda e: e.get("type") == "permission_request")
+            rid = asked[-1]["data"]["requestId"]
+            assert (await on_b.post("/permission/unknown-id", json=allow)).status_code == 404
+            voted = await on_b.post(f"/permission/{rid}", json=allow)
+            assert voted.status_code == 200, voted.text
+        target = a.workspace / "voted.txt"
+        with trio.fail_after(20):  # the allowed write lands
+            while not (target.exists() and target.read_text() == "yes"):  # noqa: ASYNC110 (the agent's write)
+                await trio.sleep(0.05)

@@ -634,6 +634,11 @@ async def vote_session(session_id: str, request_id: str) -> Response:
 @blueprint.post("/permission/<request_id>")
 async def vote_legacy(request_id: str) -> Response:
     client_id = header_client_id()
+    shared = forward.cluster()
+    if shared is not None and await sessions_api().vote_owner(request_id) is None:
+        elsewhere = await shared.vote_elsewhere()  # another daemon's session asked
+        if elsewhere is not None:
+            return elsewhere
     guarded = daemon().multi_user and not principal().admin
     if client_id is not None or guarded:
         session = await sessions_api().vote_owner(request_id)
