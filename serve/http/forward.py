@@ -113,16 +113,21 @@ class Cluster:
             with trio.CancelScope(shield=True):
                 await self._client.aclose()
 
+    async def _peers(self, what: str) -> list[str]:
+        """The other live daemons to ask ``what`` (none when this request was itself
+        forwarded: it is never sent on, or when the journal cannot say)."""
+        if FORWARDED_BY in request.headers:
+            return []
+        try:
+            return await self.journal.peers()
+        except JournalError as exc:
+            log.warning("%s not sent to the other daemons: %s", what, exc)
+            return []
+
     async def merged_list(self, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``own`` (this daemon's list entries) with the other live daemons' lists for the
         same request (not when this request was itself forwarded)."""
-        if FORWARDED_BY in request.headers:
-            return own
-        try:
-            peers = await self.journal.peers()
-        except JournalError as exc:
-            log.warning("the other daemons' sessions not listed: %s", exc)
-            return own
+        peers = await self._peers("sessions list")
         lists: list[list[dict[str, Any]]] = [own]
         if peers:
             answers: list[list[dict[str, Any]]] = [[] for _ in peers]
@@ -157,13 +162,7 @@ class Cluster:
         """``POST /permission/:requestId`` for a request this daemon does not know: sent to
         the other live daemons (only the one whose session asked knows the id; the others
         answer 404 and change nothing); the first answer that is not a 404, or None."""
-        if FORWARDED_BY in request.headers:
-            return None
-        try:
-            peers = await self.journal.peers()
-        except JournalError as exc:
-            log.warning("vote not sent to the other daemons: %s", exc)
-            return None
+        peers = await self._peers("vote")
         if not peers:
             return None
         headers = _outgoing_headers(self.journal.owner_id or "")
@@ -189,8 +188,7 @@ class Cluster:
         if not found:
             return None
         answer = found[0]
-        kept = {k: v for k, v in answer.headers.items() if k.lower() not in _RESPONSE_DROP}
-        return Response(answer.content, answer.status_code, kept)
+        return Response(answer.content, answer.status_code, _answer_headers(answer))
 
 
 def _merge(lists: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -349,8 +347,9 @@ async def _forward(
     if upstream is None:
         log.info("session %s: owner %s did not answer in %.1f s", owner.session_id, url, wait_s)
         return None  # asked about again: taken over once its lease expired
-    kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _RESPONSE_DROP}
-    response = await make_response(_relay(upstream), upstream.status_code, kept)
+    response = await make_response(
+        _relay(upstream), upstream.status_code, _answer_headers(upstream)
+    )
     assert isinstance(response, Response)
     response.timeout = None
     return response
@@ -363,6 +362,12 @@ def _target(address: str) -> str:
     if request.query_string:
         url += "?" + request.query_string.decode("ascii", "replace")
     return url
+
+
+def _answer_headers(answer: httpx.Response) -> dict[str, str]:
+    """Another daemon's response headers to pass on (not the hop-by-hop ones, not its
+    ``Date`` / ``Server``: ours are sent)."""
+    return {k: v for k, v in answer.headers.items() if k.lower() not in _RESPONSE_DROP}
 
 
 def _outgoing_headers(me: str) -> list[tuple[str, str]]:

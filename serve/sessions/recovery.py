@@ -88,35 +88,27 @@ async def settle(session: SessionCore, journal_link: RecordKeeper) -> None:
     epoch = session.log.epoch
     cut = 0
     for prompt in record.prompts[-MAX_REMEMBERED_PROMPTS:]:
-        if not prompt.ended and not record.clean:
-            terminal = session.prompts.remember_ended(
-                prompt.prompt_id,
-                client_id=prompt.client_id,
-                text=prompt.text,
-                queued=prompt.queued,
-                started=prompt.started,
-                kind="turn_error",
-                data=owner_lost(session.session_id),
-            )
-            if terminal is None:
-                continue
-            publish_terminal(session, terminal)
-            cut += 1
+        cut_here = not prompt.ended and not record.clean
+        if cut_here:
+            kind, data = "turn_error", owner_lost(session.session_id)
         elif prompt.terminal is not None:
-            kind, data = prompt.terminal
-            terminal = session.prompts.remember_ended(
-                prompt.prompt_id,
-                client_id=prompt.client_id,
-                text=prompt.text,
-                queued=prompt.queued,
-                started=prompt.started,
-                kind=kind,
-                data=dict(data),
-            )
-            if terminal is None:
-                continue
+            kind, data = prompt.terminal[0], dict(prompt.terminal[1])
         else:
             continue
+        terminal = session.prompts.remember_ended(
+            prompt.prompt_id,
+            client_id=prompt.client_id,
+            text=prompt.text,
+            queued=prompt.queued,
+            started=prompt.started,
+            kind=kind,
+            data=data,
+        )
+        if terminal is None:
+            continue
+        if cut_here:
+            publish_terminal(session, terminal)
+            cut += 1
         done = trio.Event()
         done.set()
         job = terminal.job
