@@ -16,10 +16,10 @@ import httpx
 import psycopg
 import trio
 
-from tests.cluster.test_forwarding import daemon_id, lease, prompt
+from tests.cluster.test_forwarding import daemon_id, lease, prompt, until_turn_of
 from tests.conftest import AUTH, TOKEN
 from tests.support.daemon import DaemonProcess, spawn_daemon
-from tests.support.sse import collect_until, iter_events
+from tests.support.sse import iter_events
 
 
 def epochs_in_id_order(url: str, sid: str) -> list[int]:
@@ -92,16 +92,7 @@ async def test_a_frozen_owner_is_fenced_and_ends_its_copy_when_it_resumes(
             # A no longer serves it: a request sent to A is forwarded to B.
             again = await prompt(on_a, sid, cid, "[echo via a]")
             assert again.status_code == 202, again.text
-            async with on_b.stream(
-                "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
-            ) as stream:
-                events = await collect_until(
-                    stream,
-                    lambda e: (
-                        e.get("type") == "turn_complete"
-                        and e["data"].get("promptId") == again.json()["promptId"]
-                    ),
-                )
+            events = await until_turn_of(on_b, sid, again.json()["promptId"])
             ids = [e["id"] for e in events if "id" in e]
             assert ids == sorted(set(ids))
             assert not any(e.get("type") == "session_died" for e in events)  # not journaled

@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -46,6 +47,30 @@ def journaled(url: str, sid: str, event_type: str) -> int:
             (sid, event_type),
         ).fetchone()
     return int(row[0]) if row else 0
+
+
+async def until_turn_of(
+    client: httpx.AsyncClient, sid: str, prompt_id: str
+) -> list[dict[str, Any]]:
+    """The session's events from the start (``Last-Event-ID: 0``) to the ``turn_complete``
+    of ``prompt_id``."""
+    async with client.stream(
+        "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
+    ) as stream:
+        return await collect_until(
+            stream,
+            lambda e: e.get("type") == "turn_complete" and e["data"].get("promptId") == prompt_id,
+        )
+
+
+def said(events: list[dict[str, Any]]) -> str:
+    """The agent's message text in ``events``."""
+    return "".join(
+        e["data"]["update"]["content"]["text"]
+        for e in events
+        if e.get("type") == "session_update"
+        and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
+    )
 
 
 def daemon_id(d: DaemonProcess) -> str:
@@ -105,13 +130,7 @@ async def test_a_request_on_the_other_daemon_is_forwarded_to_the_owner(
             sent = await prompt(on_b, sid, cid, "[echo forwarded]")
             assert sent.status_code == 202, sent.text
             events = await collect_until(stream, lambda e: e.get("type") == "turn_complete")
-        text = "".join(
-            e["data"]["update"]["content"]["text"]
-            for e in events
-            if e.get("type") == "session_update"
-            and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
-        )
-        assert "forwarded" in text
+        assert "forwarded" in said(events)
         # Served by A all along: B took no lease, A's epoch is unchanged.
         assert await trio.to_thread.run_sync(lease, pg_url, sid) == owner_before
         assert owner_before[0] == daemon_id(a)
@@ -152,24 +171,10 @@ async def test_a_killed_owners_session_is_taken_over_on_the_next_request(
         assert took < 10  # the lease's TTL is 20 s: the liveness lock told B at once
         owner, epoch_b = await trio.to_thread.run_sync(lease, pg_url, sid)
         assert owner == daemon_id(b) and epoch_b > epoch_a
-        async with on_b.stream(
-            "GET", f"/session/{sid}/events", headers={"Last-Event-ID": "0"}
-        ) as stream:
-            events = await collect_until(
-                stream,
-                lambda e: (
-                    e.get("type") == "turn_complete"
-                    and e["data"].get("promptId") == answered.json()["promptId"]
-                ),
-            )
+        events = await until_turn_of(on_b, sid, answered.json()["promptId"])
         ids = [e["id"] for e in events if "id" in e]
         assert ids == sorted(set(ids))  # strictly increasing
-        chunks = "".join(
-            e["data"]["update"]["content"]["text"]
-            for e in events
-            if e.get("type") == "session_update"
-            and e["data"]["update"].get("sessionUpdate") == "agent_message_chunk"
-        )
+        chunks = said(events)
         assert "before" in chunks and "after" in chunks  # one conversation, both turns
 
 

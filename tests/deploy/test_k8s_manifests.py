@@ -49,7 +49,7 @@ kubernetes_validate = pytest.importorskip(
 
 from serve.runtime.daemon import SHUTDOWN_FORCE_S  # noqa: E402
 from serve.settings import parse_settings  # noqa: E402
-from tests.support.daemon import spawn_daemon  # noqa: E402
+from tests.support.daemon import DaemonProcess, spawn_daemon  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -680,9 +680,9 @@ async def test_daemons_with_the_overlay_flags_hand_a_session_over(
             )
         a, b = daemons
         with trio.fail_after(20):  # written when each one's journal first reaches the database
-            while not all((d.state_dir / "daemon-id").exists() for d in daemons):  # noqa: ASYNC110 (other processes)
+            while not all(_id_of(d) for d in daemons):  # noqa: ASYNC110 (other processes)
                 await trio.sleep(0.05)
-        ids = {(d.state_dir / "daemon-id").read_text() for d in daemons}
+        ids = {_id_of(d) for d in daemons}
         assert len(ids) == 2  # two owners: each pod's state is its own
         for d in daemons:
             async with httpx.AsyncClient(base_url=d.url, timeout=30) as anonymous:
@@ -931,3 +931,11 @@ def test_postgres_statefulset_serves_the_uri_its_secret_names() -> None:
         if "emptyDir" in volumes.get(m["name"], {})
     }
     assert writable == {"/var/run/postgresql", "/tmp"}
+
+
+def _id_of(d: DaemonProcess) -> str:
+    """The daemon's id once written ("" before)."""
+    try:
+        return (d.state_dir / "daemon-id").read_text().strip()
+    except FileNotFoundError:
+        return ""
